@@ -1,0 +1,578 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * skewscope.bpf.c -- RoCE parser and per-QP accounting, one source for XDP and TC.
+ *
+ * Compiled by bcc (skewscope/bpf/loader.py) with these -D settings (all numeric, validated
+ * in Python before they become flags):
+ *   SS_MAX_FLOWS    flows LRU hash size (default 65536)
+ *   SS_NCPUS        possible CPUs (message-record regions)
+ *   SS_EV_PER_CPU   message-record slots per CPU (power of two)
+ *   SS_SAMPLE_N     1-in-N random packet sampling of RoCE packets (1 = off)
+ *   SS_XDP_FRAGS    XDP program is loaded with BPF_F_XDP_HAS_FRAGS (jumbo frames)
+ *   SS_REPLAY_CLOCK time comes from the clock map (BPF_PROG_TEST_RUN replay), not ktime
+ *
+ * Invariants: the program never changes or drops a packet (XDP_PASS / TC_ACT_OK always);
+ * every frame is counted in exactly one category of skewscope.h's SS_G_* list; headers are
+ * only used after a bounds check; only UAPI headers are used (we declare the wire headers
+ * here ourselves), so any kernel's headers let bcc build it.
+ */
+#include <uapi/linux/bpf.h>
+#include "skewscope.h"
+
+#ifndef SS_MAX_FLOWS
+#define SS_MAX_FLOWS 65536
+#endif
+#ifndef SS_NCPUS
+#define SS_NCPUS 64
+#endif
+#ifndef SS_EV_PER_CPU
+#define SS_EV_PER_CPU 65536
+#endif
+#ifndef SS_SAMPLE_N
+#define SS_SAMPLE_N 1
+#endif
+
+#define SS_XDP_PASS 2
+#define SS_TC_ACT_OK 0
+
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define ss_ntohs(x) __builtin_bswap16(x)
+#define ss_ntohl(x) __builtin_bswap32(x)
+#else
+#define ss_ntohs(x) (x)
+#define ss_ntohl(x) (x)
+#endif
+
+/* Wire headers, declared here so only UAPI headers are needed. */
+struct ss_eth { __u8 dst[6]; __u8 src[6]; __be16 proto; } __attribute__((packed));
+struct ss_vlan { __be16 tci; __be16 proto; } __attribute__((packed));
+struct ss_ipv4 {
+	__u8 ver_ihl; __u8 tos; __be16 tot_len; __be16 id; __be16 frag_off;
+	__u8 ttl; __u8 protocol; __be16 check; __u8 saddr[4]; __u8 daddr[4];
+} __attribute__((packed));
+struct ss_ipv6 {  /* also the RoCEv1 GRH: same layout, next header 0x1B */
+	__be32 vtcfl; __be16 payload_len; __u8 nexthdr; __u8 hop_limit;
+	__u8 saddr[16]; __u8 daddr[16];
+} __attribute__((packed));
+struct ss_udp { __be16 source; __be16 dest; __be16 len; __be16 check; } __attribute__((packed));
+struct ss_bth {
+	__u8 opcode; __u8 se_m_pad_tver; __be16 pkey; __u8 fb_resv; __u8 dqpn[3];
+	__u8 ack_resv; __u8 psn[3];
+} __attribute__((packed));
+struct ss_macctl { __be16 opcode; __be16 class_enable; __be16 time[8]; } __attribute__((packed));
+
+BPF_TABLE("lru_hash", struct ss_flow_key, struct ss_flow_stats, flows, SS_MAX_FLOWS);
+BPF_PERCPU_ARRAY(globals, __u64, SS_G_N);
+BPF_ARRAY(op_table, __u32, 256);
+BPF_ARRAY(zero_stats, struct ss_flow_stats, 1);  /* never written: template for inserts */
+BPF_F_TABLE("array", __u32, struct ss_msg_rec, msg_events, SS_NCPUS * SS_EV_PER_CPU, BPF_F_MMAPABLE);
+BPF_PERCPU_ARRAY(ev_head, __u64, 1);
+#ifdef SS_REPLAY_CLOCK
+BPF_PERCPU_ARRAY(clock, __u64, 1);
+#endif
+
+static __always_inline void gcount(__u32 idx, __u64 n)
+{
+	__u64 *v = globals.lookup(&idx);
+	if (v)
+		*v += n;  /* per-CPU: no atomics needed */
+}
+
+/* floor(log2(v)) for v > 0 (branch-free, as in libbpf-tools bits.bpf.h) */
+static __always_inline __u32 ss_log2(__u32 v)
+{
+	__u32 r, shift;
+	r = (v > 0xFFFF) << 4; v >>= r;
+	shift = (v > 0xFF) << 3; v >>= shift; r |= shift;
+	shift = (v > 0xF) << 2; v >>= shift; r |= shift;
+	shift = (v > 0x3) << 1; v >>= shift; r |= shift;
+	r |= (v >> 1);
+	return r;
+}
+
+static __always_inline __u32 ss_log2l(__u64 v)
+{
+	__u32 hi = v >> 32;
+	return hi ? ss_log2(hi) + 32 : ss_log2((__u32)v);
+}
+
+/* slot 0 for 0, else floor(log2 v) + 1, clamped to the last slot */
+static __always_inline __u32 ss_slot(__u64 v, __u32 nslots)
+{
+	__u32 s;
+	if (v == 0)
+		return 0;
+	s = ss_log2l(v) + 1;
+	return s < nslots ? s : nslots - 1;
+}
+
+static __always_inline __u64 ss_now(void)
+{
+#ifdef SS_REPLAY_CLOCK
+	__u32 z = 0;
+	__u64 *t = clock.lookup(&z);
+	return t ? *t : 0;
+#else
+	return bpf_ktime_get_ns();
+#endif
+}
+
+static __always_inline void emit_record(struct ss_flow_key *key, __u64 start, __u64 end,
+					__u64 bytes, __u8 opclass)
+{
+#if SS_SAMPLE_N <= 1
+	__u32 z = 0, cpu, idx;
+	__u64 *head, seq;
+	struct ss_msg_rec *r;
+
+	cpu = bpf_get_smp_processor_id();
+	if (cpu >= SS_NCPUS)
+		return;
+	head = ev_head.lookup(&z);
+	if (!head)
+		return;
+	seq = *head;
+	idx = cpu * SS_EV_PER_CPU + (__u32)(seq & (SS_EV_PER_CPU - 1));
+	r = msg_events.lookup(&idx);
+	if (!r)
+		return;
+	r->seq = 0;
+	__builtin_memcpy(&r->key, key, sizeof(*key));
+	r->start_ts = start;
+	r->end_ts = end;
+	r->bytes = bytes;
+	r->opclass = opclass;
+	asm volatile("" ::: "memory");  /* compiler barrier: seq written last */
+	r->seq = seq + 1;
+	*head = seq + 1;
+#endif
+}
+
+/* Everything the parser learned about one RoCE packet. */
+struct ss_pkt {
+	__u64 wire_len;
+	__u64 payload;
+	__u32 opinfo;
+	__u32 dest_qp;
+	__u32 psn;
+	__u32 reth_len;
+	__u16 sport;
+	__u8  opcode;
+	__u8  tclass;
+	__u8  ecn_valid;
+	__u8  fb;        /* BTH byte 4: FECN bit 7, BECN bit 6 */
+	__u8  syndrome;
+};
+
+static __always_inline void account(struct ss_flow_key *key, struct ss_pkt *p, __u64 ts)
+{
+	struct ss_flow_stats *f;
+	__u32 opinfo = p->opinfo, cls = (opinfo & SS_OPT_CLASS_MASK) >> SS_OPT_CLASS_SHIFT;
+	__u32 z = 0;
+
+#if SS_SAMPLE_N > 1
+	if (bpf_get_prandom_u32() % SS_SAMPLE_N) {
+		gcount(SS_G_SAMPLED_OUT, 1);
+		return;
+	}
+#endif
+	f = flows.lookup(key);
+	if (!f) {
+		struct ss_flow_stats *zero = zero_stats.lookup(&z);
+		if (!zero || flows.insert(key, zero) != 0) {
+			/* insert can race with another CPU inserting the same key: retry lookup */
+			f = flows.lookup(key);
+			if (!f) {
+				gcount(SS_G_NO_FLOW_SLOT, 1);
+				return;
+			}
+		} else {
+			gcount(SS_G_FLOWS_CREATED, 1);
+			f = flows.lookup(key);
+			if (!f) {
+				gcount(SS_G_NO_FLOW_SLOT, 1);
+				return;
+			}
+		}
+	}
+	gcount(SS_G_ACCOUNTED, 1);
+
+	/* Plain (non-atomic) updates: a flow's packets are processed by one CPU at a time
+	 * (RSS hashes the UDP 5-tuple, constant per QP), see docs/datapath.md. */
+	if (f->packets == 0)
+		f->first_ts = ts;
+	f->packets += 1;
+	f->bytes += p->wire_len;
+	f->payload_bytes += p->payload;
+	f->last_ts = ts;
+	if (cls < SS_N_OPCLASS)
+		f->op[cls & (SS_N_OPCLASS - 1)] += 1;
+	if (p->ecn_valid) {
+		__u8 ecn = p->tclass & 3;
+		if (ecn)
+			f->ecn_capable += 1;
+		if (ecn == 3)
+			f->ce += 1;
+	}
+	if (p->fb & 0x80)
+		f->fecn += 1;
+	if (p->fb & 0x40)
+		f->becn += 1;
+	f->sport = p->sport;
+	f->tclass = p->tclass;
+	f->last_opcode = p->opcode;
+
+	if (opinfo & SS_OPT_CNP)
+		f->cnp += 1;
+	if (opinfo & SS_OPT_ACKNOWLEDGE) {
+		__u8 s = p->syndrome >> 5;
+		if (s == 0)
+			f->acks += 1;
+		else if (s == 1)
+			f->nak_rnr += 1;
+		else if (s == 3 && (p->syndrome & 0x1F) == 0)
+			f->nak_seq += 1;
+		else
+			f->nak_other += 1;
+	}
+
+#if SS_SAMPLE_N <= 1
+	/* PSN tracking on request packets (24-bit serial arithmetic). */
+	if (opinfo & SS_OPT_REQUEST) {
+		if (!(f->flags & SS_FF_PSN_VALID)) {
+			f->flags |= SS_FF_PSN_VALID;
+			f->next_psn = (p->psn + 1) & SS_PSN_MASK;
+		} else {
+			__u32 d = (p->psn - f->next_psn) & SS_PSN_MASK;
+			if (d >= SS_PSN_HALF) {
+				f->retransmissions += 1;
+			} else {
+				if (d != 0 && !(f->flags & SS_FF_AFTER_READ)) {
+					f->psn_gaps += 1;
+					f->psn_skipped += d;
+				}
+				f->next_psn = (p->psn + 1) & SS_PSN_MASK;
+				f->flags &= ~SS_FF_AFTER_READ;
+			}
+		}
+		if (cls == SS_OPC_READ_REQ)
+			f->flags |= SS_FF_AFTER_READ;
+	}
+#endif
+
+	/* Messages: starts, sizes, gaps, records. */
+	if (opinfo & SS_OPT_FIRST) {
+		f->messages += 1;
+		if (opinfo & SS_OPT_RETH) {
+			f->msg_hist[ss_slot(p->reth_len, SS_MSG_SLOTS)] += 1;
+			f->msg_bytes += p->reth_len;
+		}
+#if SS_SAMPLE_N <= 1
+		if (f->flags & SS_FF_MSG_STARTED) {
+			__u64 gap = ts >= f->last_msg_ts ? ts - f->last_msg_ts : 0;
+			f->gap_hist[ss_slot(gap, SS_GAP_SLOTS)] += 1;
+		}
+		f->last_msg_ts = ts;
+		f->flags |= SS_FF_MSG_STARTED | SS_FF_MSG_OPEN;
+		f->msg_start_ts = ts;
+		f->msg_class = cls;
+		f->msg_cur_bytes = (cls == SS_OPC_SEND) ? 0 : p->reth_len;
+		if (cls == SS_OPC_READ_REQ) {
+			emit_record(key, ts, ts, p->reth_len, SS_OPC_READ_REQ);
+			f->flags &= ~SS_FF_MSG_OPEN;
+		}
+#endif
+	}
+#if SS_SAMPLE_N <= 1
+	if (cls == SS_OPC_SEND && (f->flags & SS_FF_MSG_OPEN) && f->msg_class == SS_OPC_SEND)
+		f->msg_cur_bytes += p->payload;
+	if (opinfo & SS_OPT_LAST) {
+		if ((f->flags & SS_FF_MSG_OPEN) && f->msg_class == cls) {
+			if (cls == SS_OPC_SEND) {
+				f->msg_hist[ss_slot(f->msg_cur_bytes, SS_MSG_SLOTS)] += 1;
+				f->msg_bytes += f->msg_cur_bytes;
+			}
+			emit_record(key, f->msg_start_ts, ts, f->msg_cur_bytes, cls);
+			f->flags &= ~SS_FF_MSG_OPEN;
+		} else {
+			gcount(SS_G_MSG_PARTIAL, 1);
+		}
+	}
+#else
+	/* counters-only sampling: SEND sizes need every packet; count ONLY sends only */
+	if (cls == SS_OPC_SEND && (opinfo & SS_OPT_FIRST) && (opinfo & SS_OPT_LAST)) {
+		f->msg_hist[ss_slot(p->payload, SS_MSG_SLOTS)] += 1;
+		f->msg_bytes += p->payload;
+	}
+#endif
+}
+
+/* Parse BTH + extension headers at bth; fills p. Returns a category (SS_G_ACCOUNTED
+ * when the packet is good to account). avail = bytes the transport may span (UDP length
+ * - 8 for RoCEv2, GRH payload length for RoCEv1). */
+static __always_inline __u32 parse_bth(void *bth_p, void *data_end, __u32 avail, struct ss_pkt *p)
+{
+	struct ss_bth *bth = bth_p;
+	__u32 *oi, op, ext, prefix, pad, need;
+
+	if ((void *)(bth + 1) > data_end)
+		return SS_G_TRUNC_BTH;
+	op = bth->opcode;
+	oi = op_table.lookup(&op);
+	if (!oi || !(*oi & SS_OPT_VALID))
+		return SS_G_UNKNOWN_OPCODE;
+	p->opinfo = *oi;
+	p->opcode = op;
+	ext = p->opinfo & SS_OPT_EXTLEN_MASK;
+	prefix = (p->opinfo & SS_OPT_PREFIX_MASK) >> SS_OPT_PREFIX_SHIFT;
+	pad = (bth->se_m_pad_tver >> 4) & 3;
+	need = sizeof(*bth) + ext + pad + 4;  /* + ICRC */
+	if (avail < need)
+		return SS_G_BAD_LENGTH;
+	p->payload = avail - need;
+	p->fb = bth->fb_resv;
+	p->dest_qp = ((__u32)bth->dqpn[0] << 16) | ((__u32)bth->dqpn[1] << 8) | bth->dqpn[2];
+	p->psn = ((__u32)bth->psn[0] << 16) | ((__u32)bth->psn[1] << 8) | bth->psn[2];
+	if ((void *)(bth + 1) + ext > data_end)
+		return SS_G_TRUNC_EXT;
+	if (p->opinfo & SS_OPT_RETH) {
+		__u8 *r = (__u8 *)(bth + 1) + (prefix & 0xF);
+		if ((void *)(r + 16) > data_end)
+			return SS_G_TRUNC_EXT;
+		p->reth_len = ((__u32)r[12] << 24) | ((__u32)r[13] << 16) | ((__u32)r[14] << 8) | r[15];
+	}
+	if (p->opinfo & SS_OPT_AETH) {
+		__u8 *a = (__u8 *)(bth + 1) + (prefix & 0xF);
+		if ((void *)(a + 4) > data_end)
+			return SS_G_TRUNC_EXT;
+		p->syndrome = a[0];
+	}
+	return SS_G_ACCOUNTED;
+}
+
+static __always_inline void handle_macctl(void *cur, void *data_end)
+{
+	struct ss_macctl *m = cur;
+	__u16 opc, en;
+
+	if ((void *)(m + 1) > data_end) {
+		/* a global pause needs only opcode + 1 time */
+		if ((void *)m + 4 <= data_end && ss_ntohs(m->opcode) == SS_MACCTL_PAUSE) {
+			gcount(SS_G_PAUSE, 1);
+			return;
+		}
+		gcount(SS_G_TRUNC_MACCTL, 1);
+		return;
+	}
+	opc = ss_ntohs(m->opcode);
+	if (opc == SS_MACCTL_PAUSE) {
+		gcount(SS_G_PAUSE, 1);
+		return;
+	}
+	if (opc != SS_MACCTL_PFC) {
+		gcount(SS_G_NON_ROCE, 1);
+		return;
+	}
+	gcount(SS_G_PFC, 1);
+	en = ss_ntohs(m->class_enable);
+#pragma unroll
+	for (int i = 0; i < 8; i++) {
+		if (en & (1 << i)) {
+			__u16 t = ss_ntohs(m->time[i]);
+			if (t) {
+				gcount(SS_G_PFC_PAUSE + i, 1);
+				gcount(SS_G_PFC_QUANTA + i, t);
+			} else {
+				gcount(SS_G_PFC_XON + i, 1);
+			}
+		}
+	}
+}
+
+/* Parse one frame [data, data_end) whose full wire length is wire_len; account it. */
+static __always_inline void process(void *data, void *data_end, __u64 wire_len)
+{
+	struct ss_eth *eth = data;
+	struct ss_flow_key key = {};
+	struct ss_pkt p = {};
+	void *cur;
+	__u16 proto;
+	__u32 cat;
+
+	gcount(SS_G_FRAMES, 1);
+	if ((void *)(eth + 1) > data_end) {
+		gcount(SS_G_TRUNC_ETH, 1);
+		return;
+	}
+	cur = eth + 1;
+	proto = ss_ntohs(eth->proto);
+#pragma unroll
+	for (int i = 0; i < SS_MAX_VLAN; i++) {
+		if (proto != 0x8100 && proto != 0x88A8)
+			break;
+		struct ss_vlan *v = cur;
+		if ((void *)(v + 1) > data_end) {
+			gcount(SS_G_TRUNC_VLAN, 1);
+			return;
+		}
+		proto = ss_ntohs(v->proto);
+		cur = v + 1;
+	}
+	if (proto == 0x8100 || proto == 0x88A8) {
+		gcount(SS_G_VLAN_DEPTH, 1);
+		return;
+	}
+	p.wire_len = wire_len;
+
+	if (proto == 0x0800) {
+		struct ss_ipv4 *ip = cur;
+		struct ss_udp *udp;
+		__u32 ihl, tot, ulen;
+
+		if ((void *)(ip + 1) > data_end) {
+			gcount(SS_G_TRUNC_IP, 1);
+			return;
+		}
+		ihl = (ip->ver_ihl & 0xF) * 4;
+		if ((ip->ver_ihl >> 4) != 4 || ihl < 20) {
+			gcount(SS_G_TRUNC_IP, 1);
+			return;
+		}
+		if (ss_ntohs(ip->frag_off) & 0x3FFF) {
+			gcount(SS_G_FRAGMENT, 1);
+			return;
+		}
+		if (ip->protocol != 17) {
+			gcount(SS_G_NON_ROCE, 1);
+			return;
+		}
+		udp = (void *)ip + ihl;
+		if ((void *)(udp + 1) > data_end) {
+			/* options may push the UDP header out of a short capture */
+			gcount((void *)ip + ihl > data_end ? SS_G_TRUNC_IP : SS_G_TRUNC_UDP, 1);
+			return;
+		}
+		if (ss_ntohs(udp->dest) != SS_ROCE_UDP_PORT) {
+			gcount(SS_G_NON_ROCE, 1);
+			return;
+		}
+		tot = ss_ntohs(ip->tot_len);
+		ulen = ss_ntohs(udp->len);
+		if (ulen < 8 || tot < ihl + ulen) {
+			gcount(SS_G_BAD_LENGTH, 1);
+			return;
+		}
+		key.src[10] = 0xff; key.src[11] = 0xff;
+		key.dst[10] = 0xff; key.dst[11] = 0xff;
+		__builtin_memcpy(&key.src[12], ip->saddr, 4);
+		__builtin_memcpy(&key.dst[12], ip->daddr, 4);
+		key.ipver = 4;
+		key.roce = 2;
+		p.tclass = ip->tos;
+		p.ecn_valid = 1;
+		p.sport = ss_ntohs(udp->source);
+		cat = parse_bth(udp + 1, data_end, ulen - 8, &p);
+	} else if (proto == 0x86DD) {
+		struct ss_ipv6 *ip6 = cur;
+		struct ss_udp *udp;
+		__u32 plen, ulen, vtcfl;
+
+		if ((void *)(ip6 + 1) > data_end) {
+			gcount(SS_G_TRUNC_IP, 1);
+			return;
+		}
+		vtcfl = ss_ntohl(ip6->vtcfl);
+		if ((vtcfl >> 28) != 6) {
+			gcount(SS_G_TRUNC_IP, 1);
+			return;
+		}
+		if (ip6->nexthdr == 44) {
+			gcount(SS_G_FRAGMENT, 1);
+			return;
+		}
+		if (ip6->nexthdr != 17) {
+			gcount(SS_G_NON_ROCE, 1);
+			return;
+		}
+		udp = (void *)(ip6 + 1);
+		if ((void *)(udp + 1) > data_end) {
+			gcount(SS_G_TRUNC_UDP, 1);
+			return;
+		}
+		if (ss_ntohs(udp->dest) != SS_ROCE_UDP_PORT) {
+			gcount(SS_G_NON_ROCE, 1);
+			return;
+		}
+		plen = ss_ntohs(ip6->payload_len);
+		ulen = ss_ntohs(udp->len);
+		if (ulen < 8 || plen < ulen) {
+			gcount(SS_G_BAD_LENGTH, 1);
+			return;
+		}
+		__builtin_memcpy(key.src, ip6->saddr, 16);
+		__builtin_memcpy(key.dst, ip6->daddr, 16);
+		key.ipver = 6;
+		key.roce = 2;
+		p.tclass = (vtcfl >> 20) & 0xFF;
+		p.ecn_valid = 1;
+		p.sport = ss_ntohs(udp->source);
+		cat = parse_bth(udp + 1, data_end, ulen - 8, &p);
+	} else if (proto == SS_ETH_P_ROCEV1) {
+		struct ss_ipv6 *grh = cur;
+		__u32 vtcfl;
+
+		if ((void *)(grh + 1) > data_end) {
+			gcount(SS_G_TRUNC_GRH, 1);
+			return;
+		}
+		vtcfl = ss_ntohl(grh->vtcfl);
+		if ((vtcfl >> 28) != 6) {
+			gcount(SS_G_TRUNC_GRH, 1);
+			return;
+		}
+		__builtin_memcpy(key.src, grh->saddr, 16);
+		__builtin_memcpy(key.dst, grh->daddr, 16);
+		key.ipver = 6;
+		key.roce = 1;
+		p.tclass = (vtcfl >> 20) & 0xFF;
+		cat = parse_bth(grh + 1, data_end, ss_ntohs(grh->payload_len), &p);
+	} else if (proto == SS_ETH_P_MACCTL) {
+		handle_macctl(cur, data_end);
+		return;
+	} else {
+		gcount(SS_G_NON_ROCE, 1);
+		return;
+	}
+	if (cat != SS_G_ACCOUNTED) {
+		gcount(cat, 1);
+		return;
+	}
+	key.dest_qp = p.dest_qp;
+	account(&key, &p, ss_now());
+}
+
+int skewscope_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+#ifdef SS_XDP_FRAGS
+	__u64 len = bpf_xdp_get_buff_len(ctx);
+#else
+	__u64 len = data_end - data;
+#endif
+	process(data, data_end, len);
+	return SS_XDP_PASS;
+}
+
+int skewscope_tc(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	/* A VLAN tag moved into skb metadata (rx/tx VLAN acceleration) is not in the data:
+	 * count it into the wire length so TC and XDP agree on bytes. Parsing still sees
+	 * the inner EtherType, which is what we need. */
+	__u64 len = skb->len + (skb->vlan_present ? 4 : 0);
+
+	process(data, data_end, len);
+	return SS_TC_ACT_OK;
+}

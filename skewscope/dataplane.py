@@ -1,0 +1,457 @@
+"""Compile, load, attach and read the eBPF data plane (ebpf/skewscope.bpf.c).
+
+- compile with bcc; every setting reaches the C source only as a validated integer -D flag
+- load with our own BPF_PROG_LOAD (bcc's load_func cannot set BPF_F_XDP_HAS_FRAGS, which
+  jumbo-frame RoCE on veth/mlx5 needs), named skewscope_xdp / skewscope_tc so that detach
+  can recognise our programs and never touch anyone else's
+- attach XDP (native or generic) or TC clsact (ingress, egress, both) with pyroute2
+- read maps with BPF_MAP_LOOKUP_BATCH into numpy; message records through an mmap of the
+  BPF_F_MMAPABLE array; no Python object per flow or per record
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import bpfsys, layout as L
+from .snapshot import Snapshot, events_from_records, flows_from_raw
+
+EBPF_DIR = Path(__file__).resolve().parent.parent / "ebpf"
+SOURCE = EBPF_DIR / "skewscope.bpf.c"
+PROG_XDP = "skewscope_xdp"
+PROG_TC = "skewscope_tc"
+OUR_PROG_NAMES = (PROG_XDP, PROG_TC)
+
+XDP_FLAGS_UPDATE_IF_NOEXIST = 1
+XDP_FLAGS_SKB_MODE = 2
+XDP_FLAGS_DRV_MODE = 4
+
+# exit codes shared by the CLI (documented in README "Exit codes")
+EXIT_USAGE = 2
+EXIT_NOT_RUN = 3
+EXIT_NO_PRIV = 4
+EXIT_NO_BCC = 5
+EXIT_NO_IFACE = 6
+EXIT_BUSY = 7
+EXIT_KERNEL = 8
+
+
+class DataplaneError(Exception):
+    """One-line, user-facing error with an exit code."""
+
+    def __init__(self, msg: str, code: int = EXIT_NOT_RUN):
+        super().__init__(msg)
+        self.code = code
+
+
+def possible_cpus() -> int:
+    try:
+        txt = Path("/sys/devices/system/cpu/possible").read_text().strip()
+        hi = 0
+        for part in txt.split(","):
+            hi = max(hi, int(part.split("-")[-1]))
+        return hi + 1
+    except (OSError, ValueError):
+        return os.cpu_count() or 1
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and (n & (n - 1)) == 0
+
+
+@dataclass
+class Config:
+    max_flows: int = 65536
+    ev_per_cpu: int = 65536
+    sample_n: int = 1
+    replay_clock: bool = False
+    xdp_frags: bool = True
+    ncpus: int = field(default_factory=possible_cpus)
+
+    def validate(self) -> None:
+        # Only integers within these bounds ever become -D flags (no text reaches the C).
+        for name, lo, hi in (("max_flows", 16, 1 << 24), ("ev_per_cpu", 16, 1 << 22),
+                             ("sample_n", 1, 1 << 20), ("ncpus", 1, 4096)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                raise DataplaneError(f"invalid {name.replace('_', '-')}: {v!r} (must be an integer in {lo}..{hi})",
+                                     EXIT_USAGE)
+        if not _pow2(self.ev_per_cpu):
+            raise DataplaneError(f"invalid ev-per-cpu: {self.ev_per_cpu} (must be a power of two)", EXIT_USAGE)
+
+    def cflags(self) -> list[str]:
+        self.validate()
+        f = [f"-I{EBPF_DIR}", f"-DSS_MAX_FLOWS={int(self.max_flows)}", f"-DSS_NCPUS={int(self.ncpus)}",
+             f"-DSS_EV_PER_CPU={int(self.ev_per_cpu)}", f"-DSS_SAMPLE_N={int(self.sample_n)}",
+             "-Wno-unused-function"]
+        if self.replay_clock:
+            f.append("-DSS_REPLAY_CLOCK=1")
+        if self.xdp_frags:
+            f.append("-DSS_XDP_FRAGS=1")
+        return f
+
+    def memory_bytes(self) -> dict:
+        """Map memory (values + keys; the kernel adds per-element overhead, see docs)."""
+        flows = self.max_flows * (L.FLOW_KEY_DTYPE.itemsize + L.FLOW_STATS_DTYPE.itemsize)
+        events = self.ncpus * self.ev_per_cpu * L.MSG_REC_DTYPE.itemsize
+        return {"flows": flows, "events": events, "total": flows + events}
+
+
+def check_privileges() -> None:
+    if os.geteuid() != 0:
+        raise DataplaneError("skewscope needs root (CAP_BPF + CAP_NET_ADMIN) to load eBPF programs; "
+                             "run with sudo, or use 'skewscope report FILE.pcap' which needs no privileges",
+                             EXIT_NO_PRIV)
+
+
+def import_bcc():
+    try:
+        import bcc  # noqa: F401
+        from bcc import BPF, lib
+        return BPF, lib
+    except ImportError:
+        raise DataplaneError("bcc is not importable: install the OS package python3-bpfcc "
+                             "(not the PyPI 'bcc') and run 'make setup'", EXIT_NO_BCC) from None
+
+
+class Dataplane:
+    """The compiled BPF object: maps + loaded programs (not yet attached)."""
+
+    def __init__(self, config: Config | None = None):
+        self.config = config or Config()
+        self.config.validate()
+        check_privileges()
+        BPF, self._lib = import_bcc()
+        self.prog_fds: dict[str, int] = {}
+        text = SOURCE.read_text()
+        self.bpf = self._compile(BPF, text)
+        self._init_op_table()
+        self._ev_map = None
+        self._ev_head_read = np.zeros(self.config.ncpus, dtype=np.uint64)
+        self.events_lost = 0
+        self._clock_key = None
+
+    def _compile(self, BPF, text):
+        import contextlib
+        import io
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                return BPF(text=text, cflags=self.config.cflags())
+        except Exception as e:  # bcc raises bare Exception on compile errors
+            detail = (str(e) or err.getvalue().strip().splitlines()[-1:] or ["?"])
+            msg = detail if isinstance(detail, str) else detail[0]
+            if "kernel headers" in msg or "/lib/modules" in msg or "build" in msg.lower() and "found" in msg.lower():
+                raise DataplaneError(f"cannot compile the BPF program: {msg} (run 'make setup' to install "
+                                     "kernel headers)", EXIT_KERNEL) from None
+            raise DataplaneError(f"cannot compile the BPF program: {msg}", EXIT_KERNEL) from None
+
+    def _init_op_table(self):
+        t = self.bpf["op_table"]
+        for op in np.nonzero(L.OPCODE_TABLE)[0]:
+            t[ctypes.c_int(int(op))] = ctypes.c_uint(int(L.OPCODE_TABLE[op]))
+
+    # ---- programs ----------------------------------------------------------------
+    def prog_fd(self, kind: str) -> int:
+        """Load (once) and return the fd of 'xdp' or 'tc'."""
+        if kind in self.prog_fds:
+            return self.prog_fds[kind]
+        name = PROG_XDP if kind == "xdp" else PROG_TC
+        bname = name.encode()
+        start = self._lib.bpf_function_start(self.bpf.module, bname)
+        size = self._lib.bpf_function_size(self.bpf.module, bname)
+        lic = ctypes.string_at(self._lib.bpf_module_license(self.bpf.module)) or b"GPL"
+        if not start:
+            raise DataplaneError(f"BPF function {name} missing from the compiled object", EXIT_KERNEL)
+        try:
+            if kind == "xdp":
+                flags = bpfsys.BPF_F_XDP_HAS_FRAGS if self.config.xdp_frags else 0
+                fd = bpfsys.prog_load(bpfsys.BPF_PROG_TYPE_XDP, start, size, name, lic, flags=flags,
+                                      expected_attach_type=bpfsys.BPF_XDP if flags else 0)
+            else:
+                fd = bpfsys.prog_load(bpfsys.BPF_PROG_TYPE_SCHED_CLS, start, size, name, lic)
+        except bpfsys.BPFError as e:
+            if e.errno == errno.EPERM:
+                raise DataplaneError("the kernel refused to load the BPF program (EPERM): need root/CAP_BPF, "
+                                     "or raise RLIMIT_MEMLOCK", EXIT_NO_PRIV) from None
+            raise DataplaneError(f"the kernel refused {name}: {e.strerror}", EXIT_KERNEL) from None
+        self.prog_fds[kind] = fd
+        return fd
+
+    def close(self):
+        for fd in self.prog_fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.prog_fds.clear()
+        if self._ev_map is not None:
+            try:
+                self._ev_map.close()
+            except BufferError:
+                pass
+            self._ev_map = None
+        try:
+            self.bpf.cleanup()
+        except Exception:
+            pass
+
+    # ---- replay clock ---------------------------------------------------------------
+    def set_clock(self, ns: int) -> None:
+        """Replay builds only: the time the next test run sees (on every CPU)."""
+        if self._clock_key is None:
+            self._clock_key = (0).to_bytes(4, "little")
+            self._clock_fd = self._fd("clock")
+        bpfsys.map_update(self._clock_fd, self._clock_key, int(ns).to_bytes(8, "little") * self.config.ncpus)
+
+    # ---- reading ----------------------------------------------------------------------
+    def _fd(self, name: str) -> int:
+        return self.bpf[name].map_fd
+
+    def read_globals(self) -> np.ndarray:
+        ncpu = self.config.ncpus
+        _, vals = bpfsys.map_lookup_batch(self._fd("globals"), 4, 8 * ncpu, L.G_N)
+        return vals.view("<u8").reshape(-1, ncpu).sum(axis=1).astype(np.uint64)
+
+    def read_flows(self) -> np.ndarray:
+        keys, vals = bpfsys.map_lookup_batch(self._fd("flows"), L.FLOW_KEY_DTYPE.itemsize,
+                                             L.FLOW_STATS_DTYPE.itemsize, self.config.max_flows)
+        return flows_from_raw(keys, vals)
+
+    def _events_view(self) -> np.ndarray:
+        if self._ev_map is None:
+            n = self.config.ncpus * self.config.ev_per_cpu
+            size = n * L.MSG_REC_DTYPE.itemsize
+            size = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+            self._ev_map = mmap.mmap(self._fd("msg_events"), size, mmap.MAP_SHARED, mmap.PROT_READ)
+        n = self.config.ncpus * self.config.ev_per_cpu
+        return np.frombuffer(self._ev_map, dtype=L.MSG_REC_DTYPE, count=n)
+
+    def _ev_heads(self) -> np.ndarray:
+        ncpu = self.config.ncpus
+        _, vals = bpfsys.map_lookup_batch(self._fd("ev_head"), 4, 8 * ncpu, 1)
+        return vals.view("<u8").reshape(ncpu).copy()
+
+    def read_new_records(self) -> np.ndarray:
+        """Message records written since the previous call (per-CPU regions, seq-checked).
+        Records overwritten before being read are added to self.events_lost."""
+        view = self._events_view()
+        per = self.config.ev_per_cpu
+        heads = self._ev_heads()
+        parts = []
+        for cpu in np.nonzero(heads != self._ev_head_read)[0]:
+            lo, hi = int(self._ev_head_read[cpu]), int(heads[cpu])
+            if hi - lo > per:
+                self.events_lost += hi - lo - per
+                lo = hi - per
+            seqs = np.arange(lo, hi, dtype=np.uint64)
+            region = view[cpu * per:(cpu + 1) * per]
+            recs = region[(seqs % per).astype(np.int64)].copy()
+            # discard slots rewritten while we copied (writer lapped us) or torn
+            heads_after = self._ev_heads()[cpu]
+            ok = (recs["seq"] == seqs + 1) & (seqs + per > heads_after)
+            self.events_lost += int((~ok).sum())
+            parts.append(recs[ok])
+            self._ev_head_read[cpu] = hi
+        if not parts:
+            return np.zeros(0, dtype=L.MSG_REC_DTYPE)
+        return np.concatenate(parts)
+
+    def snapshot(self, meta: dict, records: np.ndarray | None = None) -> Snapshot:
+        """Read everything into a Snapshot. `records`: accumulated message records (else
+        the ones still unread in the maps)."""
+        glob = self.read_globals()
+        flows = self.read_flows()
+        if records is None:
+            records = self.read_new_records()
+        events = events_from_records(flows, records)
+        m = dict(meta)
+        created = int(glob[L.G_FLOWS_CREATED])
+        m.update({
+            "max_flows": self.config.max_flows,
+            "sample_n": self.config.sample_n,
+            "flows_present": int(len(flows)),
+            "flows_created": created,
+            "flows_evicted": max(0, created - len(flows)),
+            "events_lost": int(self.events_lost),
+            "events_capacity_per_cpu": self.config.ev_per_cpu,
+        })
+        return Snapshot(flows=flows, events=events, globals=glob, meta=m)
+
+
+# ---- attach / detach ------------------------------------------------------------------
+def ifindex(name: str) -> int:
+    try:
+        return socket.if_nametoindex(name)
+    except OSError:
+        raise DataplaneError(f"interface {name!r} does not exist", EXIT_NO_IFACE) from None
+
+
+def _ipr():
+    from pyroute2 import IPRoute
+    return IPRoute()
+
+
+def xdp_prog_id(ifname: str) -> int:
+    """Id of the XDP program attached to ifname (0 = none)."""
+    idx = ifindex(ifname)
+    with _ipr() as ipr:
+        link = ipr.get_links(idx)[0]
+    xdp = link.get_attr("IFLA_XDP")
+    if not xdp:
+        return 0
+    return int(xdp.get_attr("IFLA_XDP_PROG_ID") or 0)
+
+
+def _xdp_set(idx: int, fd: int, flags: int) -> None:
+    with _ipr() as ipr:
+        ipr.link("set", index=idx, xdp={"attrs": [("IFLA_XDP_FD", fd), ("IFLA_XDP_FLAGS", flags)]})
+
+
+class Attachment:
+    """Programs attached to one interface; detach() restores the interface."""
+
+    def __init__(self, dp: Dataplane, ifname: str, mode: str = "xdp", xdp_mode: str = "native",
+                 direction: str = "ingress"):
+        self.dp, self.ifname, self.mode, self.xdp_mode, self.direction = dp, ifname, mode, xdp_mode, direction
+        self.idx = ifindex(ifname)
+        self.attached = False
+        self._created_clsact = False
+        self._xdp_flags = 0
+
+    def attach(self) -> "Attachment":
+        if self.mode == "xdp":
+            cur = xdp_prog_id(self.ifname)
+            if cur:
+                name = bpfsys.prog_name_by_id(cur)
+                if name in OUR_PROG_NAMES:
+                    raise DataplaneError(f"{self.ifname} already has a skewscope XDP program (id {cur}), probably "
+                                         f"left by a crashed run: 'skewscope detach -i {self.ifname}' removes it",
+                                         EXIT_BUSY)
+                raise DataplaneError(f"{self.ifname} already has an XDP program ({name or '?'}, id {cur}) that is "
+                                     "not ours; skewscope will not replace it (use --tc)", EXIT_BUSY)
+            fd = self.dp.prog_fd("xdp")
+            mode_flag = XDP_FLAGS_DRV_MODE if self.xdp_mode == "native" else XDP_FLAGS_SKB_MODE
+            self._xdp_flags = XDP_FLAGS_UPDATE_IF_NOEXIST | mode_flag
+            try:
+                _xdp_set(self.idx, fd, self._xdp_flags)
+            except Exception as e:  # pyroute2 NetlinkError
+                code = getattr(e, "code", 0)
+                hint = ""
+                if code in (errno.EOPNOTSUPP, errno.EINVAL) and self.xdp_mode == "native":
+                    hint = " (driver lacks native XDP or MTU too large; try --xdp-mode generic or --tc)"
+                raise DataplaneError(f"cannot attach XDP to {self.ifname}: {os.strerror(code) if code else e}{hint}",
+                                     EXIT_KERNEL) from None
+        else:
+            fd = self.dp.prog_fd("tc")
+            dirs = ("ingress", "egress") if self.direction == "both" else (self.direction,)
+            with _ipr() as ipr:
+                try:
+                    ipr.tc("add", "clsact", self.idx)
+                    self._created_clsact = True
+                except Exception as e:
+                    if getattr(e, "code", 0) != errno.EEXIST:
+                        raise DataplaneError(f"cannot add clsact qdisc on {self.ifname}: {e}", EXIT_KERNEL) from None
+                for d in dirs:
+                    parent = 0xFFFFFFF2 if d == "ingress" else 0xFFFFFFF3
+                    try:
+                        ipr.tc("add-filter", "bpf", self.idx, ":1", fd=fd, name=PROG_TC, parent=parent,
+                               classid=1, direct_action=True, prio=_TC_PRIO)
+                    except Exception as e:
+                        self.attached = True
+                        self.detach()
+                        raise DataplaneError(f"cannot attach TC {d} program to {self.ifname}: {e}",
+                                             EXIT_KERNEL) from None
+        self.attached = True
+        return self
+
+    def detach(self) -> None:
+        if not self.attached:
+            return
+        self.attached = False
+        try:
+            if self.mode == "xdp":
+                detach_ours(self.ifname, tc=False)
+            else:
+                detach_ours(self.ifname, xdp=False, remove_clsact=self._created_clsact)
+        except DataplaneError:
+            pass  # interface gone: nothing left to clean
+
+    def __enter__(self):
+        return self.attach()
+
+    def __exit__(self, *exc):
+        self.detach()
+
+
+_TC_PRIO = 0xC0DE & 0xFFFF  # our filter priority: distinctive, so detach finds ours
+
+
+def _tc_filters(ipr, idx: int, parent: int):
+    try:
+        return ipr.get_filters(index=idx, parent=parent)
+    except Exception:
+        return []
+
+
+def list_ours(ifname: str) -> dict:
+    """What skewscope has attached to ifname: {'xdp': prog_id|None, 'tc': [(dir, prio, name)]}"""
+    idx = ifindex(ifname)
+    out = {"xdp": None, "tc": []}
+    pid = xdp_prog_id(ifname)
+    if pid and bpfsys.prog_name_by_id(pid) in OUR_PROG_NAMES:
+        out["xdp"] = pid
+    with _ipr() as ipr:
+        for d, parent in (("ingress", 0xFFFFFFF2), ("egress", 0xFFFFFFF3)):
+            for flt in _tc_filters(ipr, idx, parent):
+                opts = flt.get_attr("TCA_OPTIONS")
+                name = opts.get_attr("TCA_BPF_NAME") if opts else None
+                if name and name.split(":")[0] in OUR_PROG_NAMES:
+                    prio = flt["info"] >> 16
+                    out["tc"].append((d, prio, name))
+    return out
+
+
+def detach_ours(ifname: str, xdp: bool = True, tc: bool = True, remove_clsact: bool = True) -> dict:
+    """Remove skewscope's programs (and only those) from ifname. Returns what was removed."""
+    idx = ifindex(ifname)
+    found = list_ours(ifname)
+    removed = {"xdp": None, "tc": []}
+    if xdp and found["xdp"]:
+        pid = found["xdp"]
+        # detach whichever mode it is in; expected-fd semantics are not needed since we re-check the id
+        for flags in (XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE, 0):
+            try:
+                _xdp_set(idx, -1, flags)
+            except Exception:
+                continue
+            if xdp_prog_id(ifname) != pid:
+                break
+        removed["xdp"] = pid
+    if tc and found["tc"]:
+        with _ipr() as ipr:
+            for d, prio, name in found["tc"]:
+                parent = 0xFFFFFFF2 if d == "ingress" else 0xFFFFFFF3
+                try:
+                    ipr.tc("del-filter", "bpf", idx, parent=parent, prio=prio)
+                    removed["tc"].append((d, prio, name))
+                except Exception:
+                    pass
+            if remove_clsact and not any(_tc_filters(ipr, idx, p) for p in (0xFFFFFFF2, 0xFFFFFFF3)):
+                try:
+                    ipr.tc("del", "clsact", idx)
+                except Exception:
+                    pass
+    return removed
+
+
+def wait_ms(ms: float) -> None:
+    time.sleep(ms / 1000.0)
