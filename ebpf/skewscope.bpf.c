@@ -43,6 +43,12 @@
 #define ss_ntohl(x) (x)
 #endif
 
+/* Bounds check against both the real end of the packet and, in replay, the end of the
+ * captured bytes (a snaplen-cut record is padded back to its original length so that
+ * lengths are right, but the padding must never be parsed as headers). Live, cap_end ==
+ * data_end and the compiler folds the two tests into one. */
+#define OOB(p) ((void *)(p) > data_end || (void *)(p) > cap_end)
+
 /* Wire headers, declared here so only UAPI headers are needed. */
 struct ss_eth { __u8 dst[6]; __u8 src[6]; __be16 proto; } __attribute__((packed));
 struct ss_vlan { __be16 tci; __be16 proto; } __attribute__((packed));
@@ -68,7 +74,7 @@ BPF_ARRAY(zero_stats, struct ss_flow_stats, 1);  /* never written: template for 
 BPF_F_TABLE("array", __u32, struct ss_msg_rec, msg_events, SS_NCPUS * SS_EV_PER_CPU, BPF_F_MMAPABLE);
 BPF_PERCPU_ARRAY(ev_head, __u64, 1);
 #ifdef SS_REPLAY_CLOCK
-BPF_PERCPU_ARRAY(clock, __u64, 1);
+BPF_PERCPU_ARRAY(clock, struct ss_replay, 1);
 #endif
 
 static __always_inline void gcount(__u32 idx, __u64 n)
@@ -104,17 +110,6 @@ static __always_inline __u32 ss_slot(__u64 v, __u32 nslots)
 		return 0;
 	s = ss_log2l(v) + 1;
 	return s < nslots ? s : nslots - 1;
-}
-
-static __always_inline __u64 ss_now(void)
-{
-#ifdef SS_REPLAY_CLOCK
-	__u32 z = 0;
-	__u64 *t = clock.lookup(&z);
-	return t ? *t : 0;
-#else
-	return bpf_ktime_get_ns();
-#endif
 }
 
 static __always_inline void emit_record(struct ss_flow_key *key, __u64 start, __u64 end,
@@ -310,12 +305,13 @@ static __always_inline void account(struct ss_flow_key *key, struct ss_pkt *p, _
 /* Parse BTH + extension headers at bth; fills p. Returns a category (SS_G_ACCOUNTED
  * when the packet is good to account). avail = bytes the transport may span (UDP length
  * - 8 for RoCEv2, GRH payload length for RoCEv1). */
-static __always_inline __u32 parse_bth(void *bth_p, void *data_end, __u32 avail, struct ss_pkt *p)
+static __always_inline __u32 parse_bth(void *bth_p, void *data_end, void *cap_end, __u32 avail,
+					 struct ss_pkt *p)
 {
 	struct ss_bth *bth = bth_p;
 	__u32 *oi, op, ext, prefix, pad, need;
 
-	if ((void *)(bth + 1) > data_end)
+	if (OOB(bth + 1))
 		return SS_G_TRUNC_BTH;
 	op = bth->opcode;
 	oi = op_table.lookup(&op);
@@ -333,31 +329,31 @@ static __always_inline __u32 parse_bth(void *bth_p, void *data_end, __u32 avail,
 	p->fb = bth->fb_resv;
 	p->dest_qp = ((__u32)bth->dqpn[0] << 16) | ((__u32)bth->dqpn[1] << 8) | bth->dqpn[2];
 	p->psn = ((__u32)bth->psn[0] << 16) | ((__u32)bth->psn[1] << 8) | bth->psn[2];
-	if ((void *)(bth + 1) + ext > data_end)
+	if (OOB((void *)(bth + 1) + ext))
 		return SS_G_TRUNC_EXT;
 	if (p->opinfo & SS_OPT_RETH) {
 		__u8 *r = (__u8 *)(bth + 1) + (prefix & 0xF);
-		if ((void *)(r + 16) > data_end)
+		if (OOB(r + 16))
 			return SS_G_TRUNC_EXT;
 		p->reth_len = ((__u32)r[12] << 24) | ((__u32)r[13] << 16) | ((__u32)r[14] << 8) | r[15];
 	}
 	if (p->opinfo & SS_OPT_AETH) {
 		__u8 *a = (__u8 *)(bth + 1) + (prefix & 0xF);
-		if ((void *)(a + 4) > data_end)
+		if (OOB(a + 4))
 			return SS_G_TRUNC_EXT;
 		p->syndrome = a[0];
 	}
 	return SS_G_ACCOUNTED;
 }
 
-static __always_inline void handle_macctl(void *cur, void *data_end)
+static __always_inline void handle_macctl(void *cur, void *data_end, void *cap_end)
 {
 	struct ss_macctl *m = cur;
 	__u16 opc, en;
 
-	if ((void *)(m + 1) > data_end) {
+	if (OOB(m + 1)) {
 		/* a global pause needs only opcode + 1 time */
-		if ((void *)m + 4 <= data_end && ss_ntohs(m->opcode) == SS_MACCTL_PAUSE) {
+		if (!OOB((void *)m + 4) && ss_ntohs(m->opcode) == SS_MACCTL_PAUSE) {
 			gcount(SS_G_PAUSE, 1);
 			return;
 		}
@@ -390,7 +386,7 @@ static __always_inline void handle_macctl(void *cur, void *data_end)
 }
 
 /* Parse one frame [data, data_end) whose full wire length is wire_len; account it. */
-static __always_inline void process(void *data, void *data_end, __u64 wire_len)
+static __always_inline void process(void *data, void *data_end, void *cap_end, __u64 wire_len, __u64 ts)
 {
 	struct ss_eth *eth = data;
 	struct ss_flow_key key = {};
@@ -400,7 +396,7 @@ static __always_inline void process(void *data, void *data_end, __u64 wire_len)
 	__u32 cat;
 
 	gcount(SS_G_FRAMES, 1);
-	if ((void *)(eth + 1) > data_end) {
+	if (OOB(eth + 1)) {
 		gcount(SS_G_TRUNC_ETH, 1);
 		return;
 	}
@@ -411,7 +407,7 @@ static __always_inline void process(void *data, void *data_end, __u64 wire_len)
 		if (proto != 0x8100 && proto != 0x88A8)
 			break;
 		struct ss_vlan *v = cur;
-		if ((void *)(v + 1) > data_end) {
+		if (OOB(v + 1)) {
 			gcount(SS_G_TRUNC_VLAN, 1);
 			return;
 		}
@@ -429,7 +425,7 @@ static __always_inline void process(void *data, void *data_end, __u64 wire_len)
 		struct ss_udp *udp;
 		__u32 ihl, tot, ulen;
 
-		if ((void *)(ip + 1) > data_end) {
+		if (OOB(ip + 1)) {
 			gcount(SS_G_TRUNC_IP, 1);
 			return;
 		}
@@ -447,9 +443,9 @@ static __always_inline void process(void *data, void *data_end, __u64 wire_len)
 			return;
 		}
 		udp = (void *)ip + ihl;
-		if ((void *)(udp + 1) > data_end) {
+		if (OOB(udp + 1)) {
 			/* options may push the UDP header out of a short capture */
-			gcount((void *)ip + ihl > data_end ? SS_G_TRUNC_IP : SS_G_TRUNC_UDP, 1);
+			gcount(OOB((void *)ip + ihl) ? SS_G_TRUNC_IP : SS_G_TRUNC_UDP, 1);
 			return;
 		}
 		if (ss_ntohs(udp->dest) != SS_ROCE_UDP_PORT) {
@@ -471,13 +467,13 @@ static __always_inline void process(void *data, void *data_end, __u64 wire_len)
 		p.tclass = ip->tos;
 		p.ecn_valid = 1;
 		p.sport = ss_ntohs(udp->source);
-		cat = parse_bth(udp + 1, data_end, ulen - 8, &p);
+		cat = parse_bth(udp + 1, data_end, cap_end, ulen - 8, &p);
 	} else if (proto == 0x86DD) {
 		struct ss_ipv6 *ip6 = cur;
 		struct ss_udp *udp;
 		__u32 plen, ulen, vtcfl;
 
-		if ((void *)(ip6 + 1) > data_end) {
+		if (OOB(ip6 + 1)) {
 			gcount(SS_G_TRUNC_IP, 1);
 			return;
 		}
@@ -495,7 +491,7 @@ static __always_inline void process(void *data, void *data_end, __u64 wire_len)
 			return;
 		}
 		udp = (void *)(ip6 + 1);
-		if ((void *)(udp + 1) > data_end) {
+		if (OOB(udp + 1)) {
 			gcount(SS_G_TRUNC_UDP, 1);
 			return;
 		}
@@ -516,12 +512,12 @@ static __always_inline void process(void *data, void *data_end, __u64 wire_len)
 		p.tclass = (vtcfl >> 20) & 0xFF;
 		p.ecn_valid = 1;
 		p.sport = ss_ntohs(udp->source);
-		cat = parse_bth(udp + 1, data_end, ulen - 8, &p);
+		cat = parse_bth(udp + 1, data_end, cap_end, ulen - 8, &p);
 	} else if (proto == SS_ETH_P_ROCEV1) {
 		struct ss_ipv6 *grh = cur;
 		__u32 vtcfl;
 
-		if ((void *)(grh + 1) > data_end) {
+		if (OOB(grh + 1)) {
 			gcount(SS_G_TRUNC_GRH, 1);
 			return;
 		}
@@ -535,9 +531,9 @@ static __always_inline void process(void *data, void *data_end, __u64 wire_len)
 		key.ipver = 6;
 		key.roce = 1;
 		p.tclass = (vtcfl >> 20) & 0xFF;
-		cat = parse_bth(grh + 1, data_end, ss_ntohs(grh->payload_len), &p);
+		cat = parse_bth(grh + 1, data_end, cap_end, ss_ntohs(grh->payload_len), &p);
 	} else if (proto == SS_ETH_P_MACCTL) {
-		handle_macctl(cur, data_end);
+		handle_macctl(cur, data_end, cap_end);
 		return;
 	} else {
 		gcount(SS_G_NON_ROCE, 1);
@@ -548,7 +544,22 @@ static __always_inline void process(void *data, void *data_end, __u64 wire_len)
 		return;
 	}
 	key.dest_qp = p.dest_qp;
-	account(&key, &p, ss_now());
+	account(&key, &p, ts);
+}
+
+/* Replay (BPF_PROG_TEST_RUN): time and captured length come from the clock map. */
+static __always_inline void entry(void *data, void *data_end, __u64 len)
+{
+#ifdef SS_REPLAY_CLOCK
+	__u32 z = 0;
+	struct ss_replay *r = clock.lookup(&z);
+
+	if (!r)
+		return;
+	process(data, data_end, data + (r->caplen & 0xFFFF), len, r->ts);
+#else
+	process(data, data_end, data_end, len, bpf_ktime_get_ns());
+#endif
 }
 
 int skewscope_xdp(struct xdp_md *ctx)
@@ -560,7 +571,7 @@ int skewscope_xdp(struct xdp_md *ctx)
 #else
 	__u64 len = data_end - data;
 #endif
-	process(data, data_end, len);
+	entry(data, data_end, len);
 	return SS_XDP_PASS;
 }
 
@@ -573,6 +584,6 @@ int skewscope_tc(struct __sk_buff *skb)
 	 * the inner EtherType, which is what we need. */
 	__u64 len = skb->len + (skb->vlan_present ? 4 : 0);
 
-	process(data, data_end, len);
+	entry(data, data_end, len);
 	return SS_TC_ACT_OK;
 }

@@ -154,8 +154,14 @@ struct ss_msg_rec {
 	                           complete when seq == its expected sequence + 1 */
 };
 
-/* replay clock (BPF_PROG_TEST_RUN): when compiled with -DSS_REPLAY_CLOCK the program
- * takes "now" from clock[0] (set by user space before each test run) instead of
- * bpf_ktime_get_ns(). The live programs are compiled without it. */
+/* Replay (BPF_PROG_TEST_RUN): when compiled with -DSS_REPLAY_CLOCK the program takes
+ * "now" and the captured length of the record from clock[0] (set by user space before each
+ * test run) instead of bpf_ktime_get_ns() and the packet length. Bytes past caplen (the
+ * zero padding of a snaplen-cut record) are never parsed. Live programs do not have it. */
+struct ss_replay {
+	__u64 ts;
+	__u32 caplen;
+	__u32 _pad;
+};
 
 #endif /* SKEWSCOPE_H */

@@ -15,6 +15,7 @@ import errno
 import mmap
 import os
 import socket
+import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,12 +206,14 @@ class Dataplane:
             pass
 
     # ---- replay clock ---------------------------------------------------------------
-    def set_clock(self, ns: int) -> None:
-        """Replay builds only: the time the next test run sees (on every CPU)."""
+    def set_replay(self, ts_ns: int, caplen: int = 0xFFFF) -> None:
+        """Replay builds only: the time and captured length the next test run sees (set on
+        every CPU, so CPU migration between syscalls cannot matter)."""
         if self._clock_key is None:
             self._clock_key = (0).to_bytes(4, "little")
             self._clock_fd = self._fd("clock")
-        bpfsys.map_update(self._clock_fd, self._clock_key, int(ns).to_bytes(8, "little") * self.config.ncpus)
+        v = struct.pack("<QII", int(ts_ns), int(caplen) & 0xFFFF, 0)
+        bpfsys.map_update(self._clock_fd, self._clock_key, v * self.config.ncpus)
 
     # ---- reading ----------------------------------------------------------------------
     def _fd(self, name: str) -> int:

@@ -149,6 +149,9 @@ FLOW_STATS_DTYPE = np.dtype(FLOW_STATS_FIELDS, align=True)
 MSG_REC_DTYPE = np.dtype([(n, np.dtype(t, align=True) if isinstance(t, list) else t, *rest)
                           for n, t, *rest in MSG_REC_FIELDS], align=True)
 
+REPLAY_FIELDS = [("ts", "<u8"), ("caplen", "<u4"), ("_pad", "<u4")]
+REPLAY_DTYPE = np.dtype(REPLAY_FIELDS, align=True)
+
 #: The Snapshot's flow table: key fields then stats fields (without padding/private state).
 _PRIVATE = {"_pad", "msg_start_ts", "msg_cur_bytes", "last_msg_ts", "next_psn", "flags", "msg_class"}
 FLOW_DTYPE = np.dtype(

@@ -1,0 +1,170 @@
+"""skewscope command line. Each command lives in its own module where it is large; this
+module holds the group, the error handling shared by all commands and the small ones."""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import click
+
+from . import __version__
+
+# Exit codes (README "Exit codes"): 0 ok; 1 diagnose warnings; 2 usage error / diagnose
+# critical; 3 could not run; 4 not root / no CAP_BPF; 5 bcc missing; 6 no such interface;
+# 7 interface busy (another XDP program); 8 kernel refused (compile/verify/attach).
+EXIT_USAGE = 2
+EXIT_NOT_RUN = 3
+
+EPILOG = """\b
+Examples:
+  skewscope top -i pf0hpf                 live view of every QP on a DPU representor
+  skewscope capture -i eth1 --duration 30s -o run.snap
+  skewscope report trace.pcap             offline report, no root needed
+  skewscope diagnose run.snap --json      for runbooks: exit 0 ok, 1 warn, 2 critical
+  skewscope replay trace.pcap -o k.snap   run a capture through the real BPF program
+  skewscope gen moe-hot-expert -o t.pcap  generate NCCL-like traffic with ground truth
+"""
+
+
+def fail(msg: str, code: int = EXIT_NOT_RUN) -> "NoReturn":  # noqa: F821
+    click.echo(f"skewscope: {msg}", err=True)
+    sys.exit(code)
+
+
+def friendly_errors(fn):
+    """Turn every expected failure into one line on stderr and a documented exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        from .dataplane import DataplaneError
+        from .pcapfile import PcapError
+        from .snapshot import SnapshotError
+        try:
+            return fn(*a, **kw)
+        except DataplaneError as e:
+            fail(str(e), e.code)
+        except (PcapError, SnapshotError) as e:
+            fail(str(e), EXIT_NOT_RUN)
+        except KeyboardInterrupt:
+            fail("interrupted", 130)
+        except BrokenPipeError:
+            try:
+                sys.stdout = open(os.devnull, "w")
+            except OSError:
+                pass
+            sys.exit(0)
+        except OSError as e:
+            fail(f"{e.filename + ': ' if getattr(e, 'filename', None) else ''}{e.strerror or e}", EXIT_NOT_RUN)
+
+    return wrapper
+
+
+@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "-V", "--version", prog_name="skewscope")
+def main():
+    """Find skews, imbalances and pathologies in RoCEv2 traffic of multi-GPU LLM jobs,
+    from a DPU or any mirror port, with eBPF."""
+
+
+def load_source(path: str, progress: bool = False):
+    """A .snap file, or a capture (pcap/pcapng, optionally gzip) through the offline parser."""
+    from .snapshot import Snapshot
+    if not os.path.exists(path):
+        from .snapshot import SnapshotError
+        raise SnapshotError(f"{path}: no such file")
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if head[:2] == b"PK":
+        return Snapshot.load(path)
+    from . import offline
+    return offline.parse_file(path, progress=progress)
+
+
+def analyze(snap, thresholds=None, checks=None):
+    try:
+        from . import analysis
+    except ImportError:
+        return None
+    return analysis.analyze(snap, thresholds=thresholds, checks=checks)
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="snapshot to write (.snap)")
+@click.option("--entry", type=click.Choice(["xdp", "tc"]), default="xdp", show_default=True,
+              help="which entry point of the program to run")
+@click.option("--max-flows", type=click.IntRange(16, 1 << 24), default=65536, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
+@friendly_errors
+def replay(file, output, entry, max_flows, as_json):
+    """Run every frame of a capture through the real BPF program (BPF_PROG_TEST_RUN) and
+    save the Snapshot. Needs root. Timestamps come from the capture."""
+    from . import report as R
+    from .replay import replay as run
+    snap = run(file, entry=entry, max_flows=max_flows)
+    snap.save(output)
+    if as_json:
+        click.echo(R.to_json(snap, analyze(snap)))
+    else:
+        m = snap.meta
+        click.echo(f"replayed {m['frames']} frames through {entry} -> {output} "
+                   f"({len(snap.flows)} flows, {len(snap.events)} message records"
+                   + (f"; {m['padded_records']} snaplen-cut records padded to original length" if m["padded_records"]
+                      else "") + ")")
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="print the stable JSON document")
+@click.option("--top", type=click.IntRange(1, 100000), default=20, show_default=True, help="flows in the table")
+@friendly_errors
+def report(file, as_json, top):
+    """Report on a snapshot (.snap) or a capture (pcap/pcapng, .gz too). No root needed."""
+    from . import report as R
+    snap = load_source(file, progress=not as_json and sys.stderr.isatty())
+    analysis = analyze(snap)
+    if as_json:
+        click.echo(R.to_json(snap, analysis))
+    else:
+        R.human(snap, analysis, top=top)
+
+
+@main.command()
+@click.option("-i", "--interface", "iface", required=True, help="interface to clean")
+@friendly_errors
+def detach(iface):
+    """Remove skewscope's own XDP/TC programs from an interface (after a crash). Programs
+    that are not skewscope's are never touched."""
+    from .dataplane import check_privileges, detach_ours
+    check_privileges()
+    removed = detach_ours(iface)
+    parts = []
+    if removed["xdp"]:
+        parts.append(f"XDP program id {removed['xdp']}")
+    parts += [f"TC {d} filter (prio {p})" for d, p, _ in removed["tc"]]
+    click.echo(f"{iface}: removed " + ", ".join(parts) if parts else f"{iface}: no skewscope program attached")
+
+
+def _register_optional():
+    """Commands that live in their own modules (added as they are built)."""
+    import importlib
+    for mod, attr in (("skewgen.cli", "gen"), ("skewscope.cmd_live", "top"), ("skewscope.cmd_live", "capture"),
+                      ("skewscope.cmd_mirror", "mirror"), ("skewscope.cmd_demo", "demo"),
+                      ("skewscope.cmd_diagnose", "diagnose"), ("skewscope.cmd_export", "export"),
+                      ("skewscope.cmd_export", "cluster")):
+        try:
+            m = importlib.import_module(mod)
+        except ImportError as e:
+            if e.name and (e.name == mod or mod.startswith(e.name)):
+                continue
+            raise
+        cmd = getattr(m, attr, None)
+        if cmd is not None:
+            main.add_command(cmd)
+
+
+_register_optional()
+
+if __name__ == "__main__":
+    main()
