@@ -1,0 +1,4 @@
+from .cli import gen
+
+if __name__ == "__main__":
+    gen(prog_name="skewgen")

@@ -1,0 +1,150 @@
+"""Named scenarios.  Small by default (4-8 nodes, tens of ms, 10k-100k frames) so tests
+stay fast; `ring-32` is the large one (use --snaplen with it)."""
+from __future__ import annotations
+
+RING = {"kind": "ring_allreduce", "bytes": "8MiB", "channels": 2}
+A2A = {"kind": "all_to_all", "bytes_per_peer": "256KiB", "channels": 1}
+
+PRESETS: dict[str, dict] = {
+    "ring-healthy": {
+        "description": "8-node ring all-reduce, 2 channels, 1 MiB-class SIMPLE slices, 3 iterations",
+        "nodes": 8, "iterations": 3, "period_ms": 4.0, "jitter": 0.01,
+        "workloads": [dict(RING)],
+    },
+    "ring-straggler": {
+        "description": "8-node ring all-reduce; node 3 sends at 0.4x and starts each step 20 us late",
+        "nodes": 8, "iterations": 3, "period_ms": 6.0,
+        "workloads": [dict(RING)],
+        "pathologies": [{"kind": "straggler", "node": 3, "rate_factor": 0.4, "start_lag_us": 20}],
+    },
+    "ring-ll128": {
+        "description": "4-node ring all-reduce with LL128 messages (multiples of 2048 B), IB MTU 2048",
+        "nodes": 4, "mtu": 2048, "iterations": 3, "period_ms": 3.0,
+        "workloads": [{"kind": "ring_allreduce", "bytes": "6MiB", "protocol": "ll128",
+                       "channels": 2}],
+    },
+    "tree-healthy": {
+        "description": "8-node double-binary-tree all-reduce (reduce up, broadcast down), 2 channels",
+        "nodes": 8, "iterations": 2, "period_ms": 5.0,
+        "workloads": [{"kind": "tree_allreduce", "bytes": "4MiB", "channels": 2}],
+    },
+    "alltoall-healthy": {
+        "description": "8-node all-to-all, 256 KiB per peer in 64 KiB chunks, delta peer order",
+        "nodes": 8, "iterations": 3, "period_ms": 3.0,
+        "workloads": [dict(A2A)],
+    },
+    "moe-hot-expert": {
+        "description": "8-node MoE all-to-all (dispatch+combine); node 5 hosts a hot expert (4x volume)",
+        "nodes": 8, "iterations": 2, "period_ms": 5.0,
+        "workloads": [dict(A2A, combine=True, bytes_per_peer="128KiB")],
+        "pathologies": [{"kind": "hot_expert", "node": 5, "factor": 4.0}],
+    },
+    "incast": {
+        "description": "6 senders burst 1 MiB each into node 0 at once, twice, over a light ring",
+        "nodes": 8, "iterations": 2, "period_ms": 5.0,
+        "workloads": [{"kind": "ring_allreduce", "bytes": "2MiB", "channels": 1}],
+        "pathologies": [{"kind": "incast", "target": 0, "senders": 6, "bytes": "1MiB",
+                         "at_ms": 1.0, "repeat": 2, "period_ms": 5.0}],
+    },
+    "congestion": {
+        "description": "8-node all-to-all; flows into node 2 CE-marked (30%), CNPs back, 0.6x rate",
+        "nodes": 8, "iterations": 3, "period_ms": 3.0,
+        "workloads": [dict(A2A)],
+        "pathologies": [{"kind": "congestion", "into": 2, "ce_fraction": 0.3, "rate_factor": 0.6}],
+    },
+    "loss": {
+        "description": "4-node ring; 6 packets dropped on 10.0.0.2->10.0.0.3: PSN gaps, NAK 0x60, go-back-N",
+        "nodes": 4, "iterations": 2, "period_ms": 4.0,
+        "workloads": [dict(RING)],
+        "pathologies": [{"kind": "loss", "pairs": [[1, 2]], "count": 6}],
+    },
+    "pfc": {
+        "description": "8-node ring; node 4 sends a storm of PFC pause frames on priority 3",
+        "nodes": 8, "iterations": 2, "period_ms": 5.0,
+        "workloads": [dict(RING)],
+        "pathologies": [{"kind": "pfc_pause", "node": 4, "priority": 3, "start_ms": 0.3,
+                         "count": 40, "interval_us": 15, "quanta": 4096}],
+    },
+    "pipeline-bubbles": {
+        "description": "4-stage P2P pipeline, 6 micro-batches; stage 1 computes 3x slower (bubbles)",
+        "nodes": 4, "iterations": 2, "period_ms": 12.0,
+        "workloads": [{"kind": "p2p_pipeline", "activation_bytes": "1MiB", "microbatches": 6}],
+        "pathologies": [{"kind": "pipeline_bubble", "stage": 1, "compute_factor": 3.0}],
+    },
+    "pipeline-healthy": {
+        "description": "4-stage P2P pipeline, 6 micro-batches of 1 MiB activations",
+        "nodes": 4, "iterations": 2, "period_ms": 8.0,
+        "workloads": [{"kind": "p2p_pipeline", "activation_bytes": "1MiB", "microbatches": 6}],
+    },
+    "slow-link": {
+        "description": "8-node ring; node 6's link negotiated at 25 Gb/s instead of 100",
+        "nodes": 8, "iterations": 2, "period_ms": 8.0,
+        "workloads": [dict(RING, bytes="4MiB")],
+        "pathologies": [{"kind": "slow_link", "node": 6, "mode": "slow", "speed_factor": 0.25}],
+    },
+    "flapping-link": {
+        "description": "8-node all-to-all; node 1's link flaps (down 300 us, up 700 us, 4 times)",
+        "nodes": 8, "iterations": 3, "period_ms": 2.0,
+        "workloads": [dict(A2A, bytes_per_peer="128KiB")],
+        "pathologies": [{"kind": "slow_link", "node": 1, "mode": "flapping", "flaps": 4,
+                         "down_us": 300, "up_us": 700, "start_ms": 0.2}],
+    },
+    "tp-decode": {
+        "description": "4-node tensor-parallel decode: 2 LL all-reduces (16 KiB) per layer per token, 32 layers",
+        "nodes": 4,
+        "workloads": [{"kind": "tp_decode", "layers": 32, "tokens": 3, "token_ms": 6.0,
+                       "ar_bytes": "16KiB", "layer_compute_us": 15}],
+    },
+    "tp-decode-prefill": {
+        "description": "4-node TP decode with a prefill burst (1 MiB SIMPLE all-reduces) every 2 tokens",
+        "nodes": 4,
+        "workloads": [{"kind": "tp_decode", "layers": 8, "tokens": 4, "token_ms": 4.0,
+                       "ar_bytes": "8KiB", "layer_compute_us": 20, "prefill_every": 2,
+                       "prefill_bytes": "1MiB"}],
+    },
+    "moe-decode": {
+        "description": "8-node expert-parallel MoE decode: per layer small dispatch+combine all-to-all",
+        "nodes": 8,
+        "workloads": [{"kind": "moe_decode", "layers": 4, "tokens": 3, "token_ms": 3.0,
+                       "bytes_per_peer": "12KiB", "zipf": 0.8}],
+    },
+    "ipv6-ring": {
+        "description": "4-node ring over IPv6 (fd00::/64), IB MTU 1024, PSNs starting near 2^24 (wrap)",
+        "nodes": 4, "ip_version": 6, "mtu": 1024, "psn_start": 16777216 - 3000,
+        "iterations": 2, "period_ms": 4.0,
+        "workloads": [dict(RING, bytes="4MiB")],
+    },
+    "vlan-alltoall": {
+        "description": "8-node all-to-all behind 802.1Q VLAN 100 (PCP 3), immediates little-endian",
+        "nodes": 8, "vlan": 100, "imm_endian": "le", "iterations": 2, "period_ms": 3.0,
+        "workloads": [dict(A2A)],
+    },
+    "demo-mix": {
+        "description": "demo: ring with straggler node 2 + MoE all-to-all with hot expert node 5 + congestion into node 7",
+        "nodes": 8, "iterations": 3, "period_ms": 6.0, "jitter": 0.02,
+        "workloads": [dict(RING, bytes="4MiB", channels=1),
+                      dict(A2A, bytes_per_peer="96KiB", start_ms=2.5)],
+        "pathologies": [{"kind": "straggler", "node": 2, "rate_factor": 0.5, "start_lag_us": 10},
+                        {"kind": "hot_expert", "node": 5, "factor": 4.0},
+                        {"kind": "congestion", "into": 7, "ce_fraction": 0.25, "rate_factor": 0.7}],
+    },
+    "mixed": {
+        "description": "everything at once: ring, all-to-all, pipeline, loss, PFC, CNPs, background UDP",
+        "nodes": 8, "iterations": 2, "period_ms": 6.0, "jitter": 0.02, "psn_start": "random",
+        "workloads": [{"kind": "ring_allreduce", "members": [0, 1, 2, 3], "bytes": "4MiB",
+                       "channels": 2},
+                      {"kind": "all_to_all", "members": [4, 5, 6, 7], "bytes_per_peer": "256KiB",
+                       "start_ms": 1.0},
+                      {"kind": "p2p_pipeline", "members": [0, 4, 1, 5], "microbatches": 3,
+                       "activation_bytes": "256KiB", "start_ms": 0.5}],
+        "pathologies": [{"kind": "loss", "pairs": [[0, 1]], "count": 3},
+                        {"kind": "congestion", "pairs": [[4, 6], [5, 6]], "ce_fraction": 0.2},
+                        {"kind": "pfc_pause", "node": 7, "count": 10, "start_ms": 1.2}],
+        "background": {"pps": 20000, "plen": 200, "dport": 9000},
+    },
+    "ring-32": {
+        "description": "32-node ring all-reduce, 4 channels, 4 iterations (large: use --snaplen 128)",
+        "nodes": 32, "iterations": 4, "period_ms": 8.0,
+        "workloads": [{"kind": "ring_allreduce", "bytes": "32MiB", "channels": 4}],
+    },
+}
