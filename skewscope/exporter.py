@@ -1,0 +1,664 @@
+"""Prometheus exporter: a Snapshot (from a file) or the live data plane, as /metrics.
+
+One custom Collector (`SkewscopeCollector`) renders the current `ExportState` on every
+scrape; no prometheus_client Gauge/Counter objects per series. The state is built by an
+`Accumulator`, which turns successive *cumulative* reads of the flow table into per-peer
+counters that never go backwards, even when the LRU flow map evicts or re-creates flows:
+
+    per-peer total = (sum of the last-seen values of every flow of the pair that left the
+                      table or was re-created) + (sum over the pair's flows present now)
+
+Metric names, labels and cardinality are documented in docs/fleet.md (the contract for
+recording rules, alerts and `skewscope cluster`). Summary, for one DPU (label `node`):
+
+  per peer pair (src, dst) -- always (up to --max-peers pairs, then one overflow pair):
+    skewscope_peer_{bytes,packets,payload_bytes,messages,message_bytes}_total
+    skewscope_peer_{ce_packets,cnp_packets,retransmitted_packets,psn_gaps}_total
+    skewscope_peer_naks_total{syndrome}       psn_sequence_error | rnr | other
+    skewscope_peer_busy_seconds_total         union of the pair's message transfer times
+    skewscope_peer_qps                        flows (dest QPs) of the pair in the table
+  per flow (src, dst, qp) -- only the top K flows by bytes:
+    skewscope_flow_{bytes,packets,messages,ce_packets,cnp_packets,naks,retransmitted_packets}_total
+    skewscope_flow_message_size_bytes         histogram
+  per node:
+    skewscope_message_size_bytes, skewscope_message_gap_seconds   histograms (all flows)
+    skewscope_frames_total{category}, skewscope_pfc_{pause_frames,resume_frames,pause_quanta}_total{priority},
+    skewscope_flows, skewscope_flows_{created,evicted}_total, skewscope_message_records_lost_total,
+    skewscope_partial_messages_total, skewscope_sampling_denominator, skewscope_exporter_info,
+    skewscope_last_read_timestamp_seconds, skewscope_read_duration_seconds, skewscope_peers
+
+Histograms come from the data plane's log2 slots (slot 0 = value 0; slot s >= 1 holds
+[2^(s-1), 2^s); the last slot also takes everything above). Like cloudflare/ebpf_exporter,
+every bucket is always present (missing ones filled) and counts are cumulative; the bucket
+bound `le` is the exact largest integer a slot holds (2^s - 1), so a 1 MiB message counts
+in le="2097151", not in le="1048575", and `histogram_quantile` is never off by a slot.
+The gap histogram has no `_sum` (the data plane keeps none; we do not invent one).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+from . import __version__, layout as L
+from .snapshot import Snapshot, ip_str
+
+DEFAULT_LISTEN = "127.0.0.1:9435"
+DEFAULT_TOP_K = 10
+DEFAULT_MAX_PEERS = 4096
+OVERFLOW_LABEL = "_overflow"
+
+# Per-flow counter columns accumulated per peer (name in FLOW_DTYPE).
+SCALARS = ("packets", "bytes", "payload_bytes", "messages", "msg_bytes", "ce", "cnp",
+           "retransmissions", "psn_gaps", "nak_seq", "nak_rnr", "nak_other")
+COL = {n: i for i, n in enumerate(SCALARS)}
+MSG0 = len(SCALARS)
+GAP0 = MSG0 + L.MSG_SLOTS
+NCOLS = GAP0 + L.GAP_SLOTS
+
+# (metric name without prefix/suffix, help, column)
+PEER_COUNTERS = (
+    ("bytes", "Wire bytes (Ethernet frame, no FCS) of RoCE packets from src to dst.", "bytes"),
+    ("packets", "RoCE packets from src to dst.", "packets"),
+    ("payload_bytes", "RoCE payload bytes (after transport headers, before ICRC) from src to dst.",
+     "payload_bytes"),
+    ("messages", "RDMA messages started (SEND/WRITE first or only, READ request) from src to dst.",
+     "messages"),
+    ("message_bytes", "Sum of the sizes of the messages from src to dst (RETH length, or summed SEND "
+                      "payload).", "msg_bytes"),
+    ("ce_packets", "Packets from src to dst with ECN Congestion Experienced.", "ce"),
+    ("cnp_packets", "Congestion Notification Packets sent by src to dst (dst's traffic to src was "
+                    "CE-marked).", "cnp"),
+    ("retransmitted_packets", "Packets from src to dst whose PSN went backwards (retransmissions).",
+     "retransmissions"),
+    ("psn_gaps", "Forward PSN jumps (missing packets) seen on src to dst.", "psn_gaps"),
+)
+FLOW_COUNTERS = (
+    ("bytes", "Wire bytes of this flow (top K flows by bytes only).", "bytes"),
+    ("packets", "Packets of this flow.", "packets"),
+    ("messages", "Messages started on this flow.", "messages"),
+    ("ce_packets", "CE-marked packets of this flow.", "ce"),
+    ("cnp_packets", "CNPs addressed to this flow's destination QP.", "cnp"),
+    ("retransmitted_packets", "Retransmitted packets of this flow.", "retransmissions"),
+)
+NAK_SYNDROMES = (("psn_sequence_error", "nak_seq"), ("rnr", "nak_rnr"), ("other", "nak_other"))
+
+
+def _le_bounds(nslots: int) -> list[int]:
+    """Exact upper bounds of the finite log2 slots (all but the last, which is +Inf)."""
+    return [(1 << s) - 1 for s in range(nslots - 1)]
+
+
+MSG_LE = _le_bounds(L.MSG_SLOTS)
+GAP_LE_NS = _le_bounds(L.GAP_SLOTS)
+
+
+def _fmt_le(v: float) -> str:
+    from prometheus_client.utils import floatToGoString
+    return floatToGoString(v)
+
+
+MSG_LE_STR = [_fmt_le(v) for v in MSG_LE] + ["+Inf"]
+GAP_LE_STR = [_fmt_le(v / 1e9) for v in GAP_LE_NS] + ["+Inf"]
+
+
+def cumulative_buckets(slots: np.ndarray, le_str: list[str]) -> list[tuple[str, float]]:
+    """log2 slot counts -> Prometheus cumulative buckets, every bucket present."""
+    c = np.cumsum(np.asarray(slots, dtype=np.float64))
+    return list(zip(le_str, c.tolist()))
+
+
+# ---- tables ---------------------------------------------------------------------------
+def flow_matrix(flows: np.ndarray) -> np.ndarray:
+    """FLOW_DTYPE rows -> (n, NCOLS) uint64: SCALARS, msg_hist, gap_hist."""
+    n = len(flows)
+    m = np.empty((n, NCOLS), dtype=np.uint64)
+    for i, name in enumerate(SCALARS):
+        m[:, i] = flows[name]
+    m[:, MSG0:GAP0] = flows["msg_hist"]
+    m[:, GAP0:] = flows["gap_hist"]
+    return m
+
+
+def _rows_u64(a: np.ndarray) -> np.ndarray:
+    """(n, k) uint8 with k % 8 == 0 -> (n, k/8) uint64 (row identity only, not order)."""
+    return np.ascontiguousarray(a).view("<u8").reshape(len(a), -1)
+
+
+def flow_ids(flows: np.ndarray) -> np.ndarray:
+    """(n, 5) uint64 identity of each flow: src, dst, (dest_qp, ipver, roce)."""
+    k = np.zeros((len(flows), 40), dtype=np.uint8)
+    k[:, 0:16] = flows["src"]
+    k[:, 16:32] = flows["dst"]
+    k[:, 32:36] = flows["dest_qp"].astype("<u4").view(np.uint8).reshape(-1, 4)
+    k[:, 36] = flows["ipver"]
+    k[:, 37] = flows["roce"]
+    return _rows_u64(k)
+
+
+def peer_ids(flows: np.ndarray) -> np.ndarray:
+    """(n, 5) uint64 identity of each flow's peer pair: src, dst, ipver."""
+    k = np.zeros((len(flows), 40), dtype=np.uint8)
+    k[:, 0:16] = flows["src"]
+    k[:, 16:32] = flows["dst"]
+    k[:, 32] = flows["ipver"]
+    return _rows_u64(k)
+
+
+def _match(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """For each row of b, the index of the equal row of a, or -1. Rows are (n, 5) uint64."""
+    if len(b) == 0:
+        return np.zeros(0, dtype=np.int64)
+    if len(a) == 0:
+        return np.full(len(b), -1, dtype=np.int64)
+    both = np.concatenate([a, b])
+    _, inv = np.unique(both, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    table = np.full(int(inv.max()) + 1, -1, dtype=np.int64)
+    table[inv[: len(a)]] = np.arange(len(a), dtype=np.int64)
+    return table[inv[len(a):]]
+
+
+@njit(cache=True)
+def _busy_kernel(peer, start, end, carry_end, busy):
+    """Events sorted by (peer, start). Adds to busy[p] the length of the union of the
+    [start, end] intervals of peer p not already covered up to carry_end[p] (the end of
+    the union seen in earlier reads), and advances carry_end."""
+    n = peer.shape[0]
+    i = 0
+    while i < n:
+        p = peer[i]
+        cur_s = start[i]
+        cur_e = end[i]
+        if cur_s < carry_end[p]:
+            cur_s = carry_end[p]
+        total = 0
+        j = i + 1
+        while j < n and peer[j] == p:
+            s = start[j]
+            e = end[j]
+            if s < carry_end[p]:
+                s = carry_end[p]
+            if s <= cur_e:
+                if e > cur_e:
+                    cur_e = e
+            else:
+                if cur_e > cur_s:
+                    total += cur_e - cur_s
+                cur_s = s
+                cur_e = e
+            j += 1
+        if cur_e > cur_s:
+            total += cur_e - cur_s
+        busy[p] += total
+        if cur_e > carry_end[p]:
+            carry_end[p] = cur_e
+        i = j
+
+
+def busy_ns_per_peer(events: np.ndarray, flow_peer: np.ndarray, npeers: int,
+                     carry_end: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Busy time (ns) per peer pair from message records: the measure of the union of
+    [start_ts, end_ts] of the pair's messages. Records of flows no longer in the table
+    (flow = -1) are skipped. Returns (busy_ns, carry_end)."""
+    busy = np.zeros(npeers, dtype=np.int64)
+    carry = np.zeros(npeers, dtype=np.int64) if carry_end is None else carry_end.astype(np.int64).copy()
+    if carry.shape[0] < npeers:
+        carry = np.concatenate([carry, np.zeros(npeers - carry.shape[0], dtype=np.int64)])
+    ev = events[events["flow"] >= 0]
+    if len(ev) == 0:
+        return busy, carry
+    p = flow_peer[ev["flow"]].astype(np.int64)
+    s = ev["start_ts"].astype(np.int64)
+    e = np.maximum(ev["end_ts"].astype(np.int64), s)
+    order = np.lexsort((s, p))
+    _busy_kernel(p[order], s[order], e[order], carry, busy)
+    return busy, carry
+
+
+# ---- state --------------------------------------------------------------------------------
+@dataclass
+class ExportState:
+    """What one scrape renders. Immutable once published (the reader builds a new one)."""
+    node: str
+    peer_src: list            # label strings, one per exported peer row
+    peer_dst: list
+    peer_counts: np.ndarray   # (m, NCOLS) cumulative
+    peer_busy_ns: np.ndarray  # (m,) cumulative
+    peer_qps: np.ndarray      # (m,) flows currently in the table
+    flows: np.ndarray         # top-K FLOW_DTYPE rows (current values)
+    hist_msg: np.ndarray      # (MSG_SLOTS,) cumulative over all flows
+    hist_gap: np.ndarray      # (GAP_SLOTS,)
+    hist_msg_sum: float       # sum of all message sizes (the message histogram's _sum)
+    flows_present: int        # rows in the flow table at the last read
+    globals: np.ndarray
+    meta: dict
+    read_ts: float = 0.0
+    read_seconds: float = 0.0
+    info: dict = field(default_factory=dict)
+
+
+class Accumulator:
+    """Turns successive cumulative reads (flow table, globals, new message records) into
+    monotonic per-peer totals. Pure numpy; no kernel needed (unit-testable)."""
+
+    def __init__(self, max_peers: int = DEFAULT_MAX_PEERS):
+        if max_peers < 1:
+            raise ValueError("max_peers must be >= 1")
+        self.max_peers = int(max_peers)
+        self.peer_keys = np.zeros((0, 5), dtype=np.uint64)   # known pairs (sticky)
+        self.peer_labels: list[tuple[str, str]] = []
+        self.peer_counts = np.zeros((0, NCOLS), dtype=np.uint64)
+        self.peer_busy = np.zeros(0, dtype=np.int64)
+        self.peer_carry = np.zeros(0, dtype=np.int64)
+        self.overflow_counts = np.zeros(NCOLS, dtype=np.uint64)
+        self.overflow_busy = 0
+        self.overflow_used = False
+        self.totals = np.zeros(NCOLS, dtype=np.uint64)        # all flows, all pairs (node histograms)
+        self.overflow_carry = 0
+        self.prev_ids = np.zeros((0, 5), dtype=np.uint64)
+        self.prev_first = np.zeros(0, dtype=np.uint64)
+        self.prev_counts = np.zeros((0, NCOLS), dtype=np.uint64)
+        self.prev_peer = np.zeros(0, dtype=np.int64)
+        self.flows_dropped_events = 0
+        self.last_flows = None
+        self.reads = 0
+
+    def _peer_index(self, flows: np.ndarray) -> np.ndarray:
+        """Peer row per flow (-1 = overflow). New pairs become rows until max_peers."""
+        pk = peer_ids(flows)
+        idx = _match(self.peer_keys, pk)
+        new = np.nonzero(idx < 0)[0]
+        if len(new):
+            uniq, first = np.unique(pk[new], axis=0, return_index=True)
+            room = self.max_peers - len(self.peer_keys)
+            # keep first-seen order among the new ones (deterministic)
+            order = np.argsort(first, kind="stable")
+            take = order[: max(0, room)]
+            if len(take):
+                rows = new[first[take]]
+                base = len(self.peer_keys)
+                self.peer_keys = np.concatenate([self.peer_keys, uniq[take]])
+                for r in rows:
+                    f = flows[r]
+                    v = int(f["ipver"])
+                    self.peer_labels.append((ip_str(f["src"], v), ip_str(f["dst"], v)))
+                k = len(take)
+                self.peer_counts = np.concatenate([self.peer_counts, np.zeros((k, NCOLS), np.uint64)])
+                self.peer_busy = np.concatenate([self.peer_busy, np.zeros(k, np.int64)])
+                self.peer_carry = np.concatenate([self.peer_carry, np.zeros(k, np.int64)])
+                assert len(self.peer_keys) == base + k
+            idx = _match(self.peer_keys, pk)
+        return idx
+
+    def update(self, flows: np.ndarray, events: np.ndarray | None = None) -> None:
+        """Add one cumulative read of the flow table and the message records that arrived
+        since the previous read (events' `flow` indexes `flows`)."""
+        self.reads += 1
+        cur = flow_matrix(flows)
+        ids = flow_ids(flows)
+        first = flows["first_ts"].astype(np.uint64)
+        peer = self._peer_index(flows)
+        # delta against the previous read of the same flow (same key and same first_ts and
+        # no counter going backwards); otherwise the flow is new or was re-created
+        j = _match(self.prev_ids, ids)
+        same = j >= 0
+        if same.any():
+            jj = j[same]
+            same_idx = np.nonzero(same)[0]
+            ok = (self.prev_first[jj] == first[same_idx]) & np.all(cur[same_idx] >= self.prev_counts[jj], axis=1)
+            same[same_idx[~ok]] = False
+        delta = cur.copy()
+        if same.any():
+            si = np.nonzero(same)[0]
+            delta[si] = cur[si] - self.prev_counts[j[si]]
+        # flows of the previous read that are gone, or re-created (their last values were
+        # already counted through earlier deltas): nothing to add -- deltas are cumulative.
+        self._add(peer, delta)
+        if events is not None and len(events):
+            self.flows_dropped_events += int((events["flow"] < 0).sum())
+            fp = peer.copy()
+            npeers = len(self.peer_keys) + 1
+            fp[fp < 0] = npeers - 1       # overflow pair = last slot
+            carry = np.concatenate([self.peer_carry, np.array([0], np.int64)])
+            carry[-1] = self.overflow_carry
+            busy, carry = busy_ns_per_peer(events, fp, npeers, carry)
+            self.peer_busy += busy[:-1]
+            self.peer_carry = carry[:-1]
+            self.overflow_busy += int(busy[-1])
+            self.overflow_carry = int(carry[-1])
+        self.prev_ids, self.prev_first, self.prev_counts, self.prev_peer = ids, first, cur, peer
+        self.last_flows = flows
+
+    def _add(self, peer: np.ndarray, delta: np.ndarray) -> None:
+        if len(delta) == 0:
+            return
+        inside = peer >= 0
+        if inside.any():
+            np.add.at(self.peer_counts, peer[inside], delta[inside])
+        if (~inside).any():
+            self.overflow_counts += delta[~inside].sum(axis=0, dtype=np.uint64)
+            self.overflow_used = True
+        self.totals += delta.sum(axis=0, dtype=np.uint64)
+
+    def qps_per_peer(self) -> np.ndarray:
+        q = np.zeros(len(self.peer_keys) + 1, dtype=np.int64)
+        if len(self.prev_peer):
+            p = self.prev_peer.copy()
+            p[p < 0] = len(self.peer_keys)
+            np.add.at(q, p, 1)
+        return q
+
+    def state(self, node: str, globals_: np.ndarray, meta: dict, top_k: int, read_ts: float = 0.0,
+              read_seconds: float = 0.0, info: dict | None = None) -> ExportState:
+        qps = self.qps_per_peer()
+        src = [s for s, _ in self.peer_labels]
+        dst = [d for _, d in self.peer_labels]
+        counts, busy, q = self.peer_counts, self.peer_busy, qps[:-1]
+        if self.overflow_used:
+            src, dst = src + [OVERFLOW_LABEL], dst + [OVERFLOW_LABEL]
+            counts = np.concatenate([counts, self.overflow_counts[None, :]])
+            busy = np.concatenate([busy, np.array([self.overflow_busy], np.int64)])
+            q = qps
+        flows = self.last_flows if self.last_flows is not None else np.zeros(0, L.FLOW_DTYPE)
+        top = top_flows(flows, top_k)
+        m = dict(meta)
+        m["events_without_flow"] = self.flows_dropped_events
+        return ExportState(node=node, peer_src=src, peer_dst=dst, peer_counts=counts.copy(),
+                           peer_busy_ns=busy.copy(), peer_qps=q.copy(), flows=top,
+                           hist_msg=self.totals[MSG0:GAP0].copy(), hist_gap=self.totals[GAP0:].copy(),
+                           hist_msg_sum=float(self.totals[COL["msg_bytes"]]), flows_present=len(flows),
+                           globals=np.asarray(globals_).copy(),
+                           meta=m, read_ts=read_ts, read_seconds=read_seconds, info=dict(info or {}))
+
+
+def top_flows(flows: np.ndarray, k: int) -> np.ndarray:
+    if k <= 0 or len(flows) == 0:
+        return np.zeros(0, L.FLOW_DTYPE)
+    b = flows["bytes"].astype(np.int64)
+    if len(flows) > k:
+        idx = np.argpartition(-b, k - 1)[:k]
+    else:
+        idx = np.arange(len(flows))
+    idx = idx[np.lexsort((idx, -b[idx]))]   # by bytes desc, then table order (stable)
+    return flows[idx].copy()
+
+
+def state_from_snapshot(snap: Snapshot, node: str, top_k: int = DEFAULT_TOP_K,
+                        max_peers: int = DEFAULT_MAX_PEERS, info: dict | None = None) -> ExportState:
+    acc = Accumulator(max_peers=max_peers)
+    acc.update(snap.flows, snap.events)
+    return acc.state(node, snap.globals, snap.meta, top_k, read_ts=time.time(), info=info)
+
+
+# ---- the collector ---------------------------------------------------------------------------
+class SkewscopeCollector:
+    """prometheus_client custom collector: collect() renders the current ExportState."""
+
+    def __init__(self, get_state):
+        self._get_state = get_state
+
+    def describe(self):
+        return []  # unchecked collector: families depend on the data
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+        from prometheus_client.samples import Sample
+        st: ExportState | None = self._get_state()
+        if st is None:
+            return
+        node = st.node
+        pl = ["node", "src", "dst"]
+        P = "skewscope_"
+        n = len(st.peer_src)
+        rows = [(node, st.peer_src[i], st.peer_dst[i]) for i in range(n)]
+        for name, doc, col in PEER_COUNTERS:
+            fam = CounterMetricFamily(f"{P}peer_{name}", doc, labels=pl)
+            vals = st.peer_counts[:, COL[col]].tolist()
+            for r, v in zip(rows, vals):
+                fam.add_metric(r, v)
+            yield fam
+        fam = CounterMetricFamily(f"{P}peer_naks", "NAKs sent by src to dst, by AETH syndrome class.",
+                                  labels=pl + ["syndrome"])
+        for syn, col in NAK_SYNDROMES:
+            vals = st.peer_counts[:, COL[col]].tolist()
+            for r, v in zip(rows, vals):
+                fam.add_metric(r + (syn,), v)
+        yield fam
+        fam = CounterMetricFamily(f"{P}peer_busy_seconds",
+                                  "Time src->dst had a message in transfer: measure of the union of the "
+                                  "[first packet, last packet] intervals of its messages.", labels=pl)
+        for r, v in zip(rows, (st.peer_busy_ns / 1e9).tolist()):
+            fam.add_metric(r, v)
+        yield fam
+        fam = GaugeMetricFamily(f"{P}peer_qps", "Flows (destination QPs) of the pair in the flow table now.",
+                                labels=pl)
+        for r, v in zip(rows, st.peer_qps.tolist()):
+            fam.add_metric(r, v)
+        yield fam
+        # top-K flows
+        fl = ["node", "src", "dst", "qp"]
+        frows = []
+        for f in st.flows:
+            v = int(f["ipver"])
+            frows.append((node, ip_str(f["src"], v), ip_str(f["dst"], v), str(int(f["dest_qp"]))))
+        for name, doc, col in FLOW_COUNTERS:
+            fam = CounterMetricFamily(f"{P}flow_{name}", doc, labels=fl)
+            for r, v in zip(frows, st.flows[col].tolist() if len(st.flows) else []):
+                fam.add_metric(r, v)
+            yield fam
+        fam = CounterMetricFamily(f"{P}flow_naks", "NAKs addressed to this flow (all syndromes).", labels=fl)
+        for r, f in zip(frows, st.flows):
+            fam.add_metric(r, int(f["nak_seq"]) + int(f["nak_rnr"]) + int(f["nak_other"]))
+        yield fam
+        fam = HistogramMetricFamily(f"{P}flow_message_size_bytes", "Message sizes of this flow (log2 buckets).",
+                                    labels=fl)
+        for r, f in zip(frows, st.flows):
+            fam.add_metric(r, cumulative_buckets(f["msg_hist"], MSG_LE_STR), float(f["msg_bytes"]))
+        yield fam
+        # node-level histograms
+        fam = HistogramMetricFamily(f"{P}message_size_bytes",
+                                    "Sizes of the messages of every flow seen by this DPU (log2 buckets).",
+                                    labels=["node"])
+        fam.add_metric([node], cumulative_buckets(st.hist_msg, MSG_LE_STR), st.hist_msg_sum)
+        yield fam
+        fam = HistogramMetricFamily(f"{P}message_gap_seconds",
+                                    "Time between consecutive message starts on a flow (log2 ns buckets; no "
+                                    "_sum: the data plane keeps none).", labels=["node"])
+        b = cumulative_buckets(st.hist_gap, GAP_LE_STR)
+        fam.add_metric([node], b, None)
+        fam.samples.append(Sample(fam.name + "_count", {"node": node}, b[-1][1], None, None))
+        yield fam
+        # node-level counters and gauges
+        g = st.globals
+        fam = CounterMetricFamily(f"{P}frames", "Frames seen, by what happened to them (each frame in exactly "
+                                                "one category; README 'Counters').", labels=["node", "category"])
+        for i, cat in enumerate(L.CATEGORY_NAMES):
+            fam.add_metric([node, cat], int(g[i]))
+        yield fam
+        for name, base, doc in (("pfc_pause_frames", L.G_PFC_PAUSE, "PFC frames pausing this priority."),
+                                ("pfc_resume_frames", L.G_PFC_XON, "PFC frames resuming this priority "
+                                                                    "(pause time 0)."),
+                                ("pfc_pause_quanta", L.G_PFC_QUANTA, "Sum of PFC pause times (quanta of 512 "
+                                                                      "bit times) for this priority.")):
+            fam = CounterMetricFamily(f"{P}{name}", doc, labels=["node", "priority"])
+            for p in range(8):
+                fam.add_metric([node, str(p)], int(g[base + p]))
+            yield fam
+        m = st.meta
+        yield _gauge(f"{P}flows", "Flows in the flow table now.", node, st.flows_present)
+        yield _counter(f"{P}flows_created", "Flows inserted into the flow table.", node, int(g[L.G_FLOWS_CREATED]))
+        yield _counter(f"{P}flows_evicted", "Flows evicted from the full flow table (their later packets "
+                                            "start new flows).", node, int(m.get("flows_evicted", 0)))
+        yield _counter(f"{P}message_records_lost", "Message records overwritten before being read.", node,
+                       int(m.get("events_lost", 0)))
+        yield _counter(f"{P}partial_messages", "Message ends seen without their start.", node,
+                       int(g[L.G_MSG_PARTIAL]))
+        yield _gauge(f"{P}sampling_denominator", "1-in-N packet sampling in force (1 = every packet); packet "
+                                                 "and byte counters are of sampled packets.", node,
+                     int(m.get("sample_n", 1) or 1))
+        yield _gauge(f"{P}peers", "Peer pairs exported (including the overflow pair).", node, n)
+        yield _gauge(f"{P}last_read_timestamp_seconds", "Unix time of the last data plane (or file) read.",
+                     node, st.read_ts)
+        yield _gauge(f"{P}read_duration_seconds", "Time the last read of the data plane took.", node,
+                     st.read_seconds)
+        info = GaugeMetricFamily(f"{P}exporter_info", "Exporter identity (value 1).",
+                                 labels=["node", "version", "source", "input"])
+        info.add_metric([node, __version__, str(m.get("source", "?")),
+                         str(m.get("interface") or m.get("file") or "")], 1)
+        yield info
+
+
+def _gauge(name, doc, node, v):
+    from prometheus_client.core import GaugeMetricFamily
+    f = GaugeMetricFamily(name, doc, labels=["node"])
+    f.add_metric([node], v)
+    return f
+
+
+def _counter(name, doc, node, v):
+    from prometheus_client.core import CounterMetricFamily
+    f = CounterMetricFamily(name, doc, labels=["node"])
+    f.add_metric([node], v)
+    return f
+
+
+# ---- sources --------------------------------------------------------------------------
+class StaticSource:
+    """A Snapshot file (or a capture through the offline parser): one fixed state."""
+
+    def __init__(self, snap: Snapshot, node: str, top_k: int, max_peers: int):
+        t0 = time.monotonic()
+        st = state_from_snapshot(snap, node, top_k=top_k, max_peers=max_peers)
+        st.read_seconds = time.monotonic() - t0
+        self._state = st
+
+    def get(self) -> ExportState:
+        return self._state
+
+    def close(self) -> None:
+        pass
+
+
+class LiveSource:
+    """The live data plane on an interface, read every `interval` seconds by a thread.
+    Reading regularly (not only on scrape) drains the message-record rings before they wrap."""
+
+    def __init__(self, iface: str, node: str, top_k: int, max_peers: int, interval: float = 1.0,
+                 mode: str = "xdp", xdp_mode: str = "native", direction: str = "ingress",
+                 max_flows: int = 65536, sample_n: int = 1):
+        from .dataplane import Attachment, Config, Dataplane
+        self.node, self.top_k, self.interval = node, top_k, float(interval)
+        self.acc = Accumulator(max_peers=max_peers)
+        self.dp = Dataplane(Config(max_flows=max_flows, sample_n=sample_n))
+        self.att = Attachment(self.dp, iface, mode=mode, xdp_mode=xdp_mode, direction=direction)
+        self.att.attach()
+        self.meta = {"source": "live", "interface": iface, "clock": "monotonic", "attach": mode,
+                     "xdp_mode": xdp_mode if mode == "xdp" else None}
+        self._lock = threading.Lock()
+        self._state: ExportState | None = None
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        self.read_once()
+        self._thread = threading.Thread(target=self._run, name="skewscope-export-reader", daemon=True)
+        self._thread.start()
+
+    def read_once(self) -> None:
+        t0 = time.monotonic()
+        glob = self.dp.read_globals()
+        flows = self.dp.read_flows()
+        from .snapshot import events_from_records
+        recs = self.dp.read_new_records()
+        events = events_from_records(flows, recs)
+        self.acc.update(flows, events)
+        created = int(glob[L.G_FLOWS_CREATED])
+        meta = dict(self.meta, flows_present=int(len(flows)), flows_created=created,
+                    flows_evicted=max(0, created - len(flows)), events_lost=int(self.dp.events_lost),
+                    sample_n=self.dp.config.sample_n, max_flows=self.dp.config.max_flows)
+        st = self.acc.state(self.node, glob, meta, self.top_k, read_ts=time.time(),
+                            read_seconds=time.monotonic() - t0)
+        with self._lock:
+            self._state = st
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.read_once()
+            except BaseException as e:  # keep serving the last good state; say so once
+                self.error = e
+                return
+
+    def get(self) -> ExportState | None:
+        with self._lock:
+            return self._state
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval + 5)
+        try:
+            self.att.detach()
+        finally:
+            self.dp.close()
+
+
+# ---- serving ----------------------------------------------------------------------------------
+class ListenError(ValueError):
+    pass
+
+
+def parse_listen(s: str) -> tuple[str, int]:
+    """'ADDR:PORT', '[v6]:PORT' or ':PORT' (= 127.0.0.1) -> (addr, port)."""
+    s = s.strip()
+    if s.startswith("["):
+        host, sep, port = s[1:].partition("]:")
+        if not sep:
+            raise ListenError(f"invalid --listen {s!r}: expected [ADDR]:PORT")
+    else:
+        host, sep, port = s.rpartition(":")
+        if not sep:
+            raise ListenError(f"invalid --listen {s!r}: expected ADDR:PORT (e.g. {DEFAULT_LISTEN})")
+        if ":" in host:
+            raise ListenError(f"invalid --listen {s!r}: write IPv6 addresses as [ADDR]:PORT")
+    host = host or "127.0.0.1"
+    try:
+        p = int(port)
+    except ValueError:
+        raise ListenError(f"invalid --listen {s!r}: port {port!r} is not a number") from None
+    if not 0 <= p <= 65535:
+        raise ListenError(f"invalid --listen {s!r}: port must be 0..65535")
+    try:
+        socket.getaddrinfo(host, p, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        raise ListenError(f"invalid --listen {s!r}: {host!r} is not a numeric IP address") from None
+    return host, p
+
+
+def make_registry(collector: SkewscopeCollector, process_metrics: bool = True):
+    from prometheus_client import CollectorRegistry
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(collector)
+    if process_metrics:
+        from prometheus_client import ProcessCollector
+        ProcessCollector(registry=reg)
+    return reg
+
+
+def render(registry) -> str:
+    from prometheus_client import generate_latest
+    return generate_latest(registry).decode()
+
+
+def serve(registry, addr: str, port: int):
+    """Start the HTTP server (daemon threads). Returns (server, thread)."""
+    from prometheus_client import start_http_server
+    return start_http_server(port, addr=addr, registry=registry)
+
+
+def default_node() -> str:
+    return os.environ.get("SKEWSCOPE_NODE") or socket.gethostname()
