@@ -394,6 +394,7 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 	void *cur;
 	__u16 proto;
 	__u32 cat;
+	__u64 l3off;
 
 	gcount(SS_G_FRAMES, 1);
 	if (OOB(eth + 1)) {
@@ -419,6 +420,8 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 		return;
 	}
 	p.wire_len = wire_len;
+	/* where L3 starts: an IP/GRH length must not claim more bytes than the frame has */
+	l3off = cur - data;
 
 	if (proto == 0x0800) {
 		struct ss_ipv4 *ip = cur;
@@ -454,7 +457,7 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 		}
 		tot = ss_ntohs(ip->tot_len);
 		ulen = ss_ntohs(udp->len);
-		if (ulen < 8 || tot < ihl + ulen) {
+		if (ulen < 8 || tot < ihl + ulen || l3off + tot > wire_len) {
 			gcount(SS_G_BAD_LENGTH, 1);
 			return;
 		}
@@ -501,7 +504,7 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 		}
 		plen = ss_ntohs(ip6->payload_len);
 		ulen = ss_ntohs(udp->len);
-		if (ulen < 8 || plen < ulen) {
+		if (ulen < 8 || plen < ulen || l3off + sizeof(*ip6) + plen > wire_len) {
 			gcount(SS_G_BAD_LENGTH, 1);
 			return;
 		}
@@ -529,6 +532,10 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 		__builtin_memcpy(key.src, grh->saddr, 16);
 		__builtin_memcpy(key.dst, grh->daddr, 16);
 		key.ipver = 6;
+		if (l3off + sizeof(*grh) + ss_ntohs(grh->payload_len) > wire_len) {
+			gcount(SS_G_BAD_LENGTH, 1);
+			return;
+		}
 		key.roce = 1;
 		p.tclass = (vtcfl >> 20) & 0xFF;
 		cat = parse_bth(grh + 1, data_end, cap_end, ss_ntohs(grh->payload_len), &p);

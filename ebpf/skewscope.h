@@ -77,7 +77,8 @@
 #define SS_G_TRUNC_BTH      12  /* BTH cut */
 #define SS_G_TRUNC_EXT      13  /* extension header cut */
 #define SS_G_TRUNC_MACCTL   14  /* MAC control (pause/PFC) frame cut */
-#define SS_G_BAD_LENGTH     15  /* UDP/IP/GRH length inconsistent with the headers it must hold */
+#define SS_G_BAD_LENGTH     15  /* UDP/IP/GRH length inconsistent with the headers it must hold,
+                                   or longer than the frame (a length lie: Linux drops these too) */
 #define SS_G_SAMPLED_OUT    16  /* skipped by 1-in-N sampling */
 #define SS_G_NO_FLOW_SLOT   17  /* flow insert failed (map update error) */
 #define SS_G_NCAT           18
