@@ -75,7 +75,7 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
         except OSError as e:
             fail(f"cannot listen on {listen}: {e.strerror or e}", EXIT_NOT_RUN)
         real_port = server.server_address[1]
-        what = f"interface {iface}" if iface else from_file
+        what = src.describe() if iface else from_file
         click.echo(f"skewscope export: node {node!r}, {what}, serving http://{_hostport(addr, real_port)}/metrics"
                    f" (Ctrl-C to stop)", err=True)
         stop = threading.Event()

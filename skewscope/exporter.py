@@ -244,8 +244,10 @@ class ExportState:
 
 
 class Accumulator:
-    """Turns successive cumulative reads (flow table, globals, new message records) into
-    monotonic per-peer totals. Pure numpy; no kernel needed (unit-testable)."""
+    """Adds per-interval flow deltas (what happened between two reads of the cumulative
+    flow table: `live.flow_delta`, which already handles evicted/re-created flows) into
+    monotonic per-peer totals, and the interval's message records into busy time. Pure
+    numpy; no kernel needed (unit-testable). A Snapshot from a file is one big delta."""
 
     def __init__(self, max_peers: int = DEFAULT_MAX_PEERS):
         if max_peers < 1:
@@ -258,15 +260,11 @@ class Accumulator:
         self.peer_carry = np.zeros(0, dtype=np.int64)
         self.overflow_counts = np.zeros(NCOLS, dtype=np.uint64)
         self.overflow_busy = 0
+        self.overflow_carry = 0
         self.overflow_used = False
         self.totals = np.zeros(NCOLS, dtype=np.uint64)        # all flows, all pairs (node histograms)
-        self.overflow_carry = 0
-        self.prev_ids = np.zeros((0, 5), dtype=np.uint64)
-        self.prev_first = np.zeros(0, dtype=np.uint64)
-        self.prev_counts = np.zeros((0, NCOLS), dtype=np.uint64)
-        self.prev_peer = np.zeros(0, dtype=np.int64)
-        self.flows_dropped_events = 0
-        self.last_flows = None
+        self.events_without_flow = 0
+        self.cum_flows = np.zeros(0, L.FLOW_DTYPE)
         self.reads = 0
 
     def _peer_index(self, flows: np.ndarray) -> np.ndarray:
@@ -274,82 +272,56 @@ class Accumulator:
         pk = peer_ids(flows)
         idx = _match(self.peer_keys, pk)
         new = np.nonzero(idx < 0)[0]
-        if len(new):
+        room = self.max_peers - len(self.peer_keys)
+        if len(new) and room > 0:
             uniq, first = np.unique(pk[new], axis=0, return_index=True)
-            room = self.max_peers - len(self.peer_keys)
-            # keep first-seen order among the new ones (deterministic)
-            order = np.argsort(first, kind="stable")
-            take = order[: max(0, room)]
-            if len(take):
-                rows = new[first[take]]
-                base = len(self.peer_keys)
-                self.peer_keys = np.concatenate([self.peer_keys, uniq[take]])
-                for r in rows:
-                    f = flows[r]
-                    v = int(f["ipver"])
-                    self.peer_labels.append((ip_str(f["src"], v), ip_str(f["dst"], v)))
-                k = len(take)
-                self.peer_counts = np.concatenate([self.peer_counts, np.zeros((k, NCOLS), np.uint64)])
-                self.peer_busy = np.concatenate([self.peer_busy, np.zeros(k, np.int64)])
-                self.peer_carry = np.concatenate([self.peer_carry, np.zeros(k, np.int64)])
-                assert len(self.peer_keys) == base + k
+            take = np.sort(first)[:room]            # first-seen order among the new ones
+            k = len(take)
+            self.peer_keys = np.concatenate([self.peer_keys, pk[new[take]]])
+            for r in new[take]:
+                f = flows[r]
+                v = int(f["ipver"])
+                self.peer_labels.append((ip_str(f["src"], v), ip_str(f["dst"], v)))
+            self.peer_counts = np.concatenate([self.peer_counts, np.zeros((k, NCOLS), np.uint64)])
+            self.peer_busy = np.concatenate([self.peer_busy, np.zeros(k, np.int64)])
+            self.peer_carry = np.concatenate([self.peer_carry, np.zeros(k, np.int64)])
             idx = _match(self.peer_keys, pk)
         return idx
 
-    def update(self, flows: np.ndarray, events: np.ndarray | None = None) -> None:
-        """Add one cumulative read of the flow table and the message records that arrived
-        since the previous read (events' `flow` indexes `flows`)."""
+    def add(self, delta: np.ndarray, events: np.ndarray | None = None,
+            cum_flows: np.ndarray | None = None) -> None:
+        """delta: FLOW_DTYPE counters accumulated since the previous add; events: the
+        message records of the same interval (`flow` indexes `delta`); cum_flows: the
+        cumulative flow table now (for the top-K flows and per-pair QP counts)."""
         self.reads += 1
-        cur = flow_matrix(flows)
-        ids = flow_ids(flows)
-        first = flows["first_ts"].astype(np.uint64)
-        peer = self._peer_index(flows)
-        # delta against the previous read of the same flow (same key and same first_ts and
-        # no counter going backwards); otherwise the flow is new or was re-created
-        j = _match(self.prev_ids, ids)
-        same = j >= 0
-        if same.any():
-            jj = j[same]
-            same_idx = np.nonzero(same)[0]
-            ok = (self.prev_first[jj] == first[same_idx]) & np.all(cur[same_idx] >= self.prev_counts[jj], axis=1)
-            same[same_idx[~ok]] = False
-        delta = cur.copy()
-        if same.any():
-            si = np.nonzero(same)[0]
-            delta[si] = cur[si] - self.prev_counts[j[si]]
-        # flows of the previous read that are gone, or re-created (their last values were
-        # already counted through earlier deltas): nothing to add -- deltas are cumulative.
-        self._add(peer, delta)
+        peer = self._peer_index(delta)
+        m = flow_matrix(delta)
+        if len(m):
+            inside = peer >= 0
+            if inside.any():
+                np.add.at(self.peer_counts, peer[inside], m[inside])
+            if (~inside).any():
+                self.overflow_counts += m[~inside].sum(axis=0, dtype=np.uint64)
+                self.overflow_used = True
+            self.totals += m.sum(axis=0, dtype=np.uint64)
         if events is not None and len(events):
-            self.flows_dropped_events += int((events["flow"] < 0).sum())
-            fp = peer.copy()
-            npeers = len(self.peer_keys) + 1
-            fp[fp < 0] = npeers - 1       # overflow pair = last slot
-            carry = np.concatenate([self.peer_carry, np.array([0], np.int64)])
-            carry[-1] = self.overflow_carry
+            self.events_without_flow += int((events["flow"] < 0).sum())
+            npeers = len(self.peer_keys) + 1                   # + the overflow pair, last
+            fp = np.where(peer >= 0, peer, npeers - 1)
+            carry = np.concatenate([self.peer_carry, np.array([self.overflow_carry], np.int64)])
             busy, carry = busy_ns_per_peer(events, fp, npeers, carry)
             self.peer_busy += busy[:-1]
             self.peer_carry = carry[:-1]
             self.overflow_busy += int(busy[-1])
             self.overflow_carry = int(carry[-1])
-        self.prev_ids, self.prev_first, self.prev_counts, self.prev_peer = ids, first, cur, peer
-        self.last_flows = flows
-
-    def _add(self, peer: np.ndarray, delta: np.ndarray) -> None:
-        if len(delta) == 0:
-            return
-        inside = peer >= 0
-        if inside.any():
-            np.add.at(self.peer_counts, peer[inside], delta[inside])
-        if (~inside).any():
-            self.overflow_counts += delta[~inside].sum(axis=0, dtype=np.uint64)
-            self.overflow_used = True
-        self.totals += delta.sum(axis=0, dtype=np.uint64)
+        if cum_flows is not None:
+            self.cum_flows = cum_flows
 
     def qps_per_peer(self) -> np.ndarray:
+        """Flows per exported pair in the cumulative table (last entry: overflow)."""
         q = np.zeros(len(self.peer_keys) + 1, dtype=np.int64)
-        if len(self.prev_peer):
-            p = self.prev_peer.copy()
+        if len(self.cum_flows):
+            p = _match(self.peer_keys, peer_ids(self.cum_flows))
             p[p < 0] = len(self.peer_keys)
             np.add.at(q, p, 1)
         return q
@@ -365,14 +337,12 @@ class Accumulator:
             counts = np.concatenate([counts, self.overflow_counts[None, :]])
             busy = np.concatenate([busy, np.array([self.overflow_busy], np.int64)])
             q = qps
-        flows = self.last_flows if self.last_flows is not None else np.zeros(0, L.FLOW_DTYPE)
-        top = top_flows(flows, top_k)
         m = dict(meta)
-        m["events_without_flow"] = self.flows_dropped_events
+        m["events_without_flow"] = self.events_without_flow
         return ExportState(node=node, peer_src=src, peer_dst=dst, peer_counts=counts.copy(),
-                           peer_busy_ns=busy.copy(), peer_qps=q.copy(), flows=top,
+                           peer_busy_ns=busy.copy(), peer_qps=q.copy(), flows=top_flows(self.cum_flows, top_k),
                            hist_msg=self.totals[MSG0:GAP0].copy(), hist_gap=self.totals[GAP0:].copy(),
-                           hist_msg_sum=float(self.totals[COL["msg_bytes"]]), flows_present=len(flows),
+                           hist_msg_sum=float(self.totals[COL["msg_bytes"]]), flows_present=len(self.cum_flows),
                            globals=np.asarray(globals_).copy(),
                            meta=m, read_ts=read_ts, read_seconds=read_seconds, info=dict(info or {}))
 
@@ -392,7 +362,7 @@ def top_flows(flows: np.ndarray, k: int) -> np.ndarray:
 def state_from_snapshot(snap: Snapshot, node: str, top_k: int = DEFAULT_TOP_K,
                         max_peers: int = DEFAULT_MAX_PEERS, info: dict | None = None) -> ExportState:
     acc = Accumulator(max_peers=max_peers)
-    acc.update(snap.flows, snap.events)
+    acc.add(snap.flows, snap.events, cum_flows=snap.flows)
     return acc.state(node, snap.globals, snap.meta, top_k, read_ts=time.time(), info=info)
 
 
@@ -546,52 +516,52 @@ class StaticSource:
 
 
 class LiveSource:
-    """The live data plane on an interface, read every `interval` seconds by a thread.
-    Reading regularly (not only on scrape) drains the message-record rings before they wrap."""
+    """The live data plane on an interface (`live.LiveSession`: attach, leftover checks,
+    per-interval deltas, detach), read every `interval` seconds by a thread. Reading on a
+    clock rather than on scrape drains the message-record rings before they wrap, and
+    makes scrapes cheap (they render the last state)."""
 
     def __init__(self, iface: str, node: str, top_k: int, max_peers: int, interval: float = 1.0,
                  mode: str = "xdp", xdp_mode: str = "native", direction: str = "ingress",
-                 max_flows: int = 65536, sample_n: int = 1):
-        from .dataplane import Attachment, Config, Dataplane
+                 max_flows: int = 65536, sample_n: int = 1, on_stale="error"):
+        from .live import LiveSession
         self.node, self.top_k, self.interval = node, top_k, float(interval)
         self.acc = Accumulator(max_peers=max_peers)
-        self.dp = Dataplane(Config(max_flows=max_flows, sample_n=sample_n))
-        self.att = Attachment(self.dp, iface, mode=mode, xdp_mode=xdp_mode, direction=direction)
-        self.att.attach()
-        self.meta = {"source": "live", "interface": iface, "clock": "monotonic", "attach": mode,
-                     "xdp_mode": xdp_mode if mode == "xdp" else None}
+        self.session = LiveSession(iface, mode=mode, xdp_mode=xdp_mode, direction=direction,
+                                   sample_n=sample_n, max_flows=max_flows, on_stale=on_stale,
+                                   source="live").open()
         self._lock = threading.Lock()
         self._state: ExportState | None = None
         self._stop = threading.Event()
         self.error: BaseException | None = None
-        self.read_once()
+        try:
+            self._absorb(self.session.read_interval())
+        except BaseException:
+            self.session.close()
+            raise
         self._thread = threading.Thread(target=self._run, name="skewscope-export-reader", daemon=True)
         self._thread.start()
 
-    def read_once(self) -> None:
+    def describe(self) -> str:
+        return self.session.describe()
+
+    def _absorb(self, iv) -> None:
         t0 = time.monotonic()
-        glob = self.dp.read_globals()
-        flows = self.dp.read_flows()
-        from .snapshot import events_from_records
-        recs = self.dp.read_new_records()
-        events = events_from_records(flows, recs)
-        self.acc.update(flows, events)
-        created = int(glob[L.G_FLOWS_CREATED])
-        meta = dict(self.meta, flows_present=int(len(flows)), flows_created=created,
-                    flows_evicted=max(0, created - len(flows)), events_lost=int(self.dp.events_lost),
-                    sample_n=self.dp.config.sample_n, max_flows=self.dp.config.max_flows)
-        st = self.acc.state(self.node, glob, meta, self.top_k, read_ts=time.time(),
+        self.acc.add(iv.delta.flows, iv.delta.events, cum_flows=iv.cum.flows)
+        meta = dict(iv.cum.meta)
+        meta["events_lost"] = int(meta.get("events_lost", 0)) + int(meta.get("events_dropped", 0))
+        st = self.acc.state(self.node, iv.cum.globals, meta, self.top_k, read_ts=iv.wall,
                             read_seconds=time.monotonic() - t0)
         with self._lock:
             self._state = st
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.read_once()
-            except BaseException as e:  # keep serving the last good state; say so once
-                self.error = e
-                return
+        try:
+            for iv in self.session.intervals(self.interval, stop=self._stop):
+                self._absorb(iv)
+                # records are handed over per interval; the session keeps none
+        except BaseException as e:  # serve the last good state; the command stops on it
+            self.error = e
 
     def get(self) -> ExportState | None:
         with self._lock:
@@ -601,10 +571,7 @@ class LiveSource:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self.interval + 5)
-        try:
-            self.att.detach()
-        finally:
-            self.dp.close()
+        self.session.close()
 
 
 # ---- serving ----------------------------------------------------------------------------------
