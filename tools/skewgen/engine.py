@@ -16,6 +16,17 @@ DSCP_ROCE = 26
 DSCP_CNP = 48
 
 
+def _merge(blocks):
+    """Blocking windows (node, start, end) sorted, overlapping ones of a node merged."""
+    out = []
+    for n, a, b in sorted(blocks):
+        if out and out[-1][0] == n and a <= out[-1][2]:
+            out[-1] = (n, out[-1][1], max(out[-1][2], b))
+        else:
+            out.append((n, a, b))
+    return out
+
+
 class Job:
     def __init__(self, sc: dict, seed: int):
         self.sc = sc
@@ -50,6 +61,7 @@ class Job:
         # messages
         self.m_path, self.m_t0, self.m_size, self.m_rate = [], [], [], []
         self.m_type, self.m_va = [], []
+        self.m_cts = []         # index of the CTS message that enables this one, or -1
         # impairments
         self.up_blocks = []     # (node, start_ns, end_ns)
         self.down_blocks = []
@@ -119,11 +131,15 @@ class Job:
              va: int = 0, cts: bool = True, mtype: int = M.MT_DATA) -> float:
         """An NCCL send on connection (fwd, rev): CTS on rev, then the WRITE chain on fwd.
         Returns the estimated end time of the data."""
+        cts_idx = -1
         if cts:
+            cts_idx = len(self.m_path)
+            self.m_cts.append(-1)
             self.m_path.append(rev); self.m_t0.append(t_ns - self.cts_lead_ns)
             self.m_size.append(64); self.m_rate.append(self.link_bps[self.p_src[rev]] * self.eff)
             self.m_type.append(M.MT_CTS)
             self.m_va.append(0x7F0000000000 + (self.p_sqp[rev] << 12))
+        self.m_cts.append(cts_idx)
         self.m_path.append(fwd); self.m_t0.append(t_ns); self.m_size.append(int(size))
         self.m_rate.append(rate_bps); self.m_type.append(mtype)
         self.m_va.append(0x7E0000000000 + (self.p_dqp[fwd] << 24) + va)
@@ -217,60 +233,32 @@ class Job:
                 sel = cand[self.rng.random(cand.size) < prob]
             drop[sel] = 1
         max_out = ng * 2 + 16
-        eg, et, er, ed = M.pace(m_path, m_t0, m_rate, npk, flen.astype(np.float64), drop,
-                                float(sc["rtt_us"] * 1e3), max_out)
-        # request packet table (incl. dropped, for the uplink)
-        nreq = eg.shape[0]
-        req = M.empty_pkts(nreq)
-        mp = m_path[msg[eg]]
-        req["path"][:] = mp.astype(np.int32)
-        req["opcode"][:] = opc[eg]
-        req["psn"][:] = psn[eg]
-        req["plen"][:] = plen[eg]
-        req["reth"][:] = reth[eg]
-        req["imm"][:] = imm[eg]
-        req["va"][:] = va[eg]
-        req["flags"][:] = flags[eg]
-        req["msg"][:] = order[msg[eg]]  # index into the builder's message list
-        req["retx"][:] = er
-        req["tos"][:] = self.tos_data
-        wire = flen[eg].astype(np.float64) + WIRE_EXTRA
-        # ---- uplink pass
-        src = pa["src"][mp]
-        o = np.lexsort((np.arange(nreq), et, src))
-        ub = sorted(self.up_blocks)
-        link = self.link_bps.copy()
-        t_up, _ = M.serialise(o, src, et, wire, link, np.array([b[0] for b in ub], np.int64),
-                              np.array([b[1] for b in ub], np.float64),
-                              np.array([b[2] for b in ub], np.float64))
-        # ---- the fabric drops
-        keep = ed == 0
-        self.stats["dropped"] = int((~keep).sum())
-        dropped_paths = mp[~keep]
-        req = M.take_pkts(req, keep)
-        t_up = t_up[keep]
-        wire = wire[keep]
-        mp = mp[keep]
+        # The data of a message may not leave before its CTS has reached the sender: run
+        # the timeline, push violating messages later, repeat (converges in a few rounds).
+        m_cts = np.array(self.m_cts, dtype=np.int64)
+        inv = np.empty(nm, dtype=np.int64)
+        inv[order] = np.arange(nm)
+        cts_sorted = np.where(m_cts[order] >= 0, inv[np.maximum(m_cts[order], 0)], -1)
+        has_cts = np.nonzero(cts_sorted >= 0)[0]
+        slack = float(sc["prop_ns"]) + 200.0
+        for _round in range(30):
+            tl = self._timeline(sc, pa, m_path, m_t0, m_rate, npk, flen, drop, max_out, opc,
+                                psn, plen, reth, imm, va, flags, msg, order)
+            req, t_up, t_obs, wire, mp, keep_first = tl
+            # observed time of every (sorted) message's first transmission
+            first_obs = np.full(nm, np.inf)
+            np.minimum.at(first_obs, inv[req["msg"]], t_obs)
+            first_up = np.full(nm, np.inf)
+            np.minimum.at(first_up, inv[req["msg"]], t_up)
+            need = first_obs[cts_sorted[has_cts]] + slack
+            late = need > first_up[has_cts]
+            if not late.any():
+                break
+            m_t0 = m_t0.copy()
+            m_t0[has_cts[late]] = np.maximum(m_t0[has_cts[late]], need[late] + 1.0)
+        self.stats["cts_rounds"] = _round + 1
+        self.stats["cts_causal"] = not late.any() if has_cts.size else True
         nreq = mp.shape[0]
-        # ---- CE marks
-        ce_count = {}
-        data_op = (req["opcode"] != F.WRITE_ONLY) | (req["plen"] != 64)
-        for paths, frac, pidx in self.ce_specs:
-            sel = np.isin(mp, np.array(paths, dtype=np.int64)) & data_op
-            idx = np.nonzero(sel)[0]
-            hit = idx[self.rng.random(idx.size) < frac]
-            if sc["ecn"] != "none":
-                req["tos"][hit] |= 3
-            ce_count[pidx] = ce_count.get(pidx, 0) + int(hit.size)
-        # ---- downlink pass (the observation point)
-        dst = pa["dst"][mp]
-        arr = t_up + sc["prop_ns"]
-        o = np.lexsort((np.arange(nreq), arr, dst))
-        db = sorted(self.down_blocks)
-        t_obs, qd = M.serialise(o, dst, arr, wire, link, np.array([b[0] for b in db], np.int64),
-                                np.array([b[1] for b in db], np.float64),
-                                np.array([b[2] for b in db], np.float64))
-        self.stats["max_queue_us"] = float(qd.max() / 1e3) if nreq else 0.0
         # ---- responder
         is_last = np.isin(req["opcode"], np.array([F.WRITE_LAST, F.WRITE_LAST_IMM, F.WRITE_ONLY,
                                                     F.WRITE_ONLY_IMM], np.uint8))
@@ -313,6 +301,64 @@ class Job:
         fo = np.lexsort((np.arange(ts.shape[0]), ts))
         allp = M.take_pkts(allp, fo)
         allp["ts"] = ts[fo] + EPOCH_NS
+        return allp
+
+    def _timeline(self, sc, pa, m_path, m_t0, m_rate, npk, flen, drop, max_out, opc, psn, plen,
+                  reth, imm, va, flags, msg, order):
+        eg, et, er, ed = M.pace(m_path, m_t0, m_rate, npk, flen.astype(np.float64), drop,
+                                float(sc["rtt_us"] * 1e3), max_out)
+        # request packet table (incl. dropped, for the uplink)
+        nreq = eg.shape[0]
+        req = M.empty_pkts(nreq)
+        mp = m_path[msg[eg]]
+        req["path"][:] = mp.astype(np.int32)
+        req["opcode"][:] = opc[eg]
+        req["psn"][:] = psn[eg]
+        req["plen"][:] = plen[eg]
+        req["reth"][:] = reth[eg]
+        req["imm"][:] = imm[eg]
+        req["va"][:] = va[eg]
+        req["flags"][:] = flags[eg]
+        req["msg"][:] = order[msg[eg]]  # index into the builder's message list
+        req["retx"][:] = er
+        req["tos"][:] = self.tos_data
+        wire = flen[eg].astype(np.float64) + WIRE_EXTRA
+        # ---- uplink pass
+        src = pa["src"][mp]
+        o = np.lexsort((np.arange(nreq), et, src))
+        ub = _merge(self.up_blocks)
+        link = self.link_bps.copy()
+        t_up, _ = M.serialise(o, src, et, wire, link, np.array([b[0] for b in ub], np.int64),
+                              np.array([b[1] for b in ub], np.float64),
+                              np.array([b[2] for b in ub], np.float64))
+        # ---- the fabric drops
+        keep = ed == 0
+        self.stats["dropped"] = int((~keep).sum())
+        dropped_paths = mp[~keep]
+        req = M.take_pkts(req, keep)
+        t_up = t_up[keep]
+        wire = wire[keep]
+        mp = mp[keep]
+        nreq = mp.shape[0]
+        # ---- CE marks
+        ce_count = {}
+        data_op = (req["opcode"] != F.WRITE_ONLY) | (req["plen"] != 64)
+        for paths, frac, pidx in self.ce_specs:
+            sel = np.isin(mp, np.array(paths, dtype=np.int64)) & data_op
+            idx = np.nonzero(sel)[0]
+            hit = idx[self.rng.random(idx.size) < frac]
+            if sc["ecn"] != "none":
+                req["tos"][hit] |= 3
+            ce_count[pidx] = ce_count.get(pidx, 0) + int(hit.size)
+        # ---- downlink pass (the observation point)
+        dst = pa["dst"][mp]
+        arr = t_up + sc["prop_ns"]
+        o = np.lexsort((np.arange(nreq), arr, dst))
+        db = _merge(self.down_blocks)
+        t_obs, qd = M.serialise(o, dst, arr, wire, link, np.array([b[0] for b in db], np.int64),
+                                np.array([b[1] for b in db], np.float64),
+                                np.array([b[2] for b in db], np.float64))
+        self.stats["max_queue_us"] = float(qd.max() / 1e3) if nreq else 0.0
         self.stats["ce_count"] = ce_count
         self.stats["dropped_paths"] = dropped_paths
-        return allp
+        return req, t_up, t_obs, wire, mp, None

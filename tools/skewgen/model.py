@@ -226,10 +226,14 @@ def serialise(order, node, t_in, wire_bytes, link_bps, blk_node, blk_start, blk_
             t = t_in[k]
             if free > t:
                 t = free
-            while bi < b1 and blk_end[bi] <= t:
-                bi += 1
-            if bi < b1 and blk_start[bi] <= t:
-                t = blk_end[bi]
+            moved = True
+            while moved:
+                moved = False
+                while bi < b1 and blk_end[bi] <= t:
+                    bi += 1
+                if bi < b1 and blk_start[bi] <= t:
+                    t = blk_end[bi]
+                    moved = True
             out[k] = t
             qd[k] = t - t_in[k]
             free = t + wire_bytes[k] * sec_per_byte
