@@ -1,0 +1,599 @@
+"""Offline path: a capture file -> the Snapshot the kernel data plane would have produced.
+
+    from skewscope import offline
+    snap = offline.parse_file("trace.pcap.gz")        # Snapshot(source="offline")
+    pkts = offline.dissect("trace.pcap", limit=1000)  # per-packet parse (debugging, tests)
+
+The file is streamed in chunks through numba kernels (skewscope/offline/kernel.py): a record
+scanner for pcap (µs/ns magic, either byte order) or pcapng (SHB, IDB, EPB, SPB, the obsolete
+PB; several interfaces, each with its own link type and if_tsresol), then a line-by-line
+mirror of ebpf/skewscope.bpf.c's parser and accounting. Link types and length conventions
+are those of skewscope/pcapfile.py (the reader of `skewscope replay`). gzip is read
+transparently. Memory is bounded by the chunk buffer, the flow table (max_flows) and the
+message records (one per message). See docs/offline.md.
+
+Bad input: a file that is not a capture, or of an unsupported link type, raises
+pcapfile.PcapError (one line; the CLI prints it and exits 3). A capture that is damaged
+part-way (cut short by a killed tcpdump, a corrupt record length, a broken gzip stream)
+gives the Snapshot of everything before the damage, with the reason in meta["warnings"].
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from .. import layout as L
+from ..pcapfile import (LINKTYPE_ETHERNET, LINKTYPE_LINUX_SLL, LINKTYPE_LINUX_SLL2, LINKTYPE_NAMES,
+                        LINKTYPE_RAW, DLT_RAW_ALIASES, PCAP_MAGIC_NS, PCAP_MAGIC_US, PCAPNG_SHB,
+                        PcapError, _check_linktype)
+from ..snapshot import Snapshot, flow_key_matrix, flows_from_raw
+
+
+def _purge_stale_numba_cache() -> None:
+    """numba's on-disk cache is keyed by kernel.py's mtime only; the layout constants it
+    freezes come from layout.py. Drop the cache when the layout changed since it was built."""
+    here = Path(__file__).resolve().parent
+    fp = hashlib.sha256()
+    for k in sorted(dir(L)):
+        if k.isupper():
+            v = getattr(L, k)
+            fp.update(f"{k}={v.tobytes().hex() if isinstance(v, np.ndarray) else repr(v)};".encode())
+    digest = fp.hexdigest()[:16]
+    cache = here / "__pycache__"
+    stamp = cache / "kernel.layout-fingerprint"
+    try:
+        if stamp.read_text() == digest:
+            return
+    except OSError:
+        pass
+    try:
+        cache.mkdir(exist_ok=True)
+        for p in cache.glob("kernel.*.nb[ic]"):
+            p.unlink()
+        stamp.write_text(digest)
+    except OSError:
+        pass  # read-only install: numba falls back to its user cache dir; nothing to purge
+
+
+_purge_stale_numba_cache()
+from . import kernel as K  # noqa: E402
+
+__all__ = ["parse_file", "dissect", "PcapError", "DEFAULT_CHUNK"]
+
+DEFAULT_CHUNK = 16 << 20
+PROGRESS_MIN_BYTES = 64 << 20
+
+_KIND = {LINKTYPE_ETHERNET: K.K_ETHERNET, LINKTYPE_RAW: K.K_RAW, LINKTYPE_LINUX_SLL: K.K_SLL,
+         LINKTYPE_LINUX_SLL2: K.K_SLL2, **{a: K.K_RAW for a in DLT_RAW_ALIASES}}
+
+#: per-packet dissection (dissect()): -1 where a field does not apply (frame not RoCE, no RETH...)
+PACKET_DTYPE = np.dtype([
+    ("ts", "<i8"), ("category", "<i8"), ("wire_len", "<i8"), ("opcode", "<i8"), ("dest_qp", "<i8"),
+    ("psn", "<i8"), ("reth_len", "<i8"), ("payload", "<i8"), ("syndrome", "<i8"), ("fb", "<i8"),
+    ("sport", "<i8"), ("tclass", "<i8"), ("ipver", "<i8"), ("roce", "<i8"),
+    ("src", "u1", (16,)), ("dst", "u1", (16,)),
+])
+
+
+class _Tables:
+    """The numba kernel's state arrays (see kernel.py's docstring), with growth."""
+
+    def __init__(self, max_flows: int, packets: int = 0):
+        self.g = np.zeros(L.G_N, np.int64)
+        self.st = np.zeros(K.ST_N, np.int64)
+        st = self.st
+        st[K.ST_MAXF] = max_flows
+        st[K.ST_HEAD] = st[K.ST_TAIL] = -1
+        st[K.ST_FIRST_TS] = -1
+        self._alloc_flows(min(max_flows, 4096))
+        self.ev = np.zeros((1 << 16, 5), np.int64)
+        st[K.ST_EVCAP] = len(self.ev)
+        self.ikeys = np.zeros((4096, 5), np.int64)
+        st[K.ST_INSTCAP] = len(self.ikeys)
+        self.pk = np.zeros((max(packets, 0), K.PK_N), np.int64)
+        st[K.ST_PKCAP] = packets
+        self.pk_limit = None
+
+    def _alloc_flows(self, cap: int, old=None):
+        hsize = 1 << max(4, int(2 * cap - 1).bit_length())
+        self.hidx = np.zeros(hsize, np.int32)
+        self.fhash = np.zeros(cap, np.int64)
+        self.keys = np.zeros((cap, 5), np.int64)
+        self.S = np.zeros((cap, K.NCOL), np.int64)
+        self.lprev = np.full(cap, -1, np.int32)
+        self.lnext = np.full(cap, -1, np.int32)
+        self.finst = np.zeros(cap, np.int64)
+        if old is not None:
+            n = int(self.st[K.ST_NUSED])
+            for name in ("fhash", "keys", "S", "lprev", "lnext", "finst"):
+                getattr(self, name)[:n] = getattr(old, name)[:n]
+        self.st[K.ST_CAP] = cap
+        self.st[K.ST_HMASK] = hsize - 1
+        K.rebuild_index(self.st, self.hidx, self.fhash)
+
+    def grow(self):
+        st = self.st
+        if st[K.ST_NUSED] >= st[K.ST_CAP] and st[K.ST_CAP] < st[K.ST_MAXF]:
+            old = _Old(self)
+            self._alloc_flows(int(min(st[K.ST_MAXF], 2 * st[K.ST_CAP])), old)
+        if st[K.ST_INSTN] >= st[K.ST_INSTCAP]:
+            self.ikeys = np.concatenate([self.ikeys, np.zeros_like(self.ikeys)])
+            st[K.ST_INSTCAP] = len(self.ikeys)
+        if st[K.ST_EVN] >= st[K.ST_EVCAP]:
+            self.ev = np.concatenate([self.ev, np.zeros_like(self.ev)])
+            st[K.ST_EVCAP] = len(self.ev)
+        if st[K.ST_PKCAP] > 0 and st[K.ST_PKN] >= st[K.ST_PKCAP]:
+            if self.pk_limit is not None and st[K.ST_PKN] >= self.pk_limit:
+                raise _Full()
+            want = 2 * len(self.pk) if self.pk_limit is None else min(2 * len(self.pk), self.pk_limit)
+            self.pk = np.concatenate([self.pk, np.zeros((want - len(self.pk), K.PK_N), np.int64)])
+            st[K.ST_PKCAP] = len(self.pk)
+
+    def args(self):
+        return (self.g, self.st, self.hidx, self.fhash, self.keys, self.S, self.lprev, self.lnext,
+                self.finst, self.ikeys, self.ev, self.pk, _OPTAB)
+
+
+class _Old:
+    def __init__(self, t: _Tables):
+        for name in ("fhash", "keys", "S", "lprev", "lnext", "finst"):
+            setattr(self, name, getattr(t, name))
+
+
+_OPTAB = np.ascontiguousarray(L.OPCODE_TABLE, dtype=np.uint32)
+
+
+class _Full(Exception):
+    """dissect(): the requested number of packets has been read."""
+
+
+class _Stop(Exception):
+    """Damage part-way through the file: keep what was read, warn."""
+
+
+class _Source:
+    """A capture file, gzip-decompressed when it starts with the gzip magic."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            self.raw = open(path, "rb", buffering=0)
+        except OSError as e:
+            raise PcapError(f"{path}: {e.strerror or e}") from None
+        try:
+            self.size = os.fstat(self.raw.fileno()).st_size
+            head = self.raw.read(2)
+            self.raw.seek(0)
+        except OSError as e:
+            self.raw.close()
+            raise PcapError(f"{path}: {e.strerror or e}") from None
+        self.gzip = head == b"\x1f\x8b"
+        self.fh = gzip.GzipFile(fileobj=self.raw, mode="rb") if self.gzip else self.raw
+        self.total_out = 0
+
+    def readinto(self, mv) -> int:
+        try:
+            n = self.fh.readinto(mv)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            raise _Stop(f"gzip stream broken after {self.total_out} bytes ({e})") from None
+        except OSError as e:
+            raise _Stop(f"read error after {self.total_out} bytes ({e.strerror or e})") from None
+        n = n or 0
+        self.total_out += n
+        return n
+
+    def consumed(self) -> int:
+        try:
+            return self.raw.tell()
+        except (OSError, ValueError):
+            return 0
+
+    def close(self):
+        try:
+            if self.gzip:
+                self.fh.close()
+        finally:
+            self.raw.close()
+
+
+class _Buffer:
+    """A growable read buffer over a _Source: data in buf[pos:fill]."""
+
+    def __init__(self, src: _Source, size: int):
+        self.src = src
+        self.buf = np.empty(size, np.uint8)
+        self.pos = 0
+        self.fill = 0
+        self.eof = False
+        self.base = 0   # file (decompressed) offset of buf[0]
+
+    def refill(self, need: int = 0) -> None:
+        """Move the unread tail to the front and read until the buffer is full (or EOF);
+        make room for at least `need` unread bytes."""
+        rem = self.fill - self.pos
+        if need > len(self.buf):
+            nb = np.empty(max(need, 2 * len(self.buf)), np.uint8)
+            nb[:rem] = self.buf[self.pos:self.fill]
+            self.buf = nb
+        elif rem and self.pos:
+            self.buf[:rem] = self.buf[self.pos:self.fill]
+        self.base += self.pos
+        self.pos, self.fill = 0, rem
+        mv = memoryview(self.buf)
+        while self.fill < len(self.buf) and not self.eof:
+            n = self.src.readinto(mv[self.fill:])
+            if n == 0:
+                self.eof = True
+            self.fill += n
+
+    def ensure(self, n: int) -> bool:
+        """At least n unread bytes available (False at EOF)."""
+        if self.fill - self.pos < n and not self.eof:
+            self.refill(n)
+        return self.fill - self.pos >= n
+
+    def avail(self) -> int:
+        return self.fill - self.pos
+
+
+def _u32(b: np.ndarray, o: int, big: bool) -> int:
+    return int.from_bytes(b[o:o + 4].tobytes(), "big" if big else "little")
+
+
+def _u16(b: np.ndarray, o: int, big: bool) -> int:
+    return int.from_bytes(b[o:o + 2].tobytes(), "big" if big else "little")
+
+
+class _Run:
+    """One pass over one file."""
+
+    def __init__(self, path: str, max_flows: int, chunk: int, packets: int, progress: bool):
+        self.path = path
+        self.t = _Tables(max_flows, packets)
+        self.warnings: list[str] = []
+        self.fmt = None
+        self.linktypes: set[int] = set()
+        self.unsupported: dict[int, int] = {}   # link type -> interfaces declared
+        self.skipped_blocks: dict[int, int] = {}
+        self.sections = 0
+        self.chunk = chunk
+        self.progress = progress
+        self.packets_limit = packets
+
+    # -- driver ------------------------------------------------------------------------
+    def run(self) -> None:
+        src = _Source(self.path)
+        self.src = src
+        bar = None
+        try:
+            self.b = _Buffer(src, self.chunk)
+            try:
+                self.b.refill()
+            except _Stop as e:
+                raise PcapError(f"{self.path}: not a readable capture: {e}") from None
+            self._open()
+            if self.progress and src.size >= PROGRESS_MIN_BYTES:
+                bar = _Progress(self.path, src.size)
+                self.bar = bar
+            else:
+                self.bar = None
+            try:
+                if self.fmt == "pcap":
+                    self._run_pcap()
+                else:
+                    self._run_pcapng()
+            except _Stop as e:
+                self.warnings.append(f"{self.path}: {e}; the report covers the "
+                                     f"{int(self.t.st[K.ST_RECORDS])} records before it")
+        finally:
+            if bar is not None:
+                bar.close()
+            src.close()
+
+    def _tick(self):
+        if self.bar is not None:
+            self.bar.update(self.src.consumed())
+
+    def _open(self) -> None:
+        b = self.b
+        if b.avail() == 0:
+            raise PcapError(f"{self.path}: empty file")
+        if b.avail() < 4:
+            raise PcapError(f"{self.path}: too short to be a capture")
+        m_le = _u32(b.buf, 0, False)
+        m_be = _u32(b.buf, 0, True)
+        if m_le == PCAPNG_SHB:
+            self.fmt = "pcapng"
+            return
+        if m_le in (PCAP_MAGIC_US, PCAP_MAGIC_NS):
+            big = False
+        elif m_be in (PCAP_MAGIC_US, PCAP_MAGIC_NS):
+            big = True
+        else:
+            what = " (gzip-compressed)" if self.src.gzip else ""
+            raise PcapError(f"{self.path}{what}: not a pcap or pcapng file (magic 0x{m_le:08x})")
+        if b.avail() < 24:
+            raise PcapError(f"{self.path}: truncated pcap header")
+        self.fmt = "pcap"
+        self.big = big
+        self.ts_mult = 1 if _u32(b.buf, 0, big) == PCAP_MAGIC_NS else 1000
+        lt = _u32(b.buf, 20, big) & 0x0FFFFFFF
+        _check_linktype(self.path, lt)
+        self.linktypes.add(lt)
+        self.kind = _KIND[lt]
+        b.pos = 24
+
+    def _run_pcap(self) -> None:
+        b, t = self.b, self.t
+        while True:
+            pos, status = K.scan_pcap(b.buf, b.pos, b.fill, self.big, self.ts_mult, self.kind, *t.args())
+            b.pos = int(pos)
+            if status == K.S_GROW:
+                t.grow()
+                continue
+            if status == K.S_BAD_RECLEN:
+                incl = _u32(b.buf, b.pos + 8, self.big)
+                raise _Stop(f"record {int(t.st[K.ST_RECORDS]) + 1} (file offset {b.base + b.pos}) claims "
+                            f"{incl} captured bytes, more than any capture holds: the file is corrupt there")
+            # need data
+            self._tick()
+            if b.eof:
+                if b.avail():
+                    raise _Stop(f"the file ends inside record {int(t.st[K.ST_RECORDS]) + 1} "
+                                f"({b.avail()} bytes of it present; capture cut short?)")
+                return
+            need = 16
+            if b.avail() >= 16:
+                need = 16 + _u32(b.buf, b.pos + 8, self.big)
+            b.refill(need)
+
+    # -- pcapng --------------------------------------------------------------------------
+    def _run_pcapng(self) -> None:
+        b, t = self.b, self.t
+        self.big = False
+        self.ifaces: list[tuple[int, int, int, int]] = []  # (link type, kind, tsresol, snaplen)
+        self._if_arrays()
+        while True:
+            pos, status = K.scan_pcapng(b.buf, b.pos, b.fill, self.big, self.if_kind, self.if_res,
+                                        self.if_snap, len(self.ifaces), *t.args())
+            b.pos = int(pos)
+            if status == K.S_GROW:
+                t.grow()
+                continue
+            if status == K.S_PYBLOCK:
+                self._py_block()
+                continue
+            if status == K.S_BAD_BLOCK:
+                raise _Stop(f"corrupt pcapng block at file offset {b.base + b.pos}")
+            if status == K.S_BAD_IFACE:
+                raise _Stop(f"packet block at file offset {b.base + b.pos} refers to interface "
+                            f"{int(t.st[K.ST_STOP_IF])}, which the file never declared: corrupt")
+            self._tick()
+            if b.eof:
+                if b.avail():
+                    raise _Stop(f"the file ends inside a pcapng block at offset {b.base + b.pos} "
+                                f"({b.avail()} bytes of it present; capture cut short?)")
+                return
+            need = 12
+            if b.avail() >= 8:
+                blen = _u32(b.buf, b.pos + 4, self.big)
+                if 12 <= blen <= K.MAX_BLOCK:
+                    need = blen
+            b.refill(need)
+
+    def _if_arrays(self):
+        n = max(1, len(self.ifaces))
+        self.if_kind = np.full(n, K.K_UNSUPPORTED, np.int64)
+        self.if_res = np.zeros(n, np.int64)
+        self.if_snap = np.zeros(n, np.int64)
+        for i, (_lt, kind, res, snap) in enumerate(self.ifaces):
+            self.if_kind[i] = kind
+            self.if_res[i] = res
+            self.if_snap[i] = snap
+
+    def _py_block(self) -> None:
+        """SHB or IDB at b.pos (whole block made available here)."""
+        b = self.b
+        if not b.ensure(12):
+            raise _Stop(f"the file ends inside a pcapng block header at offset {b.base + b.pos}")
+        btype = _u32(b.buf, b.pos, False)
+        if btype == PCAPNG_SHB:
+            bom = b.buf[b.pos + 8:b.pos + 12].tobytes()
+            if bom == b"\x4d\x3c\x2b\x1a":
+                big = False
+            elif bom == b"\x1a\x2b\x3c\x4d":
+                big = True
+            else:
+                if self.sections == 0:
+                    raise PcapError(f"{self.path}: bad pcapng byte-order magic")
+                raise _Stop(f"bad pcapng byte-order magic in the section header at offset {b.base + b.pos}")
+            self.big = big
+        blen = _u32(b.buf, b.pos + 4, self.big)
+        if blen < 12 or blen % 4 or blen > K.MAX_BLOCK:
+            if self.sections == 0 and btype == PCAPNG_SHB:
+                raise PcapError(f"{self.path}: corrupt pcapng section header (block length {blen})")
+            raise _Stop(f"corrupt pcapng block length {blen} at file offset {b.base + b.pos}")
+        if not b.ensure(blen):
+            raise _Stop(f"the file ends inside a pcapng block at offset {b.base + b.pos}")
+        o = b.pos
+        if _u32(b.buf, o + blen - 4, self.big) != blen:
+            raise _Stop(f"corrupt pcapng block at file offset {b.base + o} (trailing length mismatch)")
+        body, end = o + 8, o + blen - 4
+        if btype == PCAPNG_SHB:
+            self.sections += 1
+            self.ifaces = []
+        else:  # IDB
+            if body + 8 > end:
+                raise _Stop(f"truncated interface description block at file offset {b.base + o}")
+            lt = _u16(b.buf, body, self.big)
+            snap = _u32(b.buf, body + 4, self.big)
+            res = 6
+            p = body + 8
+            while p + 4 <= end:
+                code = _u16(b.buf, p, self.big)
+                olen = _u16(b.buf, p + 2, self.big)
+                if code == 0:
+                    break
+                if code == 9 and olen >= 1 and p + 5 <= end:
+                    res = int(b.buf[p + 4])
+                p += 4 + ((olen + 3) & ~3)
+            kind = _KIND.get(lt, K.K_UNSUPPORTED)
+            if kind == K.K_UNSUPPORTED:
+                self.unsupported[lt] = self.unsupported.get(lt, 0) + 1
+            else:
+                self.linktypes.add(lt)
+            self.ifaces.append((lt, kind, res, snap))
+        self._if_arrays()
+        b.pos = o + blen
+
+    # -- result --------------------------------------------------------------------------
+    def snapshot(self, seconds: float) -> Snapshot:
+        t = self.t
+        st, g = t.st, t.g
+        skipped = int(st[K.ST_SKIP_LT])
+        if skipped:
+            names = ", ".join(f"{lt} ({LINKTYPE_NAMES.get(lt, 'link type %d' % lt)})" for lt in sorted(self.unsupported))
+            if int(st[K.ST_RECORDS]) == 0:
+                lt = min(self.unsupported) if self.unsupported else -1
+                _check_linktype(self.path, lt)  # raises the refusal
+            self.warnings.append(f"{self.path}: skipped {skipped} packets on interfaces of unsupported link "
+                                 f"type {names}")
+        if st[K.ST_UNKNOWN_BLOCKS]:
+            self.warnings.append(f"{self.path}: skipped {int(st[K.ST_UNKNOWN_BLOCKS])} pcapng blocks of unknown type "
+                                 f"(last: 0x{int(st[K.ST_UNKNOWN_TYPE]):08x})")
+        n = int(st[K.ST_NUSED])
+        keys40 = np.ascontiguousarray(t.keys[:n]).astype("<i8").view(np.uint8).reshape(n, 40)
+        stats = np.zeros(n, L.FLOW_STATS_DTYPE)
+        for name, (c, w) in K.STAT_COLS.items():
+            col = t.S[:n, c:c + w]
+            stats[name] = (col[:, 0] if w == 1 else col).astype(stats.dtype[name].base)
+        flows = flows_from_raw(keys40, stats.view(np.uint8).reshape(n, L.FLOW_STATS_DTYPE.itemsize))
+        events = _events(flows, t.ikeys[:int(st[K.ST_INSTN])], t.ev[:int(st[K.ST_EVN])])
+        glob = g.astype(np.uint64)
+        created = int(g[L.G_FLOWS_CREATED])
+        first = int(st[K.ST_FIRST_TS])
+        last = int(st[K.ST_LAST_TS])
+        frames = int(st[K.ST_RECORDS])
+        meta = {
+            "source": "offline",
+            "file": os.path.abspath(self.path),
+            "format": self.fmt,
+            "compressed": "gzip" if self.src.gzip else None,
+            "linktypes": sorted(self.linktypes),
+            "clock": "pcap",
+            "frames": frames,
+            "snaplen_cut_records": int(st[K.ST_CUT]),
+            "first_ts": first if first >= 0 else 0,
+            "last_ts": last if frames else 0,
+            "duration_s": ((last - first) / 1e9) if frames else 0.0,
+            "max_flows": int(st[K.ST_MAXF]),
+            "sample_n": 1,
+            "flows_present": n,
+            "flows_created": created,
+            "flows_evicted": max(0, created - n),
+            "events_lost": 0,
+            "parse_seconds": seconds,
+            "bytes_read": int(self.src.total_out),
+            "warnings": list(self.warnings),
+        }
+        if self.fmt == "pcapng":
+            meta["pcapng_sections"] = self.sections
+            if skipped:
+                meta["skipped_unsupported_linktype"] = skipped
+        return Snapshot(flows=flows, events=events, globals=glob, meta=meta)
+
+
+def _events(flows: np.ndarray, ikeys: np.ndarray, ev: np.ndarray) -> np.ndarray:
+    """Message records -> EVENT_DTYPE with flow = row of the record's key in `flows` (-1 when
+    that key is not in the table: evicted), sorted by start_ts (stable), exactly as
+    snapshot.events_from_records does for the kernel's records; matched per flow instance
+    (few) instead of per record (many)."""
+    n = len(ev)
+    out = np.zeros(n, dtype=L.EVENT_DTYPE)
+    if n == 0:
+        return out
+    fk = flow_key_matrix(flows).view("<i8").reshape(len(flows), 5)
+    ik = np.ascontiguousarray(ikeys).astype("<i8")
+    allk = np.concatenate([fk, ik])
+    _, inv = np.unique(allk, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    table = np.full(int(inv.max()) + 1, -1, dtype=np.int32)
+    table[inv[:len(fk)]] = np.arange(len(fk), dtype=np.int32)
+    inst_row = table[inv[len(fk):]]
+    out["flow"] = inst_row[ev[:, 0]]
+    out["opclass"] = ev[:, 1]
+    out["start_ts"] = ev[:, 2]
+    out["end_ts"] = ev[:, 3]
+    out["bytes"] = ev[:, 4]
+    order = np.argsort(out["start_ts"], kind="stable")
+    return out[order]
+
+
+class _Progress:
+    def __init__(self, path: str, total: int):
+        from rich.console import Console
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                                   TransferSpeedColumn)
+        self.p = Progress(TextColumn("[bold]reading[/bold] {task.description}"), BarColumn(), DownloadColumn(),
+                          TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
+                          transient=True)
+        self.p.start()
+        self.task = self.p.add_task(os.path.basename(path), total=total)
+
+    def update(self, done: int):
+        self.p.update(self.task, completed=done)
+
+    def close(self):
+        self.p.stop()
+
+
+def _check_max_flows(max_flows) -> int:
+    if isinstance(max_flows, bool) or not isinstance(max_flows, (int, np.integer)) or not 1 <= max_flows <= 1 << 24:
+        raise ValueError(f"max_flows must be an integer in 1..{1 << 24}, not {max_flows!r}")
+    return int(max_flows)
+
+
+def parse_file(path, progress: bool = False, max_flows: int = 65536, chunk_bytes: int = DEFAULT_CHUNK) -> Snapshot:
+    """Read a pcap/pcapng capture (optionally gzip-compressed) and return the Snapshot the
+    kernel data plane would have produced for it (source "offline"; see docs/offline.md).
+
+    Raises PcapError (one-line message) for a file that cannot be read as a capture.
+    Damage part-way through gives the Snapshot of what came before, with meta["warnings"]."""
+    path = os.fspath(path)
+    run = _Run(path, _check_max_flows(max_flows), max(1 << 16, int(chunk_bytes)), 0, progress)
+    t0 = time.perf_counter()
+    run.run()
+    return run.snapshot(time.perf_counter() - t0)
+
+
+def dissect(path, limit: int | None = None, max_flows: int = 65536) -> np.ndarray:
+    """Per-packet parse of the first `limit` records (all when None), PACKET_DTYPE: what the
+    parser read from each frame and the category it was counted in. For tests and debugging
+    (holds every row in memory)."""
+    path = os.fspath(path)
+    run = _Run(path, _check_max_flows(max_flows), DEFAULT_CHUNK, 1 << 12, False)
+    run.t.pk_limit = None if limit is None else max(0, int(limit))
+    if run.t.pk_limit == 0:
+        return np.zeros(0, PACKET_DTYPE)
+    try:
+        run.run()
+    except _Full:
+        pass
+    rows = run.t.pk[:int(run.t.st[K.ST_PKN])]
+    out = np.zeros(len(rows), PACKET_DTYPE)
+    for name, col in (("ts", K.PK_TS), ("category", K.PK_CAT), ("wire_len", K.PK_WIRE), ("opcode", K.PK_OPCODE),
+                      ("dest_qp", K.PK_QP), ("psn", K.PK_PSN), ("reth_len", K.PK_RETH), ("payload", K.PK_PAYLOAD),
+                      ("syndrome", K.PK_SYND), ("fb", K.PK_FB), ("sport", K.PK_SPORT), ("tclass", K.PK_TCLASS),
+                      ("ipver", K.PK_IPVER), ("roce", K.PK_ROCE)):
+        out[name] = rows[:, col]
+    addr = np.ascontiguousarray(rows[:, K.PK_W0:K.PK_W3 + 1]).astype("<i8").view(np.uint8).reshape(len(rows), 32)
+    roce = out["roce"] >= 0
+    out["src"][roce] = addr[roce, :16]
+    out["dst"][roce] = addr[roce, 16:]
+    return out

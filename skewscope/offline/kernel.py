@@ -1,0 +1,851 @@
+"""numba kernels of the offline path: record scanners (pcap, pcapng) and a line-by-line
+mirror of ebpf/skewscope.bpf.c (`process`, `parse_bth`, `handle_macctl`, `account`).
+
+Keep this file in lock-step with the C. Every constant comes from skewscope/layout.py (the
+mirror of ebpf/skewscope.h, checked against it by tests/unit/test_layout.py); the opcode
+table is passed in as data (layout.OPCODE_TABLE, the same array the kernel's op_table map is
+filled from). Differences from the kernel are deliberate and listed in docs/offline.md
+(flow-table eviction is exact LRU here).
+
+State lives in numpy arrays owned by skewscope/offline/__init__.py and passed to every call:
+
+  g      int64[G_N]              the global counters (same indices as the BPF array)
+  st     int64[ST_N]             scalars: flow-table fill, LRU ends, event/instance fill...
+  hidx   int32[hsize]            open-addressing index (linear probing): slot + 1, 0 = empty
+  fhash  int64[cap]              hash of each slot's key
+  keys   int64[cap, 5]           flow key as 5 little-endian words = struct ss_flow_key bytes
+  S      int64[cap, NCOL]        struct ss_flow_stats fields, one column per scalar/array elem
+  lprev, lnext int32[cap]        LRU doubly-linked list (head = most recently used)
+  finst  int64[cap]              flow instance id of the slot (G_FLOWS_CREATED at insert - 1)
+  ev     int64[ev_cap, 5]        message records: instance, opclass, start, end, bytes
+  ikeys  int64[inst_cap, 5]      key of every flow instance ever created
+  pk     int64[pk_cap, PK_N]     optional per-packet dissection (pk_cap 0 = off)
+
+All integers are int64 (the C's u64 counters never get near 2^63); the final tables are
+reinterpreted as the layout's unsigned dtypes.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .. import layout as L
+
+# ---- constants frozen into the compiled code (from layout.py only) ----------------------
+G_N = L.G_N
+G_ACCOUNTED = L.G_ACCOUNTED
+G_NON_ROCE = L.G_NON_ROCE
+G_PFC = L.G_PFC
+G_PAUSE = L.G_PAUSE
+G_FRAGMENT = L.G_FRAGMENT
+G_UNKNOWN_OPCODE = L.G_UNKNOWN_OPCODE
+G_TRUNC_ETH = L.G_TRUNC_ETH
+G_TRUNC_VLAN = L.G_TRUNC_VLAN
+G_VLAN_DEPTH = L.G_VLAN_DEPTH
+G_TRUNC_IP = L.G_TRUNC_IP
+G_TRUNC_UDP = L.G_TRUNC_UDP
+G_TRUNC_GRH = L.G_TRUNC_GRH
+G_TRUNC_BTH = L.G_TRUNC_BTH
+G_TRUNC_EXT = L.G_TRUNC_EXT
+G_TRUNC_MACCTL = L.G_TRUNC_MACCTL
+G_BAD_LENGTH = L.G_BAD_LENGTH
+G_FRAMES = L.G_FRAMES
+G_FLOWS_CREATED = L.G_FLOWS_CREATED
+G_MSG_PARTIAL = L.G_MSG_PARTIAL
+G_PFC_PAUSE = L.G_PFC_PAUSE
+G_PFC_XON = L.G_PFC_XON
+G_PFC_QUANTA = L.G_PFC_QUANTA
+
+ROCE_UDP_PORT = L.ROCE_UDP_PORT
+ETH_P_ROCEV1 = L.ETH_P_ROCEV1
+ETH_P_MACCTL = L.ETH_P_MACCTL
+MACCTL_PAUSE = L.MACCTL_PAUSE
+MACCTL_PFC = L.MACCTL_PFC
+MAX_VLAN = L.MAX_VLAN
+PSN_MASK = L.PSN_MASK
+PSN_HALF = L.PSN_HALF
+
+OPC_SEND = L.OPC_SEND
+OPC_READ_REQ = L.OPC_READ_REQ
+N_OPCLASS = L.N_OPCLASS
+
+OPT_EXTLEN_MASK = L.OPT_EXTLEN_MASK
+OPT_CLASS_SHIFT = L.OPT_CLASS_SHIFT
+OPT_CLASS_MASK = L.OPT_CLASS_MASK
+OPT_VALID = L.OPT_VALID
+OPT_REQUEST = L.OPT_REQUEST
+OPT_FIRST = L.OPT_FIRST
+OPT_LAST = L.OPT_LAST
+OPT_RETH = L.OPT_RETH
+OPT_AETH = L.OPT_AETH
+OPT_PREFIX_SHIFT = L.OPT_PREFIX_SHIFT
+OPT_PREFIX_MASK = L.OPT_PREFIX_MASK
+OPT_CNP = L.OPT_CNP
+OPT_ACKNOWLEDGE = L.OPT_ACKNOWLEDGE
+
+FF_PSN_VALID = L.FF_PSN_VALID
+FF_AFTER_READ = L.FF_AFTER_READ
+FF_MSG_OPEN = L.FF_MSG_OPEN
+FF_MSG_STARTED = L.FF_MSG_STARTED
+
+MSG_SLOTS = L.MSG_SLOTS
+GAP_SLOTS = L.GAP_SLOTS
+
+
+def _stat_columns():
+    """struct ss_flow_stats field -> (first column, width), in header order, pads skipped."""
+    cols, c = {}, 0
+    for f in L.FLOW_STATS_FIELDS:
+        if f[0] == "_pad":
+            continue
+        w = f[2][0] if len(f) == 3 else 1
+        cols[f[0]] = (c, w)
+        c += w
+    return cols, c
+
+
+STAT_COLS, NCOL = _stat_columns()
+C_PACKETS = STAT_COLS["packets"][0]
+C_BYTES = STAT_COLS["bytes"][0]
+C_PAYLOAD = STAT_COLS["payload_bytes"][0]
+C_MESSAGES = STAT_COLS["messages"][0]
+C_MSG_BYTES = STAT_COLS["msg_bytes"][0]
+C_FIRST_TS = STAT_COLS["first_ts"][0]
+C_LAST_TS = STAT_COLS["last_ts"][0]
+C_OP = STAT_COLS["op"][0]
+C_ECN = STAT_COLS["ecn_capable"][0]
+C_CE = STAT_COLS["ce"][0]
+C_FECN = STAT_COLS["fecn"][0]
+C_BECN = STAT_COLS["becn"][0]
+C_CNP = STAT_COLS["cnp"][0]
+C_ACKS = STAT_COLS["acks"][0]
+C_NAK_SEQ = STAT_COLS["nak_seq"][0]
+C_NAK_RNR = STAT_COLS["nak_rnr"][0]
+C_NAK_OTHER = STAT_COLS["nak_other"][0]
+C_PSN_GAPS = STAT_COLS["psn_gaps"][0]
+C_PSN_SKIPPED = STAT_COLS["psn_skipped"][0]
+C_RETX = STAT_COLS["retransmissions"][0]
+C_MSG_START = STAT_COLS["msg_start_ts"][0]
+C_MSG_CUR = STAT_COLS["msg_cur_bytes"][0]
+C_LAST_MSG = STAT_COLS["last_msg_ts"][0]
+C_NEXT_PSN = STAT_COLS["next_psn"][0]
+C_SPORT = STAT_COLS["sport"][0]
+C_FLAGS = STAT_COLS["flags"][0]
+C_TCLASS = STAT_COLS["tclass"][0]
+C_MSG_CLASS = STAT_COLS["msg_class"][0]
+C_LAST_OPCODE = STAT_COLS["last_opcode"][0]
+C_MSG_HIST = STAT_COLS["msg_hist"][0]
+C_GAP_HIST = STAT_COLS["gap_hist"][0]
+
+# ---- scalar state indices ------------------------------------------------------------
+ST_NUSED = 0       # slots in use (== live flows)
+ST_HEAD = 1        # LRU head slot (most recent), -1 if none
+ST_TAIL = 2        # LRU tail slot (least recent)
+ST_MAXF = 3        # max_flows
+ST_CAP = 4         # allocated slots (grows by doubling up to max_flows)
+ST_HMASK = 5       # hidx size - 1
+ST_EVN = 6
+ST_EVCAP = 7
+ST_INSTN = 8
+ST_INSTCAP = 9
+ST_FIRST_TS = 10   # -1 until the first record
+ST_LAST_TS = 11
+ST_CUT = 12        # records with caplen < original length (snaplen)
+ST_RECORDS = 13    # records handed to process (== G_FRAMES)
+ST_PKN = 14
+ST_PKCAP = 15
+ST_SKIP_LT = 16    # pcapng records on interfaces with an unsupported link type
+ST_STOP_IF = 17    # pcapng: interface id of the offending record (corrupt stop)
+ST_UNKNOWN_BLOCKS = 18  # pcapng blocks of a type the spec does not define (skipped)
+ST_UNKNOWN_TYPE = 19    # the last such block type
+ST_N = 24
+
+# scanner return status
+S_NEED_DATA = 0    # pos = start of the first incomplete record/block (or end of data)
+S_GROW = 1         # a table must grow before the record at pos can be processed
+S_PYBLOCK = 2      # pcapng SHB/IDB at pos: Python parses it
+S_BAD_RECLEN = 3   # pcap record length implausible
+S_BAD_BLOCK = 4    # pcapng block length invalid / trailer mismatch / EPB overruns block
+S_BAD_IFACE = 5    # pcapng packet for an interface not declared
+
+MAX_RECORD = 262144 * 4   # as skewscope/pcapfile.py: larger is a corrupt file
+MAX_BLOCK = 64 * 1024 * 1024
+
+# link-layer kinds (pcapfile.py conventions)
+K_UNSUPPORTED = -1
+K_ETHERNET = 0
+K_RAW = 1
+K_SLL = 2
+K_SLL2 = 3
+
+# per-packet dissection columns
+PK_TS, PK_CAT, PK_OPCODE, PK_QP, PK_PSN, PK_RETH, PK_PAYLOAD, PK_WIRE, PK_SYND, PK_FB, \
+    PK_SPORT, PK_TCLASS, PK_IPVER, PK_ROCE, PK_W0, PK_W1, PK_W2, PK_W3 = range(18)
+PK_N = 18
+
+_M1 = np.int64(-7046029254386353131)   # 0x9E3779B97F4A7C15 as int64
+_M2 = np.int64(-4658895280553007687)   # 0xBF58476D1CE4E5B9
+_M3 = np.int64(-7723592293110705685)   # 0x94D049BB133111EB
+
+
+# ---- byte helpers ----------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def be16(b, o):
+    return (np.int64(b[o]) << 8) | np.int64(b[o + 1])
+
+
+@njit(cache=True, inline="always")
+def le64(b, o):
+    v = np.int64(0)
+    for i in range(8):
+        v |= np.int64(b[o + i]) << (8 * i)
+    return v
+
+
+@njit(cache=True, inline="always")
+def rd32(b, o, big):
+    if big:
+        return (np.int64(b[o]) << 24) | (np.int64(b[o + 1]) << 16) | (np.int64(b[o + 2]) << 8) | np.int64(b[o + 3])
+    return (np.int64(b[o + 3]) << 24) | (np.int64(b[o + 2]) << 16) | (np.int64(b[o + 1]) << 8) | np.int64(b[o])
+
+
+@njit(cache=True, inline="always")
+def rd16(b, o, big):
+    if big:
+        return (np.int64(b[o]) << 8) | np.int64(b[o + 1])
+    return (np.int64(b[o + 1]) << 8) | np.int64(b[o])
+
+
+@njit(cache=True)
+def ss_slot(v, nslots):
+    """slot 0 for 0, else floor(log2 v) + 1, clamped to the last slot (C: ss_slot)."""
+    if v <= 0:
+        return 0
+    s = 0
+    while v > 0:
+        v >>= 1
+        s += 1
+    return s if s < nslots else nslots - 1
+
+
+@njit(cache=True)
+def mulshift(t, c, s):
+    """floor(t * c / 2**s) exactly, for 0 <= t < 2**63, 0 <= c < 2**32, 0 <= s < 64."""
+    m32 = np.int64(0xFFFFFFFF)
+    a = t >> 32
+    b = t & m32
+    x = a * c                         # < 2**63
+    y = b * c                         # < 2**64: may wrap into the sign bit; use logical shifts
+    y_lo = y & m32
+    y_hi = (y >> 32) & m32
+    mid = (x & m32) + y_hi            # < 2**33
+    low = ((mid & m32) << 32) | y_lo  # low 64 bits (as a bit pattern)
+    high = (x >> 32) + (mid >> 32)
+    if s == 0:
+        return low
+    return (high << (64 - s)) | ((low >> s) & ((np.int64(1) << (64 - s)) - 1))
+
+
+# ---- flow table ------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def key_hash(w0, w1, w2, w3, w4):
+    h = w0 * _M1
+    h = (h ^ w1) * _M2
+    h = (h ^ w2) * _M1
+    h = (h ^ w3) * _M2
+    h = (h ^ w4) * _M3
+    h ^= (h >> 31) & np.int64(0x1FFFFFFFF)
+    return h
+
+
+@njit(cache=True)
+def lru_unlink(st, lprev, lnext, s):
+    p = lprev[s]
+    n = lnext[s]
+    if p >= 0:
+        lnext[p] = n
+    else:
+        st[ST_HEAD] = n
+    if n >= 0:
+        lprev[n] = p
+    else:
+        st[ST_TAIL] = p
+
+
+@njit(cache=True)
+def lru_push_head(st, lprev, lnext, s):
+    h = st[ST_HEAD]
+    lprev[s] = -1
+    lnext[s] = h
+    if h >= 0:
+        lprev[h] = s
+    else:
+        st[ST_TAIL] = s
+    st[ST_HEAD] = s
+
+
+@njit(cache=True)
+def hidx_delete(hidx, fhash, i, mask):
+    """Remove the entry at hidx[i] (linear probing, backward-shift deletion)."""
+    j = i
+    while True:
+        j = (j + 1) & mask
+        e = hidx[j]
+        if e == 0:
+            break
+        k = fhash[e - 1] & mask
+        # the entry at j may move to i unless its home k lies cyclically in (i, j]
+        if i <= j:
+            stay = i < k <= j
+        else:
+            stay = k > i or k <= j
+        if stay:
+            continue
+        hidx[i] = e
+        i = j
+    hidx[i] = 0
+
+
+@njit(cache=True)
+def flow_lookup_or_insert(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys,
+                          w0, w1, w2, w3, w4):
+    """The slot of the flow with this key; inserts (evicting the LRU flow when the table holds
+    max_flows) when absent. Marks the flow most recently used. The caller guarantees a free
+    slot or max_flows reached, and room in ikeys (see needs_grow)."""
+    mask = st[ST_HMASK]
+    h = key_hash(w0, w1, w2, w3, w4)
+    i = h & mask
+    while True:
+        e = hidx[i]
+        if e == 0:
+            break
+        s = e - 1
+        if fhash[s] == h and keys[s, 0] == w0 and keys[s, 1] == w1 and keys[s, 2] == w2 \
+                and keys[s, 3] == w3 and keys[s, 4] == w4:
+            if st[ST_HEAD] != s:
+                lru_unlink(st, lprev, lnext, s)
+                lru_push_head(st, lprev, lnext, s)
+            return s
+        i = (i + 1) & mask
+    # insert
+    if st[ST_NUSED] >= st[ST_MAXF]:
+        s = st[ST_TAIL]
+        lru_unlink(st, lprev, lnext, s)
+        # find and delete the victim's index entry
+        j = fhash[s] & mask
+        while hidx[j] != s + 1:
+            j = (j + 1) & mask
+        hidx_delete(hidx, fhash, j, mask)
+        for c in range(S.shape[1]):
+            S[s, c] = 0
+        # the new key's probe position may have changed after the deletion
+        i = h & mask
+        while hidx[i] != 0:
+            i = (i + 1) & mask
+    else:
+        s = st[ST_NUSED]
+        st[ST_NUSED] = s + 1
+    hidx[i] = s + 1
+    fhash[s] = h
+    keys[s, 0] = w0
+    keys[s, 1] = w1
+    keys[s, 2] = w2
+    keys[s, 3] = w3
+    keys[s, 4] = w4
+    lru_push_head(st, lprev, lnext, s)
+    inst = g[G_FLOWS_CREATED]
+    g[G_FLOWS_CREATED] = inst + 1
+    finst[s] = inst
+    n = st[ST_INSTN]
+    ikeys[n, 0] = w0
+    ikeys[n, 1] = w1
+    ikeys[n, 2] = w2
+    ikeys[n, 3] = w3
+    ikeys[n, 4] = w4
+    st[ST_INSTN] = n + 1
+    return s
+
+
+@njit(cache=True)
+def rebuild_index(st, hidx, fhash):
+    mask = st[ST_HMASK]
+    for i in range(hidx.shape[0]):
+        hidx[i] = 0
+    for s in range(st[ST_NUSED]):
+        i = fhash[s] & mask
+        while hidx[i] != 0:
+            i = (i + 1) & mask
+        hidx[i] = s + 1
+
+
+@njit(cache=True, inline="always")
+def needs_grow(st):
+    """True when one more record might not fit: flow slots below max_flows exhausted, or no
+    room for one more instance / message record / dissection row."""
+    if st[ST_NUSED] >= st[ST_CAP] and st[ST_CAP] < st[ST_MAXF]:
+        return True
+    if st[ST_INSTN] >= st[ST_INSTCAP] or st[ST_EVN] >= st[ST_EVCAP]:
+        return True
+    if st[ST_PKCAP] > 0 and st[ST_PKN] >= st[ST_PKCAP]:
+        return True
+    return False
+
+
+# ---- accounting (C: account) -----------------------------------------------------------
+@njit(cache=True)
+def emit(st, ev, inst, start, end, nbytes, cls):
+    n = st[ST_EVN]
+    ev[n, 0] = inst
+    ev[n, 1] = cls
+    ev[n, 2] = start
+    ev[n, 3] = end
+    ev[n, 4] = nbytes
+    st[ST_EVN] = n + 1
+
+
+@njit(cache=True)
+def account(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev,
+            w0, w1, w2, w3, w4, wire_len, payload, opinfo, psn, reth_len, sport, opcode,
+            tclass, ecn_valid, fb, syndrome, ts):
+    cls = (opinfo & OPT_CLASS_MASK) >> OPT_CLASS_SHIFT
+    s = flow_lookup_or_insert(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys,
+                              w0, w1, w2, w3, w4)
+    g[G_ACCOUNTED] += 1
+    f = S[s]
+    if f[C_PACKETS] == 0:
+        f[C_FIRST_TS] = ts
+    f[C_PACKETS] += 1
+    f[C_BYTES] += wire_len
+    f[C_PAYLOAD] += payload
+    f[C_LAST_TS] = ts
+    if cls < N_OPCLASS:
+        f[C_OP + (cls & (N_OPCLASS - 1))] += 1
+    if ecn_valid:
+        ecn = tclass & 3
+        if ecn:
+            f[C_ECN] += 1
+        if ecn == 3:
+            f[C_CE] += 1
+    if fb & 0x80:
+        f[C_FECN] += 1
+    if fb & 0x40:
+        f[C_BECN] += 1
+    f[C_SPORT] = sport
+    f[C_TCLASS] = tclass
+    f[C_LAST_OPCODE] = opcode
+
+    if opinfo & OPT_CNP:
+        f[C_CNP] += 1
+    if opinfo & OPT_ACKNOWLEDGE:
+        sc = syndrome >> 5
+        if sc == 0:
+            f[C_ACKS] += 1
+        elif sc == 1:
+            f[C_NAK_RNR] += 1
+        elif sc == 3 and (syndrome & 0x1F) == 0:
+            f[C_NAK_SEQ] += 1
+        else:
+            f[C_NAK_OTHER] += 1
+
+    # PSN tracking on request packets (24-bit serial arithmetic)
+    if opinfo & OPT_REQUEST:
+        flags = f[C_FLAGS]
+        if not (flags & FF_PSN_VALID):
+            flags |= FF_PSN_VALID
+            f[C_NEXT_PSN] = (psn + 1) & PSN_MASK
+        else:
+            d = (psn - f[C_NEXT_PSN]) & PSN_MASK
+            if d >= PSN_HALF:
+                f[C_RETX] += 1
+            else:
+                if d != 0 and not (flags & FF_AFTER_READ):
+                    f[C_PSN_GAPS] += 1
+                    f[C_PSN_SKIPPED] += d
+                f[C_NEXT_PSN] = (psn + 1) & PSN_MASK
+                flags &= ~FF_AFTER_READ
+        if cls == OPC_READ_REQ:
+            flags |= FF_AFTER_READ
+        f[C_FLAGS] = flags
+
+    # messages: starts, sizes, gaps, records
+    if opinfo & OPT_FIRST:
+        f[C_MESSAGES] += 1
+        if opinfo & OPT_RETH:
+            f[C_MSG_HIST + ss_slot(reth_len, MSG_SLOTS)] += 1
+            f[C_MSG_BYTES] += reth_len
+        if f[C_FLAGS] & FF_MSG_STARTED:
+            last = f[C_LAST_MSG]
+            gap = ts - last if ts >= last else 0
+            f[C_GAP_HIST + ss_slot(gap, GAP_SLOTS)] += 1
+        f[C_LAST_MSG] = ts
+        f[C_FLAGS] |= FF_MSG_STARTED | FF_MSG_OPEN
+        f[C_MSG_START] = ts
+        f[C_MSG_CLASS] = cls
+        f[C_MSG_CUR] = 0 if cls == OPC_SEND else reth_len
+        if cls == OPC_READ_REQ:
+            emit(st, ev, finst[s], ts, ts, reth_len, OPC_READ_REQ)
+            f[C_FLAGS] &= ~FF_MSG_OPEN
+    if cls == OPC_SEND and (f[C_FLAGS] & FF_MSG_OPEN) and f[C_MSG_CLASS] == OPC_SEND:
+        f[C_MSG_CUR] += payload
+    if opinfo & OPT_LAST:
+        if (f[C_FLAGS] & FF_MSG_OPEN) and f[C_MSG_CLASS] == cls:
+            if cls == OPC_SEND:
+                f[C_MSG_HIST + ss_slot(f[C_MSG_CUR], MSG_SLOTS)] += 1
+                f[C_MSG_BYTES] += f[C_MSG_CUR]
+            emit(st, ev, finst[s], f[C_MSG_START], ts, f[C_MSG_CUR], cls)
+            f[C_FLAGS] &= ~FF_MSG_OPEN
+        else:
+            g[G_MSG_PARTIAL] += 1
+
+
+# ---- parsing (C: process / parse_bth / handle_macctl) -------------------------------------
+@njit(cache=True)
+def handle_macctl(g, b, cur, end):
+    if cur + 20 > end:
+        # a global pause needs only opcode + 1 time
+        if not (cur + 4 > end) and be16(b, cur) == MACCTL_PAUSE:
+            return G_PAUSE
+        return G_TRUNC_MACCTL
+    opc = be16(b, cur)
+    if opc == MACCTL_PAUSE:
+        return G_PAUSE
+    if opc != MACCTL_PFC:
+        return G_NON_ROCE
+    en = be16(b, cur + 2)
+    for i in range(8):
+        if en & (1 << i):
+            t = be16(b, cur + 4 + 2 * i)
+            if t:
+                g[G_PFC_PAUSE + i] += 1
+                g[G_PFC_QUANTA + i] += t
+            else:
+                g[G_PFC_XON + i] += 1
+    return G_PFC
+
+
+@njit(cache=True)
+def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
+            b, proto, cur, end, wire_len, ts):
+    """Parse one frame whose L2 header ends at `cur` (EtherType `proto`), captured bytes
+    up to `end` (exclusive); account it. Returns the category."""
+    for _ in range(MAX_VLAN):
+        if proto != 0x8100 and proto != 0x88A8:
+            break
+        if cur + 4 > end:
+            return G_TRUNC_VLAN
+        proto = be16(b, cur + 2)
+        cur += 4
+    if proto == 0x8100 or proto == 0x88A8:
+        return G_VLAN_DEPTH
+
+    ecn_valid = 0
+    sport = 0
+    if proto == 0x0800:
+        if cur + 20 > end:
+            return G_TRUNC_IP
+        vi = np.int64(b[cur])
+        ihl = (vi & 0xF) * 4
+        if (vi >> 4) != 4 or ihl < 20:
+            return G_TRUNC_IP
+        if be16(b, cur + 6) & 0x3FFF:
+            return G_FRAGMENT
+        if b[cur + 9] != 17:
+            return G_NON_ROCE
+        udp = cur + ihl
+        if udp + 8 > end:
+            return G_TRUNC_IP if udp > end else G_TRUNC_UDP
+        if be16(b, udp + 2) != ROCE_UDP_PORT:
+            return G_NON_ROCE
+        tot = be16(b, cur + 2)
+        ulen = be16(b, udp + 4)
+        if ulen < 8 or tot < ihl + ulen:
+            return G_BAD_LENGTH
+        w0 = np.int64(0)
+        w1 = np.int64(0xFFFF) << 16
+        w1 |= (np.int64(b[cur + 12]) << 32) | (np.int64(b[cur + 13]) << 40) \
+            | (np.int64(b[cur + 14]) << 48) | (np.int64(b[cur + 15]) << 56)
+        w2 = np.int64(0)
+        w3 = np.int64(0xFFFF) << 16
+        w3 |= (np.int64(b[cur + 16]) << 32) | (np.int64(b[cur + 17]) << 40) \
+            | (np.int64(b[cur + 18]) << 48) | (np.int64(b[cur + 19]) << 56)
+        ipver = 4
+        roce = 2
+        tclass = np.int64(b[cur + 1])
+        ecn_valid = 1
+        sport = be16(b, udp)
+        bth = udp + 8
+        avail = ulen - 8
+    elif proto == 0x86DD:
+        if cur + 40 > end:
+            return G_TRUNC_IP
+        if (b[cur] >> 4) != 6:
+            return G_TRUNC_IP
+        nh = b[cur + 6]
+        if nh == 44:
+            return G_FRAGMENT
+        if nh != 17:
+            return G_NON_ROCE
+        udp = cur + 40
+        if udp + 8 > end:
+            return G_TRUNC_UDP
+        if be16(b, udp + 2) != ROCE_UDP_PORT:
+            return G_NON_ROCE
+        plen = be16(b, cur + 4)
+        ulen = be16(b, udp + 4)
+        if ulen < 8 or plen < ulen:
+            return G_BAD_LENGTH
+        w0 = le64(b, cur + 8)
+        w1 = le64(b, cur + 16)
+        w2 = le64(b, cur + 24)
+        w3 = le64(b, cur + 32)
+        ipver = 6
+        roce = 2
+        tclass = ((np.int64(b[cur]) & 0xF) << 4) | (np.int64(b[cur + 1]) >> 4)
+        ecn_valid = 1
+        sport = be16(b, udp)
+        bth = udp + 8
+        avail = ulen - 8
+    elif proto == ETH_P_ROCEV1:
+        if cur + 40 > end:
+            return G_TRUNC_GRH
+        if (b[cur] >> 4) != 6:
+            return G_TRUNC_GRH
+        w0 = le64(b, cur + 8)
+        w1 = le64(b, cur + 16)
+        w2 = le64(b, cur + 24)
+        w3 = le64(b, cur + 32)
+        ipver = 6
+        roce = 1
+        tclass = ((np.int64(b[cur]) & 0xF) << 4) | (np.int64(b[cur + 1]) >> 4)
+        bth = cur + 40
+        avail = be16(b, cur + 4)
+    elif proto == ETH_P_MACCTL:
+        return handle_macctl(g, b, cur, end)
+    else:
+        return G_NON_ROCE
+
+    # parse_bth
+    if bth + 12 > end:
+        return G_TRUNC_BTH
+    opcode = np.int64(b[bth])
+    opinfo = np.int64(optab[opcode])
+    if not (opinfo & OPT_VALID):
+        return G_UNKNOWN_OPCODE
+    ext = opinfo & OPT_EXTLEN_MASK
+    prefix = (opinfo & OPT_PREFIX_MASK) >> OPT_PREFIX_SHIFT
+    pad = (np.int64(b[bth + 1]) >> 4) & 3
+    need = 12 + ext + pad + 4
+    if avail < need:
+        return G_BAD_LENGTH
+    payload = avail - need
+    fb = np.int64(b[bth + 4])
+    dqp = (np.int64(b[bth + 5]) << 16) | (np.int64(b[bth + 6]) << 8) | np.int64(b[bth + 7])
+    psn = (np.int64(b[bth + 9]) << 16) | (np.int64(b[bth + 10]) << 8) | np.int64(b[bth + 11])
+    if bth + 12 + ext > end:
+        return G_TRUNC_EXT
+    reth_len = 0
+    syndrome = 0
+    if opinfo & OPT_RETH:
+        r = bth + 12 + (prefix & 0xF)
+        if r + 16 > end:
+            return G_TRUNC_EXT
+        reth_len = (np.int64(b[r + 12]) << 24) | (np.int64(b[r + 13]) << 16) \
+            | (np.int64(b[r + 14]) << 8) | np.int64(b[r + 15])
+    if opinfo & OPT_AETH:
+        a = bth + 12 + (prefix & 0xF)
+        if a + 4 > end:
+            return G_TRUNC_EXT
+        syndrome = np.int64(b[a])
+
+    w4 = dqp | (np.int64(ipver) << 32) | (np.int64(roce) << 40)
+    if st[ST_PKCAP] > 0:
+        n = st[ST_PKN]
+        pk[n, PK_OPCODE] = opcode
+        pk[n, PK_QP] = dqp
+        pk[n, PK_PSN] = psn
+        pk[n, PK_RETH] = reth_len if (opinfo & OPT_RETH) else -1
+        pk[n, PK_PAYLOAD] = payload
+        pk[n, PK_SYND] = syndrome if (opinfo & OPT_AETH) else -1
+        pk[n, PK_FB] = fb
+        pk[n, PK_SPORT] = sport
+        pk[n, PK_TCLASS] = tclass
+        pk[n, PK_IPVER] = ipver
+        pk[n, PK_ROCE] = roce
+        pk[n, PK_W0] = w0
+        pk[n, PK_W1] = w1
+        pk[n, PK_W2] = w2
+        pk[n, PK_W3] = w3
+    account(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev,
+            w0, w1, w2, w3, w4, wire_len, payload, opinfo, psn, reth_len, sport, opcode,
+            tclass, ecn_valid, fb, syndrome, ts)
+    return G_ACCOUNTED
+
+
+@njit(cache=True)
+def record(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
+           b, off, incl, orig, kind, ts):
+    """One capture record of link-layer `kind` at b[off:off+incl], original length `orig`.
+    Link-layer conventions as skewscope/pcapfile.py: cooked/raw records become an Ethernet
+    frame with a synthesised 14-byte header; one too short for its link header counts as
+    truncated_eth."""
+    if st[ST_FIRST_TS] < 0:
+        st[ST_FIRST_TS] = ts
+    st[ST_LAST_TS] = ts
+    st[ST_RECORDS] += 1
+    g[G_FRAMES] += 1
+    wire = orig if orig > incl else incl
+    if orig > incl:
+        st[ST_CUT] += 1
+    if st[ST_PKCAP] > 0:
+        n = st[ST_PKN]
+        for c in range(PK_N):
+            pk[n, c] = -1
+        pk[n, PK_TS] = ts
+    if kind == K_ETHERNET:
+        if incl < 14:
+            cat = G_TRUNC_ETH
+        else:
+            cat = process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
+                          b, be16(b, off + 12), off + 14, off + incl, wire, ts)
+    elif kind == K_RAW:
+        if incl < 1:
+            cat = G_TRUNC_ETH
+        else:
+            v = b[off] >> 4
+            proto = 0x0800 if v == 4 else (0x86DD if v == 6 else 0)
+            cat = process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
+                          b, proto, off, off + incl, wire + 14, ts)
+            wire += 14
+    elif kind == K_SLL:
+        if incl < 16:
+            cat = G_TRUNC_ETH
+        else:
+            cat = process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
+                          b, be16(b, off + 14), off + 16, off + incl, wire - 2, ts)
+            wire -= 2
+    else:  # K_SLL2
+        if incl < 20:
+            cat = G_TRUNC_ETH
+        else:
+            cat = process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
+                          b, be16(b, off), off + 20, off + incl, wire - 6, ts)
+            wire -= 6
+    if cat != G_ACCOUNTED:
+        g[cat] += 1
+    if st[ST_PKCAP] > 0:
+        n = st[ST_PKN]
+        pk[n, PK_CAT] = cat
+        pk[n, PK_WIRE] = wire
+        st[ST_PKN] = n + 1
+
+
+# ---- record scanners ---------------------------------------------------------------------
+@njit(cache=True)
+def scan_pcap(b, pos, end, big, ts_mult, kind,
+              g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab):
+    """Process classic-pcap records in b[pos:end]. Returns (pos, status)."""
+    while pos + 16 <= end:
+        incl = rd32(b, pos + 8, big)
+        if incl > MAX_RECORD:
+            return pos, S_BAD_RECLEN
+        if pos + 16 + incl > end:
+            return pos, S_NEED_DATA
+        if needs_grow(st):
+            return pos, S_GROW
+        sec = rd32(b, pos, big)
+        frac = rd32(b, pos + 4, big)
+        orig = rd32(b, pos + 12, big)
+        record(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
+               b, pos + 16, incl, orig, kind, sec * 1000000000 + frac * ts_mult)
+        pos += 16 + incl
+    return pos, S_NEED_DATA
+
+
+@njit(cache=True)
+def pcapng_ts(ticks, res):
+    """if_tsresol -> ns, exactly (pcapfile.py does the same with Python integers)."""
+    if res & 0x80:
+        return mulshift(ticks, 1000000000, res & 0x7F)
+    if res <= 9:
+        m = 1
+        for _ in range(9 - res):
+            m *= 10
+        return ticks * m
+    d = 1
+    for _ in range(res - 9):
+        d *= 10
+    return ticks // d
+
+
+@njit(cache=True)
+def scan_pcapng(b, pos, end, big, if_kind, if_res, if_snap, n_if,
+                g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab):
+    """Process pcapng blocks in b[pos:end] until one Python must handle (SHB, IDB), an
+    incomplete block or an error. EPB, SPB and the obsolete Packet Block are processed here;
+    every other block type is skipped (counted by the caller via st). Returns (pos, status)."""
+    while pos + 12 <= end:
+        btype = rd32(b, pos, big)
+        if btype == 0x0A0D0D0A or btype == 1:
+            return pos, S_PYBLOCK
+        blen = rd32(b, pos + 4, big)
+        if blen < 12 or (blen & 3) or blen > MAX_BLOCK:
+            return pos, S_BAD_BLOCK
+        if pos + blen > end:
+            return pos, S_NEED_DATA
+        if rd32(b, pos + blen - 4, big) != blen:
+            return pos, S_BAD_BLOCK
+        body = pos + 8
+        blim = pos + blen - 4
+        if btype == 6 or btype == 2 or btype == 3:
+            if needs_grow(st):
+                return pos, S_GROW
+            if btype == 6:      # EPB
+                if body + 20 > blim:
+                    return pos, S_BAD_BLOCK
+                iid = rd32(b, body, big)
+                ticks = (rd32(b, body + 4, big) << 32) | rd32(b, body + 8, big)
+                incl = rd32(b, body + 12, big)
+                orig = rd32(b, body + 16, big)
+                data = body + 20
+                if data + incl > blim:
+                    return pos, S_BAD_BLOCK
+            elif btype == 2:    # obsolete Packet Block
+                if body + 20 > blim:
+                    return pos, S_BAD_BLOCK
+                iid = rd16(b, body, big)
+                ticks = (rd32(b, body + 4, big) << 32) | rd32(b, body + 8, big)
+                incl = rd32(b, body + 12, big)
+                orig = rd32(b, body + 16, big)
+                data = body + 20
+                if data + incl > blim:
+                    return pos, S_BAD_BLOCK
+            else:               # SPB: interface 0, no timestamp
+                if body + 4 > blim:
+                    return pos, S_BAD_BLOCK
+                iid = 0
+                ticks = 0
+                orig = rd32(b, body, big)
+                data = body + 4
+                incl = blim - data
+                if orig < incl:
+                    incl = orig
+                if n_if > 0 and if_snap[0] > 0 and if_snap[0] < incl:
+                    incl = if_snap[0]
+            if iid >= n_if:
+                st[ST_STOP_IF] = iid
+                return pos, S_BAD_IFACE
+            k = if_kind[iid]
+            if k == K_UNSUPPORTED:
+                st[ST_SKIP_LT] += 1
+            else:
+                ts = pcapng_ts(ticks, if_res[iid])
+                record(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
+                       b, data, incl, orig, k, ts)
+        elif not (btype == 4 or btype == 5 or btype == 7 or btype == 8 or btype == 9 or btype == 10
+                  or btype == 0xBAD or btype == 0x40000BAD):
+            # NRB, ISB, IRIG, AFDX, systemd journal, DSB and custom blocks are known and
+            # irrelevant; anything else is skipped too (the spec says so) but reported
+            st[ST_UNKNOWN_BLOCKS] += 1
+            st[ST_UNKNOWN_TYPE] = btype
+        pos += blen
+    return pos, S_NEED_DATA
