@@ -394,7 +394,7 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 	void *cur;
 	__u16 proto;
 	__u32 cat;
-	__u64 l3off;
+	__u64 l3off, l3end;
 
 	gcount(SS_G_FRAMES, 1);
 	if (OOB(eth + 1)) {
@@ -420,7 +420,7 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 		return;
 	}
 	p.wire_len = wire_len;
-	/* where L3 starts: an IP/GRH length must not claim more bytes than the frame has */
+	/* where L3 starts; l3end = where its length field says it ends (checked last) */
 	l3off = cur - data;
 
 	if (proto == 0x0800) {
@@ -457,7 +457,7 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 		}
 		tot = ss_ntohs(ip->tot_len);
 		ulen = ss_ntohs(udp->len);
-		if (ulen < 8 || tot < ihl + ulen || l3off + tot > wire_len) {
+		if (ulen < 8 || tot < ihl + ulen) {
 			gcount(SS_G_BAD_LENGTH, 1);
 			return;
 		}
@@ -470,6 +470,7 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 		p.tclass = ip->tos;
 		p.ecn_valid = 1;
 		p.sport = ss_ntohs(udp->source);
+		l3end = l3off + tot;
 		cat = parse_bth(udp + 1, data_end, cap_end, ulen - 8, &p);
 	} else if (proto == 0x86DD) {
 		struct ss_ipv6 *ip6 = cur;
@@ -504,7 +505,7 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 		}
 		plen = ss_ntohs(ip6->payload_len);
 		ulen = ss_ntohs(udp->len);
-		if (ulen < 8 || plen < ulen || l3off + sizeof(*ip6) + plen > wire_len) {
+		if (ulen < 8 || plen < ulen) {
 			gcount(SS_G_BAD_LENGTH, 1);
 			return;
 		}
@@ -515,6 +516,7 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 		p.tclass = (vtcfl >> 20) & 0xFF;
 		p.ecn_valid = 1;
 		p.sport = ss_ntohs(udp->source);
+		l3end = l3off + sizeof(*ip6) + plen;
 		cat = parse_bth(udp + 1, data_end, cap_end, ulen - 8, &p);
 	} else if (proto == SS_ETH_P_ROCEV1) {
 		struct ss_ipv6 *grh = cur;
@@ -532,12 +534,9 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 		__builtin_memcpy(key.src, grh->saddr, 16);
 		__builtin_memcpy(key.dst, grh->daddr, 16);
 		key.ipver = 6;
-		if (l3off + sizeof(*grh) + ss_ntohs(grh->payload_len) > wire_len) {
-			gcount(SS_G_BAD_LENGTH, 1);
-			return;
-		}
 		key.roce = 1;
 		p.tclass = (vtcfl >> 20) & 0xFF;
+		l3end = l3off + sizeof(*grh) + ss_ntohs(grh->payload_len);
 		cat = parse_bth(grh + 1, data_end, cap_end, ss_ntohs(grh->payload_len), &p);
 	} else if (proto == SS_ETH_P_MACCTL) {
 		handle_macctl(cur, data_end, cap_end);
@@ -546,6 +545,12 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 		gcount(SS_G_NON_ROCE, 1);
 		return;
 	}
+	/* Headers all present, but the IP/GRH length claims more bytes than the frame has: a
+	 * length lie (Linux's ip_rcv drops these as truncated). Accounting it would add up to
+	 * 64 KiB of payload that never existed. Checked after the header parse so a frame cut
+	 * inside a header still counts as truncated_<that header>. */
+	if (cat == SS_G_ACCOUNTED && l3end > wire_len)
+		cat = SS_G_BAD_LENGTH;
 	if (cat != SS_G_ACCOUNTED) {
 		gcount(cat, 1);
 		return;
