@@ -246,10 +246,9 @@ class Job:
                                 psn, plen, reth, imm, va, flags, msg, order)
             req, t_up, t_obs, wire, mp, keep_first = tl
             # observed time of every (sorted) message's first transmission
-            first_obs = np.full(nm, np.inf)
-            np.minimum.at(first_obs, inv[req["msg"]], t_obs)
-            first_up = np.full(nm, np.inf)
-            np.minimum.at(first_up, inv[req["msg"]], t_up)
+            mk = inv[req["msg"]]
+            first_obs = M.group_min(mk, t_obs, nm)
+            first_up = M.group_min(mk, t_up, nm)
             need = first_obs[cts_sorted[has_cts]] + slack
             late = need > first_up[has_cts]
             if not late.any():
@@ -262,7 +261,7 @@ class Job:
         # ---- responder
         is_last = np.isin(req["opcode"], np.array([F.WRITE_LAST, F.WRITE_LAST_IMM, F.WRITE_ONLY,
                                                     F.WRITE_ONLY_IMM], np.uint8))
-        ro = np.lexsort((np.arange(nreq), mp))
+        ro = np.argsort(mp, kind="stable")
         r_t, r_p, r_k, r_psn, r_aeth = M.responder(
             ro, req["path"], t_obs, req["psn"], req["flags"], req["opcode"], req["msg"],
             is_last, req["tos"], pa["rev"], float(sc["ack_coalesce_us"] * 1e3),
@@ -298,7 +297,7 @@ class Job:
         allp = M.concat_pkts([req, rsp, pfc, bg])
         t_all = np.concatenate([t_obs, r_t, pf_t, bg_t])
         ts = np.floor(t_all).astype(np.int64)
-        fo = np.lexsort((np.arange(ts.shape[0]), ts))
+        fo = np.argsort(ts, kind="stable")
         allp = M.take_pkts(allp, fo)
         allp["ts"] = ts[fo] + EPOCH_NS
         return allp
@@ -325,7 +324,7 @@ class Job:
         wire = flen[eg].astype(np.float64) + WIRE_EXTRA
         # ---- uplink pass
         src = pa["src"][mp]
-        o = np.lexsort((np.arange(nreq), et, src))
+        o = np.lexsort((et, src))  # stable
         ub = _merge(self.up_blocks)
         link = self.link_bps.copy()
         t_up, _ = M.serialise(o, src, et, wire, link, np.array([b[0] for b in ub], np.int64),
@@ -335,10 +334,11 @@ class Job:
         keep = ed == 0
         self.stats["dropped"] = int((~keep).sum())
         dropped_paths = mp[~keep]
-        req = M.take_pkts(req, keep)
-        t_up = t_up[keep]
-        wire = wire[keep]
-        mp = mp[keep]
+        if self.stats["dropped"]:
+            req = M.take_pkts(req, keep)
+            t_up = t_up[keep]
+            wire = wire[keep]
+            mp = mp[keep]
         nreq = mp.shape[0]
         # ---- CE marks
         ce_count = {}
@@ -353,7 +353,7 @@ class Job:
         # ---- downlink pass (the observation point)
         dst = pa["dst"][mp]
         arr = t_up + sc["prop_ns"]
-        o = np.lexsort((np.arange(nreq), arr, dst))
+        o = np.lexsort((arr, dst))
         db = _merge(self.down_blocks)
         t_obs, qd = M.serialise(o, dst, arr, wire, link, np.array([b[0] for b in db], np.int64),
                                 np.array([b[1] for b in db], np.float64),

@@ -379,3 +379,14 @@ def psn_scan(order, path, psn, opcode):
                     after_read = True
             i += 1
     return out
+
+
+@njit(cache=True)
+def group_min(keys, vals, n):
+    """out[k] = min(vals[keys == k]) (inf where none) -- np.minimum.at, fast."""
+    out = np.full(n, np.inf)
+    for i in range(keys.shape[0]):
+        k = keys[i]
+        if vals[i] < out[k]:
+            out[k] = vals[i]
+    return out

@@ -95,8 +95,10 @@ class FrameSource:
         pad = (4 - (pkts["plen"].astype(np.int64) & 3)) & 3
         zl = pkts["plen"].astype(np.int64) + pad
         zl[pkts["ftype"] != F.FT_ROCE] = 0
-        uniq, inv = np.unique(zl, return_inverse=True)
-        self.zidx = inv.astype(np.int32)
+        uniq = np.nonzero(np.bincount(zl))[0] if zl.size else np.zeros(1, np.int64)
+        lut = np.zeros(int(uniq.max()) + 1, dtype=np.int32)
+        lut[uniq] = np.arange(uniq.size, dtype=np.int32)
+        self.zidx = lut[zl]
         self.zops = F.zero_ops(uniq.astype(np.int64), F.CRC_TABLE)
         self.n = len(pkts["ts"])
 

@@ -81,6 +81,10 @@ def send_capture(cap, iface: str, netns: str | None = None, rate_pps: float = 10
                         sock.send(frame)
                         ok = True
                     except OSError as e:
+                        if e.errno == errno.EMSGSIZE:
+                            raise OSError(e.errno, f"{iface}: frame of {len(frame)} bytes exceeds "
+                                          "the interface MTU (raise it, e.g. `ip link set IFACE mtu "
+                                          "9000`, or use a scenario with a smaller IB mtu)") from None
                         if e.errno not in (errno.ENOBUFS, errno.EAGAIN):
                             raise
                         dropped_retries += 1
