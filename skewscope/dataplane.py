@@ -132,6 +132,7 @@ class Dataplane:
         check_privileges()
         BPF, self._lib = import_bcc()
         self.prog_fds: dict[str, int] = {}
+        self._map_fds: dict[str, int] = {}
         text = SOURCE.read_text()
         self.bpf = self._compile(BPF, text)
         self._init_op_table()
@@ -146,7 +147,7 @@ class Dataplane:
         err = io.StringIO()
         try:
             with contextlib.redirect_stderr(err):
-                return BPF(text=text, cflags=self.config.cflags())
+                return BPF(text=text.encode(), cflags=self.config.cflags())
         except Exception as e:  # bcc raises bare Exception on compile errors
             detail = (str(e) or err.getvalue().strip().splitlines()[-1:] or ["?"])
             msg = detail if isinstance(detail, str) else detail[0]
@@ -156,7 +157,7 @@ class Dataplane:
             raise DataplaneError(f"cannot compile the BPF program: {msg}", EXIT_KERNEL) from None
 
     def _init_op_table(self):
-        t = self.bpf["op_table"]
+        t = self.bpf[b"op_table"]
         for op in np.nonzero(L.OPCODE_TABLE)[0]:
             t[ctypes.c_int(int(op))] = ctypes.c_uint(int(L.OPCODE_TABLE[op]))
 
@@ -215,9 +216,25 @@ class Dataplane:
         v = struct.pack("<QII", int(ts_ns), int(caplen) & 0xFFFF, 0)
         bpfsys.map_update(self._clock_fd, self._clock_key, v * self.config.ncpus)
 
+    def reset(self) -> None:
+        """Forget everything counted so far: flows, global counters, message records.
+        For tests and replays between runs; not atomic against a program receiving traffic."""
+        self.bpf[b"flows"].clear()
+        ncpu = self.config.ncpus
+        zero = bytes(8 * ncpu)
+        gfd = self._fd("globals")
+        for i in range(L.G_N):
+            bpfsys.map_update(gfd, i.to_bytes(4, "little"), zero)
+        bpfsys.map_update(self._fd("ev_head"), (0).to_bytes(4, "little"), zero)
+        self._ev_head_read[:] = 0
+        self.events_lost = 0
+
     # ---- reading ----------------------------------------------------------------------
     def _fd(self, name: str) -> int:
-        return self.bpf[name].map_fd
+        fd = self._map_fds.get(name)
+        if fd is None:
+            fd = self._map_fds[name] = self.bpf[name.encode()].map_fd
+        return fd
 
     def read_globals(self) -> np.ndarray:
         ncpu = self.config.ncpus

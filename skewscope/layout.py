@@ -221,10 +221,13 @@ def _build_opcode_table():
         names[op] = name
 
     for low, (name, cls, ext, flags) in RC_OPS.items():
-        put(low, "RC_" + name, cls, ext, flags)
-        # XRC (0xA0 | low): XRCETH (4 bytes) precedes the RC extension headers.
+        # FLUSH: the FETH (4 bytes) comes before its RETH (rxe_opcode.c)
+        put(low, "RC_" + name, cls, ext, flags, prefix=4 if low == 0x1C else 0)
+        # XRC (0xA0 | low): XRCETH (4 bytes) precedes the RC extension headers of *requests*;
+        # responses, ACKs and atomic ACKs carry none (IBA 9.2; rxe_opcode.c, Wireshark agree).
         if low <= 0x17:
-            put(0xA0 | low, "XRC_" + name, cls, ext + 4, flags, prefix=4)
+            req = bool(flags & OPT_REQUEST)
+            put(0xA0 | low, "XRC_" + name, cls, ext + (4 if req else 0), flags, prefix=4 if req else 0)
         # UC: the SEND and WRITE subset (0x00..0x0B).
         if low <= 0x0B:
             put(0x20 | low, "UC_" + name, cls, ext, flags)
