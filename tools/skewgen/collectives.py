@@ -79,11 +79,12 @@ def delta_order(n: int) -> list[int]:
 class Ring:
     """A ring communicator: per channel, one connection member[l] -> member[l+1]."""
 
-    def __init__(self, job, members, channels, group):
+    def __init__(self, job, members, channels, group, qps=1):
         self.job, self.members, self.channels = job, list(members), channels
         n = len(self.members)
-        self.conns = [[job.connect(self.members[l], self.members[(l + 1) % n], group, c)
-                       for l in range(n)] for c in range(channels)]
+        # NCCL_IB_QPS_PER_CONNECTION: each connection has `qps` QP pairs; messages rotate
+        self.conns = [[[job.connect(self.members[l], self.members[(l + 1) % n], group, c)
+                        for _ in range(qps)] for l in range(n)] for c in range(channels)]
         self.slot = [[0] * n for _ in range(channels)]
 
     def allreduce(self, t0: float, nbytes: int, protocol: str, hop_ns: float) -> float:
@@ -103,8 +104,9 @@ class Ring:
                 for l in range(n):
                     s, d = mem[l], mem[(l + 1) % n]
                     rate = job.rate(s, d, 1.0 / self.channels)
-                    fwd, rev = self.conns[c][l]
+                    qps = self.conns[c][l]
                     for j, sz in enumerate(sizes):
+                        fwd, rev = qps[self.slot[c][l] % len(qps)]
                         t = free[l]
                         if prev is not None:
                             t = max(t, prev[(l - 1) % n][j] + hop_ns)
@@ -123,14 +125,14 @@ class Ring:
 def ring_allreduce(job, wl, gid_hint=None):
     mem = wl["members"]
     group = job.add_group("ring_allreduce", mem, {})
-    ring = Ring(job, mem, wl["channels"], group)
+    ring = Ring(job, mem, wl["channels"], group, wl["qps"])
     starts = iteration_starts(job, wl)
     ends = []
     for t in starts:
         ends.append(ring.allreduce(t, wl["bytes"], wl["protocol"], wl["hop_us"] * 1e3))
     job.groups[group]["details"] = {
-        "channels": wl["channels"], "protocol": wl["protocol"], "bytes": wl["bytes"],
-        "ring": [job.ip_str[m] for m in mem], "iterations": len(starts),
+        "channels": wl["channels"], "qps_per_connection": wl["qps"], "protocol": wl["protocol"],
+        "bytes": wl["bytes"], "ring": [job.ip_str[m] for m in mem], "iterations": len(starts),
         "period_s": wl["period_ms"] / 1e3,
         "message_sizes": sorted(set(proto_pieces(max(1, wl["bytes"] // wl["channels"] // len(mem)),
                                                  wl["protocol"]))),
@@ -285,11 +287,13 @@ def volume_matrix(job, wl) -> np.ndarray:
 
 
 class AllToAll:
-    def __init__(self, job, members, channels, group):
+    def __init__(self, job, members, channels, group, qps=1):
         self.job, self.mem, self.channels = job, list(members), channels
         n = len(self.mem)
+        self.qps = qps
         self.conns = {(i, j, c): job.connect(self.mem[i], self.mem[j], group, c)
-                      for i in range(n) for j in range(n) if i != j for c in range(channels)}
+                      for i in range(n) for j in range(n) if i != j
+                      for c in range(channels * qps)}
         self.order = delta_order(n)
 
     def run(self, t0: float, vol: np.ndarray, inflight: int, hop_ns: float) -> float:
@@ -308,7 +312,7 @@ class AllToAll:
                 t = slots[si] + (hop_ns if k >= slots_n else 0.0)
                 rate = job.rate(s, mem[j], 1.0 / slots_n)
                 for m, sz in enumerate(sizes):
-                    fwd, rev = self.conns[(i, j, m % self.channels)]
+                    fwd, rev = self.conns[(i, j, m % (self.channels * self.qps))]
                     t = job.send(fwd, rev, t, sz, rate, va=(m % 8) * 128 * KiB)
                 slots[si] = t
                 end = max(end, t)
@@ -318,7 +322,7 @@ class AllToAll:
 def all_to_all(job, wl):
     mem = wl["members"]
     group = job.add_group("all_to_all", mem, {})
-    a2a = AllToAll(job, mem, wl["channels"], group)
+    a2a = AllToAll(job, mem, wl["channels"], group, wl["qps"])
     vol = volume_matrix(job, wl)
     starts = iteration_starts(job, wl)
     for t0 in starts:
@@ -462,7 +466,7 @@ def moe_decode(job, wl):
     and the matching combine (transpose)."""
     mem = wl["members"]
     group = job.add_group("all_to_all", mem, {})
-    a2a = AllToAll(job, mem, wl["channels"], group)
+    a2a = AllToAll(job, mem, wl["channels"], group, wl["qps"])
     vol = volume_matrix(job, wl)
     L = int(wl["layers"])
     tok_ns = wl["token_ms"] * 1e6

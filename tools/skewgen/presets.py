@@ -18,10 +18,10 @@ PRESETS: dict[str, dict] = {
         "pathologies": [{"kind": "straggler", "node": 3, "rate_factor": 0.4, "start_lag_us": 20}],
     },
     "ring-ll128": {
-        "description": "4-node ring all-reduce with LL128 messages (multiples of 2048 B), IB MTU 2048",
+        "description": "4-node ring all-reduce, LL128 messages (multiples of 2048 B), IB MTU 2048, 2 QPs per connection",
         "nodes": 4, "mtu": 2048, "iterations": 3, "period_ms": 3.0,
         "workloads": [{"kind": "ring_allreduce", "bytes": "6MiB", "protocol": "ll128",
-                       "channels": 2}],
+                       "channels": 2, "qps": 2}],
     },
     "tree-healthy": {
         "description": "8-node double-binary-tree all-reduce (reduce up, broadcast down), 2 channels",
@@ -115,9 +115,9 @@ PRESETS: dict[str, dict] = {
         "workloads": [dict(RING, bytes="4MiB")],
     },
     "vlan-alltoall": {
-        "description": "8-node all-to-all behind 802.1Q VLAN 100 (PCP 3), immediates little-endian",
+        "description": "8-node all-to-all behind 802.1Q VLAN 100 (PCP 3), LE immediates, 2 QPs per connection",
         "nodes": 8, "vlan": 100, "imm_endian": "le", "iterations": 2, "period_ms": 3.0,
-        "workloads": [dict(A2A)],
+        "workloads": [dict(A2A, qps=2)],
     },
     "demo-mix": {
         "description": "demo: ring with straggler node 2 + MoE all-to-all with hot expert node 5 + congestion into node 7",

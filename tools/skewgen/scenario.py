@@ -38,7 +38,7 @@ TOP = dict(
     start_ms=0.0, workloads=None, pathologies=None, background=None,
 )
 INHERIT = ("iterations", "period_ms", "jitter", "start_ms")
-COMMON = dict(members="all", hop_us=2.0, channels=2)
+COMMON = dict(members="all", hop_us=2.0, channels=2, qps=1)
 WORKLOADS = {
     "ring_allreduce": dict(bytes="8MiB", protocol="simple"),
     "tree_allreduce": dict(bytes="8MiB", protocol="simple"),
