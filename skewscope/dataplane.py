@@ -100,10 +100,29 @@ class Config:
         return f
 
     def memory_bytes(self) -> dict:
-        """Map memory (values + keys; the kernel adds per-element overhead, see docs)."""
-        flows = self.max_flows * (L.FLOW_KEY_DTYPE.itemsize + L.FLOW_STATS_DTYPE.itemsize)
-        events = self.ncpus * self.ev_per_cpu * L.MSG_REC_DTYPE.itemsize
-        return {"flows": flows, "events": events, "total": flows + events}
+        """Kernel memory of the two big maps, as the kernel accounts it (memlock in fdinfo),
+        for a 64-bit kernel: the flows LRU hash preallocates every element (struct htab_elem,
+        48 bytes, + key + value, each rounded to 8) and has 16-byte buckets for the next power
+        of two of entries; the message-record array is mmapable, so page-rounded (+1 page).
+        Small maps (globals, op_table, ev_head, ...) add a few KiB."""
+        elem = HTAB_ELEM_OVERHEAD + _round8(L.FLOW_KEY_DTYPE.itemsize) + _round8(L.FLOW_STATS_DTYPE.itemsize)
+        flows = self.max_flows * elem + _next_pow2(self.max_flows) * HTAB_BUCKET_SIZE
+        page = mmap.PAGESIZE
+        events = (self.ncpus * self.ev_per_cpu * L.MSG_REC_DTYPE.itemsize + page - 1) // page * page + page
+        return {"flows": flows, "events": events, "total": flows + events,
+                "flow_entry": elem, "event_entry": L.MSG_REC_DTYPE.itemsize}
+
+
+HTAB_ELEM_OVERHEAD = 48  # sizeof(struct htab_elem) on 64-bit kernels (hash node, LRU node, hash)
+HTAB_BUCKET_SIZE = 16    # struct bucket: hlist_nulls_head + lock, padded
+
+
+def _round8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << (max(1, n) - 1).bit_length()
 
 
 def check_privileges() -> None:

@@ -345,7 +345,7 @@ def raw_bth(opcode: int, *, qp: int = 0x11, psn: int = 0, body: bytes = b"", src
     """UDP/4791 with a BTH of any opcode (also ones nobody defines) and arbitrary bytes."""
     pkt = _l2(()) / IP(src=src, dst=dst, tos=2) / UDP(sport=sport, dport=ROCE_PORT) / \
         BTH(opcode=opcode, dqpn=qp, psn=psn) / Raw(body)
-    return Built(frame=bytes(pkt), kind="roce", opcode=opcode, qp=qp, psn=psn, src=src, dst=dst, ipver=4,
+    return Built(frame=bytes(pkt), kind="raw", opcode=opcode, qp=qp, psn=psn, src=src, dst=dst, ipver=4,
                  roce_ver=2, sport=sport)
 
 
