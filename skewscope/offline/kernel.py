@@ -258,7 +258,7 @@ def key_hash(w0, w1, w2, w3, w4):
     return h
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def lru_unlink(st, lprev, lnext, s):
     p = lprev[s]
     n = lnext[s]
@@ -272,7 +272,7 @@ def lru_unlink(st, lprev, lnext, s):
         st[ST_TAIL] = p
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def lru_push_head(st, lprev, lnext, s):
     h = st[ST_HEAD]
     lprev[s] = -1
@@ -306,7 +306,7 @@ def hidx_delete(hidx, fhash, i, mask):
     hidx[i] = 0
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def flow_lookup_or_insert(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys,
                           w0, w1, w2, w3, w4):
     """The slot of the flow with this key; inserts (evicting the LRU flow when the table holds
@@ -392,7 +392,7 @@ def needs_grow(st):
 
 
 # ---- accounting (C: account) -----------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def emit(st, ev, inst, start, end, nbytes, cls):
     n = st[ST_EVN]
     ev[n, 0] = inst
@@ -403,7 +403,7 @@ def emit(st, ev, inst, start, end, nbytes, cls):
     st[ST_EVN] = n + 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def account(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev,
             w0, w1, w2, w3, w4, wire_len, payload, opinfo, psn, reth_len, sport, opcode,
             tclass, ecn_valid, fb, syndrome, ts):
@@ -499,7 +499,7 @@ def account(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev,
 
 
 # ---- parsing (C: process / parse_bth / handle_macctl) -------------------------------------
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def handle_macctl(g, b, cur, end):
     if cur + 20 > end:
         # a global pause needs only opcode + 1 time
@@ -523,7 +523,7 @@ def handle_macctl(g, b, cur, end):
     return G_PFC
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
             b, proto, cur, end, wire_len, ts):
     """Parse one frame whose L2 header ends at `cur` (EtherType `proto`), captured bytes
@@ -681,7 +681,7 @@ def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opt
     return G_ACCOUNTED
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def record(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
            b, off, incl, orig, kind, ts):
     """One capture record of link-layer `kind` at b[off:off+incl], original length `orig`.
@@ -701,35 +701,40 @@ def record(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opta
         for c in range(PK_N):
             pk[n, c] = -1
         pk[n, PK_TS] = ts
+    # the Ethernet view of the record: EtherType, first byte after the L2 header, end
+    cat = G_ACCOUNTED
+    proto = 0
+    cur = off
     if kind == K_ETHERNET:
         if incl < 14:
             cat = G_TRUNC_ETH
         else:
-            cat = process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
-                          b, be16(b, off + 12), off + 14, off + incl, wire, ts)
+            proto = be16(b, off + 12)
+            cur = off + 14
     elif kind == K_RAW:
         if incl < 1:
             cat = G_TRUNC_ETH
         else:
             v = b[off] >> 4
             proto = 0x0800 if v == 4 else (0x86DD if v == 6 else 0)
-            cat = process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
-                          b, proto, off, off + incl, wire + 14, ts)
             wire += 14
     elif kind == K_SLL:
         if incl < 16:
             cat = G_TRUNC_ETH
         else:
-            cat = process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
-                          b, be16(b, off + 14), off + 16, off + incl, wire - 2, ts)
+            proto = be16(b, off + 14)
+            cur = off + 16
             wire -= 2
     else:  # K_SLL2
         if incl < 20:
             cat = G_TRUNC_ETH
         else:
-            cat = process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
-                          b, be16(b, off), off + 20, off + incl, wire - 6, ts)
+            proto = be16(b, off)
+            cur = off + 20
             wire -= 6
+    if cat == G_ACCOUNTED:
+        cat = process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
+                      b, proto, cur, off + incl, wire, ts)
     if cat != G_ACCOUNTED:
         g[cat] += 1
     if st[ST_PKCAP] > 0:
