@@ -506,7 +506,7 @@ def plain_lines(m: Model, max_findings: int = 5) -> list[str]:
 
 
 # ---- rich rendering ---------------------------------------------------------------------------
-def render_rich(m: Model, height: int = 40, width: int = 120):
+def render_rich(m: Model, height: int = 40, width: int = 120, banner: str = ""):
     from rich.console import Group
     from rich.panel import Panel
     from rich.table import Table
@@ -534,7 +534,7 @@ def render_rich(m: Model, height: int = 40, width: int = 120):
     hdr.append(f"   records lost {m.events_lost}", style="red" if m.events_lost else None)
     hdr.append("   sampling " + (f"1/{m.sample_n}, rates scaled" if m.sample_n > 1 else "off"),
                style="yellow" if m.sample_n > 1 else None)
-    parts = [Panel(hdr, padding=(0, 1))]
+    parts = [Panel(hdr, padding=(0, 1), title=banner or None, title_align="left")]
 
     arrow = "▲" if m.reverse else "▼"
     title = (f"flows ({'cumulative average' if m.cumulative else 'last interval'}) sorted by "
@@ -609,7 +609,7 @@ def table_rows_for(height: int) -> int:
 
 
 def run_plain(session, interval: float, count: int | None, out=None, rows: int = 20, window: float = 10.0,
-              state: ViewState | None = None, analyze="auto") -> int:
+              state: ViewState | None = None, analyze="auto", stop: threading.Event | None = None) -> int:
     """bcc-style periodic tables. Returns the number of intervals printed."""
     from .live import Window
     out = out or sys.stdout
@@ -617,7 +617,7 @@ def run_plain(session, interval: float, count: int | None, out=None, rows: int =
     runner = AnalysisRunner(load_analyze() if analyze == "auto" else analyze)
     win = Window(window)
     n = 0
-    for iv in session.intervals(interval, count):
+    for iv in session.intervals(interval, count, stop=stop):
         win.add(iv)
         runner.run_sync(win.snapshot(iv))
         m = build_model(iv.delta, iv.dt, state, iface=session.iface, attach=session.describe(), interval=interval,
@@ -634,7 +634,7 @@ def run_plain(session, interval: float, count: int | None, out=None, rows: int =
 
 
 def run_tty(session, interval: float, rows: int = 0, window: float = 10.0, state: ViewState | None = None,
-            analyze="auto") -> None:
+            analyze="auto", stop: threading.Event | None = None, banner: str = "") -> None:
     """The full-screen view. Returns on q; Ctrl-C raises KeyboardInterrupt (the caller's
     finally detaches). The terminal is restored in every case."""
     import termios
@@ -665,17 +665,19 @@ def run_tty(session, interval: float, rows: int = 0, window: float = 10.0, state
                         elapsed=iv.elapsed, cum=iv.cum, limit=limit, analysis=runner.result,
                         analysis_note=runner.note())
         last["model"] = m
-        live.update(render_rich(m, height=h, width=console.size.width), refresh=True)
+        live.update(render_rich(m, height=h, width=console.size.width, banner=banner), refresh=True)
 
     try:
         tty.setcbreak(fd)
         with Live(console=console, screen=True, auto_refresh=False, transient=False) as live:
             from rich.text import Text
-            live.update(Text(f"skewscope top: {session.describe()}; first refresh in {interval:g} s …  "
-                             "(q quits)"), refresh=True)
+            live.update(Text((banner + "\n" if banner else "") + f"skewscope top: {session.describe()}; "
+                             f"first refresh in {interval:g} s …  (q quits)"), refresh=True)
 
             def wait(timeout):
                 r, _, _ = select.select([fd], [], [], timeout)
+                if stop is not None and stop.is_set():
+                    return True
                 if not r:
                     return state.quit
                 data = os.read(fd, 64)
