@@ -12,7 +12,7 @@ Metric names, labels and cardinality are documented in docs/fleet.md (the contra
 recording rules, alerts and `skewscope cluster`). Summary, for one DPU (label `node`):
 
   per peer pair (src, dst) -- always (up to --max-peers pairs, then one overflow pair):
-    skewscope_peer_{bytes,packets,payload_bytes,messages,message_bytes}_total
+    skewscope_peer_{bytes,packets,messages,message_bytes}_total
     skewscope_peer_{ce_packets,cnp_packets,retransmitted_packets,psn_gaps}_total
     skewscope_peer_naks_total{syndrome}       psn_sequence_error | rnr | other
     skewscope_peer_busy_seconds_total         union of the pair's message transfer times
@@ -65,8 +65,6 @@ NCOLS = GAP0 + L.GAP_SLOTS
 PEER_COUNTERS = (
     ("bytes", "Wire bytes (Ethernet frame, no FCS) of RoCE packets from src to dst.", "bytes"),
     ("packets", "RoCE packets from src to dst.", "packets"),
-    ("payload_bytes", "RoCE payload bytes (after transport headers, before ICRC) from src to dst.",
-     "payload_bytes"),
     ("messages", "RDMA messages started (SEND/WRITE first or only, READ request) from src to dst.",
      "messages"),
     ("message_bytes", "Sum of the sizes of the messages from src to dst (RETH length, or summed SEND "
@@ -141,17 +139,48 @@ def flow_ids(flows: np.ndarray) -> np.ndarray:
     return _rows_u64(k)
 
 
-def peer_ids(flows: np.ndarray) -> np.ndarray:
-    """(n, 5) uint64 identity of each flow's peer pair: src, dst, ipver."""
+# Traffic class of a flow (the `class` label of the per-peer series), from its cumulative
+# mean message size: NCCL runs each connection on its own QPs, so one flow carries one
+# kind of traffic, and a node pair that carries a ring link and all-to-all chunks at once
+# keeps them apart.
+CLASSES = ("bulk", "chunk", "control")
+CLS_BULK, CLS_CHUNK, CLS_CONTROL = range(3)
+
+
+def flow_class(flows: np.ndarray) -> np.ndarray:
+    """bulk: mean message >= analysis.fleet.BULK_MIN_MESSAGE (ring/tree SIMPLE slices);
+    chunk: other messages with mean > analysis.flows.CTS_MAX_BYTES (all-to-all, P2P, LL);
+    control: everything else (NCCL clear-to-send writes, ACK/NAK, CNP, no messages)."""
+    from .analysis.fleet import BULK_MIN_MESSAGE, CTS_MAX_BYTES
+    m = flows["messages"].astype(np.float64)
+    mean = np.where(m > 0, flows["msg_bytes"].astype(np.float64) / np.maximum(m, 1), 0.0)
+    c = np.full(len(flows), CLS_CONTROL, dtype=np.uint8)
+    c[mean > CTS_MAX_BYTES] = CLS_CHUNK
+    c[mean >= BULK_MIN_MESSAGE] = CLS_BULK
+    return c
+
+
+def peer_ids(flows: np.ndarray, cls: np.ndarray | None = None) -> np.ndarray:
+    """(n, 5) uint64 identity of each flow's peer series: src, dst, ipver, class."""
     k = np.zeros((len(flows), 40), dtype=np.uint8)
     k[:, 0:16] = flows["src"]
     k[:, 16:32] = flows["dst"]
     k[:, 32] = flows["ipver"]
+    if cls is not None:
+        k[:, 33] = cls
+    return _rows_u64(k)
+
+
+def dst_ids(flows: np.ndarray) -> np.ndarray:
+    """(n, 3) uint64 identity of each flow's destination: dst, ipver."""
+    k = np.zeros((len(flows), 24), dtype=np.uint8)
+    k[:, 0:16] = flows["dst"]
+    k[:, 16] = flows["ipver"]
     return _rows_u64(k)
 
 
 def _match(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """For each row of b, the index of the equal row of a, or -1. Rows are (n, 5) uint64."""
+    """For each row of b, the index of the equal row of a, or -1. Rows are (n, k) uint64."""
     if len(b) == 0:
         return np.zeros(0, dtype=np.int64)
     if len(a) == 0:
@@ -201,11 +230,22 @@ def _busy_kernel(peer, start, end, carry_end, busy):
         i = j
 
 
+def message_timing(flows: np.ndarray, events: np.ndarray) -> np.ndarray:
+    """Per-flow message timing of one interval, by the analysis package's definitions
+    (analysis.flows.flow_event_stats: multi-packet message bytes, their on-wire time,
+    packet time), so that the fleet's rate over active time is the single-node one."""
+    from .analysis.flows import flow_event_stats
+    st, _, _ = flow_event_stats(Snapshot(flows, events, np.zeros(L.G_N, np.uint64), {}))
+    return st
+
+
 def busy_ns_per_peer(events: np.ndarray, flow_peer: np.ndarray, npeers: int,
-                     carry_end: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Busy time (ns) per peer pair from message records: the measure of the union of
-    [start_ts, end_ts] of the pair's messages. Records of flows no longer in the table
-    (flow = -1) are skipped. Returns (busy_ns, carry_end)."""
+                     carry_end: np.ndarray | None = None,
+                     pkt_ns: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Busy time (ns) per peer pair from message records: the measure of the union of the
+    on-wire intervals [start_ts, end_ts + pkt_ns(flow)] of the pair's messages (pkt_ns:
+    the flow's packet time, analysis.flows; 0 if not given). Records of flows no longer in
+    the table (flow = -1) are skipped. Returns (busy_ns, carry_end)."""
     busy = np.zeros(npeers, dtype=np.int64)
     carry = np.zeros(npeers, dtype=np.int64) if carry_end is None else carry_end.astype(np.int64).copy()
     if carry.shape[0] < npeers:
@@ -216,6 +256,8 @@ def busy_ns_per_peer(events: np.ndarray, flow_peer: np.ndarray, npeers: int,
     p = flow_peer[ev["flow"]].astype(np.int64)
     s = ev["start_ts"].astype(np.int64)
     e = np.maximum(ev["end_ts"].astype(np.int64), s)
+    if pkt_ns is not None:
+        e = e + np.nan_to_num(pkt_ns[ev["flow"]], nan=0.0).astype(np.int64)
     order = np.lexsort((s, p))
     _busy_kernel(p[order], s[order], e[order], carry, busy)
     return busy, carry
@@ -228,13 +270,17 @@ class ExportState:
     node: str
     peer_src: list            # label strings, one per exported peer row
     peer_dst: list
+    peer_class: list          # traffic class (CLASSES)
     peer_counts: np.ndarray   # (m, NCOLS) cumulative
     peer_busy_ns: np.ndarray  # (m,) cumulative
+    peer_timed: np.ndarray    # (m, 2) multi-packet message bytes, their on-wire ns
     peer_qps: np.ndarray      # (m,) flows currently in the table
     flows: np.ndarray         # top-K FLOW_DTYPE rows (current values)
     hist_msg: np.ndarray      # (MSG_SLOTS,) cumulative over all flows
     hist_gap: np.ndarray      # (GAP_SLOTS,)
     hist_msg_sum: float       # sum of all message sizes (the message histogram's _sum)
+    dst_labels: list          # destinations with a busy-time series
+    dst_busy_ns: np.ndarray
     flows_present: int        # rows in the flow table at the last read
     globals: np.ndarray
     meta: dict
@@ -254,22 +300,30 @@ class Accumulator:
             raise ValueError("max_peers must be >= 1")
         self.max_peers = int(max_peers)
         self.peer_keys = np.zeros((0, 5), dtype=np.uint64)   # known pairs (sticky)
-        self.peer_labels: list[tuple[str, str]] = []
+        self.peer_labels: list[tuple[str, str, str]] = []
         self.peer_counts = np.zeros((0, NCOLS), dtype=np.uint64)
         self.peer_busy = np.zeros(0, dtype=np.int64)
         self.peer_carry = np.zeros(0, dtype=np.int64)
+        self.peer_timed = np.zeros((0, 2), dtype=np.float64)   # multi-packet message bytes, on-wire ns
+        self.overflow_timed = np.zeros(2, dtype=np.float64)
         self.overflow_counts = np.zeros(NCOLS, dtype=np.uint64)
         self.overflow_busy = 0
         self.overflow_carry = 0
         self.overflow_used = False
         self.totals = np.zeros(NCOLS, dtype=np.uint64)        # all flows, all pairs (node histograms)
+        # per destination: union of incoming message intervals (incast degree = sum of the
+        # pairs' busy time into dst / this); same bound and overflow rule as pairs
+        self.dst_keys = np.zeros((0, 3), dtype=np.uint64)
+        self.dst_labels: list[str] = []
+        self.dst_busy = np.zeros(0, dtype=np.int64)
+        self.dst_carry = np.zeros(0, dtype=np.int64)
         self.events_without_flow = 0
         self.cum_flows = np.zeros(0, L.FLOW_DTYPE)
         self.reads = 0
 
-    def _peer_index(self, flows: np.ndarray) -> np.ndarray:
+    def _peer_index(self, flows: np.ndarray, cls: np.ndarray) -> np.ndarray:
         """Peer row per flow (-1 = overflow). New pairs become rows until max_peers."""
-        pk = peer_ids(flows)
+        pk = peer_ids(flows, cls)
         idx = _match(self.peer_keys, pk)
         new = np.nonzero(idx < 0)[0]
         room = self.max_peers - len(self.peer_keys)
@@ -281,12 +335,32 @@ class Accumulator:
             for r in new[take]:
                 f = flows[r]
                 v = int(f["ipver"])
-                self.peer_labels.append((ip_str(f["src"], v), ip_str(f["dst"], v)))
+                self.peer_labels.append((ip_str(f["src"], v), ip_str(f["dst"], v), CLASSES[int(cls[r])]))
             self.peer_counts = np.concatenate([self.peer_counts, np.zeros((k, NCOLS), np.uint64)])
             self.peer_busy = np.concatenate([self.peer_busy, np.zeros(k, np.int64)])
             self.peer_carry = np.concatenate([self.peer_carry, np.zeros(k, np.int64)])
+            self.peer_timed = np.concatenate([self.peer_timed, np.zeros((k, 2), np.float64)])
             idx = _match(self.peer_keys, pk)
         return idx
+
+    def _dst_index(self, flows: np.ndarray) -> np.ndarray:
+        dk = dst_ids(flows)
+        idx = _match(self.dst_keys, dk)
+        new = np.nonzero(idx < 0)[0]
+        room = self.max_peers - len(self.dst_keys)
+        if len(new) and room > 0:
+            _, first = np.unique(dk[new], axis=0, return_index=True)
+            take = np.sort(first)[:room]
+            k = len(take)
+            self.dst_keys = np.concatenate([self.dst_keys, dk[new[take]]])
+            for r in new[take]:
+                self.dst_labels.append(ip_str(flows[r]["dst"], int(flows[r]["ipver"])))
+            self.dst_busy = np.concatenate([self.dst_busy, np.zeros(k, np.int64)])
+            self.dst_carry = np.concatenate([self.dst_carry, np.zeros(k, np.int64)])
+            idx = _match(self.dst_keys, dk)
+        return idx
+
+    cum_class = np.zeros(0, np.uint8)
 
     def add(self, delta: np.ndarray, events: np.ndarray | None = None,
             cum_flows: np.ndarray | None = None) -> None:
@@ -294,7 +368,15 @@ class Accumulator:
         message records of the same interval (`flow` indexes `delta`); cum_flows: the
         cumulative flow table now (for the top-K flows and per-pair QP counts)."""
         self.reads += 1
-        peer = self._peer_index(delta)
+        if cum_flows is not None:
+            self.cum_flows = cum_flows
+            self.cum_class = flow_class(cum_flows)
+        # class from the cumulative table (stable), not from the interval's few messages
+        cls = flow_class(delta)
+        if len(self.cum_flows) and len(delta):
+            j = _match(flow_ids(self.cum_flows), flow_ids(delta))
+            cls = np.where(j >= 0, self.cum_class[np.maximum(j, 0)], cls).astype(np.uint8)
+        peer = self._peer_index(delta, cls)
         m = flow_matrix(delta)
         if len(m):
             inside = peer >= 0
@@ -308,20 +390,32 @@ class Accumulator:
             self.events_without_flow += int((events["flow"] < 0).sum())
             npeers = len(self.peer_keys) + 1                   # + the overflow pair, last
             fp = np.where(peer >= 0, peer, npeers - 1)
+            fst = message_timing(delta, events)
+            timed = np.zeros((npeers, 2), dtype=np.float64)
+            np.add.at(timed[:, 0], fp, fst["multi_bytes"])
+            np.add.at(timed[:, 1], fp, fst["wire_ns"])
+            self.peer_timed += timed[:-1]
+            self.overflow_timed += timed[-1]
+            pkt = fst["pkt_ns"]
             carry = np.concatenate([self.peer_carry, np.array([self.overflow_carry], np.int64)])
-            busy, carry = busy_ns_per_peer(events, fp, npeers, carry)
+            busy, carry = busy_ns_per_peer(events, fp, npeers, carry, pkt_ns=pkt)
             self.peer_busy += busy[:-1]
             self.peer_carry = carry[:-1]
             self.overflow_busy += int(busy[-1])
             self.overflow_carry = int(carry[-1])
-        if cum_flows is not None:
-            self.cum_flows = cum_flows
+            di = self._dst_index(delta)
+            keep = di >= 0
+            if keep.any():
+                ev = events[events["flow"] >= 0]
+                ev = ev[keep[ev["flow"]]]
+                busy_d, self.dst_carry = busy_ns_per_peer(ev, di, len(self.dst_keys), self.dst_carry, pkt_ns=pkt)
+                self.dst_busy += busy_d
 
     def qps_per_peer(self) -> np.ndarray:
         """Flows per exported pair in the cumulative table (last entry: overflow)."""
         q = np.zeros(len(self.peer_keys) + 1, dtype=np.int64)
         if len(self.cum_flows):
-            p = _match(self.peer_keys, peer_ids(self.cum_flows))
+            p = _match(self.peer_keys, peer_ids(self.cum_flows, self.cum_class))
             p[p < 0] = len(self.peer_keys)
             np.add.at(q, p, 1)
         return q
@@ -329,20 +423,23 @@ class Accumulator:
     def state(self, node: str, globals_: np.ndarray, meta: dict, top_k: int, read_ts: float = 0.0,
               read_seconds: float = 0.0, info: dict | None = None) -> ExportState:
         qps = self.qps_per_peer()
-        src = [s for s, _ in self.peer_labels]
-        dst = [d for _, d in self.peer_labels]
-        counts, busy, q = self.peer_counts, self.peer_busy, qps[:-1]
+        src = [x[0] for x in self.peer_labels]
+        dst = [x[1] for x in self.peer_labels]
+        klass = [x[2] for x in self.peer_labels]
+        counts, busy, q, timed = self.peer_counts, self.peer_busy, qps[:-1], self.peer_timed
         if self.overflow_used:
-            src, dst = src + [OVERFLOW_LABEL], dst + [OVERFLOW_LABEL]
+            src, dst, klass = src + [OVERFLOW_LABEL], dst + [OVERFLOW_LABEL], klass + [OVERFLOW_LABEL]
+            timed = np.concatenate([timed, self.overflow_timed[None, :]])
             counts = np.concatenate([counts, self.overflow_counts[None, :]])
             busy = np.concatenate([busy, np.array([self.overflow_busy], np.int64)])
             q = qps
         m = dict(meta)
         m["events_without_flow"] = self.events_without_flow
-        return ExportState(node=node, peer_src=src, peer_dst=dst, peer_counts=counts.copy(),
-                           peer_busy_ns=busy.copy(), peer_qps=q.copy(), flows=top_flows(self.cum_flows, top_k),
+        return ExportState(node=node, peer_src=src, peer_dst=dst, peer_class=klass, peer_counts=counts.copy(),
+                           peer_busy_ns=busy.copy(), peer_timed=timed.copy(), peer_qps=q.copy(), flows=top_flows(self.cum_flows, top_k),
                            hist_msg=self.totals[MSG0:GAP0].copy(), hist_gap=self.totals[GAP0:].copy(),
                            hist_msg_sum=float(self.totals[COL["msg_bytes"]]), flows_present=len(self.cum_flows),
+                           dst_labels=list(self.dst_labels), dst_busy_ns=self.dst_busy.copy(),
                            globals=np.asarray(globals_).copy(),
                            meta=m, read_ts=read_ts, read_seconds=read_seconds, info=dict(info or {}))
 
@@ -383,10 +480,10 @@ class SkewscopeCollector:
         if st is None:
             return
         node = st.node
-        pl = ["node", "src", "dst"]
+        pl = ["node", "src", "dst", "class"]
         P = "skewscope_"
         n = len(st.peer_src)
-        rows = [(node, st.peer_src[i], st.peer_dst[i]) for i in range(n)]
+        rows = [(node, st.peer_src[i], st.peer_dst[i], st.peer_class[i]) for i in range(n)]
         for name, doc, col in PEER_COUNTERS:
             fam = CounterMetricFamily(f"{P}peer_{name}", doc, labels=pl)
             vals = st.peer_counts[:, COL[col]].tolist()
@@ -406,7 +503,28 @@ class SkewscopeCollector:
         for r, v in zip(rows, (st.peer_busy_ns / 1e9).tolist()):
             fam.add_metric(r, v)
         yield fam
-        fam = GaugeMetricFamily(f"{P}peer_qps", "Flows (destination QPs) of the pair in the flow table now.",
+        fam = CounterMetricFamily(f"{P}peer_timed_message_bytes",
+                                  "Bytes of the multi-packet WRITE/SEND messages from src to dst (the ones that "
+                                  "carry timing). Rate over active time = 8 * this / "
+                                  "skewscope_peer_message_wire_seconds_total.", labels=pl)
+        for r, v in zip(rows, st.peer_timed[:, 0].tolist()):
+            fam.add_metric(r, v)
+        yield fam
+        fam = CounterMetricFamily(f"{P}peer_message_wire_seconds",
+                                  "On-wire time of those messages (first to last packet, plus one packet time): "
+                                  "analysis.flows definition.", labels=pl)
+        for r, v in zip(rows, (st.peer_timed[:, 1] / 1e9).tolist()):
+            fam.add_metric(r, v)
+        yield fam
+        fam = CounterMetricFamily(f"{P}destination_busy_seconds",
+                                  "Time dst was receiving at least one message from anyone: measure of the union "
+                                  "of the intervals of every incoming message. Mean concurrent senders (incast "
+                                  "degree) = sum of skewscope_peer_busy_seconds_total into dst / this.",
+                                  labels=["node", "dst"])
+        for d, v in zip(st.dst_labels, (st.dst_busy_ns / 1e9).tolist()):
+            fam.add_metric([node, d], v)
+        yield fam
+        fam = GaugeMetricFamily(f"{P}peer_qps", "Flows (destination QPs) of the pair and class in the flow table now.",
                                 labels=pl)
         for r, v in zip(rows, st.peer_qps.tolist()):
             fam.add_metric(r, v)
