@@ -528,6 +528,7 @@ def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opt
             b, proto, cur, end, wire_len, ts):
     """Parse one frame whose L2 header ends at `cur` (EtherType `proto`), captured bytes
     up to `end` (exclusive); account it. Returns the category."""
+    cur0 = cur  # just past a (real or synthesised) 14-byte Ethernet header
     for _ in range(MAX_VLAN):
         if proto != 0x8100 and proto != 0x88A8:
             break
@@ -537,6 +538,7 @@ def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opt
         cur += 4
     if proto == 0x8100 or proto == 0x88A8:
         return G_VLAN_DEPTH
+    l3off = 14 + (cur - cur0)  # L3 offset in the Ethernet frame (for the length-lie check)
 
     ecn_valid = 0
     sport = 0
@@ -575,6 +577,7 @@ def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opt
         sport = be16(b, udp)
         bth = udp + 8
         avail = ulen - 8
+        l3end = l3off + tot
     elif proto == 0x86DD:
         if cur + 40 > end:
             return G_TRUNC_IP
@@ -605,6 +608,7 @@ def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opt
         sport = be16(b, udp)
         bth = udp + 8
         avail = ulen - 8
+        l3end = l3off + 40 + plen
     elif proto == ETH_P_ROCEV1:
         if cur + 40 > end:
             return G_TRUNC_GRH
@@ -619,6 +623,7 @@ def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opt
         tclass = ((np.int64(b[cur]) & 0xF) << 4) | (np.int64(b[cur + 1]) >> 4)
         bth = cur + 40
         avail = be16(b, cur + 4)
+        l3end = l3off + 40 + avail
     elif proto == ETH_P_MACCTL:
         return handle_macctl(g, b, cur, end)
     else:
@@ -656,6 +661,10 @@ def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opt
         if a + 4 > end:
             return G_TRUNC_EXT
         syndrome = np.int64(b[a])
+    # headers all present but the IP/GRH length runs past the frame: a length lie, as the
+    # BPF program decides (after the header parse)
+    if l3end > wire_len:
+        return G_BAD_LENGTH
 
     w4 = dqp | (np.int64(ipver) << 32) | (np.int64(roce) << 40)
     if st[ST_PKCAP] > 0:
