@@ -1,0 +1,235 @@
+"""skewscope.analysis: Snapshot -> skews and pathologies an SRE can act on.
+
+Every metric is one function over a Snapshot (or its cached Context: `context(snap)`),
+defined once here and in docs/metrics.md, and called by every output (report, diagnose,
+top, the Prometheus exporter). Public functions:
+
+    analyze(snap, thresholds=None, checks=None) -> {"collectives", "timing", "findings", "metrics"}
+        everything below, JSON-ready (the `report --json` / `diagnose --json` contract)
+    live_metrics(snap, thresholds=None) -> dict
+        the per-interval subset for a live view (no classification/timing): see docs/metrics.md
+
+    skew_stats(x) -> {"n","sum","mean","max","min","max_over_mean","min_over_mean","cv","gini",
+                      "jain","argmax","max_share"}                       stats.py
+    node_index(snap.flows) -> Nodes(ips, src[], dst[])                  flows.py
+    flow_roles(snap) -> int8[] (ROLE_NAMES: data/cts/ack/read_request/cnp/management/other)
+    flow_event_stats(snap) -> per-flow FSTAT_DTYPE (rate over active time, busy, MTU, stalls)
+    node_matrix(snap, flow_mask=None, t_range=None) -> (ips, bytes[i, j])   matrix.py
+    link_rates(snap) -> LINK_DTYPE per directed node pair (rate, throughput, CE, CNP, loss)
+    node_volumes(snap) -> (bytes out[], bytes in[])
+    incast_degree(snap, flow_mask=None) -> {"max_senders"[], "mean_senders"[], ...}
+    flow_congestion(snap) -> CONG_DTYPE per flow (ce_fraction, cnp_rate_per_s, loss_rate, NAKs)
+    pfc_summary(snap) -> {"frames", "per_priority": [...]}                congestion.py
+    node_stalls(snap) -> per-node stalled-message time in/out
+    discover(snap) -> [Group(kind, members, flows, confidence, evidence, pattern)]   collectives.py
+    group_timing(snap, flow_mask, members) -> (timing dict, bursts)       timing.py
+    timing(snap) -> capture-level period/jitter or None
+    ring_metrics / tree_metrics / alltoall_metrics / pipeline_metrics     group_metrics.py
+    decode_metrics(snap, group, thresholds["decode"])                     inference.py
+    DEFAULTS (thresholds), KINDS (finding kinds)                          findings.py
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .collectives import KINDS as COLLECTIVE_KINDS, discover, size_hints
+from .congestion import flow_congestion, link_speed_bps, node_stalls, pfc_summary
+from .context import Context, context
+from .findings import DEFAULTS, KINDS, ThresholdError, detect, resolve_checks, resolve_thresholds
+from .flows import ROLE_NAMES, flow_event_stats, flow_roles, node_index
+from .group_metrics import node_throughput, alltoall_metrics, group_links, pipeline_metrics, p2p_metrics, ring_metrics, tree_metrics
+from .inference import decode_metrics
+from .matrix import incast_degree, link_rates, node_matrix, node_volumes
+from .stats import skew_stats
+from .timing import group_timing, timing
+
+__all__ = ["analyze", "live_metrics", "skew_stats", "node_index", "flow_roles", "flow_event_stats", "node_matrix",
+           "link_rates", "node_volumes", "incast_degree", "flow_congestion", "pfc_summary", "node_stalls",
+           "discover", "group_timing", "timing", "ring_metrics", "tree_metrics", "alltoall_metrics",
+           "pipeline_metrics", "decode_metrics", "context", "Context", "DEFAULTS", "KINDS", "ThresholdError",
+           "ROLE_NAMES", "COLLECTIVE_KINDS", "link_speed_bps", "size_hints", "group_links"]
+
+JSON_VERSION = 1
+
+
+def clean(x):
+    """JSON-safe copy: numpy -> Python, NaN/inf -> None, private keys (leading _) dropped."""
+    if isinstance(x, dict):
+        return {str(k): clean(v) for k, v in x.items() if not str(k).startswith("_")}
+    if isinstance(x, (list, tuple)):
+        return [clean(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return clean(x.tolist())
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating, float)):
+        v = float(x)
+        return v if math.isfinite(v) else None
+    if isinstance(x, np.bool_):
+        return bool(x)
+    return x
+
+
+def _group_result(ctx, g, th) -> dict:
+    fm = np.zeros(len(ctx.flows), dtype=bool)
+    fm[g.flows] = True
+    tm, tinfo = group_timing(ctx, fm, members=g.members)
+    r = dict(tm)
+    r["bytes"] = float(ctx.volume[g.flows].sum())
+    r["flows"] = int(len(g.flows))
+    pairs = len(set(zip(ctx.nodes.src[g.flows].tolist(), ctx.nodes.dst[g.flows].tolist())))
+    r["qps_per_pair"] = round(len(g.flows) / max(1, pairs), 3)
+    hints = size_hints(ctx, g.flows)
+    r["message_sizes"] = hints["top_sizes"]
+    r["protocol_hint"] = hints["protocol"]
+    r["protocol_shares"] = hints.get("protocol_shares")
+    lags = tinfo.get("start_lag_ns")
+    if lags is not None:
+        r["start_lag_s"] = {ctx.nodes.ips[m]: (None if not np.isfinite(v) else float(v) / 1e9)
+                            for m, v in zip(g.members, lags)}
+    r["_start_lag_ns"] = lags
+    r["_send_dev_ns"] = tinfo.get("send_dev_ns")
+    r["_recv_dev_ns"] = tinfo.get("recv_dev_ns")
+    if g.kind != "ring_allreduce":
+        nt = node_throughput(ctx, g.flows, g.members)
+        r["_node_tp"] = nt
+        r["member_send_ratio"] = {ctx.nodes.ips[m]: v for m, v in zip(g.members, nt["send_ratio"])}
+    if g.kind == "ring_allreduce":
+        r.update(ring_metrics(ctx, g, tinfo))
+    elif g.kind == "tree_allreduce":
+        r.update(tree_metrics(ctx, g, tinfo))
+    elif g.kind == "all_to_all":
+        r.update(alltoall_metrics(ctx, g, tinfo))
+    elif g.kind == "p2p" and g.pattern == "pipeline":
+        r.update(pipeline_metrics(ctx, g, tinfo, tm.get("period_s")))
+    else:
+        r.update(p2p_metrics(ctx, g, tinfo))
+    if g.kind in ("ring_allreduce", "all_to_all", "tree_allreduce"):
+        dec = decode_metrics(ctx, g, th["decode"])
+        if dec is not None:
+            r["decode"] = dec
+            r["workload"] = "decode"
+    r.setdefault("workload", "training" if r.get("period_s") else None)
+    return r
+
+
+def _capture_metrics(ctx, extra) -> dict:
+    fl = ctx.flows
+    roles = ctx.roles
+    by_role = {}
+    for i, name in enumerate(ROLE_NAMES):
+        sel = roles == i
+        if sel.any():
+            by_role[name] = {"flows": int(sel.sum()), "packets": int(fl["packets"][sel].sum()),
+                             "bytes": int(fl["bytes"][sel].sum())}
+    out_b, in_b = node_volumes(ctx)
+    recv = in_b > 0
+    send = out_b > 0
+    lr = link_rates(ctx)
+    ips = ctx.nodes.ips
+    m = {
+        "nodes": ctx.nodes.n,
+        "flows_by_role": by_role,
+        "data_bytes": float(ctx.volume.sum()) * ctx.scale,
+        "node_in_bytes": {ips[i]: float(in_b[i]) for i in np.nonzero(recv)[0]},
+        "node_out_bytes": {ips[i]: float(out_b[i]) for i in np.nonzero(send)[0]},
+        "dest_volume_skew": skew_stats(in_b[recv]),
+        "source_volume_skew": skew_stats(out_b[send]),
+        "link_rate_skew": skew_stats(lr["rate_bps"][np.isfinite(lr["rate_bps"])]) if len(lr) else skew_stats([]),
+        "links": [{"src": ips[int(r["src"])], "dst": ips[int(r["dst"])], "flows": int(r["flows"]),
+                   "bytes": float(r["bytes"]), "rate_bps": float(r["rate_bps"]),
+                   "throughput_bps": float(r["throughput_bps"]), "busy_s": float(r["busy_ns"]) / 1e9,
+                   "ce": float(r["ce"]), "cnp": float(r["cnp"]), "psn_gaps": float(r["psn_gaps"]),
+                   "retransmissions": float(r["retransmissions"]), "naks": float(r["naks"])} for r in lr],
+        "pfc": extra["pfc"],
+        "incast_max_senders": {ips[i]: int(v) for i, v in enumerate(extra["incast"]["max_senders"]) if v > 0},
+        "congestion": {
+            "ce_packets": float(extra["congestion"]["ce"].sum()),
+            "cnp_packets": float(extra["congestion"]["cnp"].sum()),
+            "psn_gaps": float(extra["congestion"]["psn_gaps"].sum()),
+            "retransmissions": float(extra["congestion"]["retransmissions"].sum()),
+            "naks": float((extra["congestion"]["nak_seq"] + extra["congestion"]["nak_rnr"]
+                           + extra["congestion"]["nak_other"]).sum()),
+        },
+        "link_gbps_est": extra["pfc"]["link_gbps_est"],
+    }
+    return m
+
+
+def _extra(ctx, th):
+    inc = incast_degree(ctx)
+    # senders into each node (data flows) for incast entities
+    senders = {}
+    d = np.nonzero(ctx.data)[0]
+    for f in d:
+        senders.setdefault(int(ctx.nodes.dst[f]), set()).add(int(ctx.nodes.src[f]))
+    link_gbps = th["pfc_pause"].get("link_gbps") or None
+    return {"incast": inc, "incast_senders": {k: sorted(v) for k, v in senders.items()},
+            "congestion": flow_congestion(ctx), "pfc": pfc_summary(ctx, link_gbps), "stalls": node_stalls(ctx)}
+
+
+def analyze(snap, thresholds=None, checks=None) -> dict:
+    """All metrics, collective groups, timing and findings of a Snapshot (JSON-ready).
+    thresholds: {"KIND.NAME": value} or {"KIND": {"NAME": value}} over findings.DEFAULTS;
+    checks: finding kinds to run (None = all). Raises ThresholdError on unknown names."""
+    th = resolve_thresholds(thresholds)
+    ck = resolve_checks(checks)
+    ctx = context(snap)
+    groups = discover(ctx)
+    results = [_group_result(ctx, g, th) for g in groups]
+    extra = _extra(ctx, th)
+    findings = detect(ctx, groups, results, th, ck, extra)
+    ips = ctx.nodes.ips
+    coll = []
+    for g, r in zip(groups, results):
+        coll.append({"kind": g.kind, "pattern": g.pattern, "members": [ips[m] for m in g.members],
+                     "confidence": g.confidence, "evidence": g.evidence,
+                     "metrics": {k: v for k, v in r.items() if not k.startswith("_")}})
+    tim = None
+    for i, r in enumerate(results):
+        if r.get("period_s"):
+            tim = {k: r.get(k) for k in ("period_s", "period_jitter_s", "period_cv", "iterations", "busy_fraction",
+                                         "burst_busy_s", "period_source", "interval_p50_s", "interval_p99_s")}
+            tim["group"] = i
+            tim["workload"] = r.get("workload")
+            dec = r.get("decode")
+            if dec:
+                tim.update({k: dec.get(k) for k in ("collectives_per_s", "collective_interval_p50_s",
+                                                    "collective_interval_p99_s", "decode_jitter_ratio",
+                                                    "token_interval_s", "tokens_per_s")})
+            break
+    doc = {"analysis_version": JSON_VERSION, "collectives": coll, "timing": tim, "findings": findings,
+           "metrics": _capture_metrics(ctx, extra), "thresholds": th}
+    return clean(doc)
+
+
+def live_metrics(snap, thresholds=None) -> dict:
+    """The per-interval subset a live view refreshes (see docs/metrics.md "Live subset"):
+    roles, per-flow rates over active time, link table, node matrix skews, congestion and
+    loss per flow, and the findings that need no classification (congestion, CNP, loss,
+    NAKs, PFC, caveats)."""
+    th = resolve_thresholds(thresholds)
+    ctx = context(snap)
+    st = ctx.fstat
+    lr = link_rates(ctx)
+    ips, mat = node_matrix(ctx)
+    cg = flow_congestion(ctx)
+    out_b, in_b = mat.sum(axis=1), mat.sum(axis=0)
+    extra = {"congestion": cg, "pfc": pfc_summary(ctx, th["pfc_pause"].get("link_gbps") or None),
+             "stalls": node_stalls(ctx)}
+    ck = {"ecn_congestion", "cnp_storm", "packet_loss", "retransmissions", "nak_errors", "pfc_pause", "map_overflow",
+          "sampling"}
+    from .findings import Emitter, _caveats, _congestion, _loss, _pfc, SEV_RANK
+    em = Emitter(ctx, ck)
+    _congestion(em, ctx, th, extra)
+    _loss(em, ctx, th, extra)
+    _pfc(em, ctx, th, extra)
+    _caveats(em, ctx, th)
+    em.out.sort(key=lambda f: (-SEV_RANK[f["severity"]], f["kind"]))
+    return {"roles": ctx.roles, "rate_bps": st["rate_bps"], "busy_ns": st["busy_ns"], "links": lr,
+            "ips": ips, "matrix": mat, "dest_volume_skew": skew_stats(in_b[in_b > 0]),
+            "source_volume_skew": skew_stats(out_b[out_b > 0]),
+            "link_rate_skew": skew_stats(lr["rate_bps"][np.isfinite(lr["rate_bps"])]) if len(lr) else skew_stats([]),
+            "congestion": cg, "findings": clean(em.out)}

@@ -1,0 +1,422 @@
+"""Collective groups: which data flows belong together and what collective they are.
+Definitions: docs/metrics.md "Collectives".
+
+Discovery works on the graph of data flows (CTS/ACK/CNP flows excluded, so each edge
+points in the data direction):
+
+1. connected components of the node graph;
+2. a component is matched as a whole against the patterns below; if none fits, it is
+   decomposed: complete bidirectional sub-graphs (>= 4 nodes) become all-to-all groups
+   (flows whose message size is >= 8x off the clique's are left out), and the rest is
+   split by flow fingerprint (modal message-size slot, message count within 10 %) and
+   matched again; leftovers are "unknown".
+
+Patterns (n nodes, E directed data edges, U the undirected edges):
+
+    ring_allreduce   every node has out-degree = in-degree = k and E is k directed cycles
+                     covering all nodes (k rings, one per channel order); or U is one cycle
+                     with both directions (two opposite rings)
+    all_to_all       n >= 3 and E has >= 90 % of the n(n-1) ordered pairs
+    tree_allreduce   every edge carries data both ways, U is connected with
+                     n-1 < |U| <= 2(n-1) (a double binary tree) or a tree that is not a path
+    p2p              a path with data both ways (pipeline stages), a one-way chain, a star
+                     (many_to_one / one_to_many) or a single pair
+
+Ambiguous shapes (2 nodes, 3-node triangle, 3-node path) are settled by NCCL's message
+sizes: >= 256 KiB slices -> ring/tree SIMPLE; exactly 32/64/128 KiB chunks -> P2P /
+all-to-all. Confidence = how well the pattern fits (share of nodes/edges that fit) x 0.8
+when the sizes disagree with the pattern, x 0.7 for an ambiguous shape.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import layout as L
+from .context import context
+
+KINDS = ("all_to_all", "ring_allreduce", "tree_allreduce", "p2p", "unknown")
+KiB = 1024
+MiB = 1 << 20
+P2P_CHUNKS = (32 * KiB, 64 * KiB, 128 * KiB)
+
+
+@dataclass
+class Group:
+    kind: str
+    members: list            # node indices (ring order / stage order / sorted)
+    flows: np.ndarray        # data flow indices
+    confidence: float
+    evidence: list = field(default_factory=list)
+    pattern: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+# ---- size hints ----------------------------------------------------------------------
+SIZE_CLASSES = ("simple", "ll128", "p2p_chunks", "ll", "other")
+
+
+def _size_class(b: int) -> str:
+    """NCCL class of one message size (wire.md "Message sizes")."""
+    if b in P2P_CHUNKS:
+        return "p2p_chunks"
+    if b == 614400 or (b > 65536 and b % 2048 == 0 and b % 65536 != 0 and b <= 614400):
+        return "ll128"
+    if b >= 256 * KiB:
+        return "simple"
+    if b <= 65536 and b % 16 == 0:
+        return "ll"
+    return "other"
+
+
+def size_hints(ctx, flows: np.ndarray) -> dict:
+    """NCCL hints from the exact message sizes of a set of data flows."""
+    if len(flows) == 0 or len(ctx.events) == 0:
+        return {"top_sizes": [], "protocol": None, "large": False, "p2p_chunks": False}
+    fm = np.zeros(len(ctx.flows), dtype=bool)
+    fm[flows] = True
+    f = ctx.ev_flow
+    ok = ctx.ev_data.copy()
+    ok[ok] &= fm[f[ok]]
+    sizes = ctx.events["bytes"][ok].astype(np.int64)
+    if len(sizes) == 0:
+        return {"top_sizes": [], "protocol": None, "large": False, "p2p_chunks": False}
+    u, c = np.unique(sizes, return_counts=True)
+    wb = (u * c).astype(np.float64)
+    top = np.argsort(-c, kind="stable")[:4]
+    modal_b = int(u[np.argmax(wb)])          # bytes-weighted mode
+    n = len(sizes)
+    chunk_share = float(c[np.isin(u, P2P_CHUNKS)].sum()) / n
+    cls = np.array([_size_class(int(x)) for x in u])
+    tot = max(1.0, float(wb.sum()))
+    shares = {k: round(float(wb[cls == k].sum()) / tot, 4) for k in SIZE_CLASSES if (cls == k).any()}
+    proto = _size_class(modal_b) if chunk_share < 0.5 else "p2p_chunks"
+    return {"top_sizes": [[int(u[i]), int(c[i])] for i in top], "modal_size": modal_b,
+            "protocol": proto, "protocol_shares": shares, "large": modal_b >= 256 * KiB and chunk_share < 0.5,
+            "p2p_chunks": chunk_share >= 0.5}
+
+
+# ---- graph helpers -------------------------------------------------------------------------
+def _components(nodes_n, es, ed):
+    parent = list(range(nodes_n))
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+    for a, b in zip(es, ed):
+        ra, rb = find(int(a)), find(int(b))
+        if ra != rb:
+            parent[ra] = rb
+    comp = {}
+    for x in set(int(v) for v in es) | set(int(v) for v in ed):
+        comp.setdefault(find(x), []).append(x)
+    return list(comp.values())
+
+
+def _cycle_order(succ: dict) -> list | None:
+    """Nodes in cycle order if succ (node -> node) is one cycle over all its keys."""
+    if not succ:
+        return None
+    start = min(succ)
+    order = [start]
+    cur = succ[start]
+    while cur != start:
+        if cur not in succ or cur in order:
+            return None
+        order.append(cur)
+        cur = succ[cur]
+    return order if len(order) == len(succ) else None
+
+
+def _path_order(adj: dict) -> list | None:
+    ends = [v for v, a in adj.items() if len(a) == 1]
+    if len(ends) != 2 or any(len(a) > 2 for a in adj.values()):
+        return None
+    order = [min(ends)]
+    prev = None
+    while True:
+        nxt = [x for x in adj[order[-1]] if x != prev]
+        if not nxt:
+            break
+        prev = order[-1]
+        order.append(nxt[0])
+        if len(order) > len(adj):
+            return None
+    return order if len(order) == len(adj) else None
+
+
+def _is_cycle(adj: dict) -> list | None:
+    if len(adj) < 3 or any(len(a) != 2 for a in adj.values()):
+        return None
+    start = min(adj)
+    order = [start]
+    prev = None
+    cur = start
+    while True:
+        nxt = [x for x in sorted(adj[cur]) if x != prev]
+        if not nxt:
+            return None
+        prev, cur = cur, nxt[0]
+        if cur == start:
+            break
+        if cur in order:
+            return None
+        order.append(cur)
+    return order if len(order) == len(adj) else None
+
+
+def _connected(adj: dict) -> bool:
+    if not adj:
+        return False
+    seen = set()
+    stack = [next(iter(adj))]
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        stack.extend(adj[v] - seen)
+    return len(seen) == len(adj)
+
+
+# ---- pattern matching -------------------------------------------------------------------
+def match_pattern(ctx, flows: np.ndarray) -> Group:
+    src = ctx.nodes.src[flows]
+    dst = ctx.nodes.dst[flows]
+    E = set(zip(src.tolist(), dst.tolist()))
+    V = sorted(set(src.tolist()) | set(dst.tolist()))
+    n = len(V)
+    m = len(E)
+    outd = {v: set() for v in V}
+    ind = {v: set() for v in V}
+    for a, b in E:
+        outd[a].add(b)
+        ind[b].add(a)
+    bid = sum(1 for a, b in E if (b, a) in E) / max(1, m)
+    adj = {v: outd[v] | ind[v] for v in V}
+    nU = sum(len(a) for a in adj.values()) // 2
+    hints = size_hints(ctx, flows)
+    ev = [f"{n} nodes, {m} directed data edges, {bid:.0%} bidirectional"]
+    if hints["top_sizes"]:
+        ev.append("message sizes " + ", ".join(f"{s}x{c}" for s, c in hints["top_sizes"][:3])
+                  + (f" ({hints['protocol']})" if hints["protocol"] else ""))
+
+    def G(kind, members, conf, pattern=None, extra=None, why=None):
+        return Group(kind, list(members), np.asarray(flows), float(round(conf, 3)),
+                     ev + ([why] if why else []), pattern, extra or {})
+
+    if n == 2:
+        a, b = V
+        if m == 1:
+            (s, d), = E
+            return G("p2p", [s, d], 0.9, "pair", why="one direction only")
+        if hints["large"]:
+            return G("ring_allreduce", [a, b], 0.5, "ring", {"ring": [a, b]},
+                     why="2 nodes both ways with >= 256 KiB slices: a 2-rank ring (or tree)")
+        return G("p2p", [a, b], 0.7, "pair", why="2 nodes both ways with P2P-sized chunks")
+    # ring: every node out = in = k, E is k cycles
+    degs_o = {len(outd[v]) for v in V}
+    degs_i = {len(ind[v]) for v in V}
+    if len(degs_o) == 1 and degs_o == degs_i and bid <= 0.5:
+        k = degs_o.pop()
+        if k == 1:
+            order = _cycle_order({v: next(iter(outd[v])) for v in V})
+            if order:
+                conf = 1.0 if not hints["p2p_chunks"] else 0.8
+                return G("ring_allreduce", order, conf, "ring", {"ring": order, "rings": 1},
+                         why="every node sends to exactly one successor: one directed cycle")
+        elif k <= 4 and m == k * n:
+            return G("ring_allreduce", V, 0.8, "ring", {"ring": None, "rings": k},
+                     why=f"every node has {k} successors and {k} predecessors: {k} rings")
+    full = m / (n * (n - 1))
+    if bid >= 0.9:
+        cyc = _is_cycle(adj)
+        if cyc and n >= 4:
+            return G("ring_allreduce", cyc, 0.8, "bidirectional_ring", {"ring": cyc, "rings": 2},
+                     why="one undirected cycle used both ways: two opposite rings")
+        path = _path_order(adj)
+        if path is not None and nU == n - 1:
+            if n == 3 and hints["large"]:
+                return G("tree_allreduce", V, 0.6, "tree", why="3-node path with >= 256 KiB slices")
+            return G("p2p", path, 0.9, "pipeline", {"stages": path},
+                     why="a chain of nodes exchanging data both ways: pipeline stages")
+        if n == 3 and full >= 0.99:
+            if hints["large"]:
+                return G("tree_allreduce", V, 0.6, "tree", why="3-node triangle with >= 256 KiB slices")
+            return G("all_to_all", V, 0.7, "all_to_all", why="3 nodes, every ordered pair")
+        if full >= 0.9 and n >= 4:
+            return G("all_to_all", V, min(1.0, full) * (0.9 if hints["large"] else 1.0), "all_to_all",
+                     why=f"{full:.0%} of the {n * (n - 1)} ordered pairs carry data")
+        if _connected(adj) and n - 1 <= nU <= 2 * (n - 1):
+            conf = 0.9 if not hints["p2p_chunks"] else 0.7
+            return G("tree_allreduce", V, conf * bid, "tree",
+                     why=f"{nU} undirected edges (<= 2(n-1) = {2 * (n - 1)}), data both ways: "
+                         "(double) binary tree, max degree " + str(max(len(a) for a in adj.values())))
+    if full >= 0.9 and n >= 3:
+        return G("all_to_all", V, full * 0.9, "all_to_all", why=f"{full:.0%} of ordered pairs carry data")
+    # stars
+    for c in V:
+        if len(ind[c]) == n - 1 and m == n - 1:
+            return G("p2p", [c] + [v for v in V if v != c], 0.8, "many_to_one",
+                     why=f"{n - 1} senders into one node, nothing back")
+        if len(outd[c]) == n - 1 and m == n - 1:
+            return G("p2p", [c] + [v for v in V if v != c], 0.8, "one_to_many",
+                     why=f"one node sends to {n - 1} nodes, nothing back")
+    # one-way chain
+    if all(len(outd[v]) <= 1 and len(ind[v]) <= 1 for v in V) and m == n - 1:
+        start = [v for v in V if not ind[v]]
+        if len(start) == 1:
+            order = [start[0]]
+            while outd[order[-1]]:
+                order.append(next(iter(outd[order[-1]])))
+            return G("p2p", order, 0.7, "chain", {"stages": order}, why="one-way chain")
+    return G("unknown", V, 0.0, None, why="no collective pattern fits")
+
+
+def _modal_slot(ctx, flows):
+    h = ctx.flows["msg_hist"][flows].astype(np.float64)
+    lb = np.array([L.slot_lower_bound(i) for i in range(h.shape[1])], dtype=np.float64)
+    return np.argmax(h * np.maximum(lb, 1), axis=1)
+
+
+def _cliques(ctx, flows, min_size=4):
+    """Greedy maximal complete bidirectional sub-graphs."""
+    src = ctx.nodes.src[flows]
+    dst = ctx.nodes.dst[flows]
+    E = set(zip(src.tolist(), dst.tolist()))
+    V = sorted(set(src.tolist()) | set(dst.tolist()))
+    nb = {v: {u for u in V if (v, u) in E and (u, v) in E} for v in V}
+    out = []
+    used = set()
+    for v in sorted(V, key=lambda x: -len(nb[x])):
+        if v in used:
+            continue
+        cl = [v]
+        cand = sorted(nb[v] - used, key=lambda x: -len(nb[x]))
+        for u in cand:
+            if all(u in nb[w] for w in cl):
+                cl.append(u)
+        if len(cl) >= min_size:
+            out.append(sorted(cl))
+            used |= set(cl)
+    return out
+
+
+def _fingerprints(ctx, flows):
+    """Cluster flows by (modal size slot, message count within 10 %)."""
+    if len(flows) == 0:
+        return []
+    slot = _modal_slot(ctx, flows)
+    msgs = ctx.fstat["n_data"][flows].astype(np.float64)
+    order = np.lexsort((msgs, slot))
+    clusters = []
+    cur = [order[0]]
+    for a, b in zip(order[:-1], order[1:]):
+        if slot[a] == slot[b] and msgs[b] <= max(msgs[a] * 1.1, msgs[a] + 2):
+            cur.append(b)
+        else:
+            clusters.append(cur)
+            cur = [b]
+    clusters.append(cur)
+    return [flows[np.array(c)] for c in clusters]
+
+
+def _layers(ctx, flows) -> list[np.ndarray]:
+    """Split flows into message-size layers when some node pair carries flows of sizes >= 8x
+    apart (two communicators on the same nodes, e.g. a DP ring and an EP all-to-all)."""
+    if len(flows) < 2:
+        return [flows]
+    slot = _modal_slot(ctx, flows)
+    nn = max(1, ctx.nodes.n)
+    key = ctx.nodes.src[flows].astype(np.int64) * nn + ctx.nodes.dst[flows]
+    o = np.lexsort((slot, key))
+    ks, ss = key[o], slot[o]
+    first = np.ones(len(ks), dtype=bool)
+    first[1:] = ks[1:] != ks[:-1]
+    starts = np.nonzero(first)[0]
+    ends = np.append(starts[1:], len(ks)) - 1
+    spread = ss[ends] - ss[starts]
+    if not (spread >= 3).any():
+        return [flows]
+    u = np.unique(slot)
+    cuts = u[1:][np.diff(u) >= 3]
+    lay = np.searchsorted(cuts, slot, side="right")
+    return [flows[lay == k] for k in np.unique(lay)]
+
+
+def _decompose(ctx, flows) -> list[Group]:
+    groups = []
+    rest = np.asarray(flows)
+    for cl in _cliques(ctx, rest):
+        cs = set(cl)
+        inside = np.array([int(ctx.nodes.src[f]) in cs and int(ctx.nodes.dst[f]) in cs for f in rest])
+        fin = rest[inside]
+        slot = _modal_slot(ctx, fin)
+        med = np.median(slot)
+        keep = np.abs(slot - med) < 3
+        g = match_pattern(ctx, fin[keep])
+        if g.kind == "all_to_all":
+            g.evidence.append("found as a complete sub-graph of a larger component")
+            groups.append(g)
+            rest = np.concatenate([rest[~inside], fin[~keep]])
+    if len(rest) == 0:
+        return groups
+    for fp in _fingerprints(ctx, rest):
+        es, ed = ctx.nodes.src[fp], ctx.nodes.dst[fp]
+        for comp in _components(ctx.nodes.n, es, ed):
+            cs = set(comp)
+            sub = fp[np.array([int(ctx.nodes.src[f]) in cs for f in fp])]
+            g = match_pattern(ctx, sub)
+            if g.kind != "unknown":
+                g.confidence = round(g.confidence * 0.9, 3)
+                g.evidence.append("separated from a mixed component by message size and count")
+            groups.append(g)
+    # merge unknown leftovers that share nodes into one unknown group each
+    return groups
+
+
+def discover(snap) -> list[Group]:
+    """All collective groups of a Snapshot (cached on its Context), largest first."""
+    ctx = context(snap)
+    cached = getattr(ctx, "_groups", None)
+    if cached is not None:
+        return cached
+    pid, ps, pd = ctx.pair_index
+    groups: list[Group] = []
+    data_flows = np.nonzero(ctx.data)[0]
+    if len(data_flows):
+        for comp in _components(ctx.nodes.n, ps, pd):
+            cs = np.zeros(ctx.nodes.n, dtype=bool)
+            cs[comp] = True
+            fl = data_flows[cs[ctx.nodes.src[data_flows]]]
+            layers = _layers(ctx, fl)
+            if len(layers) > 1:
+                for lf in layers:
+                    for sub in _components(ctx.nodes.n, ctx.nodes.src[lf], ctx.nodes.dst[lf]):
+                        ss = np.zeros(ctx.nodes.n, dtype=bool)
+                        ss[sub] = True
+                        sf = lf[ss[ctx.nodes.src[lf]]]
+                        g = match_pattern(ctx, sf)
+                        if g.kind == "unknown" or g.confidence < 0.6:
+                            dec = _decompose(ctx, sf)
+                            if dec and not (len(dec) == 1 and dec[0].kind == "unknown"):
+                                groups.extend(dec)
+                                continue
+                        g.evidence.append("separated from flows of another communicator on the same nodes "
+                                          "by message size")
+                        groups.append(g)
+                continue
+            g = match_pattern(ctx, fl)
+            if g.kind == "unknown" or g.confidence < 0.6:
+                dec = _decompose(ctx, fl)
+                if dec and not (len(dec) == 1 and dec[0].kind == "unknown"):
+                    groups.extend(dec)
+                    continue
+            groups.append(g)
+    vol = ctx.volume
+    groups.sort(key=lambda g: -float(vol[g.flows].sum()))
+    ctx._groups = groups
+    return groups

@@ -1,0 +1,132 @@
+"""Congestion and loss indicators per flow / QP, and PFC. Definitions: docs/metrics.md
+"Congestion and loss".
+
+    ce_fraction      CE-marked / ECN-capable packets of a flow (CE / packets when no packet
+                     is ECN-capable, which only happens when the marks are bogus)
+    cnp_rate_per_s   CNPs addressed to a QP per second of that QP's activity: CNPs of the
+                     flow (receiver -> sender, dest QP = the sender's QP) / the active span
+                     of the data flow it throttles (its partner), else of the flow itself
+    loss_rate        PSNs skipped / (request packets + PSNs skipped) of a data flow
+    naks             NAKs are sent by the responder on the reverse flow; they are counted
+                     there and attributed to the data flow through the QP-pair partner
+    pfc pause time   pause quanta x 512 bit times at the link speed (estimated: the fastest
+                     node pair's throughput over active time, rounded up to a standard
+                     Ethernet speed; overridable)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import layout as L
+from .context import context
+
+STANDARD_GBPS = (1, 10, 25, 40, 50, 100, 200, 400, 800, 1600)
+
+CONG_DTYPE = np.dtype([
+    ("ce", "<f8"), ("ecn_capable", "<f8"), ("ce_fraction", "<f8"),
+    ("cnp", "<f8"), ("cnp_rate_per_s", "<f8"),
+    ("psn_gaps", "<f8"), ("psn_skipped", "<f8"), ("retransmissions", "<f8"), ("loss_rate", "<f8"),
+    ("nak_seq", "<f8"), ("nak_rnr", "<f8"), ("nak_other", "<f8"),
+])
+
+
+def _span_s(fl, i):
+    return max(0.0, float(fl["last_ts"][i]) - float(fl["first_ts"][i])) / 1e9
+
+
+def flow_congestion(snap) -> np.ndarray:
+    """Per-flow congestion/loss indicators (CONG_DTYPE), counters scaled by the sampling
+    denominator."""
+    ctx = context(snap)
+    fl = ctx.flows
+    n = len(fl)
+    out = np.zeros(n, dtype=CONG_DTYPE)
+    if n == 0:
+        return out
+    sc = float(ctx.scale)
+    ce = fl["ce"].astype(np.float64)
+    ect = fl["ecn_capable"].astype(np.float64)
+    out["ce"] = ce * sc
+    out["ecn_capable"] = ect * sc
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["ce_fraction"] = np.where(ect > 0, ce / np.maximum(ect, 1), np.where(fl["packets"] > 0, ce / np.maximum(fl["packets"], 1), 0.0))
+    cnp = fl["cnp"].astype(np.float64)
+    out["cnp"] = cnp * sc
+    part = ctx.partner
+    span = (fl["last_ts"].astype(np.float64) - fl["first_ts"].astype(np.float64)) / 1e9
+    pspan = np.where(part >= 0, span[np.maximum(part, 0)], span)
+    den = np.where(pspan > 0, pspan, np.where(span > 0, span, ctx.duration_ns / 1e9))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["cnp_rate_per_s"] = np.where(cnp > 0, cnp * sc / np.maximum(den, 1e-9), 0.0)
+    out["psn_gaps"] = fl["psn_gaps"] * sc
+    out["psn_skipped"] = fl["psn_skipped"] * sc
+    out["retransmissions"] = fl["retransmissions"] * sc
+    req = (fl["op"][:, L.OPC_SEND] + fl["op"][:, L.OPC_WRITE] + fl["op"][:, L.OPC_READ_REQ]
+           + fl["op"][:, L.OPC_ATOMIC]).astype(np.float64)
+    sk = fl["psn_skipped"].astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["loss_rate"] = np.where(sk > 0, sk / np.maximum(req + sk, 1), 0.0)
+    out["nak_seq"] = fl["nak_seq"] * sc
+    out["nak_rnr"] = fl["nak_rnr"] * sc
+    out["nak_other"] = fl["nak_other"] * sc
+    return out
+
+
+def link_speed_bps(snap, override_gbps: float | None = None) -> float | None:
+    """Estimated Ethernet link speed: the highest node-pair throughput over active time,
+    x 1.03 for headers, rounded up to a standard speed. None without timing data."""
+    if override_gbps:
+        return float(override_gbps) * 1e9
+    ctx = context(snap)
+    from .matrix import link_rates
+    lr = link_rates(ctx)
+    vals = []
+    if len(lr):
+        t = lr["throughput_bps"][np.isfinite(lr["throughput_bps"])]
+        r = lr["rate_bps"][np.isfinite(lr["rate_bps"])]
+        vals = list(t) + list(r)
+    if not vals:
+        return None
+    top = max(vals) * 1.03 / 1e9
+    for s in STANDARD_GBPS:
+        if top <= s * 1.02:
+            return s * 1e9
+    return STANDARD_GBPS[-1] * 1e9
+
+
+def pfc_summary(snap, link_gbps: float | None = None) -> dict:
+    """PFC per priority: pause / resume frames, quanta, pause time (s) and the share of the
+    capture it covers (an upper bound: pauses of one priority may overlap)."""
+    ctx = context(snap)
+    g = ctx.snap.globals
+    sc = float(ctx.scale)
+    bps = link_speed_bps(ctx, link_gbps)
+    dur = ctx.duration_ns / 1e9
+    pr = []
+    for p in range(8):
+        q = float(g[L.G_PFC_QUANTA + p]) * sc
+        t = q * 512 / bps if bps else None
+        pr.append({"priority": p, "pause_frames": int(g[L.G_PFC_PAUSE + p] * sc),
+                   "resume_frames": int(g[L.G_PFC_XON + p] * sc), "quanta": int(q),
+                   "pause_s": t, "pause_fraction": (min(1.0, t / dur) if t is not None and dur > 0 else None)})
+    return {"frames": int(g[L.G_PFC] * sc), "global_pause_frames": int(g[L.G_PAUSE] * sc),
+            "link_gbps_est": None if bps is None else bps / 1e9, "per_priority": pr}
+
+
+def node_stalls(snap) -> dict:
+    """Per node: stalled-message time on its inbound and outbound data flows (ns), the
+    longest stall each way, and their counts."""
+    ctx = context(snap)
+    n = ctx.nodes.n
+    st = ctx.fstat
+    d = ctx.data
+    src, dst = ctx.nodes.src[d], ctx.nodes.dst[d]
+    res = {}
+    for name, idx in (("in", dst), ("out", src)):
+        res[f"{name}_stall_ns"] = np.bincount(idx, weights=st["stall_ns"][d], minlength=n)
+        res[f"{name}_stall_n"] = np.bincount(idx, weights=st["stall_n"][d], minlength=n)
+        mx = np.zeros(n)
+        np.maximum.at(mx, idx, st["stall_max_ns"][d])
+        res[f"{name}_stall_max_ns"] = mx
+        res[f"{name}_busy_ns"] = np.bincount(idx, weights=st["busy_ns"][d], minlength=n)
+    return res

@@ -1,0 +1,417 @@
+"""Per-flow building blocks every metric uses: nodes, flow roles, QP-pair partners and
+per-flow message statistics over active time (numba over the Snapshot's arrays).
+
+Definitions (docs/metrics.md "Flows"):
+
+* node: one IP address (RoCEv1: GID); flows are (src node, dst node, dest QP).
+* role of a flow:
+    data          carries the job's bytes: WRITE/SEND messages larger than a CTS, READ
+                  responses, or small messages that have no bigger partner going the other way
+    cts           NCCL clear-to-send: only WRITE messages of <= 512 bytes (n x 64-byte FIFO
+                  elements, n <= 8) while the reverse direction of the node pair carries
+                  bigger messages. Its direction is the reverse of the data.
+    ack           no messages, only ACK/NAK (and maybe CNP) packets: responder -> requester
+    read_request  only RDMA READ requests (the data comes back as READ responses)
+    cnp           only CNPs
+    management    dest QP 1 (GSI: connection management MADs)
+    other         anything else
+* partner: the flow of the same QP pair in the other direction, from the UDP source port
+  (mlx5 derives it symmetrically from both QP numbers, so both directions share it) when it
+  is unique for the node pair in both directions, else by elimination when the node pair
+  has one flow each way. -1 when unknown.
+* message on-wire interval: [start, end + pkt_ns]: a record spans the first to the last
+  packet's timestamp, i.e. n-1 packet times for an n-packet message; pkt_ns, the flow's
+  packet time, is estimated from its multi-packet messages (sum(end-start)/sum(n-1)), with
+  n = ceil(bytes / IB MTU) and the IB MTU inferred per flow (the candidate 256..4096 whose
+  packet count best matches the flow's WRITE/SEND packet counter).
+* rate over active time (rate_bps): 8 * sum(bytes) / sum(on-wire time) over the flow's
+  multi-packet messages: the payload rate while the flow is sending, independent of idle
+  time, capture length and single-packet messages (which carry no timing).
+* busy_ns: union of the flow's message on-wire intervals.
+* stalled message: on-wire time >= 2x what the flow's median per-message rate predicts;
+  stall_ns sums the excess over the stalled messages (PFC pauses, link flaps, queueing).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from .. import layout as L
+from ..snapshot import ip_str
+
+ROLE_DATA, ROLE_CTS, ROLE_ACK, ROLE_READ_REQ, ROLE_CNP, ROLE_MGMT, ROLE_OTHER = range(7)
+ROLE_NAMES = ("data", "cts", "ack", "read_request", "cnp", "management", "other")
+CTS_MAX_BYTES = 512
+MTU_CANDIDATES = np.array([256, 512, 1024, 2048, 4096], dtype=np.int64)
+STRETCH = 2.0
+
+FSTAT_DTYPE = np.dtype([
+    ("n_rec", "<i8"),          # message records of the flow
+    ("rec_bytes", "<f8"),      # their bytes
+    ("n_data", "<i8"),         # WRITE/SEND records
+    ("data_bytes", "<f8"),
+    ("n_multi", "<i8"),        # multi-packet WRITE/SEND records (carry timing)
+    ("multi_bytes", "<f8"),
+    ("wire_ns", "<f8"),        # their on-wire time (n/(n-1) corrected)
+    ("mtu", "<i8"),            # inferred IB MTU
+    ("pkt_ns", "<f8"),         # packet time
+    ("rate_bps", "<f8"),       # payload rate over active time (NaN: no multi-packet message)
+    ("busy_ns", "<f8"),        # union of on-wire intervals
+    ("first_start", "<f8"),
+    ("last_end", "<f8"),
+    ("stall_n", "<i8"),
+    ("stall_ns", "<f8"),
+    ("stall_max_ns", "<f8"),
+    ("rate_med_bps", "<f8"),   # median per-message rate (robust to a few stalled messages)
+])
+
+
+# ---- nodes ---------------------------------------------------------------------------
+class Nodes:
+    """Node table: ips[i] (strings as in report "flows"), src[f]/dst[f] node of each flow."""
+
+    def __init__(self, ips, src, dst):
+        self.ips = ips
+        self.src = src
+        self.dst = dst
+
+    @property
+    def n(self) -> int:
+        return len(self.ips)
+
+    def index(self, ip: str) -> int:
+        return self.ips.index(ip)
+
+
+def node_index(flows: np.ndarray) -> Nodes:
+    """Unique addresses of a flow table -> Nodes (sorted by address bytes)."""
+    n = len(flows)
+    if n == 0:
+        return Nodes([], np.zeros(0, np.int32), np.zeros(0, np.int32))
+    a = np.concatenate([np.ascontiguousarray(flows["src"]), np.ascontiguousarray(flows["dst"])])
+    w = a.view(">u8").reshape(-1, 2)
+    order = np.lexsort((w[:, 1], w[:, 0]))
+    ws = w[order]
+    newk = np.ones(len(ws), dtype=bool)
+    newk[1:] = (ws[1:, 0] != ws[:-1, 0]) | (ws[1:, 1] != ws[:-1, 1])
+    ids = np.cumsum(newk) - 1
+    inv = np.empty(len(ws), dtype=np.int32)
+    inv[order] = ids
+    firsts = order[newk]
+    ipver = np.concatenate([flows["ipver"], flows["ipver"]])
+    ips = [ip_str(a[i], int(ipver[i])) for i in firsts]
+    return Nodes(ips, inv[:n].astype(np.int32), inv[n:].astype(np.int32))
+
+
+# ---- per-flow message statistics -----------------------------------------------------
+@njit(cache=True, nogil=True)
+def _csr_by_flow(ev_flow, nflows):
+    """Counting sort of events by flow (stable: keeps start_ts order within a flow)."""
+    cnt = np.zeros(nflows + 1, dtype=np.int64)
+    n = ev_flow.shape[0]
+    for i in range(n):
+        f = ev_flow[i]
+        if 0 <= f < nflows:
+            cnt[f + 1] += 1
+    for f in range(nflows):
+        cnt[f + 1] += cnt[f]
+    off = cnt.copy()
+    pos = cnt[:nflows].copy()
+    order = np.empty(off[nflows], dtype=np.int64)
+    for i in range(n):
+        f = ev_flow[i]
+        if 0 <= f < nflows:
+            order[pos[f]] = i
+            pos[f] += 1
+    return order, off
+
+
+@njit(cache=True, nogil=True)
+def _npk(b, mtu):
+    k = (b + mtu - 1) // mtu
+    return k if k >= 1 else 1
+
+
+@njit(cache=True, nogil=True)
+def _flow_stats_kernel(order, off, ev_op, ev_start, ev_end, ev_bytes, req_pkts, mtus, out_i, out_f):
+    """out_i[f] = n_rec, n_data, n_multi, mtu, stall_n; out_f[f] = rec_bytes, data_bytes,
+    multi_bytes, wire_ns, pkt_ns, rate_bps, busy_ns, first_start, last_end, stall_ns,
+    stall_max_ns, rate_med_bps."""
+    nflows = off.shape[0] - 1
+    nm = mtus.shape[0]
+    pk = np.zeros(nm, dtype=np.int64)
+    maxlen = 0
+    for f in range(nflows):
+        if off[f + 1] - off[f] > maxlen:
+            maxlen = off[f + 1] - off[f]
+    rbuf = np.empty(maxlen, dtype=np.float64)
+    for f in range(nflows):
+        a = off[f]
+        b = off[f + 1]
+        n_rec = b - a
+        rec_bytes = 0.0
+        n_data = 0
+        data_bytes = 0.0
+        for c in range(nm):
+            pk[c] = 0
+        first = np.inf
+        last = -np.inf
+        for k in range(a, b):
+            e = order[k]
+            by = np.int64(ev_bytes[e])
+            rec_bytes += by
+            s = float(ev_start[e])
+            t = float(ev_end[e])
+            if s < first:
+                first = s
+            if t > last:
+                last = t
+            op = ev_op[e]
+            if op == 0 or op == 1:  # SEND / WRITE
+                n_data += 1
+                data_bytes += by
+                for c in range(nm):
+                    pk[c] += _npk(by, mtus[c])
+        # IB MTU: the candidate whose packet count is closest to the observed one (ties: larger)
+        mtu = mtus[nm - 1]
+        if n_data > 0 and req_pkts[f] > 0:
+            best = -1
+            for c in range(nm - 1, -1, -1):
+                d = abs(pk[c] - req_pkts[f])
+                if best < 0 or d < best:
+                    best = d
+                    mtu = mtus[c]
+        n_multi = 0
+        multi_bytes = 0.0
+        wire = 0.0
+        span = 0.0
+        gaps = 0.0
+        nr = 0
+        for k in range(a, b):
+            e = order[k]
+            op = ev_op[e]
+            if op != 0 and op != 1:
+                continue
+            by = np.int64(ev_bytes[e])
+            npk = _npk(by, mtu)
+            d = float(ev_end[e]) - float(ev_start[e])
+            if npk >= 2 and d > 0:
+                n_multi += 1
+                multi_bytes += by
+                w = d * npk / (npk - 1)
+                wire += w
+                span += d
+                gaps += npk - 1
+                rbuf[nr] = by / w
+                nr += 1
+        pkt = span / gaps if gaps > 0 else 0.0
+        rate = multi_bytes * 8e9 / wire if wire > 0 else np.nan
+        # busy: union of [start, end + pkt]
+        busy = 0.0
+        cs = -1.0
+        ce = -1.0
+        for k in range(a, b):
+            e = order[k]
+            s = float(ev_start[e])
+            t = float(ev_end[e]) + pkt
+            if cs < 0:
+                cs = s
+                ce = t
+            elif s > ce:
+                busy += ce - cs
+                cs = s
+                ce = t
+            elif t > ce:
+                ce = t
+        if cs >= 0:
+            busy += ce - cs
+        # stalls against the median per-message rate
+        stall_n = 0
+        stall = 0.0
+        stall_max = 0.0
+        med = np.nan
+        if nr >= 1:
+            med = np.median(rbuf[:nr])
+        if nr >= 3:
+            if med > 0:
+                for k in range(a, b):
+                    e = order[k]
+                    op = ev_op[e]
+                    if op != 0 and op != 1:
+                        continue
+                    by = np.int64(ev_bytes[e])
+                    npk = _npk(by, mtu)
+                    d = float(ev_end[e]) - float(ev_start[e])
+                    if npk < 2 or d <= 0:
+                        continue
+                    w = d * npk / (npk - 1)
+                    exp = by / med
+                    if w >= STRETCH * exp:
+                        stall_n += 1
+                        stall += w - exp
+                        if w - exp > stall_max:
+                            stall_max = w - exp
+        out_i[f, 0] = n_rec
+        out_i[f, 1] = n_data
+        out_i[f, 2] = n_multi
+        out_i[f, 3] = mtu
+        out_i[f, 4] = stall_n
+        out_f[f, 0] = rec_bytes
+        out_f[f, 1] = data_bytes
+        out_f[f, 2] = multi_bytes
+        out_f[f, 3] = wire
+        out_f[f, 4] = pkt
+        out_f[f, 5] = rate
+        out_f[f, 6] = busy
+        out_f[f, 7] = first if n_rec > 0 else np.nan
+        out_f[f, 8] = last if n_rec > 0 else np.nan
+        out_f[f, 9] = stall
+        out_f[f, 10] = stall_max
+        out_f[f, 11] = med * 8e9 if nr >= 1 else np.nan
+
+
+def flow_event_stats(snap) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-flow message statistics (FSTAT_DTYPE) + the CSR grouping of events by flow
+    (order, offsets: events of flow f are events[order[off[f]:off[f+1]]], in start order)."""
+    fl, ev = snap.flows, snap.events
+    nf = len(fl)
+    order, off = _csr_by_flow(np.ascontiguousarray(ev["flow"]), nf)
+    req = (fl["op"][:, L.OPC_SEND] + fl["op"][:, L.OPC_WRITE]).astype(np.int64) if nf else np.zeros(0, np.int64)
+    oi = np.zeros((nf, 5), dtype=np.int64)
+    of = np.zeros((nf, 12), dtype=np.float64)
+    if nf:
+        _flow_stats_kernel(order, off, np.ascontiguousarray(ev["opclass"]), np.ascontiguousarray(ev["start_ts"]),
+                           np.ascontiguousarray(ev["end_ts"]), np.ascontiguousarray(ev["bytes"]), req,
+                           MTU_CANDIDATES, oi, of)
+    st = np.zeros(nf, dtype=FSTAT_DTYPE)
+    for k, name in enumerate(("n_rec", "n_data", "n_multi", "mtu", "stall_n")):
+        st[name] = oi[:, k]
+    for k, name in enumerate(("rec_bytes", "data_bytes", "multi_bytes", "wire_ns", "pkt_ns", "rate_bps", "busy_ns",
+                              "first_start", "last_end", "stall_ns", "stall_max_ns", "rate_med_bps")):
+        st[name] = of[:, k]
+    return st, order, off
+
+
+# ---- roles and partners ----------------------------------------------------------------
+def _mean_msg(fl) -> np.ndarray:
+    m = fl["messages"].astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(m > 0, fl["msg_bytes"] / np.maximum(m, 1), 0.0)
+
+
+def _max_msg_slot(fl) -> np.ndarray:
+    h = fl["msg_hist"]
+    nz = h > 0
+    last = np.where(nz.any(axis=1), h.shape[1] - 1 - np.argmax(nz[:, ::-1], axis=1), -1)
+    return last
+
+
+def partners_by_sport(fl, nodes: Nodes) -> np.ndarray:
+    """Partner flow (other direction of the QP pair) from the shared UDP source port; -1."""
+    n = len(fl)
+    out = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return out
+    s = nodes.src.astype(np.int64)
+    d = nodes.dst.astype(np.int64)
+    sp = fl["sport"].astype(np.int64)
+    key = (s << 40) | (d << 17) | sp
+    rkey = (d << 40) | (s << 17) | sp
+    order = np.argsort(key, kind="stable")
+    ks = key[order]
+    uk, cnt = np.unique(ks, return_counts=True)
+    pos_k = np.searchsorted(uk, key)
+    cnt_self = cnt[pos_k]
+    pos_r = np.searchsorted(uk, rkey)
+    pos_r_c = np.minimum(pos_r, len(uk) - 1)
+    found = (pos_r < len(uk)) & (uk[pos_r_c] == rkey)
+    cnt_rev = np.where(found, cnt[pos_r_c], 0)
+    ok = (sp != 0) & (cnt_self == 1) & (cnt_rev == 1) & (s != d)
+    idx = np.searchsorted(ks, rkey[ok])
+    out[ok] = order[idx]
+    return out
+
+
+def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = None) -> np.ndarray:
+    """Role of every flow (ROLE_* codes, names in ROLE_NAMES). See the module docstring."""
+    fl = snap.flows
+    n = len(fl)
+    roles = np.full(n, ROLE_OTHER, dtype=np.int8)
+    if n == 0:
+        return roles
+    if nodes is None:
+        nodes = node_index(fl)
+    if partner is None:
+        partner = partners_by_sport(fl, nodes)
+    op = fl["op"]
+    msgs = fl["messages"]
+    wmsg = op[:, L.OPC_WRITE] > 0
+    smsg = op[:, L.OPC_SEND] > 0
+    rreq = op[:, L.OPC_READ_REQ]
+    rresp_payload = (op[:, L.OPC_READ_RESP] > 0) & (fl["payload_bytes"] > 0)
+    mean = _mean_msg(fl)
+    maxslot = _max_msg_slot(fl)
+    small = (msgs > 0) & (maxslot >= 0) & (maxslot <= 10) & (mean <= CTS_MAX_BYTES)  # < 1024 B each
+    has_msgs = (msgs > 0) & (wmsg | smsg)
+    # candidate data
+    roles[has_msgs] = ROLE_DATA
+    roles[rresp_payload & ~has_msgs] = ROLE_DATA
+    only_req = (rreq > 0) & ~has_msgs & ~rresp_payload
+    roles[only_req] = ROLE_READ_REQ
+    ctrl = ~has_msgs & ~rresp_payload & ~only_req
+    cnp_only = ctrl & (op[:, L.OPC_CNP] == fl["packets"]) & (fl["packets"] > 0)
+    roles[cnp_only] = ROLE_CNP
+    ack = ctrl & ~cnp_only & ((op[:, L.OPC_ACK] + op[:, L.OPC_ATOMIC_ACK]) > 0)
+    roles[ack] = ROLE_ACK
+    # CTS: small WRITE-only messages facing bigger messages the other way
+    big = has_msgs & ~small
+    # node pairs (directed) that carry big messages
+    s = nodes.src.astype(np.int64)
+    d = nodes.dst.astype(np.int64)
+    nn = max(1, nodes.n)
+    big_pairs = np.unique((s[big] * nn + d[big]))
+    rev_key = d * nn + s
+    rev_big = np.isin(rev_key, big_pairs)
+    cand = small & wmsg & ~smsg & (rreq == 0)
+    has_p = partner >= 0
+    p_big = np.zeros(n, dtype=bool)
+    p_big[has_p] = big[partner[has_p]]
+    cts = cand & np.where(has_p, p_big, rev_big)
+    roles[cts] = ROLE_CTS
+    roles[fl["dest_qp"] == 1] = ROLE_MGMT
+    return roles
+
+
+def partners(fl, nodes: Nodes, roles: np.ndarray, by_sport: np.ndarray) -> np.ndarray:
+    """by_sport, completed by elimination: a node pair with exactly one data flow one way and
+    exactly one non-data (cts/ack/cnp) flow the other way pairs them."""
+    out = by_sport.copy()
+    n = len(fl)
+    if n == 0:
+        return out
+    nn = max(1, nodes.n)
+    s = nodes.src.astype(np.int64)
+    d = nodes.dst.astype(np.int64)
+    data = roles == ROLE_DATA
+    ctrl = (roles == ROLE_CTS) | (roles == ROLE_ACK) | (roles == ROLE_CNP) | (roles == ROLE_READ_REQ)
+    key = s * nn + d
+    # counts per directed pair
+    kd, cd = np.unique(key[data], return_counts=True)
+    kc, cc = np.unique(key[ctrl], return_counts=True)
+    one_d = set(kd[cd == 1].tolist())
+    one_c = set(kc[cc == 1].tolist())
+    need = np.nonzero((out < 0) & data)[0]
+    if len(need) == 0:
+        return out
+    ctrl_idx = {int(key[i]): int(i) for i in np.nonzero(ctrl)[0] if int(key[i]) in one_c}
+    for i in need:
+        k = int(key[i])
+        rk = int(d[i] * nn + s[i])
+        if k in one_d and rk in ctrl_idx:
+            j = ctrl_idx[rk]
+            if out[j] < 0:
+                out[i] = j
+                out[j] = i
+    return out

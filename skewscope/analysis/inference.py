@@ -1,0 +1,144 @@
+"""Inference metrics of a collective group: decode cadence, its tail, prefill
+interference, the slow tensor-parallel shard. Definitions: docs/metrics.md "Inference".
+
+* decode group: a group whose collectives (bursts at the lowest natural break of its
+  activity) come at a fast rhythm: >= decode.min_collectives (16), median interval between
+  them <= decode.max_interval_s (5 ms), and idle in between (median collective duration
+  <= decode.max_duty (0.5) x the median interval; back-to-back bursts are the steps of one
+  large collective).
+* prefill messages: messages >= max(64 KiB, 8 x the group's median message size) in a group
+  that also has small ones; the decode cadence is measured on the other messages only.
+* cadence: intervals between consecutive decode collectives (burst starts) inside the
+  same iteration (token) when the activity also has a longer, regular period: p50, p99,
+  max; collectives_per_s = 1 / p50. With such a period, the token interval is that period
+  (token_source "iterations"). Per-token time needs the collectives per token (2 x layers
+  for tensor-parallel decode), from decode.collectives_per_token when given; otherwise
+  null (token boundaries are not visible on the wire when the per-layer collectives are
+  evenly spaced).
+* decode_jitter_ratio: p99 / p50 of the intervals.
+* prefill interference: intervals > 1.5 x p50 during which prefill messages are on the wire
+  between the same ranks; stall_s sums (interval - p50) over them; stall_share divides by the
+  decode span.
+* slow TP shard: the member whose first message of each collective starts latest relative
+  to the collective's median member (median over collectives), as a sender.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .context import context
+from .intervals import merge_sorted
+from .timing import group_timing
+
+KiB = 1024
+
+
+def prefill_split(ctx, flows):
+    """(is_prefill per event or None, threshold bytes)."""
+    fm = np.zeros(len(ctx.flows), dtype=bool)
+    fm[flows] = True
+    f = ctx.ev_flow
+    ok = ctx.ev_data.copy()
+    ok[ok] &= fm[f[ok]]
+    by = ctx.events["bytes"]
+    sizes = by[ok]
+    if len(sizes) < 8:
+        return None, None
+    med = float(np.median(sizes))
+    thr = max(64 * KiB, 8 * med)
+    big = ok & (by >= thr)
+    nbig = int(big.sum())
+    if nbig == 0 or nbig == int(ok.sum()):
+        return None, None
+    return big, thr
+
+
+def decode_metrics(snap, g, th: dict) -> dict | None:
+    """Decode cadence / prefill / slow shard metrics of a group, or None if it is not a
+    decode-like group."""
+    ctx = context(snap)
+    fm = np.zeros(len(ctx.flows), dtype=bool)
+    fm[g.flows] = True
+    big, thr = prefill_split(ctx, g.flows)
+    dmask = None if big is None else ~big
+    tm, tinfo = group_timing(ctx, fm, members=g.members, ev_mask=dmask, level="collective")
+    bs, be = tinfo["bursts_start"], tinfo["bursts_end"]
+    if len(bs) < int(th["min_collectives"]):
+        return None
+    # iterations (tokens, or prefill cycles) above the collective level, when there are any
+    tm_it, ti_it = group_timing(ctx, fm, ev_mask=dmask)
+    its = ti_it["bursts_start"]
+    d_all = np.diff(bs)
+    if 2 <= len(its) < len(bs):
+        it_of = np.searchsorted(its, bs, side="right") - 1
+        within = it_of[1:] == it_of[:-1]
+        d = d_all[within]
+    else:
+        d = d_all
+    if len(d) < 2:
+        return None
+    p50 = float(np.median(d))
+    if p50 <= 0 or p50 > float(th["max_interval_s"]) * 1e9:
+        return None
+    # a decode rhythm idles between collectives (compute); back-to-back bursts are the steps
+    # of one big collective, not decode
+    if float(np.median(be - bs)) > float(th["max_duty"]) * p50:
+        return None
+    p99 = float(np.percentile(d, 99))
+    out = {"workload": "decode", "collectives": int(len(bs)),
+           "collectives_per_s": 1e9 / p50,
+           "collective_interval_p50_s": p50 / 1e9, "collective_interval_p99_s": p99 / 1e9,
+           "collective_interval_max_s": float(d.max()) / 1e9,
+           "collective_busy_p50_s": float(np.median(be - bs)) / 1e9,
+           "collective_busy_p99_s": float(np.percentile(be - bs, 99)) / 1e9,
+           "decode_jitter_ratio": p99 / p50}
+    cpt = th.get("collectives_per_token") or 0
+    tok_src = None
+    out["token_interval_s"] = None
+    out["tokens_per_s"] = None
+    if cpt:
+        tok_src = "threshold"
+        out["token_interval_s"] = cpt * p50 / 1e9
+        out["tokens_per_s"] = 1e9 / (cpt * p50)
+    elif 2 <= len(its) < len(bs) and tm_it.get("period_s") and big is None:
+        tok_src = "iterations"
+        out["token_interval_s"] = tm_it["period_s"]
+        out["tokens_per_s"] = 1.0 / tm_it["period_s"]
+        out["token_jitter_s"] = tm_it.get("period_jitter_s")
+        out["collectives_per_token"] = round(len(bs) / len(its), 2)
+    out["token_source"] = tok_src
+    # prefill interference
+    if big is not None:
+        f = ctx.ev_flow
+        pb = big
+        ps, pe, _ = merge_sorted(np.ascontiguousarray(ctx.ev_start[pb]), np.ascontiguousarray(ctx.ev_end[pb]), 0.0)
+        pps, ppe, _ = merge_sorted(ps, pe, max(1e3, p50 * 0.5))
+        stretched = np.nonzero(d_all > 1.5 * p50)[0]
+        d = d_all
+        hit = []
+        for i in stretched:
+            a, b = be[i], bs[i + 1]
+            j = np.searchsorted(ppe, a, side="left")
+            if j < len(pps) and pps[j] < b:
+                hit.append(i)
+        stall = float(np.sum(d[hit] - p50)) if hit else 0.0
+        span = float(bs[-1] - bs[0]) if len(bs) > 1 else 1.0
+        out["prefill"] = {"threshold_bytes": int(thr), "bursts": int(len(pps)),
+                          "bytes": int(ctx.events["bytes"][pb].sum()),
+                          "interfered_intervals": int(len(hit)), "stretched_intervals": int(len(stretched)),
+                          "stall_s": stall / 1e9, "stall_share": stall / span if span > 0 else 0.0,
+                          "max_interval_s": float(d[hit].max()) / 1e9 if hit else None}
+        # cadence without the interfered intervals
+        clean = np.delete(d, hit) if hit else d
+        if len(clean):
+            out["collective_interval_p99_clean_s"] = float(np.percentile(clean, 99)) / 1e9
+    lags = tinfo.get("start_lag_ns")
+    ips = ctx.nodes.ips
+    if lags is not None:
+        out["member_start_lag_s"] = {ips[m]: (None if not np.isfinite(v) else float(v) / 1e9)
+                                     for m, v in zip(g.members, lags)}
+        if np.isfinite(lags).any():
+            k = int(np.nanargmax(lags))
+            out["slowest_shard"] = {"ip": ips[g.members[k]], "start_lag_s": float(lags[k]) / 1e9}
+    out["_tinfo"] = tinfo
+    return out

@@ -1,0 +1,135 @@
+"""Node-level views: traffic matrix, per-link (directed node pair) rates, per-node
+in/out volumes and stalls, incast degree. Data flows only (CTS/ACK/CNP flows never count
+as volume). Definitions: docs/metrics.md "Links and matrices".
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import layout as L
+from .context import context
+from .intervals import concurrency_sweep, keyed_intervals
+
+
+def node_matrix(snap, flow_mask=None, t_range=None):
+    """(ips, M) with M[i, j] = data bytes from node i to node j (payload bytes of data
+    flows; with t_range=(t0, t1) in ns: bytes of the data messages starting in it).
+    flow_mask restricts to a subset of flows (e.g. one collective group)."""
+    ctx = context(snap)
+    n = ctx.nodes.n
+    m = np.zeros((n, n))
+    if n == 0:
+        return ctx.nodes.ips, m
+    sel = ctx.data if flow_mask is None else (ctx.data & flow_mask)
+    if t_range is None:
+        np.add.at(m, (ctx.nodes.src[sel], ctx.nodes.dst[sel]), ctx.volume[sel])
+        return ctx.nodes.ips, m
+    f = ctx.ev_flow
+    ok = ctx.ev_data & (ctx.ev_start >= t_range[0]) & (ctx.ev_start < t_range[1])
+    ok[ok] &= sel[f[ok]]
+    ff = f[ok]
+    np.add.at(m, (ctx.nodes.src[ff], ctx.nodes.dst[ff]), ctx.events["bytes"][ok].astype(np.float64))
+    return ctx.nodes.ips, m
+
+
+LINK_DTYPE = np.dtype([
+    ("src", "<i8"), ("dst", "<i8"),          # node indices
+    ("flows", "<i8"),                        # data flows (QPs) of the pair
+    ("bytes", "<f8"), ("messages", "<i8"),
+    ("rate_bps", "<f8"),                     # per-QP payload rate over active time
+    ("busy_ns", "<f8"),                      # union of the pair's message on-wire time
+    ("throughput_bps", "<f8"),               # 8 * bytes / busy_ns: the pair's rate while active
+    ("first_ns", "<f8"), ("last_ns", "<f8"),
+    ("ce", "<f8"), ("ecn_capable", "<f8"),   # data flows' packets
+    ("cnp", "<f8"),                          # CNPs to the data senders' QPs (partner flows)
+    ("psn_gaps", "<f8"), ("retransmissions", "<f8"),
+    ("naks", "<f8"),                         # NAKs on the partner flows
+    ("stall_n", "<i8"), ("stall_ns", "<f8"), ("stall_max_ns", "<f8"),
+])
+
+
+def link_rates(snap) -> np.ndarray:
+    """One row per directed node pair carrying data (LINK_DTYPE)."""
+    ctx = context(snap)
+    pid, ps, pd = ctx.pair_index
+    n = len(ps)
+    out = np.zeros(n, dtype=LINK_DTYPE)
+    if n == 0:
+        return out
+    out["src"] = ps
+    out["dst"] = pd
+    d = pid >= 0
+    p = pid[d]
+    fl = ctx.flows
+    st = ctx.fstat
+    out["flows"] = np.bincount(p, minlength=n)
+    out["bytes"] = np.bincount(p, weights=ctx.volume[d], minlength=n)
+    out["messages"] = np.bincount(p, weights=st["n_data"][d], minlength=n).astype(np.int64)
+    mb = np.bincount(p, weights=st["multi_bytes"][d], minlength=n)
+    wn = np.bincount(p, weights=st["wire_ns"][d], minlength=n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["rate_bps"] = np.where(wn > 0, mb * 8e9 / np.maximum(wn, 1e-9), np.nan)
+    busy, first, last = ctx.pair_busy
+    out["busy_ns"] = busy
+    out["first_ns"] = first
+    out["last_ns"] = last
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["throughput_bps"] = np.where(busy > 0, out["bytes"] * 8e9 / np.maximum(busy, 1e-9), np.nan)
+    for name, col in (("ce", "ce"), ("ecn_capable", "ecn_capable"), ("psn_gaps", "psn_gaps"),
+                      ("retransmissions", "retransmissions")):
+        out[name] = np.bincount(p, weights=fl[col][d].astype(np.float64), minlength=n)
+    part = ctx.partner[d]
+    hp = part >= 0
+    cnp = np.zeros(len(p))
+    naks = np.zeros(len(p))
+    cnp[hp] = fl["cnp"][part[hp]]
+    naks[hp] = (fl["nak_seq"] + fl["nak_rnr"] + fl["nak_other"])[part[hp]]
+    out["cnp"] = np.bincount(p, weights=cnp, minlength=n)
+    out["naks"] = np.bincount(p, weights=naks, minlength=n)
+    out["stall_n"] = np.bincount(p, weights=st["stall_n"][d], minlength=n).astype(np.int64)
+    out["stall_ns"] = np.bincount(p, weights=st["stall_ns"][d], minlength=n)
+    mx = np.zeros(n)
+    np.maximum.at(mx, p, st["stall_max_ns"][d])
+    out["stall_max_ns"] = mx
+    return out
+
+
+def node_volumes(snap):
+    """Per node: (bytes out, bytes in) over data flows."""
+    ctx = context(snap)
+    n = ctx.nodes.n
+    out = np.bincount(ctx.nodes.src, weights=ctx.volume, minlength=n) if n else np.zeros(0)
+    inn = np.bincount(ctx.nodes.dst, weights=ctx.volume, minlength=n) if n else np.zeros(0)
+    return out, inn
+
+
+def incast_degree(snap, flow_mask=None):
+    """Concurrent senders per destination node, from the data messages' on-wire intervals
+    merged per (source node -> destination node). Returns a dict of arrays indexed by node:
+    max_senders, mean_senders (time-weighted over the time the node receives), multi_ns
+    (time with >= 2 senders at once), active_ns (time receiving), at_max_ns."""
+    ctx = context(snap)
+    n = ctx.nodes.n
+    z = {"max_senders": np.zeros(n, np.int64), "mean_senders": np.zeros(n), "multi_ns": np.zeros(n),
+         "active_ns": np.zeros(n), "at_max_ns": np.zeros(n)}
+    pid, ps, pd = ctx.pair_index
+    if n == 0 or len(ps) == 0 or len(ctx.events) == 0:
+        return z
+    f = ctx.ev_flow
+    ok = ctx.ev_data.copy()
+    if flow_mask is not None:
+        ok[ok] &= flow_mask[f[ok]]
+    key = np.where(ok, pid[np.maximum(f, 0)], -1)
+    off, ivs, ive, _ = keyed_intervals(key, ctx.ev_start, ctx.ev_end, len(ps), 0.0)
+    cnt = np.diff(off)
+    pair_of = np.repeat(np.arange(len(ps)), cnt)
+    dst = pd[pair_of]
+    src = ps[pair_of]
+    m = len(ivs)
+    k = np.concatenate([dst, dst])
+    t = np.concatenate([ivs, ive])
+    dl = np.concatenate([np.ones(m, np.int64), -np.ones(m, np.int64)])
+    s = np.concatenate([src, src])
+    o = np.lexsort((dl, t, k))
+    mx, mean, multi, active, at_max = concurrency_sweep(k[o], t[o], dl[o], s[o], n, n)
+    return {"max_senders": mx, "mean_senders": mean, "multi_ns": multi, "active_ns": active, "at_max_ns": at_max}

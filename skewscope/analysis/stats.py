@@ -1,0 +1,187 @@
+"""Skew statistics of a vector (numba kernels). Definitions: docs/metrics.md "Skew statistics".
+
+For x = (x_1..x_n), x_i >= 0 (bytes or rates across peers, links, QPs):
+
+    max_over_mean  max(x) / mean(x)              imbalance ratio; 1.0 = perfectly even
+    cv             std(x) / mean(x)              population std (ddof 0)
+    gini           sum_ij |x_i - x_j| / (2 n^2 mean)   0 = even, (n-1)/n = all in one
+    jain           (sum x)^2 / (n sum x^2)       1 = fair, 1/n = all in one
+    argmax         index of the largest element (first on ties)
+    max_share      max(x) / sum(x)
+    min_over_mean  min(x) / mean(x)
+
+Empty vectors and all-zero vectors give n/sum and NaN for the ratios (nothing to compare).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+STAT_NAMES = ("n", "sum", "mean", "max", "min", "max_over_mean", "min_over_mean", "cv", "gini",
+              "jain", "argmax", "max_share")
+_NS = len(STAT_NAMES)
+
+
+@njit(cache=True, nogil=True)
+def _skew_kernel(x, out):
+    n = x.shape[0]
+    for k in range(out.shape[0]):
+        out[k] = np.nan
+    out[0] = n
+    out[1] = 0.0
+    if n == 0:
+        return
+    s = 0.0
+    s2 = 0.0
+    mx = x[0]
+    mn = x[0]
+    am = 0
+    for i in range(n):
+        v = x[i]
+        s += v
+        s2 += v * v
+        if v > mx:
+            mx = v
+            am = i
+        if v < mn:
+            mn = v
+    out[1] = s
+    mean = s / n
+    out[2] = mean
+    out[3] = mx
+    out[4] = mn
+    out[10] = am
+    if s <= 0.0:
+        return
+    out[5] = mx / mean
+    out[6] = mn / mean
+    var = s2 / n - mean * mean
+    if var < 0.0:
+        var = 0.0
+    out[7] = math.sqrt(var) / mean
+    # Gini via the sorted vector: G = sum_i (2i - n - 1) x_(i) / (n sum x), i = 1..n
+    xs = np.sort(x)
+    g = 0.0
+    for i in range(n):
+        g += (2.0 * (i + 1) - n - 1.0) * xs[i]
+    out[8] = g / (n * s)
+    out[9] = s * s / (n * s2)
+    out[11] = mx / s
+
+
+@njit(cache=True, nogil=True)
+def skew_rows_kernel(m, mask):
+    """Skew statistics of every row of m over the columns where mask[row, col] is True."""
+    r = m.shape[0]
+    out = np.empty((r, _NS))
+    buf = np.empty(m.shape[1])
+    idx = np.empty(m.shape[1], dtype=np.int64)
+    row = np.empty(_NS)
+    for i in range(r):
+        k = 0
+        for j in range(m.shape[1]):
+            if mask[i, j]:
+                buf[k] = m[i, j]
+                idx[k] = j
+                k += 1
+        _skew_kernel(buf[:k], row)
+        for c in range(_NS):
+            out[i, c] = row[c]
+        if k > 0 and not np.isnan(row[10]):
+            out[i, 10] = idx[int(row[10])]
+    return out
+
+
+def skew_array(x) -> np.ndarray:
+    """skew statistics as a float64 array in STAT_NAMES order (for hot loops)."""
+    x = np.ascontiguousarray(np.asarray(x, dtype=np.float64).ravel())
+    out = np.empty(_NS)
+    _skew_kernel(x, out)
+    return out
+
+
+def _to_dict(a) -> dict:
+    d = {}
+    for name, v in zip(STAT_NAMES, a):
+        v = float(v)
+        if name in ("n", "argmax"):
+            d[name] = None if math.isnan(v) else int(v)
+        else:
+            d[name] = None if math.isnan(v) else v
+    return d
+
+
+def skew_stats(x) -> dict:
+    """Skew statistics of a vector: {"n", "sum", "mean", "max", "min", "max_over_mean",
+    "min_over_mean", "cv", "gini", "jain", "argmax", "max_share"} (None where undefined)."""
+    return _to_dict(skew_array(x))
+
+
+def skew_rows(m, mask=None) -> list[dict]:
+    """skew_stats of every row of a matrix (optionally only over mask's True columns:
+    e.g. a traffic matrix without its diagonal)."""
+    m = np.ascontiguousarray(np.asarray(m, dtype=np.float64))
+    if mask is None:
+        mask = np.ones(m.shape, dtype=np.bool_)
+    return [_to_dict(r) for r in skew_rows_kernel(m, np.ascontiguousarray(mask, dtype=np.bool_))]
+
+
+@njit(cache=True, nogil=True)
+def weighted_median(v, w):
+    """Median of v weighted by w (w >= 0); NaN when the total weight is 0."""
+    n = v.shape[0]
+    if n == 0:
+        return np.nan
+    o = np.argsort(v)
+    tot = 0.0
+    for i in range(n):
+        tot += w[i]
+    if tot <= 0:
+        return np.nan
+    acc = 0.0
+    for i in range(n):
+        acc += w[o[i]]
+        if acc >= tot / 2:
+            return v[o[i]]
+    return v[o[n - 1]]
+
+
+def robust_ratio_to_median(x) -> np.ndarray:
+    """x / median(x) (NaN where x is NaN or the median is 0/undefined)."""
+    x = np.asarray(x, dtype=np.float64)
+    ok = np.isfinite(x)
+    if not ok.any():
+        return np.full(x.shape, np.nan)
+    med = float(np.median(x[ok]))
+    if med <= 0:
+        return np.full(x.shape, np.nan)
+    return x / med
+
+
+@njit(cache=True, nogil=True)
+def grouped_weighted_median(key, v, w, nkeys):
+    """Weighted median of v per key (key in 0..nkeys-1; NaN values ignored)."""
+    out = np.full(nkeys, np.nan)
+    n = key.shape[0]
+    o = np.argsort(key, kind="mergesort")
+    i = 0
+    while i < n:
+        k = key[o[i]]
+        j = i
+        while j < n and key[o[j]] == k:
+            j += 1
+        m = 0
+        vv = np.empty(j - i)
+        ww = np.empty(j - i)
+        for q in range(i, j):
+            x = v[o[q]]
+            if x == x:
+                vv[m] = x
+                ww[m] = w[o[q]]
+                m += 1
+        if m > 0:
+            out[k] = weighted_median(vv[:m], ww[:m])
+        i = j
+    return out

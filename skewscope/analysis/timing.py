@@ -1,0 +1,231 @@
+"""Temporal metrics from message records: activity bursts (collective instances /
+iterations), period and jitter, per-member phase offsets, cadence percentiles.
+Definitions: docs/metrics.md "Timing".
+
+* activity: union of the on-wire intervals of the data messages of a set of flows.
+* bursts: activity split at its natural break: the gaps between activity intervals are
+  sorted and cut at the largest ratio between consecutive gaps (>= 3x; gaps under
+  1 us never cut). Training: one burst per iteration; inference decode: one per
+  collective. When every gap is alike, each gap is a cut.
+* period_s: least-squares slope of the burst starts against their iteration index
+  (index = round((start - first start) / median spacing)): robust to a missing iteration.
+* period_jitter_s: standard deviation of the burst starts around that fitted grid
+  (needs >= 3 bursts); period_cv: std / mean of the spacings.
+* When bursts cannot be separated (no idle gaps), the period comes from the first
+  autocorrelation peak (>= 0.3) of the bytes-per-bin series (bin = span / 65536, >= 1 us);
+  jitter is then unknown (null).
+* phase offset of a member: per burst, the start of its first data message as a sender
+  minus the burst start; the member's start_lag_s is the median over bursts minus the
+  median over members.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .context import context
+from .intervals import break_candidates, merge_sorted, natural_break
+
+MIN_GAP_NS = 1000.0       # gaps below 1 us never separate bursts
+BREAK_RATIO = 3.0
+ACF_MIN = 0.3
+
+
+def activity(ctx, flow_mask=None, ev_mask=None):
+    """Merged busy intervals (start, end, records) of the data messages of the selected flows."""
+    ok = ctx.ev_data.copy()
+    f = ctx.ev_flow
+    if flow_mask is not None:
+        ok[ok] &= flow_mask[f[ok]]
+    if ev_mask is not None:
+        ok &= ev_mask
+    s = ctx.ev_start[ok]
+    e = ctx.ev_end[ok]
+    if len(s) == 0:
+        return np.zeros(0), np.zeros(0), np.zeros(0, np.int64)
+    # records are in start order; ends are not, merge handles it
+    return merge_sorted(np.ascontiguousarray(s), np.ascontiguousarray(e), 0.0)
+
+
+def split_bursts(s, e, min_gap=MIN_GAP_NS, ratio=BREAK_RATIO, level="iteration"):
+    """Bursts of activity intervals (s, e sorted): (burst starts, burst ends, threshold).
+    Among the natural breaks of the gaps (top level first) the first whose bursts repeat
+    regularly (fit_period) wins: iterations rather than sub-phases; else the top break."""
+    if len(s) == 0:
+        return np.zeros(0), np.zeros(0), np.inf
+    gaps = s[1:] - e[:-1]
+    cands = break_candidates(gaps, min_ratio=ratio, floor=min_gap)
+    if not cands:
+        return np.array([s[0]]), np.array([e.max()]), np.inf
+    if level == "collective":
+        thr = cands[-1]
+        bs, be, _ = merge_sorted(np.ascontiguousarray(s), np.ascontiguousarray(e), float(thr))
+        return bs, be, thr
+    first = None
+    for thr in cands[:8]:
+        bs, be, _ = merge_sorted(np.ascontiguousarray(s), np.ascontiguousarray(e), float(thr))
+        if first is None:
+            first = (bs, be, thr)
+        if len(bs) >= 2:
+            per, _, _, regular = fit_period(bs)
+            if regular and per:
+                return bs, be, thr
+    return first
+
+
+def fit_period(starts):
+    """(period_ns, jitter_ns or None, cv or None, regular) from burst start times."""
+    starts = np.asarray(starts, dtype=np.float64)
+    if len(starts) < 2:
+        return None, None, None, False
+    d = np.diff(starts)
+    p0 = float(np.median(d))
+    if p0 <= 0:
+        return None, None, None, False
+    idx = np.round((starts - starts[0]) / p0)
+    frac = np.abs((starts - starts[0]) / p0 - idx)
+    regular = bool(np.all(frac <= 0.3)) and len(np.unique(idx)) == len(idx)
+    if len(starts) == 2:
+        return float(d[0]), None, None, regular
+    a = np.vstack([np.ones(len(idx)), idx]).T
+    coef, *_ = np.linalg.lstsq(a, starts, rcond=None)
+    per = float(coef[1])
+    res = starts - a @ coef
+    jit = float(np.sqrt(np.sum(res ** 2) / max(1, len(res) - 2))) if len(res) > 2 else None
+    dd = d[(d > 0.5 * p0) & (d < 1.5 * p0)]
+    cv = float(np.std(dd) / np.mean(dd)) if len(dd) >= 2 else None
+    return per, jit, cv, regular
+
+
+def acf_period(ctx, flow_mask=None, max_bins=65536, min_bin_ns=1000.0, min_lag_ns=0.0):
+    """Period (ns) from the autocorrelation of bytes per time bin; None if no peak >= ACF_MIN."""
+    ok = ctx.ev_data.copy()
+    f = ctx.ev_flow
+    if flow_mask is not None:
+        ok[ok] &= flow_mask[f[ok]]
+    t = ctx.ev_start[ok]
+    if len(t) < 8:
+        return None
+    t0, t1 = float(t.min()), float(t.max())
+    span = t1 - t0
+    if span <= 0:
+        return None
+    b = max(min_bin_ns, span / max_bins)
+    nb = int(span // b) + 1
+    x = np.bincount(((t - t0) // b).astype(np.int64), weights=ctx.events["bytes"][ok].astype(np.float64), minlength=nb)
+    x = x - x.mean()
+    if not np.any(x):
+        return None
+    fx = np.fft.rfft(x, 2 * nb)
+    ac = np.fft.irfft(fx * np.conj(fx))[:nb]
+    if ac[0] <= 0:
+        return None
+    ac = ac / ac[0]
+    # skip the zero-lag lobe, look for the highest peak among lags up to half the span
+    neg = np.nonzero(ac < 0)[0]
+    if len(neg) == 0:
+        return None
+    lo = max(int(neg[0]), int(np.ceil(min_lag_ns / b)), 20)
+    hi = max(lo + 1, nb // 2)
+    if hi <= lo + 1:
+        return None
+    seg = ac[lo:hi]
+    k = int(np.argmax(seg))
+    if seg[k] < ACF_MIN:
+        return None
+    # prefer the first peak of comparable height (a fundamental over its multiples)
+    cand = np.nonzero(seg >= 0.9 * seg[k])[0]
+    k0 = int(cand[0])
+    # local max around k0
+    j = k0
+    while j + 1 < len(seg) and seg[j + 1] >= seg[j]:
+        j += 1
+    return float((lo + j) * b)
+
+
+@njit(cache=True, nogil=True)
+def first_start_per_key(key, start, nkeys):
+    out = np.full(nkeys, np.inf)
+    for i in range(key.shape[0]):
+        k = key[i]
+        if k >= 0 and start[i] < out[k]:
+            out[k] = start[i]
+    return out
+
+
+def group_timing(snap, flow_mask=None, members=None, ev_mask=None, level="iteration"):
+    """Timing of a set of data flows (a collective group). Returns a dict (seconds) and
+    the bursts (ns arrays) for the other metrics."""
+    ctx = context(snap)
+    s, e, _ = activity(ctx, flow_mask, ev_mask)
+    bs, be, thr = split_bursts(s, e, level=level)
+    out = {"period_s": None, "period_jitter_s": None, "period_cv": None, "iterations": int(len(bs)),
+           "busy_fraction": None, "burst_busy_s": None, "period_source": None}
+    busy_total = float(np.sum(e - s)) if len(s) else 0.0
+    if len(bs) >= 2:
+        per, jit, cv, regular = fit_period(bs)
+        if regular and per:
+            out.update(period_s=per / 1e9, period_jitter_s=None if jit is None else jit / 1e9,
+                       period_cv=cv, period_source="bursts")
+    if out["period_s"] is None and len(bs) <= 1 and len(s) >= 8:
+        # no idle gap separates iterations: periodic rate modulation, if any
+        p = acf_period(ctx, flow_mask, min_lag_ns=4.0 * float(np.median(e - s)))
+        if p:
+            out.update(period_s=p / 1e9, period_source="autocorrelation")
+    if len(bs):
+        span = float(be.max() - bs[0])
+        if out["period_s"] and len(bs) >= 2:
+            span = out["period_s"] * 1e9 * len(bs)
+        out["busy_fraction"] = min(1.0, busy_total / span) if span > 0 else None
+        out["burst_busy_s"] = float(np.median(be - bs)) / 1e9
+    if len(bs) >= 3:
+        d = np.diff(bs)
+        out["interval_p50_s"] = float(np.percentile(d, 50)) / 1e9
+        out["interval_p99_s"] = float(np.percentile(d, 99)) / 1e9
+        out["interval_max_s"] = float(d.max()) / 1e9
+    # phase offsets per member, as a sender and as a receiver
+    lags = rlags = None
+    if members is not None and len(bs) >= 1:
+        ok = ctx.ev_data.copy()
+        f = ctx.ev_flow
+        if flow_mask is not None:
+            ok[ok] &= flow_mask[f[ok]]
+        if ev_mask is not None:
+            ok &= ev_mask
+        ff = f[ok]
+        st = ctx.ev_start[ok]
+        pos = np.full(max(1, ctx.nodes.n), -1, dtype=np.int64)
+        pos[np.asarray(members, dtype=np.int64)] = np.arange(len(members))
+        b = np.searchsorted(bs, st, side="right") - 1
+        nm = len(members)
+        res = []
+        for nodes_of in (ctx.nodes.src, ctx.nodes.dst):
+            mi = pos[nodes_of[ff]] if len(ff) else np.zeros(0, np.int64)
+            key = np.where((mi >= 0) & (b >= 0), b * nm + mi, -1)
+            fs = first_start_per_key(key, st, len(bs) * nm).reshape(len(bs), nm)
+            rel = fs - bs[:, None]
+            rel[~np.isfinite(rel)] = np.nan
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                ref = np.nanmedian(rel, axis=1)            # per burst: the typical member
+                dev = rel - ref[:, None]
+                med = np.nanmedian(dev, axis=0)
+            res.append((med, dev))
+        lags, dev_s = res[0]
+        rlags, dev_r = res[1]
+    info = {"bursts_start": bs, "bursts_end": be, "threshold_ns": thr, "start_lag_ns": lags,
+            "activity": (s, e), "recv_lag_ns": rlags}
+    if lags is not None:
+        info["send_dev_ns"] = dev_s       # (bursts, members): first send minus the burst's median member
+        info["recv_dev_ns"] = dev_r
+    return out, info
+
+
+def timing(snap, flow_mask=None) -> dict | None:
+    """Capture-level timing over all data flows (or a subset): period, jitter, busy share;
+    None when no period can be found."""
+    out, _ = group_timing(snap, flow_mask)
+    if out["period_s"] is None:
+        return None
+    return out
