@@ -209,3 +209,11 @@ def _scripted(sess, duration, stop):
         click.echo(f"warning: analysis failed ({type(e).__name__}: {e})", err=True)
         res = None
     R.human(snap, res, top=16)
+
+
+# registered here too: when this module is imported before skewscope.cli (cli imports it
+# back while it is half-initialised, and would miss the command)
+from . import cli as _cli  # noqa: E402
+
+if "demo" not in _cli.main.commands:
+    _cli.main.add_command(demo)

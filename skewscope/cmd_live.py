@@ -266,3 +266,12 @@ def capture(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detac
         click.echo(R.to_json(snap, analysis))
     else:
         R.human(snap, analysis, top=top_n)
+
+
+# registered here too: when this module is imported before skewscope.cli (cli imports it
+# back while it is half-initialised, and would miss the commands)
+from . import cli as _cli  # noqa: E402
+
+for _c in (top, capture):
+    if _c.name not in _cli.main.commands:
+        _cli.main.add_command(_c)

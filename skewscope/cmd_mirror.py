@@ -173,6 +173,14 @@ def add(from_if: str, to_if: str, direction: str = "ingress", skip_sw: bool = Fa
                     msg += " -- this kernel has no cls_flower; use the default u32"
                 raise DataplaneError(msg, e.code) from None
             done.append(c)
+        if skip_sw and done:
+            # a skip_sw filter the driver did not take into hardware runs nowhere: it would
+            # mirror nothing, silently (veth and many NICs accept it). Refuse that.
+            mine = [m for m in list_mirrors(from_if, netns) if m["to"] == to_if and m["direction"] in todo]
+            if mine and not all(m["in_hw"] for m in mine):
+                raise DataplaneError(f"{from_if}: the driver did not offload the mirror filters to hardware, and "
+                                     "--skip-sw keeps them out of software, so nothing would be copied; "
+                                     "drop --skip-sw" + ("" if flower else " or try --flower"), EXIT_KERNEL)
     except BaseException:
         # leave nothing half-made: remove what this call added (mirrors that were already
         # there, in the other directions, stay)
@@ -340,3 +348,11 @@ def mirror_list(from_if, as_json, netns):
         hw = "yes" if m["in_hw"] else "no"
         pk = "-" if m["packets"] is None else str(m["packets"])
         click.echo(f"{m['from']:<15} {m['direction']:<8} {proto:<7} {m['kind']:<6} {m['to'] or '?':<15} {hw:<3} {pk}")
+
+
+# registered here too: when this module is imported before skewscope.cli (cli imports it
+# back while it is half-initialised, and would miss the command)
+from . import cli as _cli  # noqa: E402
+
+if "mirror" not in _cli.main.commands:
+    _cli.main.add_command(mirror)

@@ -311,13 +311,18 @@ class LiveSession:
         self._index = 0
 
     # -- open / close ---------------------------------------------------------------------
-    def open(self) -> "LiveSession":
+    def preflight(self) -> None:
+        """The checks that need no kernel change, in the order a user can fix them:
+        interface exists, privileges, bcc importable."""
         try:
             socket.if_nametoindex(self.iface)
         except OSError:
             raise DataplaneError(f"interface {self.iface!r} does not exist (see 'ip link')", EXIT_NO_IFACE) from None
         check_privileges()
         import_bcc()
+
+    def open(self) -> "LiveSession":
+        self.preflight()
         self._handle_leftover()
         self.dp = Dataplane(self.config)
         try:
@@ -565,6 +570,7 @@ def capture(iface: str, duration: float, mode: str = "xdp", xdp_mode: str = "nat
                        **(session_opts or {}))
     tap = None
     interrupted = False
+    sess.preflight()
     with terminate_on_signals():
         try:
             if pcap_out:

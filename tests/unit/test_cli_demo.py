@@ -1,0 +1,46 @@
+"""`skewscope demo` without root: it says so and falls back to the offline report of the
+same generated traffic. (The live demo is tests/integration/test_demo.py.)"""
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from skewscope.cli import main
+
+
+@pytest.fixture
+def not_root(monkeypatch):
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+
+
+def test_without_root_falls_back_to_the_offline_report(not_root):
+    from skewscope.fabric import _skewgen
+    sg = _skewgen()
+    truth = sg.generate("moe-hot-expert", seed=1).truth      # seed 1: what demo uses for the 1st scenario
+    r = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["demo", "--scenario", "moe-hot-expert"])
+    assert r.exit_code == 0, r.output
+    assert "needs root" in r.stderr and r.stderr.count("\n") <= 2
+    out = r.stdout
+    assert "=== moe-hot-expert" in out
+    # the report is of the generated traffic: the same frame count as the generator's truth
+    assert f"frames {truth['frames']}" in out
+    # and its biggest flow goes to the hot expert (node 5 = 10.0.0.6 in the truth)
+    biggest = max(truth["flows"], key=lambda f: f["bytes"])
+    assert biggest["dst"] == "10.0.0.6"
+    first_row = next(ln for ln in out.splitlines() if "10.0.0." in ln and "│" in ln)
+    assert "10.0.0.6" in first_row
+
+
+def test_unknown_scenario_is_a_usage_error(not_root):
+    r = CliRunner().invoke(main, ["demo", "--scenario", "no-such-preset"])
+    assert r.exit_code == 2 and "no-such-preset" in r.stderr
+
+
+def test_cleanup_needs_root(not_root):
+    r = CliRunner().invoke(main, ["demo", "--cleanup"])
+    assert r.exit_code == 4 and "root" in r.stderr
+
+
+def test_help_has_examples():
+    r = CliRunner().invoke(main, ["demo", "--help"])
+    assert r.exit_code == 0 and "Examples:" in r.output and "--no-top" in r.output
