@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -80,7 +81,7 @@ def read_records(path: str) -> Iterator[Record]:
     """Yield records as Ethernet frames. Raises PcapError for unreadable files or
     unsupported link types (e.g. ERF/native InfiniBand)."""
     try:
-        fh = open_capture(path)
+        fh = _Guarded(open_capture(path), path)
     except OSError as e:
         raise PcapError(f"{path}: {e.strerror or e}") from None
     with fh:
@@ -129,6 +130,26 @@ def read_records(path: str) -> Iterator[Record]:
             yield Record(sec * 1_000_000_000 + frac * mult, conv[1], conv[0], linktype)
 
 
+class _Guarded:
+    """A capture file whose read errors (a cut or corrupt gzip stream: EOFError,
+    zlib.error, BadGzipFile; I/O errors) become PcapError, the reader's one documented error."""
+
+    def __init__(self, fh, path: str):
+        self.fh, self.path = fh, path
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            return self.fh.read(n)
+        except (OSError, EOFError, zlib.error) as e:
+            raise PcapError(f"{self.path}: cannot read the capture: {getattr(e, 'strerror', None) or e}") from None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.fh.close()
+
+
 def _check_linktype(path: str, lt: int) -> None:
     if lt not in SUPPORTED_LINKTYPES:
         name = LINKTYPE_NAMES.get(lt, f"link type {lt}")
@@ -173,6 +194,8 @@ def _read_pcapng(path: str, fh, head: bytes) -> Iterator[Record]:
         body = buf[8:blen - 4]
         buf = buf[blen:]
         if btype == 1:  # IDB
+            if len(body) < 8:
+                raise PcapError(f"{path}: truncated interface description block")
             lt = struct.unpack(e + "H", body[:2])[0]
             tsres = 6
             opts = body[8:]
@@ -192,6 +215,8 @@ def _read_pcapng(path: str, fh, head: bytes) -> Iterator[Record]:
                 data = body[20:20 + incl]
                 ticks = (th << 32) | tl
             else:
+                if len(body) < 4:
+                    raise PcapError(f"{path}: truncated simple packet block")
                 iid, ticks = 0, 0
                 orig = struct.unpack(e + "I", body[:4])[0]
                 data = body[4:4 + orig]
