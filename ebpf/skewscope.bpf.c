@@ -2,7 +2,7 @@
 /*
  * skewscope.bpf.c -- RoCE parser and per-QP accounting, one source for XDP and TC.
  *
- * Compiled by bcc (skewscope/bpf/loader.py) with these -D settings (all numeric, validated
+ * Compiled by bcc (skewscope/dataplane.py) with these -D settings (all numeric, validated
  * in Python before they become flags):
  *   SS_MAX_FLOWS    flows LRU hash size (default 65536)
  *   SS_NCPUS        possible CPUs (message-record regions)
@@ -48,6 +48,19 @@
  * lengths are right, but the padding must never be parsed as headers). Live, cap_end ==
  * data_end and the compiler folds the two tests into one. */
 #define OOB(p) ((void *)(p) > data_end || (void *)(p) > cap_end)
+
+/* "now" for the packet being accounted: the capture's timestamp in replay builds (set in
+ * the clock map by user space), else CLOCK_MONOTONIC. */
+#ifdef SS_REPLAY_CLOCK
+#define SS_NOW(rts) (rts)
+#else
+#define SS_NOW(rts) bpf_ktime_get_ns()
+#endif
+
+/* Longest header chain the parser reads: Ethernet, 2 VLAN tags, IPv4 with 40 bytes of
+ * options, UDP, BTH, the longest extension headers (XRCETH + AtomicETH). The TC entry pulls
+ * this much into the linear part of a non-linear skb when a header was cut there. */
+#define SS_HDR_MAX (14 + 4 * SS_MAX_VLAN + 60 + 8 + 12 + 32)
 
 /* Wire headers, declared here so only UAPI headers are needed. */
 struct ss_eth { __u8 dst[6]; __u8 src[6]; __be16 proto; } __attribute__((packed));
@@ -159,17 +172,19 @@ struct ss_pkt {
 	__u8  syndrome;
 };
 
-static __always_inline void account(struct ss_flow_key *key, struct ss_pkt *p, __u64 ts)
+/* Account one parsed RoCE packet to its flow. Returns the frame's category: accounted,
+ * sampled_out or no_flow_slot. The clock is read only here, after the flow lookup: frames
+ * that are not accounted never pay for it. */
+static __always_inline __u32 account(struct ss_flow_key *key, struct ss_pkt *p, __u64 rts)
 {
 	struct ss_flow_stats *f;
 	__u32 opinfo = p->opinfo, cls = (opinfo & SS_OPT_CLASS_MASK) >> SS_OPT_CLASS_SHIFT;
 	__u32 z = 0;
+	__u64 ts;
 
 #if SS_SAMPLE_N > 1
-	if (bpf_get_prandom_u32() % SS_SAMPLE_N) {
-		gcount(SS_G_SAMPLED_OUT, 1);
-		return;
-	}
+	if (bpf_get_prandom_u32() % SS_SAMPLE_N)
+		return SS_G_SAMPLED_OUT;
 #endif
 	f = flows.lookup(key);
 	if (!f) {
@@ -177,20 +192,16 @@ static __always_inline void account(struct ss_flow_key *key, struct ss_pkt *p, _
 		if (!zero || flows.insert(key, zero) != 0) {
 			/* insert can race with another CPU inserting the same key: retry lookup */
 			f = flows.lookup(key);
-			if (!f) {
-				gcount(SS_G_NO_FLOW_SLOT, 1);
-				return;
-			}
+			if (!f)
+				return SS_G_NO_FLOW_SLOT;
 		} else {
 			gcount(SS_G_FLOWS_CREATED, 1);
 			f = flows.lookup(key);
-			if (!f) {
-				gcount(SS_G_NO_FLOW_SLOT, 1);
-				return;
-			}
+			if (!f)
+				return SS_G_NO_FLOW_SLOT;
 		}
 	}
-	gcount(SS_G_ACCOUNTED, 1);
+	ts = SS_NOW(rts);
 
 	/* Plain (non-atomic) updates: a flow's packets are processed by one CPU at a time
 	 * (RSS hashes the UDP 5-tuple, constant per QP), see docs/datapath.md. */
@@ -300,6 +311,7 @@ static __always_inline void account(struct ss_flow_key *key, struct ss_pkt *p, _
 		f->msg_bytes += p->payload;
 	}
 #endif
+	return SS_G_ACCOUNTED;
 }
 
 /* Parse BTH + extension headers at bth; fills p. Returns a category (SS_G_ACCOUNTED
@@ -346,30 +358,22 @@ static __always_inline __u32 parse_bth(void *bth_p, void *data_end, void *cap_en
 	return SS_G_ACCOUNTED;
 }
 
-static __always_inline void handle_macctl(void *cur, void *data_end, void *cap_end)
+static __always_inline __u32 handle_macctl(void *cur, void *data_end, void *cap_end)
 {
 	struct ss_macctl *m = cur;
 	__u16 opc, en;
 
 	if (OOB(m + 1)) {
 		/* a global pause needs only opcode + 1 time */
-		if (!OOB((void *)m + 4) && ss_ntohs(m->opcode) == SS_MACCTL_PAUSE) {
-			gcount(SS_G_PAUSE, 1);
-			return;
-		}
-		gcount(SS_G_TRUNC_MACCTL, 1);
-		return;
+		if (!OOB((void *)m + 4) && ss_ntohs(m->opcode) == SS_MACCTL_PAUSE)
+			return SS_G_PAUSE;
+		return SS_G_TRUNC_MACCTL;
 	}
 	opc = ss_ntohs(m->opcode);
-	if (opc == SS_MACCTL_PAUSE) {
-		gcount(SS_G_PAUSE, 1);
-		return;
-	}
-	if (opc != SS_MACCTL_PFC) {
-		gcount(SS_G_NON_ROCE, 1);
-		return;
-	}
-	gcount(SS_G_PFC, 1);
+	if (opc == SS_MACCTL_PAUSE)
+		return SS_G_PAUSE;
+	if (opc != SS_MACCTL_PFC)
+		return SS_G_NON_ROCE;
 	en = ss_ntohs(m->class_enable);
 #pragma unroll
 	for (int i = 0; i < 8; i++) {
@@ -383,10 +387,15 @@ static __always_inline void handle_macctl(void *cur, void *data_end, void *cap_e
 			}
 		}
 	}
+	return SS_G_PFC;
 }
 
-/* Parse one frame [data, data_end) whose full wire length is wire_len; account it. */
-static __always_inline void process(void *data, void *data_end, void *cap_end, __u64 wire_len, __u64 ts)
+/* Parse one frame [data, data_end) whose full wire length is wire_len and account it;
+ * returns its category (the caller counts it). pre_tags: VLAN tags already taken out of
+ * the frame into skb metadata (TC; they count against SS_MAX_VLAN and are in wire_len).
+ * rts: the replay timestamp (replay builds). */
+static __always_inline __u32 process(void *data, void *data_end, void *cap_end, __u64 wire_len,
+				     __u32 pre_tags, __u64 rts)
 {
 	struct ss_eth *eth = data;
 	struct ss_flow_key key = {};
@@ -396,71 +405,54 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 	__u32 cat;
 	__u64 l3off, l3end;
 
-	gcount(SS_G_FRAMES, 1);
-	if (OOB(eth + 1)) {
-		gcount(SS_G_TRUNC_ETH, 1);
-		return;
-	}
+	if (OOB(eth + 1))
+		return SS_G_TRUNC_ETH;
 	cur = eth + 1;
 	proto = ss_ntohs(eth->proto);
 #pragma unroll
 	for (int i = 0; i < SS_MAX_VLAN; i++) {
 		if (proto != 0x8100 && proto != 0x88A8)
 			break;
+		if (i + pre_tags >= SS_MAX_VLAN)
+			return SS_G_VLAN_DEPTH;
 		struct ss_vlan *v = cur;
-		if (OOB(v + 1)) {
-			gcount(SS_G_TRUNC_VLAN, 1);
-			return;
-		}
+		if (OOB(v + 1))
+			return SS_G_TRUNC_VLAN;
 		proto = ss_ntohs(v->proto);
 		cur = v + 1;
 	}
-	if (proto == 0x8100 || proto == 0x88A8) {
-		gcount(SS_G_VLAN_DEPTH, 1);
-		return;
-	}
+	if (proto == 0x8100 || proto == 0x88A8)
+		return SS_G_VLAN_DEPTH;
 	p.wire_len = wire_len;
-	/* where L3 starts; l3end = where its length field says it ends (checked last) */
-	l3off = cur - data;
+	/* where L3 starts on the wire (an accelerated tag is in wire_len, not in data);
+	 * l3end = where its length field says it ends (checked last) */
+	l3off = cur - data + 4 * pre_tags;
 
 	if (proto == 0x0800) {
 		struct ss_ipv4 *ip = cur;
 		struct ss_udp *udp;
 		__u32 ihl, tot, ulen;
 
-		if (OOB(ip + 1)) {
-			gcount(SS_G_TRUNC_IP, 1);
-			return;
-		}
+		if (OOB(ip + 1))
+			return SS_G_TRUNC_IP;
 		ihl = (ip->ver_ihl & 0xF) * 4;
-		if ((ip->ver_ihl >> 4) != 4 || ihl < 20) {
-			gcount(SS_G_TRUNC_IP, 1);
-			return;
-		}
-		if (ss_ntohs(ip->frag_off) & 0x3FFF) {
-			gcount(SS_G_FRAGMENT, 1);
-			return;
-		}
-		if (ip->protocol != 17) {
-			gcount(SS_G_NON_ROCE, 1);
-			return;
-		}
+		if ((ip->ver_ihl >> 4) != 4 || ihl < 20)
+			return SS_G_TRUNC_IP;
+		if (ss_ntohs(ip->frag_off) & 0x3FFF)
+			return SS_G_FRAGMENT;
+		if (ip->protocol != 17)
+			return SS_G_NON_ROCE;
 		udp = (void *)ip + ihl;
 		if (OOB(udp + 1)) {
 			/* options may push the UDP header out of a short capture */
-			gcount(OOB((void *)ip + ihl) ? SS_G_TRUNC_IP : SS_G_TRUNC_UDP, 1);
-			return;
+			return OOB((void *)ip + ihl) ? SS_G_TRUNC_IP : SS_G_TRUNC_UDP;
 		}
-		if (ss_ntohs(udp->dest) != SS_ROCE_UDP_PORT) {
-			gcount(SS_G_NON_ROCE, 1);
-			return;
-		}
+		if (ss_ntohs(udp->dest) != SS_ROCE_UDP_PORT)
+			return SS_G_NON_ROCE;
 		tot = ss_ntohs(ip->tot_len);
 		ulen = ss_ntohs(udp->len);
-		if (ulen < 8 || tot < ihl + ulen) {
-			gcount(SS_G_BAD_LENGTH, 1);
-			return;
-		}
+		if (ulen < 8 || tot < ihl + ulen)
+			return SS_G_BAD_LENGTH;
 		key.src[10] = 0xff; key.src[11] = 0xff;
 		key.dst[10] = 0xff; key.dst[11] = 0xff;
 		__builtin_memcpy(&key.src[12], ip->saddr, 4);
@@ -477,38 +469,24 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 		struct ss_udp *udp;
 		__u32 plen, ulen, vtcfl;
 
-		if (OOB(ip6 + 1)) {
-			gcount(SS_G_TRUNC_IP, 1);
-			return;
-		}
+		if (OOB(ip6 + 1))
+			return SS_G_TRUNC_IP;
 		vtcfl = ss_ntohl(ip6->vtcfl);
-		if ((vtcfl >> 28) != 6) {
-			gcount(SS_G_TRUNC_IP, 1);
-			return;
-		}
-		if (ip6->nexthdr == 44) {
-			gcount(SS_G_FRAGMENT, 1);
-			return;
-		}
-		if (ip6->nexthdr != 17) {
-			gcount(SS_G_NON_ROCE, 1);
-			return;
-		}
+		if ((vtcfl >> 28) != 6)
+			return SS_G_TRUNC_IP;
+		if (ip6->nexthdr == 44)
+			return SS_G_FRAGMENT;
+		if (ip6->nexthdr != 17)
+			return SS_G_NON_ROCE;
 		udp = (void *)(ip6 + 1);
-		if (OOB(udp + 1)) {
-			gcount(SS_G_TRUNC_UDP, 1);
-			return;
-		}
-		if (ss_ntohs(udp->dest) != SS_ROCE_UDP_PORT) {
-			gcount(SS_G_NON_ROCE, 1);
-			return;
-		}
+		if (OOB(udp + 1))
+			return SS_G_TRUNC_UDP;
+		if (ss_ntohs(udp->dest) != SS_ROCE_UDP_PORT)
+			return SS_G_NON_ROCE;
 		plen = ss_ntohs(ip6->payload_len);
 		ulen = ss_ntohs(udp->len);
-		if (ulen < 8 || plen < ulen) {
-			gcount(SS_G_BAD_LENGTH, 1);
-			return;
-		}
+		if (ulen < 8 || plen < ulen)
+			return SS_G_BAD_LENGTH;
 		__builtin_memcpy(key.src, ip6->saddr, 16);
 		__builtin_memcpy(key.dst, ip6->daddr, 16);
 		key.ipver = 6;
@@ -522,15 +500,11 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 		struct ss_ipv6 *grh = cur;
 		__u32 vtcfl;
 
-		if (OOB(grh + 1)) {
-			gcount(SS_G_TRUNC_GRH, 1);
-			return;
-		}
+		if (OOB(grh + 1))
+			return SS_G_TRUNC_GRH;
 		vtcfl = ss_ntohl(grh->vtcfl);
-		if ((vtcfl >> 28) != 6) {
-			gcount(SS_G_TRUNC_GRH, 1);
-			return;
-		}
+		if ((vtcfl >> 28) != 6)
+			return SS_G_TRUNC_GRH;
 		__builtin_memcpy(key.src, grh->saddr, 16);
 		__builtin_memcpy(key.dst, grh->daddr, 16);
 		key.ipver = 6;
@@ -539,11 +513,9 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 		l3end = l3off + sizeof(*grh) + ss_ntohs(grh->payload_len);
 		cat = parse_bth(grh + 1, data_end, cap_end, ss_ntohs(grh->payload_len), &p);
 	} else if (proto == SS_ETH_P_MACCTL) {
-		handle_macctl(cur, data_end, cap_end);
-		return;
+		return handle_macctl(cur, data_end, cap_end);
 	} else {
-		gcount(SS_G_NON_ROCE, 1);
-		return;
+		return SS_G_NON_ROCE;
 	}
 	/* Headers all present, but the IP/GRH length claims more bytes than the frame has: a
 	 * length lie (Linux's ip_rcv drops these as truncated). Accounting it would add up to
@@ -551,39 +523,62 @@ static __always_inline void process(void *data, void *data_end, void *cap_end, _
 	 * inside a header still counts as truncated_<that header>. */
 	if (cat == SS_G_ACCOUNTED && l3end > wire_len)
 		cat = SS_G_BAD_LENGTH;
-	if (cat != SS_G_ACCOUNTED) {
-		gcount(cat, 1);
-		return;
-	}
+	if (cat != SS_G_ACCOUNTED)
+		return cat;
 	key.dest_qp = p.dest_qp;
-	account(&key, &p, ts);
+	return account(&key, &p, rts);
 }
 
-/* Replay (BPF_PROG_TEST_RUN): time and captured length come from the clock map. */
-static __always_inline void entry(void *data, void *data_end, __u64 len)
+static __always_inline int ss_truncated(__u32 cat)
 {
+	return cat >= SS_G_TRUNC_VLAN && cat <= SS_G_TRUNC_MACCTL && cat != SS_G_VLAN_DEPTH;
+}
+
+/* Replay builds (BPF_PROG_TEST_RUN): the record's timestamp, captured length and (when user
+ * space had to cut the frame, e.g. TC test runs take < 4 KiB) original length come from the
+ * clock map. Live builds: the end of the data, the real length, the clock. */
 #ifdef SS_REPLAY_CLOCK
+static __always_inline int replay_in(struct ss_replay *out)
+{
 	__u32 z = 0;
 	struct ss_replay *r = clock.lookup(&z);
 
 	if (!r)
-		return;
-	process(data, data_end, data + (r->caplen & 0xFFFF), len, r->ts);
-#else
-	process(data, data_end, data_end, len, bpf_ktime_get_ns());
-#endif
+		return 0;
+	*out = *r;
+	return 1;
 }
+#define SS_REPLAY_PROLOGUE(len, verdict)				\
+	struct ss_replay rin;						\
+	if (!replay_in(&rin))						\
+		return (verdict);					\
+	__u64 rts = rin.ts;						\
+	__u32 caplen = rin.caplen & 0xFFFF;				\
+	if (rin.wire_len)						\
+		len = rin.wire_len;
+#define SS_CAP_END(data, data_end) ((data) + caplen)
+#else
+#define SS_REPLAY_PROLOGUE(len, verdict) __u64 rts = 0;
+#define SS_CAP_END(data, data_end) (data_end)
+#endif
 
 int skewscope_xdp(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
+	__u32 cat;
 #ifdef SS_XDP_FRAGS
+	/* frags: data_end ends the linear part (headers are there with every driver we know
+	 * of); the wire length is the whole multi-buffer frame */
 	__u64 len = bpf_xdp_get_buff_len(ctx);
 #else
 	__u64 len = data_end - data;
 #endif
-	entry(data, data_end, len);
+	SS_REPLAY_PROLOGUE(len, SS_XDP_PASS)
+
+	gcount(SS_G_FRAMES, 1);
+	cat = process(data, data_end, SS_CAP_END(data, data_end), len, 0, rts);
+	gcount(cat, 1);
 	return SS_XDP_PASS;
 }
 
@@ -591,11 +586,27 @@ int skewscope_tc(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
-	/* A VLAN tag moved into skb metadata (rx/tx VLAN acceleration) is not in the data:
-	 * count it into the wire length so TC and XDP agree on bytes. Parsing still sees
-	 * the inner EtherType, which is what we need. */
-	__u64 len = skb->len + (skb->vlan_present ? 4 : 0);
+	/* A VLAN tag in skb metadata (always the outer tag on ingress, where the stack untags
+	 * before TC; on egress with tx VLAN offload) is not in the data: it counts in the wire
+	 * length and against the tag depth, so TC and XDP agree. */
+	__u32 tags = skb->vlan_present ? 1 : 0;
+	__u64 len = skb->len + 4 * tags;
+	__u32 cat;
+	SS_REPLAY_PROLOGUE(len, SS_TC_ACT_OK)
 
-	entry(data, data_end, len);
+	gcount(SS_G_FRAMES, 1);
+	cat = process(data, data_end, SS_CAP_END(data, data_end), len, tags, rts);
+	/* A header cut at the end of the linear part of a non-linear skb (drivers that copy
+	 * only up to the UDP header, AF_PACKET senders, GRO): pull the header bytes in and
+	 * parse again. Only then: other traffic is never touched. The pull may reallocate the
+	 * skb head; the packet's bytes do not change. */
+	if (ss_truncated(cat) && skb->len > (__u32)(data_end - data)) {
+		if (bpf_skb_pull_data(skb, skb->len < SS_HDR_MAX ? skb->len : SS_HDR_MAX) == 0) {
+			data = (void *)(long)skb->data;
+			data_end = (void *)(long)skb->data_end;
+			cat = process(data, data_end, SS_CAP_END(data, data_end), len, tags, rts);
+		}
+	}
+	gcount(cat, 1);
 	return SS_TC_ACT_OK;
 }

@@ -13,7 +13,7 @@
 #ifndef SKEWSCOPE_H
 #define SKEWSCOPE_H
 
-#define SS_LAYOUT_VERSION 1
+#define SS_LAYOUT_VERSION 2
 
 /* ---- protocol constants -------------------------------------------------------- */
 #define SS_ROCE_UDP_PORT   4791
@@ -156,13 +156,16 @@ struct ss_msg_rec {
 };
 
 /* Replay (BPF_PROG_TEST_RUN): when compiled with -DSS_REPLAY_CLOCK the program takes
- * "now" and the captured length of the record from clock[0] (set by user space before each
- * test run) instead of bpf_ktime_get_ns() and the packet length. Bytes past caplen (the
- * zero padding of a snaplen-cut record) are never parsed. Live programs do not have it. */
+ * "now", the captured length of the record and (if not 0) its original wire length from
+ * clock[0] (set by user space before each test run) instead of bpf_ktime_get_ns(), the end
+ * of the data and the packet length. Bytes past caplen (the zero padding of a snaplen-cut
+ * record) are never parsed; wire_len lets user space hand the TC entry a frame cut to what
+ * its test run accepts (< 4 KiB) and still account the original length. Live programs do
+ * not have it. */
 struct ss_replay {
 	__u64 ts;
 	__u32 caplen;
-	__u32 _pad;
+	__u32 wire_len;   /* 0: the length of the data given to the test run */
 };
 
 #endif /* SKEWSCOPE_H */

@@ -226,13 +226,14 @@ class Dataplane:
             pass
 
     # ---- replay clock ---------------------------------------------------------------
-    def set_replay(self, ts_ns: int, caplen: int = 0xFFFF) -> None:
-        """Replay builds only: the time and captured length the next test run sees (set on
-        every CPU, so CPU migration between syscalls cannot matter)."""
+    def set_replay(self, ts_ns: int, caplen: int = 0xFFFF, wire_len: int = 0) -> None:
+        """Replay builds only: the time, captured length and (if not 0) original wire length
+        the next test run sees (set on every CPU, so CPU migration between syscalls cannot
+        matter)."""
         if self._clock_key is None:
             self._clock_key = (0).to_bytes(4, "little")
             self._clock_fd = self._fd("clock")
-        v = struct.pack("<QII", int(ts_ns), int(caplen) & 0xFFFF, 0)
+        v = struct.pack("<QII", int(ts_ns), int(caplen) & 0xFFFF, int(wire_len) & 0xFFFFFFFF)
         bpfsys.map_update(self._clock_fd, self._clock_key, v * self.config.ncpus)
 
     def reset(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 
 ROCE_UDP_PORT = 4791
 ETH_P_ROCEV1 = 0x8915
@@ -149,7 +149,7 @@ FLOW_STATS_DTYPE = np.dtype(FLOW_STATS_FIELDS, align=True)
 MSG_REC_DTYPE = np.dtype([(n, np.dtype(t, align=True) if isinstance(t, list) else t, *rest)
                           for n, t, *rest in MSG_REC_FIELDS], align=True)
 
-REPLAY_FIELDS = [("ts", "<u8"), ("caplen", "<u4"), ("_pad", "<u4")]
+REPLAY_FIELDS = [("ts", "<u8"), ("caplen", "<u4"), ("wire_len", "<u4")]
 REPLAY_DTYPE = np.dtype(REPLAY_FIELDS, align=True)
 
 #: The Snapshot's flow table: key fields then stats fields (without padding/private state).

@@ -10,6 +10,11 @@ cut inside the headers is counted as truncated exactly like the offline parser d
 
 Frames shorter than an Ethernet header cannot be given to BPF_PROG_TEST_RUN (the kernel
 refuses < 14 bytes); replay counts them as `truncated_eth` itself and says so in meta.
+
+The TC entry's test run builds an skb from one page (frames must stay below ~3.7 KiB): for
+`--entry tc`, frames longer than TC_CUT bytes are handed over cut to TC_CUT bytes with their
+original length in the clock map's wire_len (headers are < 140 bytes, so nothing the parser
+reads is lost). XDP runs take up to 64 KiB (the tail becomes XDP fragments).
 """
 from __future__ import annotations
 
@@ -19,11 +24,12 @@ import time
 import numpy as np
 
 from . import bpfsys, layout as L
-from .dataplane import Config, Dataplane
+from .dataplane import EXIT_KERNEL, Config, Dataplane, DataplaneError
 from .pcapfile import read_records
 from .snapshot import Snapshot
 
 MAX_TEST_RUN_FRAME = 65535
+TC_CUT = 2048
 
 
 def replay(path: str, entry: str = "xdp", max_flows: int = 65536, progress=None,
@@ -55,10 +61,20 @@ def replay(path: str, entry: str = "xdp", max_flows: int = 65536, progress=None,
                 continue
             want = min(max(r.orig_len, caplen), MAX_TEST_RUN_FRAME)
             if want > caplen:
-                data = data + bytes(want - caplen)
                 padded += 1
-            dp.set_replay(r.ts_ns, min(caplen, MAX_TEST_RUN_FRAME))
-            bpfsys.prog_test_run(fd, data)
+            data = data[:want]
+            wire = 0
+            if entry == "tc" and want > TC_CUT:
+                wire, want = want, TC_CUT
+                data = data[:TC_CUT]
+            if want > len(data):
+                data = data + bytes(want - len(data))
+            dp.set_replay(r.ts_ns, min(caplen, want), wire)
+            try:
+                bpfsys.prog_test_run(fd, data)
+            except bpfsys.BPFError as e:
+                raise DataplaneError(f"{path}: the kernel refused to run record {frames} ({len(data)} bytes) "
+                                     f"through {entry}: {e.strerror}", EXIT_KERNEL) from None
             if frames % flush_every == 0:
                 recs.append(dp.read_new_records())
                 if progress:

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-REAL_DATA = Path(__file__).resolve().parents[2].parent / "shared/data/real"
+REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/real"
 if str(ROOT / "tests") not in sys.path:
     sys.path.insert(0, str(ROOT / "tests"))
 

@@ -36,6 +36,11 @@ from scapy.layers.inet6 import IPv6, IPv6ExtHdrFragment, IPv6ExtHdrHopByHop  # n
 from scapy.layers.l2 import ARP, Dot1AD, Dot1Q, Ether  # noqa: E402
 from scapy.packet import Packet, Raw  # noqa: E402
 
+from pathlib import Path  # noqa: E402
+
+#: the real captures beside the checkout (../shared/data/real); read them there, never copy
+REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/real"
+
 MAC_A = "02:00:00:00:00:0a"
 MAC_B = "02:00:00:00:00:0b"
 PFC_DMAC = "01:80:c2:00:00:01"

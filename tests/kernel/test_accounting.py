@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import frames as F
-from conftest import T0, assert_basic
+from kharness import T0, assert_basic
 
 A, B = "10.0.0.1", "10.0.0.2"
 PSN_MOD = 1 << 24

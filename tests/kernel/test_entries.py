@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import frames as F
-from conftest import TC_MAX_FRAME, XDP_PASS, TC_ACT_OK, assert_basic
+from kharness import TC_MAX_FRAME, XDP_PASS, TC_ACT_OK, assert_basic
 
 
 def mixed_stream():

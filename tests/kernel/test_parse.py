@@ -11,7 +11,7 @@ import struct
 import pytest
 
 import frames as F
-from conftest import assert_basic
+from kharness import assert_basic
 
 WRITE = 0x0A  # RDMA_WRITE_ONLY: carries a RETH
 
