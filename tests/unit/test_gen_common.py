@@ -4,15 +4,18 @@
 the pcap bytes with struct (it shares no code with skewgen), used to check the truth."""
 from __future__ import annotations
 
+import atexit
 import functools
 import ipaddress
 import os
+import shutil
 import struct
 import tempfile
 
 import skewgen
 
 TMP = tempfile.mkdtemp(prefix="sgt-gen-")
+atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # full-frame pcaps are ~2 GB in all
 BIG = {"ring-32"}            # sampled / snaplen in tests
 MSG_START = {0x00, 0x04, 0x05, 0x06, 0x0A, 0x0B, 0x0C, 0x17, 0x20, 0x24, 0x25, 0x26, 0x2A,
              0x2B, 0x64, 0x65}

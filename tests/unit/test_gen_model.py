@@ -236,14 +236,14 @@ def test_zero_byte_message_and_explicit_matrix():
     assert np.all(p["reth"][z] == 0) and np.all(p["imm"][z] == 0)
     odd = (p["opcode"] == F.WRITE_ONLY_IMM) & (p["plen"] == 1)
     assert odd.sum() == 1
-    path = os = None  # noqa: F841
-    fn = pcap_file.__wrapped__ if hasattr(pcap_file, "__wrapped__") else None  # noqa: F841
 
 
 def test_determinism():
     a = hashlib.sha256(open(pcap_file("mixed", 0), "rb").read()).hexdigest()
     cap2 = skewgen.generate("mixed", seed=0)
-    import os, tempfile
+    import os
+    import shutil
+    import tempfile
     d = tempfile.mkdtemp(prefix="sgt-det-")
     cap2.write_pcap(os.path.join(d, "b.pcap"))
     b = hashlib.sha256(open(os.path.join(d, "b.pcap"), "rb").read()).hexdigest()
@@ -253,6 +253,7 @@ def test_determinism():
     c = hashlib.sha256(open(os.path.join(d, "c.pcap"), "rb").read()).hexdigest()
     assert c != a
     assert cap2.truth == capture("mixed", 0).truth
+    shutil.rmtree(d)
 
 
 def test_snaplen_records():
