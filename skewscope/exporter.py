@@ -125,7 +125,7 @@ def flow_matrix(flows: np.ndarray) -> np.ndarray:
 
 def _rows_u64(a: np.ndarray) -> np.ndarray:
     """(n, k) uint8 with k % 8 == 0 -> (n, k/8) uint64 (row identity only, not order)."""
-    return np.ascontiguousarray(a).view("<u8").reshape(len(a), -1)
+    return np.ascontiguousarray(a).view("<u8").reshape(len(a), a.shape[1] // 8)
 
 
 def flow_ids(flows: np.ndarray) -> np.ndarray:

@@ -32,7 +32,8 @@ from .stats import robust_ratio_to_median, skew_rows, skew_stats
 BULK_MIN_MESSAGE = 160 * 1024
 
 DEFAULTS = {
-    "hot_destination.max_over_mean": 2.0,     # inbound data vs the mean destination
+    "hot_destination.preference": 1.5,        # median over sources of (bytes to dst / to the others)
+    "hot_destination.critical": 3.0,
     "hot_destination.min_nodes": 3,
     "alltoall_destination_skew.max_over_mean": 2.0,
     "alltoall_destination_skew.min_destinations": 3,
@@ -46,6 +47,13 @@ DEFAULTS = {
     "retransmissions.fraction": 0.001,
     "nak_errors.count": 1,
 }
+
+
+def _bps(v: float) -> str:
+    for unit, f in (("Gb/s", 1e9), ("Mb/s", 1e6), ("kb/s", 1e3)):
+        if v >= f:
+            return f"{v / f:.2f} {unit}"
+    return f"{v:.0f} b/s"
 
 
 def _t(thresholds, key):
@@ -75,6 +83,29 @@ def rate_over_active(fm, klass: str) -> np.ndarray:
     """bits/s per pair over the on-wire time of its multi-packet messages of one traffic
     class (NaN: none)."""
     return 8.0 * _safe_div(fm.cls("timed_message_bytes", klass), fm.cls("message_wire_seconds", klass))
+
+
+def destination_preference(m: np.ndarray) -> np.ndarray:
+    """Per destination j: the median over sources i (i != j, sending to j and to at least
+    one other node) of m[i, j] / mean_{k != i, j} m[i, k] -- how much more than to the
+    others a typical source sends to j. A MoE hot expert is over-sent by every source even
+    when the combine phase (the expert sending back as much) dilutes its inbound total."""
+    n = m.shape[0]
+    out = np.full(n, np.nan)
+    m = _offdiag(np.asarray(m, dtype=np.float64))
+    rowsum = m.sum(axis=1)
+    cnt = (m > 0).sum(axis=1)
+    for j in range(n):
+        others_n = cnt - (m[:, j] > 0)
+        ok = (m[:, j] > 0) & (others_n > 0)
+        ok[j] = False
+        if not ok.any():
+            continue
+        mean_others = (rowsum[ok] - m[ok, j]) / others_n[ok]
+        r = m[ok, j] / np.where(mean_others > 0, mean_others, np.nan)
+        if np.isfinite(r).any():
+            out[j] = float(np.nanmedian(r))
+    return out
 
 
 def find_rings(bulk: np.ndarray) -> list[list[int]]:
@@ -161,22 +192,24 @@ def analyze_matrix(fm, thresholds=None) -> dict:
     metrics["traffic_matrix"] = {"ips": ips, "data_bytes": data_b.tolist()}
     metrics["destination_skew"] = dst_stats
     metrics["source_skew"] = src_stats
-    if len(recv) >= _t(thresholds, "hot_destination.min_nodes") and dst_stats["max_over_mean"] and \
-            dst_stats["max_over_mean"] >= _t(thresholds, "hot_destination.max_over_mean"):
-        hot = ips[int(recv[dst_stats["argmax"]])]
-        r = dst_stats["max_over_mean"]
-        findings.append({
-            "kind": "hot_destination", "severity": "critical" if r >= 2 * _t(thresholds,
-                                                                             "hot_destination.max_over_mean")
-            else "warning",
-            "entities": [hot],
-            "evidence": {"max_over_mean": r, "share": dst_stats["max_share"], "inbound_bytes": float(inbound.max()),
-                         "mean_inbound_bytes": dst_stats["mean"], "destinations": len(recv),
-                         "traffic": "chunk" if hot_b is chunk_b else "data"},
-            "message": f"hot destination {hot}: receives {r:.2f}x the mean inbound data of {len(recv)} nodes "
-                       f"({100 * dst_stats['max_share']:.0f}% of all) across the fleet; in a MoE job, the node of a "
-                       f"hot expert",
-        })
+    pref = destination_preference(hot_b)
+    metrics["destination_preference"] = {ips[j]: float(pref[j]) for j in range(n) if np.isfinite(pref[j])}
+    if len(recv) >= _t(thresholds, "hot_destination.min_nodes") and np.isfinite(pref).any():
+        j = int(np.nanargmax(pref))
+        p = float(pref[j])
+        if p >= _t(thresholds, "hot_destination.preference"):
+            hot = ips[j]
+            share = float(inbound[j] / inbound.sum()) if inbound.sum() > 0 else None
+            findings.append({
+                "kind": "hot_destination",
+                "severity": "critical" if p >= _t(thresholds, "hot_destination.critical") else "warning",
+                "entities": [hot],
+                "evidence": {"preference": p, "inbound_share": share, "inbound_max_over_mean":
+                             dst_stats["max_over_mean"], "senders": int((hot_b[:, j] > 0).sum()),
+                             "destinations": len(recv), "traffic": "chunk" if hot_b is chunk_b else "data"},
+                "message": f"hot destination {hot}: a typical source sends it {p:.2f}x what it sends each other "
+                           f"node ({int((hot_b[:, j] > 0).sum())} sources); in a MoE job, the node of a hot expert",
+            })
 
     # -- collectives -------------------------------------------------------------------------
     for g in all_to_all_groups(chunk_b > 0, np.zeros_like(bulk)):
@@ -227,7 +260,7 @@ def analyze_matrix(fm, thresholds=None) -> dict:
                     "evidence": {"link": [ips[a], ips[c]], "rate_bps": float(lr[k]), "median_rate_bps": med,
                                  "score": s, "ring": [ips[i] for i in ring]},
                     "message": f"ring link {ips[a]}->{ips[c]} at {s:.2f}x the median link rate over active time "
-                               f"({lr[k] / 1e9:.1f} vs {med / 1e9:.1f} Gb/s): slow sender {ips[a]} or its link",
+                               f"({_bps(lr[k])} vs {_bps(med)}): slow sender {ips[a]} or its link",
                 })
 
     # -- incast -------------------------------------------------------------------------------
