@@ -20,7 +20,7 @@ log() { printf 'setup: %s\n' "$*"; }
 need_root() { [ "$(id -u)" = 0 ] || { echo "setup: must run as root to install OS packages ($*)" >&2; exit 3; }; }
 
 ARCH=$(dpkg --print-architecture 2>/dev/null || echo amd64)
-PKGS=(python3-bpfcc python3-venv python3-dev "linux-headers-$ARCH" tshark tcpdump prometheus tmux iproute2 gcc)
+PKGS=(python3-bpfcc python3-venv python3-dev "linux-headers-$ARCH" tshark tcpdump prometheus tmux iproute2 gcc iputils-ping)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
