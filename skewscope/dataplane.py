@@ -10,12 +10,16 @@
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
 import errno
 import mmap
 import os
+import signal
 import socket
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -356,16 +360,84 @@ def _xdp_set(idx: int, fd: int, flags: int) -> None:
         ipr.link("set", index=idx, xdp={"attrs": [("IFLA_XDP_FD", fd), ("IFLA_XDP_FLAGS", flags)]})
 
 
+# ---- signals: a process that attached always detaches ---------------------------------------
+class Terminated(SystemExit):
+    """SIGTERM/SIGHUP as an exception: `finally` blocks, `with` exits and atexit hooks (which
+    detach) run, and the process exits with status 128 + signal number, without a traceback."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + int(signum))
+        self.signum = int(signum)
+
+
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def exit_on_signals(signums=EXIT_SIGNALS, only_if_default: bool = False):
+    """Within the block, SIGTERM/SIGHUP raise Terminated in the main thread (Ctrl-C already
+    raises KeyboardInterrupt), so the cleanup of an attach runs. With only_if_default, a
+    signal whose handler the application has set already is left alone. Previous handlers
+    are restored on exit. Use it around anything that attaches (top, capture, export, ...)."""
+    old = _install_exit_handlers(signums, only_if_default)
+    try:
+        yield
+    finally:
+        _restore_handlers(old)
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)
+
+
+def _install_exit_handlers(signums, only_if_default: bool) -> dict:
+    old: dict = {}
+    if threading.current_thread() is not threading.main_thread():
+        return old  # signal handlers can only be set from the main thread
+    for sig in signums:
+        try:
+            cur = signal.getsignal(sig)
+            if only_if_default and cur is not signal.SIG_DFL:
+                continue
+            old[sig] = signal.signal(sig, _raise_terminated)
+        except (ValueError, OSError):
+            pass
+    return old
+
+
+def _restore_handlers(old: dict) -> None:
+    for sig, h in old.items():
+        try:
+            if signal.getsignal(sig) is _raise_terminated:
+                signal.signal(sig, h if h is not None else signal.SIG_DFL)
+        except (ValueError, OSError):
+            pass
+
+
 class Attachment:
-    """Programs attached to one interface; detach() restores the interface."""
+    """Programs attached to one interface; detach() restores the interface.
+
+    Safety: once attached, the attachment is detached when the process exits normally
+    (atexit), on an exception or Ctrl-C through `with` / the caller's finally, and on
+    SIGTERM/SIGHUP: if the application has not set its own handler for them, attach()
+    installs one that raises Terminated (SystemExit) until detach(). Only SIGKILL (or a
+    crash of the interpreter) leaves a program attached: `skewscope detach -i IFACE`."""
 
     def __init__(self, dp: Dataplane, ifname: str, mode: str = "xdp", xdp_mode: str = "native",
                  direction: str = "ingress"):
+        if mode not in ("xdp", "tc") or xdp_mode not in ("native", "generic") or \
+                direction not in ("ingress", "egress", "both"):
+            raise DataplaneError(f"invalid attach mode {mode}/{xdp_mode}/{direction}", EXIT_USAGE)
+        if mode == "xdp" and direction != "ingress":
+            raise DataplaneError("XDP sees ingress only; use TC for egress or both directions", EXIT_USAGE)
         self.dp, self.ifname, self.mode, self.xdp_mode, self.direction = dp, ifname, mode, xdp_mode, direction
         self.idx = ifindex(ifname)
         self.attached = False
         self._created_clsact = False
         self._xdp_flags = 0
+        self._xdp_prog = 0
+        self._old_handlers: dict = {}
+        self._netns_fd = -1
 
     def attach(self) -> "Attachment":
         if self.mode == "xdp":
@@ -379,6 +451,7 @@ class Attachment:
                 raise DataplaneError(f"{self.ifname} already has an XDP program ({name or '?'}, id {cur}) that is "
                                      "not ours; skewscope will not replace it (use --tc)", EXIT_BUSY)
             fd = self.dp.prog_fd("xdp")
+            self._xdp_prog = bpfsys.prog_info(fd)["id"]
             mode_flag = XDP_FLAGS_DRV_MODE if self.xdp_mode == "native" else XDP_FLAGS_SKB_MODE
             self._xdp_flags = XDP_FLAGS_UPDATE_IF_NOEXIST | mode_flag
             try:
@@ -411,6 +484,12 @@ class Attachment:
                         raise DataplaneError(f"cannot attach TC {d} program to {self.ifname}: {e}",
                                              EXIT_KERNEL) from None
         self.attached = True
+        try:  # detach must happen in this network namespace even if the thread moves later
+            self._netns_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._netns_fd = -1
+        atexit.register(self.detach)
+        self._old_handlers = _install_exit_handlers(EXIT_SIGNALS, only_if_default=True)
         return self
 
     def detach(self) -> None:
@@ -418,18 +497,52 @@ class Attachment:
             return
         self.attached = False
         try:
-            if self.mode == "xdp":
-                detach_ours(self.ifname, tc=False)
-            else:
-                detach_ours(self.ifname, xdp=False, remove_clsact=self._created_clsact)
-        except DataplaneError:
-            pass  # interface gone: nothing left to clean
+            atexit.unregister(self.detach)
+        except Exception:
+            pass
+        _restore_handlers(self._old_handlers)
+        self._old_handlers = {}
+        dirs = ("ingress", "egress") if self.direction == "both" else (self.direction,)
+        try:
+            with _in_netns(self._netns_fd):
+                if self.mode == "xdp":
+                    detach_ours(self.ifname, tc=False, xdp_prog=self._xdp_prog)
+                else:
+                    detach_ours(self.ifname, xdp=False, remove_clsact=self._created_clsact, directions=dirs)
+        except (DataplaneError, OSError):
+            pass  # interface (or namespace) gone: nothing left to clean
+        finally:
+            if self._netns_fd >= 0:
+                os.close(self._netns_fd)
+                self._netns_fd = -1
 
     def __enter__(self):
         return self.attach()
 
     def __exit__(self, *exc):
         self.detach()
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+@contextlib.contextmanager
+def _in_netns(fd: int):
+    """Run the block in the network namespace of fd (if it is not the current one)."""
+    if fd < 0 or os.fstat(fd).st_ino == os.stat("/proc/thread-self/ns/net").st_ino:
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    here = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns")
+        try:
+            yield
+        finally:
+            libc.setns(here, _CLONE_NEWNET)
+    finally:
+        os.close(here)
 
 
 _TC_PRIO = 0xC0DE & 0xFFFF  # our filter priority: distinctive, so detach finds ours
@@ -442,6 +555,17 @@ def _tc_filters(ipr, idx: int, parent: int):
         return []
 
 
+def _tc_prog_name(flt) -> str | None:
+    """Name of the BPF program behind a cls_bpf filter: the kernel's prog name (by id) when
+    available, else the filter's TCA_BPF_NAME."""
+    opts = flt.get_attr("TCA_OPTIONS")
+    if not opts:
+        return None
+    pid = opts.get_attr("TCA_BPF_ID")
+    name = bpfsys.prog_name_by_id(int(pid)) if pid else None
+    return name or (opts.get_attr("TCA_BPF_NAME") or "").split(":")[0] or None
+
+
 def list_ours(ifname: str) -> dict:
     """What skewscope has attached to ifname: {'xdp': prog_id|None, 'tc': [(dir, prio, name)]}"""
     idx = ifindex(ifname)
@@ -452,33 +576,34 @@ def list_ours(ifname: str) -> dict:
     with _ipr() as ipr:
         for d, parent in (("ingress", 0xFFFFFFF2), ("egress", 0xFFFFFFF3)):
             for flt in _tc_filters(ipr, idx, parent):
-                opts = flt.get_attr("TCA_OPTIONS")
-                name = opts.get_attr("TCA_BPF_NAME") if opts else None
-                if name and name.split(":")[0] in OUR_PROG_NAMES:
-                    prio = flt["info"] >> 16
-                    out["tc"].append((d, prio, name))
+                name = _tc_prog_name(flt)
+                if name in OUR_PROG_NAMES:
+                    out["tc"].append((d, flt["info"] >> 16, name))
     return out
 
 
-def detach_ours(ifname: str, xdp: bool = True, tc: bool = True, remove_clsact: bool = True) -> dict:
-    """Remove skewscope's programs (and only those) from ifname. Returns what was removed."""
+def detach_ours(ifname: str, xdp: bool = True, tc: bool = True, remove_clsact: bool = True,
+                directions=("ingress", "egress"), xdp_prog: int | None = None) -> dict:
+    """Remove skewscope's programs (and only those) from ifname. Returns what was removed.
+    directions: TC hooks to clean; xdp_prog: remove the XDP program only if it is this id."""
     idx = ifindex(ifname)
     found = list_ours(ifname)
     removed = {"xdp": None, "tc": []}
-    if xdp and found["xdp"]:
-        pid = found["xdp"]
-        # detach whichever mode it is in; expected-fd semantics are not needed since we re-check the id
+    pid = found["xdp"]
+    if xdp and pid and (xdp_prog is None or pid == xdp_prog):
+        # IFLA_XDP_FD -1 in the mode it was attached in (drv / skb); re-check the id each time
         for flags in (XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE, 0):
             try:
                 _xdp_set(idx, -1, flags)
             except Exception:
                 continue
             if xdp_prog_id(ifname) != pid:
+                removed["xdp"] = pid
                 break
-        removed["xdp"] = pid
-    if tc and found["tc"]:
+    mine = [t for t in found["tc"] if t[0] in directions]
+    if tc and mine:
         with _ipr() as ipr:
-            for d, prio, name in found["tc"]:
+            for d, prio, name in mine:
                 parent = 0xFFFFFFF2 if d == "ingress" else 0xFFFFFFF3
                 try:
                     ipr.tc("del-filter", "bpf", idx, parent=parent, prio=prio)
