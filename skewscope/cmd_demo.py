@@ -18,7 +18,7 @@ import click
 from .cli import fail, friendly_errors
 from .cmd_live import Duration
 
-DEFAULT_SCENARIOS = ("moe-hot-expert", "ring-straggler", "congestion")
+DEFAULT_SCENARIOS = ("moe-hot-expert+congestion", "ring-straggler")
 
 EPILOG = """\b
 Examples:
@@ -27,10 +27,12 @@ Examples:
   sudo skewscope demo --duration 20 | cat     plain periodic tables instead of the screen
   sudo skewscope demo --cleanup               remove what a killed demo left behind
 \b
-What runs: generator scenarios (default: a hot MoE expert on 10.0.0.6, a ring straggler
-10.0.0.4, congestion into 10.0.0.3) played from the GPU namespaces, time-stretched so that
-the whole fabric sends about --rate frames/s (rates on screen are the model's divided by
-the stretch factor, printed at start).
+What runs: generator scenarios played from the GPU namespaces -- by default an MoE
+all-to-all with a hot expert on 10.0.0.6 and congestion into 10.0.0.3, next to a ring
+all-reduce whose rank 10.0.0.4 straggles -- time-stretched so that the whole fabric sends
+about --rate frames/s (rates on screen are the model's divided by the stretch factor,
+printed at start). Every 60 s the traffic is regenerated (fresh QPs, so PSNs never go
+backwards); the fabric is quiet for the second or two that takes.
 """
 
 
@@ -38,7 +40,7 @@ def _fallback(scenarios, seed):
     """No root: the same traffic, offline."""
     from . import report as R
     from .cli import analyze
-    from .fabric import _skewgen
+    from .fabric import DEMO_SCENARIOS, _skewgen, resolve_scenario
     from .offline import parse_file
     sg = _skewgen()
     click.echo("skewscope demo: the live demo needs root (network namespaces, veth, XDP); showing the offline "
@@ -46,9 +48,10 @@ def _fallback(scenarios, seed):
     with tempfile.TemporaryDirectory(prefix="skewscope-demo-") as d:
         for k, name in enumerate(scenarios):
             path = os.path.join(d, f"{name}.pcap")
-            cap = sg.generate(name, seed=seed + k)
+            cap = sg.generate(resolve_scenario(name), seed=seed + k)
             cap.write_pcap(path)
-            click.echo(f"\n=== {name}: {sg.PRESETS.get(name, {}).get('description', '')}")
+            desc = (DEMO_SCENARIOS.get(name) or sg.PRESETS.get(name) or {}).get("description", "")
+            click.echo(f"\n=== {name}: {desc}")
             snap = parse_file(path)
             try:
                 res = analyze(snap)
@@ -61,7 +64,7 @@ def _fallback(scenarios, seed):
 @click.command(epilog=EPILOG)
 @click.option("--nodes", type=click.IntRange(2, 64), default=8, show_default=True, help="GPU node namespaces")
 @click.option("--scenario", "scenarios", multiple=True, metavar="PRESET",
-              help="generator preset to play (repeatable; default: moe-hot-expert, ring-straggler, congestion)")
+              help="generator preset to play (repeatable; default: moe-hot-expert+congestion, ring-straggler)")
 @click.option("--rate", type=click.FloatRange(100, 200000), default=15000, show_default=True,
               help="frames per second the whole fabric sends (sets the time stretch)")
 @click.option("--duration", type=Duration(), default=None,
@@ -81,11 +84,11 @@ def demo(nodes, scenarios, rate, duration, no_top, use_tc, xdp_mode, interval, w
     port -> DPU namespace), play generator scenarios with known pathologies from the nodes
     in a bounded loop, and open `top` on the DPU's interface. On exit everything made is
     removed."""
-    from .fabric import _skewgen
+    from .fabric import DEMO_SCENARIOS, _skewgen
     scenarios = tuple(scenarios) or DEFAULT_SCENARIOS
     sg = _skewgen()
     for s in scenarios:
-        if s not in sg.PRESETS and not os.path.exists(s):
+        if s not in sg.PRESETS and s not in DEMO_SCENARIOS and not os.path.exists(s):
             fail(f"unknown scenario {s!r} (see 'skewscope gen --list-presets')", 2)
     if os.geteuid() != 0:
         if cleanup:

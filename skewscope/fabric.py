@@ -279,11 +279,34 @@ def _in_namespaces(pid: int, names: list[str]) -> bool:
 
 
 # ---- the player ------------------------------------------------------------------------------
+#: Scenarios the demo defines on top of the generator's presets. The MoE one carries both the
+#: hot expert and the congestion, so that one all-to-all shows both (two separate
+#: all-to-alls between the same nodes would be seen as one group whose skew is diluted).
+DEMO_SCENARIOS = {
+    "moe-hot-expert+congestion": {
+        "description": "8-node MoE all-to-all (dispatch+combine): node 5 hosts a hot expert (4x volume); "
+                       "flows into node 2 CE-marked (30%), CNPs back, 0.6x rate",
+        "nodes": 8, "iterations": 3, "period_ms": 5.0,
+        "workloads": [{"kind": "all_to_all", "bytes_per_peer": "128KiB", "channels": 1, "combine": True}],
+        "pathologies": [{"kind": "hot_expert", "node": 5, "factor": 4.0},
+                        {"kind": "congestion", "into": 2, "ce_fraction": 0.3, "rate_factor": 0.6}],
+    },
+}
+
+
+def resolve_scenario(name):
+    """A demo scenario name -> its dict (a fresh copy); anything else is passed through to
+    the generator (preset name, scenario file, dict)."""
+    if isinstance(name, str) and name in DEMO_SCENARIOS:
+        return copy.deepcopy(DEMO_SCENARIOS[name])
+    return name
+
+
 def plan(scenarios: list[str], rate: float, pass_seconds: float, seed: int = 1):
     """Generate the scenarios so that together they send about `rate` frames/s for
     `pass_seconds` with one common time stretch. Returns (captures, stretch)."""
     sg = _skewgen()
-    base = [sg.generate(s, seed=seed + k) for k, s in enumerate(scenarios)]
+    base = [sg.generate(resolve_scenario(s), seed=seed + k) for k, s in enumerate(scenarios)]
     dens = []
     for c in base:
         ts = c.timestamps
@@ -293,7 +316,7 @@ def plan(scenarios: list[str], rate: float, pass_seconds: float, seed: int = 1):
     caps = []
     want_ms = pass_seconds / stretch * 1e3
     for k, (name, c) in enumerate(zip(scenarios, base)):
-        sc = copy.deepcopy(sg.load_scenario(name))
+        sc = copy.deepcopy(sg.load_scenario(resolve_scenario(name)))
         period = float(sc.get("period_ms") or 0)
         iters = int(sc.get("iterations") or 1)
         ts = c.timestamps

@@ -419,37 +419,35 @@ def findings_sorted(analysis: dict | None) -> list[dict]:
 
 
 def collective_lines(analysis: dict | None, limit: int = 8) -> list[str]:
-    """One line per detected collective group: kind, members, confidence, skew."""
+    """One line per detected collective group: kind, size, confidence and its skew (the
+    analysis' own numbers: all-to-all destination skew and hot destination, the slowest
+    ring link's rate ratio, else the spread of link rates)."""
     cols = (analysis or {}).get("collectives") or []
-    if isinstance(cols, dict):
-        cols = cols.get("groups") or list(cols.values())
     out = []
     for c in cols[:limit]:
         if not isinstance(c, dict):
             out.append(str(c))
             continue
-        kind = c.get("kind") or c.get("type") or c.get("classification") or "?"
-        members = c.get("members") or c.get("nodes") or c.get("ranks") or c.get("ips") or []
-        n = c.get("size") or c.get("n_nodes") or (len(members) if hasattr(members, "__len__") else members)
-        conf = c.get("confidence")
-        parts = [f"{kind}", f"{n} nodes" if n else ""]
-        if conf is not None:
-            parts.append(f"conf {float(conf):.2f}")
-        sk = c.get("skew") or {}
-        if isinstance(sk, dict):
-            for name in ("max_over_mean", "imbalance", "ratio"):
-                if name in sk:
-                    parts.append(f"skew {float(sk[name]):.2f}x")
-                    break
-            hot = sk.get("argmax_ip") or sk.get("hot") or c.get("hot")
-            if hot:
-                parts.append(f"hot {hot}")
-        elif isinstance(sk, (int, float)):
-            parts.append(f"skew {float(sk):.2f}x")
-        summ = c.get("summary") or c.get("message")
-        if summ:
-            parts = [str(summ)]
-        out.append("  ".join(p for p in parts if p))
+        m = c.get("metrics") or {}
+        members = c.get("members") or []
+        parts = [str(c.get("kind") or "?"), f"{len(members)} nodes"]
+        if c.get("confidence") is not None:
+            parts.append(f"conf {float(c['confidence']):.2f}")
+        ds = m.get("dest_skew") or {}
+        sl = m.get("slowest_link") or {}
+        lr = m.get("link_rate_skew") or {}
+        if ds.get("max_over_mean"):
+            s = f"dest skew {float(ds['max_over_mean']):.2f}x"
+            if m.get("hot_destination") and float(ds["max_over_mean"]) > 1.05:
+                s += f" hot {m['hot_destination']}"
+            parts.append(s)
+        elif sl.get("rate_ratio") is not None:
+            parts.append(f"slowest {sl.get('src')}->{sl.get('dst')} {float(sl['rate_ratio']):.2f}x")
+        elif lr.get("min_over_mean") is not None:
+            parts.append(f"link rates {float(lr['min_over_mean']):.2f}-{float(lr.get('max_over_mean') or 0):.2f}x")
+        out.append("  ".join(parts))
+    if len(cols) > limit:
+        out.append(f"… {len(cols) - limit} more")
     return out
 
 
@@ -647,6 +645,10 @@ def run_tty(session, interval: float, rows: int = 0, window: float = 10.0, state
     state = state or ViewState()
     runner = AnalysisRunner(load_analyze() if analyze == "auto" else analyze)
     win = Window(window)
+    # A full-screen view follows the real terminal (and its resizes): exported COLUMNS/LINES
+    # (often stale -- e.g. inherited into tmux panes) would pin it to a wrong size.
+    for v in ("COLUMNS", "LINES"):
+        os.environ.pop(v, None)
     console = Console()
     fd = sys.stdin.fileno()
     old = termios.tcgetattr(fd)

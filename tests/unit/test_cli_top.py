@@ -294,15 +294,17 @@ def test_run_plain_shows_findings_most_severe_first(capsys):
 def test_rich_render_contains_panels():
     from rich.console import Console
     analysis = {"findings": [{"severity": "critical", "kind": "k", "message": "hot destination 10.0.0.6"}],
-                "collectives": [{"kind": "all_to_all", "members": list(range(8)), "confidence": 0.9}]}
+                "collectives": [{"kind": "all_to_all", "members": list(range(8)), "confidence": 0.9,
+                                 "metrics": {"dest_skew": {"max_over_mean": 2.5}, "hot_destination": "10.0.0.6"}}]}
     st = V.ViewState()
     m = V.build_model(snap(three_flows()), 1.0, st, iface="obs0", attach="XDP native", analysis=analysis,
                       analysis_note="last 10 s")
-    con = Console(width=140, record=True, file=open("/dev/null", "w"))
-    con.print(V.render_rich(m, height=40, width=140))
+    con = Console(width=200, record=True, file=open("/dev/null", "w"))
+    con.print(V.render_rich(m, height=40, width=200))
     text = con.export_text()
     assert "skewscope top  obs0" in text and "hot destination 10.0.0.6" in text
     assert "all_to_all  8 nodes  conf 0.90" in text and "10.0.0.3" in text
+    assert "dest skew 2.50x hot 10.0.0.6" in text
 
 
 def test_window_covers_between_half_and_full_length():
