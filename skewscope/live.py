@@ -24,9 +24,7 @@ never is.
 """
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
 import threading
 import time
@@ -36,7 +34,8 @@ import numpy as np
 
 from . import layout as L
 from .dataplane import (EXIT_BUSY, EXIT_NO_IFACE, EXIT_USAGE, Attachment, Config, Dataplane,
-                        DataplaneError, check_privileges, detach_ours, import_bcc, list_ours)
+                        DataplaneError, check_privileges, detach_ours, exit_on_signals, import_bcc, list_ours)
+from .dataplane import Terminated as _dp_Terminated
 from .snapshot import Snapshot, events_from_records, flow_key_matrix
 
 # counters that are differences between two reads (everything else in FLOW_DTYPE is a key
@@ -51,41 +50,11 @@ DIRECTIONS = ("ingress", "egress", "both")
 
 
 # ---- signals ------------------------------------------------------------------------------
-class Terminated(KeyboardInterrupt):
-    """SIGTERM/SIGHUP turned into an exception so that every `finally` (detach, namespace
-    teardown) runs. Subclass of KeyboardInterrupt: code that cleans up on Ctrl-C cleans up
-    on these too."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def terminate_on_signals(signums=(signal.SIGTERM, signal.SIGHUP)):
-    """Within the block, SIGTERM/SIGHUP raise Terminated in the main thread. Only installs
-    handlers from the main thread (signal module rule); restores the previous ones."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {}
-
-    def handler(signum, frame):
-        raise Terminated(signum)
-
-    for s in signums:
-        try:
-            old[s] = signal.signal(s, handler)
-        except (ValueError, OSError):
-            pass
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            try:
-                signal.signal(s, h)
-            except (ValueError, OSError):
-                pass
+# One mechanism for the whole package (dataplane.py): SIGTERM/SIGHUP raise Terminated, a
+# SystemExit with status 128 + signal, so every `finally` (detach, namespace teardown) runs.
+# Ctrl-C stays a KeyboardInterrupt (for top: the normal way out; for capture: "stop early").
+Terminated = _dp_Terminated
+terminate_on_signals = exit_on_signals
 
 
 # ---- who holds a BPF program ------------------------------------------------------------
@@ -592,9 +561,7 @@ def capture(iface: str, duration: float, mode: str = "xdp", xdp_mode: str = "nat
                     if progress:
                         progress(min(duration, duration - max(0.0, t_end - time.monotonic())), duration,
                                  sess.dp.read_globals())
-            except KeyboardInterrupt as e:
-                if isinstance(e, Terminated):
-                    raise
+            except KeyboardInterrupt:
                 interrupted = True
             snap = sess.snapshot(include_events=True)
             snap.meta["events_dropped"] = int(sess.events_dropped)
