@@ -60,19 +60,21 @@ def _to_ethernet(linktype: int, data: bytes, orig_len: int) -> tuple[bytes, int]
     """Map a record of a supported link type to (ethernet_frame, orig_len_of_that_frame)."""
     if linktype == LINKTYPE_ETHERNET:
         return data, orig_len
+    # A record too short for its link-layer header becomes an empty frame: counted (as
+    # truncated_eth, like any frame shorter than an Ethernet header), never silently dropped.
     if linktype in (LINKTYPE_RAW, *DLT_RAW_ALIASES):
         if not data:
-            return None
+            return b"", orig_len + 14
         v = data[0] >> 4
         et = b"\x08\x00" if v == 4 else b"\x86\xdd" if v == 6 else b"\x00\x00"
         return b"\0" * 12 + et + data, orig_len + 14
     if linktype == LINKTYPE_LINUX_SLL:
         if len(data) < 16:
-            return None
+            return b"", orig_len - 2
         return b"\0" * 12 + data[14:16] + data[16:], orig_len - 2
     if linktype == LINKTYPE_LINUX_SLL2:
         if len(data) < 20:
-            return None
+            return b"", orig_len - 6
         return b"\0" * 12 + data[0:2] + data[20:], orig_len - 6
     return None
 
@@ -159,7 +161,7 @@ def _check_linktype(path: str, lt: int) -> None:
 
 def _read_pcapng(path: str, fh, head: bytes) -> Iterator[Record]:
     buf = head
-    ifaces: list[tuple[int, int]] = []  # (linktype, ns per tick numerator/denominator as (mult, div))
+    ifaces: list[tuple[int, int, int]] = []  # (linktype, if_tsresol, snaplen)
     e = "<"
     n = 0
 
@@ -198,6 +200,7 @@ def _read_pcapng(path: str, fh, head: bytes) -> Iterator[Record]:
                 raise PcapError(f"{path}: truncated interface description block")
             lt = struct.unpack(e + "H", body[:2])[0]
             tsres = 6
+            snaplen = struct.unpack(e + "I", body[4:8])[0]
             opts = body[8:]
             while len(opts) >= 4:
                 code, olen = struct.unpack(e + "HH", opts[:4])
@@ -206,12 +209,15 @@ def _read_pcapng(path: str, fh, head: bytes) -> Iterator[Record]:
                 if code == 9 and olen >= 1:
                     tsres = opts[4]
                 opts = opts[4 + ((olen + 3) & ~3):]
-            ifaces.append((lt, tsres))
-        elif btype in (6, 3):  # EPB, SPB
-            if btype == 6:
+            ifaces.append((lt, tsres, snaplen))
+        elif btype in (6, 3, 2):  # EPB, SPB, obsolete Packet Block
+            if btype in (6, 2):
                 if len(body) < 20:
                     raise PcapError(f"{path}: truncated enhanced packet block")
-                iid, th, tl, incl, orig = struct.unpack(e + "IIIII", body[:20])
+                if btype == 6:
+                    iid, th, tl, incl, orig = struct.unpack(e + "IIIII", body[:20])
+                else:  # PB: 16-bit interface id, 16-bit drops count
+                    iid, _drops, th, tl, incl, orig = struct.unpack(e + "HHIIII", body[:20])
                 data = body[20:20 + incl]
                 ticks = (th << 32) | tl
             else:
@@ -219,14 +225,16 @@ def _read_pcapng(path: str, fh, head: bytes) -> Iterator[Record]:
                     raise PcapError(f"{path}: truncated simple packet block")
                 iid, ticks = 0, 0
                 orig = struct.unpack(e + "I", body[:4])[0]
-                data = body[4:4 + orig]
+                # captured = min(original, the interface's snaplen): the rest is padding
+                snap = ifaces[0][2] if ifaces and ifaces[0][2] else orig
+                data = body[4:4 + min(orig, snap)]
                 incl = len(data)
             if iid >= len(ifaces):
                 raise PcapError(f"{path}: packet for undeclared interface {iid}")
-            lt, tsres = ifaces[iid]
+            lt, tsres, _snap = ifaces[iid]
             _check_linktype(path, lt)
-            if tsres & 0x80:
-                ts = int(ticks * 1_000_000_000 / (2 ** (tsres & 0x7F)))
+            if tsres & 0x80:  # exact integer arithmetic (no float rounding at ns)
+                ts = (ticks * 1_000_000_000) >> (tsres & 0x7F)
             else:
                 p = tsres
                 ts = ticks * 10 ** (9 - p) if p <= 9 else ticks // 10 ** (p - 9)
