@@ -315,3 +315,20 @@ def test_rule_files_and_scrape_config_pass_promtool():
     r = subprocess.run(["promtool", "check", "config", str(d / "prometheus.yml")], capture_output=True, text=True,
                        timeout=60, cwd=d)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_dashboard_uses_only_recorded_or_exported_series():
+    import json
+    import re
+    d = ROOT / "docs" / "prometheus"
+    dash = json.loads((d / "skewscope-grafana.json").read_text())
+    rules = (d / "skewscope-rules.yml").read_text()
+    recorded = set(re.findall(r"record: (\S+)", rules))
+    f = mk_flows([("10.0.0.1", "10.0.0.2", 5, 10, 1000, 1, 8192, 1)])
+    st_ = E.state_from_snapshot(Snapshot(f, np.zeros(0, L.EVENT_DTYPE), np.zeros(L.G_N, np.uint64), {}), "n")
+    exported = set(parse(E.render(E.make_registry(E.SkewscopeCollector(lambda: st_), process_metrics=False))))
+    for p in dash["panels"]:
+        for t in p["targets"]:
+            for name in re.findall(r"[a-z_]*:[a-z_]+:[a-z0-9_]+|skewscope_[a-z_]+", t["expr"]):
+                base = re.sub(r"_(bucket|total)$", "", name)
+                assert name in recorded or base in exported or name in exported, (p["title"], name)
