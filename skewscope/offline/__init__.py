@@ -43,7 +43,11 @@ def _purge_stale_numba_cache() -> None:
     for k in sorted(dir(L)):
         if k.isupper():
             v = getattr(L, k)
-            fp.update(f"{k}={v.tobytes().hex() if isinstance(v, np.ndarray) else repr(v)};".encode())
+            if isinstance(v, np.ndarray):
+                v = v.tobytes().hex()
+            elif isinstance(v, (set, frozenset)):
+                v = sorted(v)
+            fp.update(f"{k}={v!r};".encode())
     digest = fp.hexdigest()[:16]
     cache = here / "__pycache__"
     stamp = cache / "kernel.layout-fingerprint"
@@ -147,6 +151,7 @@ class _Old:
 
 
 _OPTAB = np.ascontiguousarray(L.OPCODE_TABLE, dtype=np.uint32)
+_NO_IF = np.zeros(1, np.int64)
 
 
 class _Full(Exception):
@@ -332,7 +337,8 @@ class _Run:
     def _run_pcap(self) -> None:
         b, t = self.b, self.t
         while True:
-            pos, status = K.scan_pcap(b.buf, b.pos, b.fill, self.big, self.ts_mult, self.kind, *t.args())
+            pos, status = K.scan(b.buf, b.pos, b.fill, K.FMT_PCAP, self.big, self.ts_mult, self.kind, _NO_IF,
+                                 _NO_IF, _NO_IF, 0, *t.args())
             b.pos = int(pos)
             if status == K.S_GROW:
                 t.grow()
@@ -360,8 +366,8 @@ class _Run:
         self.ifaces: list[tuple[int, int, int, int]] = []  # (link type, kind, tsresol, snaplen)
         self._if_arrays()
         while True:
-            pos, status = K.scan_pcapng(b.buf, b.pos, b.fill, self.big, self.if_kind, self.if_res,
-                                        self.if_snap, len(self.ifaces), *t.args())
+            pos, status = K.scan(b.buf, b.pos, b.fill, K.FMT_PCAPNG, self.big, 1, 0, self.if_kind, self.if_res,
+                                 self.if_snap, len(self.ifaces), *t.args())
             b.pos = int(pos)
             if status == K.S_GROW:
                 t.grow()

@@ -27,7 +27,19 @@ reinterpreted as the layout's unsigned dtypes.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def borrow(typingctx, arr):
+    """The same array without its meminfo: numba's reference counting becomes a no-op on it
+    (the caller keeps the real array alive for the duration of the call)."""
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+        ary.meminfo = context.get_constant_null(types.MemInfoPointer(sig.args[0].dtype))
+        return ary._getvalue()
+    return arr(arr), codegen
 
 from .. import layout as L
 
@@ -526,9 +538,10 @@ def handle_macctl(g, b, cur, end):
 @njit(cache=True, inline="always")
 def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
             b, proto, cur, end, wire_len, ts):
-    """Parse one frame whose L2 header ends at `cur` (EtherType `proto`), captured bytes
-    up to `end` (exclusive); account it. Returns the category."""
-    cur0 = cur  # just past a (real or synthesised) 14-byte Ethernet header
+    """Parse one frame whose 14-byte Ethernet header ends at `cur` (EtherType `proto`),
+    captured bytes up to `end` (exclusive), `wire_len` bytes long on the wire; account it.
+    Returns the category."""
+    l2end = cur
     for _ in range(MAX_VLAN):
         if proto != 0x8100 and proto != 0x88A8:
             break
@@ -538,7 +551,8 @@ def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opt
         cur += 4
     if proto == 0x8100 or proto == 0x88A8:
         return G_VLAN_DEPTH
-    l3off = 14 + (cur - cur0)  # L3 offset in the Ethernet frame (for the length-lie check)
+    # where L3 starts in the frame; l3end = where its length field says it ends (checked last)
+    l3off = 14 + (cur - l2end)
 
     ecn_valid = 0
     sport = 0
@@ -661,8 +675,9 @@ def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opt
         if a + 4 > end:
             return G_TRUNC_EXT
         syndrome = np.int64(b[a])
-    # headers all present but the IP/GRH length runs past the frame: a length lie, as the
-    # BPF program decides (after the header parse)
+    # Headers all present, but the IP/GRH length claims more bytes than the frame has: a
+    # length lie, bad_length (C: checked after the header parse, so a frame cut inside a
+    # header still counts as truncated_<that header>)
     if l3end > wire_len:
         return G_BAD_LENGTH
 
@@ -753,28 +768,7 @@ def record(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opta
         st[ST_PKN] = n + 1
 
 
-# ---- record scanners ---------------------------------------------------------------------
-@njit(cache=True)
-def scan_pcap(b, pos, end, big, ts_mult, kind,
-              g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab):
-    """Process classic-pcap records in b[pos:end]. Returns (pos, status)."""
-    while pos + 16 <= end:
-        incl = rd32(b, pos + 8, big)
-        if incl > MAX_RECORD:
-            return pos, S_BAD_RECLEN
-        if pos + 16 + incl > end:
-            return pos, S_NEED_DATA
-        if needs_grow(st):
-            return pos, S_GROW
-        sec = rd32(b, pos, big)
-        frac = rd32(b, pos + 4, big)
-        orig = rd32(b, pos + 12, big)
-        record(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
-               b, pos + 16, incl, orig, kind, sec * 1000000000 + frac * ts_mult)
-        pos += 16 + incl
-    return pos, S_NEED_DATA
-
-
+# ---- record scanner -----------------------------------------------------------------------
 @njit(cache=True)
 def pcapng_ts(ticks, res):
     """if_tsresol -> ns, exactly (pcapfile.py does the same with Python integers)."""
@@ -791,49 +785,84 @@ def pcapng_ts(ticks, res):
     return ticks // d
 
 
+FMT_PCAP = 0
+FMT_PCAPNG = 1
+
+
 @njit(cache=True)
-def scan_pcapng(b, pos, end, big, if_kind, if_res, if_snap, n_if,
-                g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab):
-    """Process pcapng blocks in b[pos:end] until one Python must handle (SHB, IDB), an
-    incomplete block or an error. EPB, SPB and the obsolete Packet Block are processed here;
-    every other block type is skipped (counted by the caller via st). Returns (pos, status)."""
-    while pos + 12 <= end:
-        btype = rd32(b, pos, big)
-        if btype == 0x0A0D0D0A or btype == 1:
-            return pos, S_PYBLOCK
-        blen = rd32(b, pos + 4, big)
-        if blen < 12 or (blen & 3) or blen > MAX_BLOCK:
-            return pos, S_BAD_BLOCK
-        if pos + blen > end:
-            return pos, S_NEED_DATA
-        if rd32(b, pos + blen - 4, big) != blen:
-            return pos, S_BAD_BLOCK
-        body = pos + 8
-        blim = pos + blen - 4
-        if btype == 6 or btype == 2 or btype == 3:
+def scan(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, n_if,
+         g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab):
+    """Process the records in b[pos:end]: classic pcap (fmt FMT_PCAP: byte order `big`,
+    ts_mult 1 (ns) or 1000 (us), link-layer `kind`) or pcapng (FMT_PCAPNG: blocks of byte
+    order `big`; n_if interfaces with link-layer kind / if_tsresol / snaplen in if_*).
+    Stops at the first record or block that is incomplete, that Python must handle (pcapng
+    SHB/IDB), that needs a table to grow, or that is corrupt. Returns (pos, status).
+
+    One call site of `record` (everything is inlined into this function: compiled once).
+    The arrays are `borrow`ed: without that, numba's reference counting of the many array
+    arguments of the inlined helpers costs ~100 ns per packet."""
+    b = borrow(b)
+    if_kind = borrow(if_kind)
+    if_res = borrow(if_res)
+    if_snap = borrow(if_snap)
+    g = borrow(g)
+    st = borrow(st)
+    hidx = borrow(hidx)
+    fhash = borrow(fhash)
+    keys = borrow(keys)
+    S = borrow(S)
+    lprev = borrow(lprev)
+    lnext = borrow(lnext)
+    finst = borrow(finst)
+    ikeys = borrow(ikeys)
+    ev = borrow(ev)
+    pk = borrow(pk)
+    optab = borrow(optab)
+    while True:
+        if fmt == FMT_PCAP:
+            if pos + 16 > end:
+                return pos, S_NEED_DATA
+            incl = rd32(b, pos + 8, big)
+            if incl > MAX_RECORD:
+                return pos, S_BAD_RECLEN
+            nxt = pos + 16 + incl
+            if nxt > end:
+                return pos, S_NEED_DATA
             if needs_grow(st):
                 return pos, S_GROW
-            if btype == 6:      # EPB
-                if body + 20 > blim:
-                    return pos, S_BAD_BLOCK
-                iid = rd32(b, body, big)
-                ticks = (rd32(b, body + 4, big) << 32) | rd32(b, body + 8, big)
-                incl = rd32(b, body + 12, big)
-                orig = rd32(b, body + 16, big)
-                data = body + 20
-                if data + incl > blim:
-                    return pos, S_BAD_BLOCK
-            elif btype == 2:    # obsolete Packet Block
-                if body + 20 > blim:
-                    return pos, S_BAD_BLOCK
-                iid = rd16(b, body, big)
-                ticks = (rd32(b, body + 4, big) << 32) | rd32(b, body + 8, big)
-                incl = rd32(b, body + 12, big)
-                orig = rd32(b, body + 16, big)
-                data = body + 20
-                if data + incl > blim:
-                    return pos, S_BAD_BLOCK
-            else:               # SPB: interface 0, no timestamp
+            orig = rd32(b, pos + 12, big)
+            ts = rd32(b, pos, big) * 1000000000 + rd32(b, pos + 4, big) * ts_mult
+            data = pos + 16
+            k = kind
+        else:
+            if pos + 12 > end:
+                return pos, S_NEED_DATA
+            btype = rd32(b, pos, big)
+            if btype == 0x0A0D0D0A or btype == 1:
+                return pos, S_PYBLOCK
+            blen = rd32(b, pos + 4, big)
+            if blen < 12 or (blen & 3) or blen > MAX_BLOCK:
+                return pos, S_BAD_BLOCK
+            nxt = pos + blen
+            if nxt > end:
+                return pos, S_NEED_DATA
+            if rd32(b, nxt - 4, big) != blen:
+                return pos, S_BAD_BLOCK
+            body = pos + 8
+            blim = nxt - 4
+            if btype != 6 and btype != 3 and btype != 2:
+                if not (btype == 4 or btype == 5 or btype == 7 or btype == 8 or btype == 9
+                        or btype == 10 or btype == 0xBAD or btype == 0x40000BAD):
+                    # NRB, ISB, IRIG, AFDX, systemd journal, DSB and custom blocks are
+                    # known and irrelevant; anything else is skipped too (the spec says so)
+                    # but reported
+                    st[ST_UNKNOWN_BLOCKS] += 1
+                    st[ST_UNKNOWN_TYPE] = btype
+                pos = nxt
+                continue
+            if needs_grow(st):
+                return pos, S_GROW
+            if btype == 3:      # SPB: interface 0, no timestamp
                 if body + 4 > blim:
                     return pos, S_BAD_BLOCK
                 iid = 0
@@ -845,21 +874,25 @@ def scan_pcapng(b, pos, end, big, if_kind, if_res, if_snap, n_if,
                     incl = orig
                 if n_if > 0 and if_snap[0] > 0 and if_snap[0] < incl:
                     incl = if_snap[0]
+            else:               # EPB (6) or the obsolete Packet Block (2)
+                if body + 20 > blim:
+                    return pos, S_BAD_BLOCK
+                iid = rd32(b, body, big) if btype == 6 else rd16(b, body, big)
+                ticks = (rd32(b, body + 4, big) << 32) | rd32(b, body + 8, big)
+                incl = rd32(b, body + 12, big)
+                orig = rd32(b, body + 16, big)
+                data = body + 20
+                if data + incl > blim:
+                    return pos, S_BAD_BLOCK
             if iid >= n_if:
                 st[ST_STOP_IF] = iid
                 return pos, S_BAD_IFACE
             k = if_kind[iid]
             if k == K_UNSUPPORTED:
                 st[ST_SKIP_LT] += 1
-            else:
-                ts = pcapng_ts(ticks, if_res[iid])
-                record(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
-                       b, data, incl, orig, k, ts)
-        elif not (btype == 4 or btype == 5 or btype == 7 or btype == 8 or btype == 9 or btype == 10
-                  or btype == 0xBAD or btype == 0x40000BAD):
-            # NRB, ISB, IRIG, AFDX, systemd journal, DSB and custom blocks are known and
-            # irrelevant; anything else is skipped too (the spec says so) but reported
-            st[ST_UNKNOWN_BLOCKS] += 1
-            st[ST_UNKNOWN_TYPE] = btype
-        pos += blen
-    return pos, S_NEED_DATA
+                pos = nxt
+                continue
+            ts = pcapng_ts(ticks, if_res[iid])
+        record(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
+               b, data, incl, orig, k, ts)
+        pos = nxt
