@@ -37,8 +37,8 @@ DEFAULTS = {
     "hot_destination.min_nodes": 3,
     "alltoall_destination_skew.max_over_mean": 2.0,
     "alltoall_destination_skew.min_destinations": 3,
-    "ring_straggler.rate_vs_median": 0.7,     # link rate over active time / ring median
-    "ring_straggler.critical": 0.4,
+    "ring_straggler.rate_vs_median": 0.8,     # link rate over active time / ring median
+    "ring_straggler.critical": 0.5,
     "incast.degree": 4.0,                     # mean concurrent senders into a destination
     "incast.vs_median": 2.0,                  # ... and this many times the median destination
     "ecn_congestion.ce_fraction": 0.01,
@@ -56,9 +56,26 @@ def _bps(v: float) -> str:
     return f"{v:.0f} b/s"
 
 
+# the single-node detectors' thresholds (analysis.findings.DEFAULTS) where the fleet
+# detector asks the same question, so one number means the same thing in both paths
+_SHARED = {"hot_destination.preference": ("hot_destination", "warning"),
+           "hot_destination.critical": ("hot_destination", "critical"),
+           "ring_straggler.rate_vs_median": ("ring_straggler", "warning"),
+           "ring_straggler.critical": ("ring_straggler", "critical"),
+           "incast.degree": ("incast", "min_senders"),
+           "incast.vs_median": ("incast", "ratio")}
+
+
 def _t(thresholds, key):
     if thresholds and key in thresholds:
         return thresholds[key]
+    if key in _SHARED:
+        try:
+            from .findings import DEFAULTS as SINGLE
+            sec, name = _SHARED[key]
+            return SINGLE[sec][name]
+        except (ImportError, KeyError):
+            pass
     return DEFAULTS[key]
 
 

@@ -321,7 +321,7 @@ def test_cluster_finds_hot_expert_and_slow_ring_link_raw(fleet):
     assert set(seen) == {owner[a], owner[b]}, seen
     med = st["evidence"]["median_rate_bps"]
     for o in seen.values():
-        assert o["rate_bps"] is not None and o["rate_bps"] < 0.7 * med, (o, med)
+        assert o["rate_bps"] is not None and o["rate_bps"] < 0.8 * med, (o, med)
 
 
 def test_cluster_via_recording_rules(fleet):
@@ -334,7 +334,7 @@ def test_cluster_via_recording_rules(fleet):
     top = max(p.query("dst:skewscope_alltoall_preference:ratio5m"), key=lambda r: float(r["value"][1]))
     assert top["metric"]["dst"] == fleet["hot"] and float(top["value"][1]) > 1.5
     low = min(p.query("src_dst:skewscope_link_rate_vs_median:ratio5m"), key=lambda r: float(r["value"][1]))
-    assert (low["metric"]["src"], low["metric"]["dst"]) == fleet["slow_link"] and float(low["value"][1]) < 0.7
+    assert (low["metric"]["src"], low["metric"]["dst"]) == fleet["slow_link"] and float(low["value"][1]) < 0.8
 
 
 def test_exporter_counts_every_frame_it_was_sent(fleet):
