@@ -67,8 +67,9 @@ def main():
     from a DPU or any mirror port, with eBPF."""
 
 
-def load_source(path: str, progress: bool = False):
-    """A .snap file, or a capture (pcap/pcapng, optionally gzip) through the offline parser."""
+def load_source(path: str, progress: bool = False, max_flows: int = 65536):
+    """A .snap file, or a capture (pcap/pcapng, optionally gzip) through the offline parser.
+    A capture damaged part-way is read up to the damage: the warning goes to stderr."""
     from .snapshot import Snapshot
     if not os.path.exists(path):
         from .snapshot import SnapshotError
@@ -78,7 +79,10 @@ def load_source(path: str, progress: bool = False):
     if head[:2] == b"PK":
         return Snapshot.load(path)
     from . import offline
-    return offline.parse_file(path, progress=progress)
+    snap = offline.parse_file(path, progress=progress, max_flows=max_flows)
+    for w in snap.meta.get("warnings", []):
+        click.echo(f"skewscope: warning: {w}", err=True)
+    return snap
 
 
 def analyze(snap, thresholds=None, checks=None):
@@ -118,11 +122,13 @@ def replay(file, output, entry, max_flows, as_json):
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="print the stable JSON document")
 @click.option("--top", type=click.IntRange(1, 100000), default=20, show_default=True, help="flows in the table")
+@click.option("--max-flows", type=click.IntRange(16, 1 << 24), default=65536, show_default=True,
+              help="captures: flow table size (least recently used flows are evicted beyond it)")
 @friendly_errors
-def report(file, as_json, top):
+def report(file, as_json, top, max_flows):
     """Report on a snapshot (.snap) or a capture (pcap/pcapng, .gz too). No root needed."""
     from . import report as R
-    snap = load_source(file, progress=not as_json and sys.stderr.isatty())
+    snap = load_source(file, progress=sys.stderr.isatty(), max_flows=max_flows)
     analysis = analyze(snap)
     if as_json:
         click.echo(R.to_json(snap, analysis))
