@@ -208,6 +208,8 @@ def match_pattern(ctx, flows: np.ndarray) -> Group:
         return Group(kind, list(members), np.asarray(flows), float(round(conf, 3)),
                      ev + ([why] if why else []), pattern, extra or {})
 
+    if n < 2:
+        return G("unknown", V, 0.0, "loopback", why="data from a node to itself (loopback or GIDs not unique)")
     if n == 2:
         a, b = V
         if m == 1:

@@ -4,8 +4,9 @@
     ce_fraction      CE-marked / ECN-capable packets of a flow (CE / packets when no packet
                      is ECN-capable, which only happens when the marks are bogus)
     cnp_rate_per_s   CNPs addressed to a QP per second of that QP's activity: CNPs of the
-                     flow (receiver -> sender, dest QP = the sender's QP) / the active span
-                     of the data flow it throttles (its partner), else of the flow itself
+                     flow (receiver -> sender, dest QP = the sender's QP) / the busy time
+                     (message on-wire time) of the data flow it throttles (its partner),
+                     else / the flow's own first..last span
     loss_rate        PSNs skipped / (request packets + PSNs skipped) of a data flow
     naks             NAKs are sent by the responder on the reverse flow; they are counted
                      there and attributed to the data flow through the QP-pair partner
@@ -54,8 +55,9 @@ def flow_congestion(snap) -> np.ndarray:
     out["cnp"] = cnp * sc
     part = ctx.partner
     span = (fl["last_ts"].astype(np.float64) - fl["first_ts"].astype(np.float64)) / 1e9
-    pspan = np.where(part >= 0, span[np.maximum(part, 0)], span)
-    den = np.where(pspan > 0, pspan, np.where(span > 0, span, ctx.duration_ns / 1e9))
+    busy = ctx.fstat["busy_ns"] / 1e9
+    pbusy = np.where(part >= 0, busy[np.maximum(part, 0)], 0.0)
+    den = np.where(pbusy > 0, pbusy, np.where(span > 0, span, ctx.duration_ns / 1e9))
     with np.errstate(invalid="ignore", divide="ignore"):
         out["cnp_rate_per_s"] = np.where(cnp > 0, cnp * sc / np.maximum(den, 1e-9), 0.0)
     out["psn_gaps"] = fl["psn_gaps"] * sc

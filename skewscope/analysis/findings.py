@@ -24,8 +24,8 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "alltoall_destination_skew": {"warning": 1.5, "critical": 3.0, "min_bytes": 1 << 20},
     "hot_destination": {"warning": 1.5, "critical": 3.0, "min_bytes": 1 << 20},
     "incast": {"min_senders": 4, "ratio": 2.0, "min_time_s": 5e-6, "throttle": 0.7},
-    "ring_straggler": {"warning": 0.8, "critical": 0.5, "min_lag_s": 10e-6, "lag_mad": 4.0},
-    "straggler": {"warning": 0.8, "critical": 0.5, "min_lag_s": 20e-6, "lag_mad": 4.0},
+    "ring_straggler": {"warning": 0.8, "critical": 0.5, "min_lag_s": 5e-6, "lag_mad": 4.0},
+    "straggler": {"warning": 0.8, "critical": 0.5, "min_lag_s": 5e-6, "lag_mad": 4.0},
     "slow_receiver": {"warning": 0.8, "critical": 0.5},
     "slow_link": {"warning": 0.8, "critical": 0.5, "min_stall_s": 50e-6, "min_late_s": 50e-6,
                   "late_share": 0.3},
@@ -43,7 +43,8 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "map_overflow": {"min_evicted": 1, "min_lost": 1},
     "sampling": {},
     # parameters of the analysis (not findings)
-    "decode": {"max_interval_s": 0.005, "min_collectives": 16, "max_duty": 0.5, "collectives_per_token": 0},
+    "decode": {"max_interval_s": 0.005, "min_collectives": 16, "max_duty": 0.8, "max_message_bytes": 65536,
+               "collectives_per_token": 0},
 }
 PARAM_SECTIONS = ("decode",)
 KINDS = tuple(k for k in DEFAULTS if k not in PARAM_SECTIONS)
@@ -177,7 +178,9 @@ def detect(ctx, groups, results, th, checks, extra) -> list[dict]:
         dec = r.get("decode")
         if dec:
             _decode(em, ctx, g, r, dec, th, gi)
-        elif r.get("period_s") and r.get("period_jitter_s") is not None and r.get("iterations", 0) >= th["period_jitter"]["min_iterations"]:
+        elif (g.kind in ("ring_allreduce", "tree_allreduce", "all_to_all") or g.pattern == "pipeline") \
+                and r.get("period_s") and r.get("period_jitter_s") is not None \
+                and r.get("iterations", 0) >= th["period_jitter"]["min_iterations"]:
             rel = r["period_jitter_s"] / r["period_s"]
             t = th["period_jitter"]
             sev = _sev(rel, t["warning"], t["critical"])
@@ -549,26 +552,26 @@ def _congestion(em, ctx, th, extra):
                   "traffic placement" if role == "into" else ": its uplink queue is congested"),
                {"ce_fraction": fr, "ce_packets": float(cg["ce"][fl].sum()), "flows": len(fl), "cnp_packets": cnp},
                flows=fl)
-    # CNP storms: per QP (the flow the CNPs are addressed to)
+    # CNP storms: per CNP sender (= the congested data receiver), all the QPs it throttles
     t = th["cnp_storm"]
-    cand = [f for f in range(len(ctx.flows)) if cg["cnp"][f] >= t["min_cnp"] and cg["cnp_rate_per_s"][f] >= t["warning"]]
-    # group by the CNP sender (= data receiver = the flow's src)
     by = {}
-    for f in cand:
-        by.setdefault(int(ctx.nodes.src[f]), []).append(f)
+    for f in np.nonzero(cg["cnp"] > 0)[0]:
+        by.setdefault(int(ctx.nodes.src[f]), []).append(int(f))
     for n, fl in by.items():
+        total = float(cg["cnp"][fl].sum())
         rates = cg["cnp_rate_per_s"][fl]
+        if total < t["min_cnp"] or float(rates.max()) < t["warning"]:
+            continue
         sev = _sev(float(rates.max()), t["warning"], t["critical"])
         senders = sorted({int(ctx.nodes.dst[f]) for f in fl})
         qps = sorted({int(ctx.flows["dest_qp"][f]) for f in fl})
         data_flows = [int(ctx.partner[f]) for f in fl if ctx.partner[f] >= 0]
-        total = float(cg["cnp"][fl].sum())
         em.add("cnp_storm", sev, [n] + senders,
                f"CNP storm from {ips[n]}: {int(total)} CNPs to {len(qps)} sender QP(s) on {len(senders)} node(s), up to "
-               f"{rates.max():,.0f}/s per QP: DCQCN keeps cutting those senders' rates; relieve the congestion "
-               f"towards {ips[n]} (see ecn_congestion) or tune DCQCN", {"cnp_packets": total,
-                                                                         "max_cnp_rate_per_s": float(rates.max()),
-                                                                         "qps": len(qps)},
+               f"{rates.max():,.0f}/s per QP while it sends: DCQCN keeps cutting those senders' rates; relieve the "
+               f"congestion towards {ips[n]} (see ecn_congestion) or tune DCQCN",
+               {"cnp_packets": total, "max_cnp_rate_per_s": float(rates.max()),
+                "median_cnp_rate_per_s": float(np.median(rates)), "qps": len(qps)},
                flows=data_flows + fl, qps=qps)
 
 

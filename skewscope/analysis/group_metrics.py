@@ -83,10 +83,17 @@ def group_links(snap, flows) -> tuple[np.ndarray, np.ndarray]:
     return out, pid
 
 
-def _link_dicts(ctx, links, top=None):
+MAX_LINK_ROWS = 4096
+
+
+def _link_dicts(ctx, links, top=MAX_LINK_ROWS):
+    """Rows for the JSON; more than `top` links: the slowest `top` (by rate ratio)."""
     ips = ctx.nodes.ips
     rows = []
-    for r in links[:top] if top else links:
+    if top and len(links) > top:
+        r_ = np.where(np.isfinite(links["rate_ratio"]), links["rate_ratio"], np.inf)
+        links = links[np.argsort(r_, kind="stable")[:top]]
+    for r in links:
         rows.append({"src": ips[int(r["src"])], "dst": ips[int(r["dst"])], "flows": int(r["flows"]),
                      "bytes": int(r["bytes"]),
                      "rate_bps": None if not np.isfinite(r["rate_bps"]) else float(r["rate_bps"]),
@@ -310,6 +317,7 @@ def alltoall_metrics(snap, g, tinfo) -> dict:
     out["incast_mean_senders"] = {ips[m]: round(float(v), 3) for m, v in zip(mem, inc["mean_senders"][mem])}
     links, _ = group_links(ctx, g.flows)
     out["link_rate_skew"] = skew_stats(links["rate_bps"][np.isfinite(links["rate_bps"])])
+    out["links"] = _link_dicts(ctx, links, top=MAX_LINK_ROWS)
     out["_links"] = links
     out["_mats"] = mats
     return out

@@ -3,9 +3,10 @@ interference, the slow tensor-parallel shard. Definitions: docs/metrics.md "Infe
 
 * decode group: a group whose collectives (bursts at the lowest natural break of its
   activity) come at a fast rhythm: >= decode.min_collectives (16), median interval between
-  them <= decode.max_interval_s (5 ms), and idle in between (median collective duration
-  <= decode.max_duty (0.5) x the median interval; back-to-back bursts are the steps of one
-  large collective).
+  them <= decode.max_interval_s (5 ms), idle in between (median collective duration
+  <= decode.max_duty (0.8) x the median interval; back-to-back bursts are the steps of one
+  large collective), and small messages (median <= decode.max_message_bytes, 64 KiB: LL
+  sizes; larger ones are training steps).
 * prefill messages: messages >= max(64 KiB, 8 x the group's median message size) in a group
   that also has small ones; the decode cadence is measured on the other messages only.
 * cadence: intervals between consecutive decode collectives (burst starts) inside the
@@ -61,6 +62,14 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
     fm[g.flows] = True
     big, thr = prefill_split(ctx, g.flows)
     dmask = None if big is None else ~big
+    # decode collectives are small (LL-sized messages); larger ones are training steps
+    f = ctx.ev_flow
+    sel = ctx.ev_data.copy()
+    sel[sel] &= fm[f[sel]]
+    if dmask is not None:
+        sel &= dmask
+    if not sel.any() or float(np.median(ctx.events["bytes"][sel])) > float(th["max_message_bytes"]):
+        return None
     tm, tinfo = group_timing(ctx, fm, members=g.members, ev_mask=dmask, level="collective")
     bs, be = tinfo["bursts_start"], tinfo["bursts_end"]
     if len(bs) < int(th["min_collectives"]):

@@ -1,0 +1,74 @@
+"""Test helper: generator scenario -> (ground truth, Snapshot), cached per test session.
+
+Ground truth comes from skewgen (tools/skewgen), the Snapshot from the offline pcap parser
+(skewscope.offline.parse_file; the kernel replay when the parser is unavailable and we
+are root). Pcaps are written with a 128-byte snap length (headers only, like
+`tcpdump -s 128`) to keep them small.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+TOOLS = ROOT / "tools"
+REAL = ROOT.parent / "shared/data/real"
+if str(TOOLS) not in sys.path:
+    sys.path.insert(0, str(TOOLS))
+
+_cache: dict = {}
+_dir = None
+
+
+def scenario_path(name: str) -> str:
+    """A preset name, or a file in tests/scenarios/ (name without .yaml)."""
+    p = HERE / f"{name}.yaml"
+    return str(p) if p.exists() else name
+
+
+def _workdir() -> str:
+    global _dir
+    if _dir is None:
+        _dir = tempfile.mkdtemp(prefix="skewscope-acc-")
+    return _dir
+
+
+def snapshot_of_pcap(path: str):
+    try:
+        from skewscope.offline import parse_file
+    except ImportError:
+        if os.geteuid() != 0:
+            import pytest
+            pytest.skip("no offline parser and not root (kernel replay needs root)")
+        from skewscope.replay import replay
+        return replay(path)
+    return parse_file(path)
+
+
+def get(name: str, seed: int = 0):
+    """(truth dict, Snapshot) of a scenario, generated once per session."""
+    key = (name, seed)
+    if key not in _cache:
+        import skewgen
+        out = os.path.join(_workdir(), f"{name}-{seed}.pcap")
+        skewgen.write(scenario_path(name), out, seed=seed, snaplen=128)
+        with open(skewgen.truth_path(out)) as fh:
+            truth = json.load(fh)
+        snap = snapshot_of_pcap(out)
+        os.unlink(out)
+        _cache[key] = (truth, snap)
+    return _cache[key]
+
+
+def analyzed(name: str, seed: int = 0, **kw):
+    """(truth, Snapshot, analysis) with the default thresholds."""
+    key = ("analysis", name, seed, tuple(sorted(kw.items())))
+    if key not in _cache:
+        from skewscope.analysis import analyze
+        truth, snap = get(name, seed)
+        _cache[key] = (truth, snap, analyze(snap, **kw))
+    return _cache[key]
