@@ -62,23 +62,27 @@
  * this much into the linear part of a non-linear skb when a header was cut there. */
 #define SS_HDR_MAX (14 + 4 * SS_MAX_VLAN + 60 + 8 + 12 + 32)
 
-/* Wire headers, declared here so only UAPI headers are needed. */
-struct ss_eth { __u8 dst[6]; __u8 src[6]; __be16 proto; } __attribute__((packed));
-struct ss_vlan { __be16 tci; __be16 proto; } __attribute__((packed));
+/* Wire headers, declared here so only UAPI headers are needed. Not packed: every field is
+ * naturally aligned within its header, so clang emits whole-word loads (packed structs cost
+ * byte-by-byte loads); the headers themselves may sit at 2-byte-aligned packet offsets,
+ * which the verifier allows on architectures with efficient unaligned access (x86-64,
+ * arm64), where XDP/TC programs like this one run. */
+struct ss_eth { __u8 dst[6]; __u8 src[6]; __be16 proto; };
+struct ss_vlan { __be16 tci; __be16 proto; };
 struct ss_ipv4 {
 	__u8 ver_ihl; __u8 tos; __be16 tot_len; __be16 id; __be16 frag_off;
 	__u8 ttl; __u8 protocol; __be16 check; __u8 saddr[4]; __u8 daddr[4];
-} __attribute__((packed));
+};
 struct ss_ipv6 {  /* also the RoCEv1 GRH: same layout, next header 0x1B */
 	__be32 vtcfl; __be16 payload_len; __u8 nexthdr; __u8 hop_limit;
 	__u8 saddr[16]; __u8 daddr[16];
-} __attribute__((packed));
-struct ss_udp { __be16 source; __be16 dest; __be16 len; __be16 check; } __attribute__((packed));
+};
+struct ss_udp { __be16 source; __be16 dest; __be16 len; __be16 check; };
 struct ss_bth {
 	__u8 opcode; __u8 se_m_pad_tver; __be16 pkey; __u8 fb_resv; __u8 dqpn[3];
 	__u8 ack_resv; __u8 psn[3];
-} __attribute__((packed));
-struct ss_macctl { __be16 opcode; __be16 class_enable; __be16 time[8]; } __attribute__((packed));
+};
+struct ss_macctl { __be16 opcode; __be16 class_enable; __be16 time[8]; };
 
 BPF_TABLE("lru_hash", struct ss_flow_key, struct ss_flow_stats, flows, SS_MAX_FLOWS);
 BPF_PERCPU_ARRAY(globals, __u64, SS_G_N);
@@ -215,15 +219,11 @@ static __always_inline __u32 account(struct ss_flow_key *key, struct ss_pkt *p, 
 		f->op[cls & (SS_N_OPCLASS - 1)] += 1;
 	if (p->ecn_valid) {
 		__u8 ecn = p->tclass & 3;
-		if (ecn)
-			f->ecn_capable += 1;
-		if (ecn == 3)
-			f->ce += 1;
+		f->ecn_capable += ecn != 0;
+		f->ce += ecn == 3;
 	}
-	if (p->fb & 0x80)
-		f->fecn += 1;
-	if (p->fb & 0x40)
-		f->becn += 1;
+	f->fecn += p->fb >> 7;
+	f->becn += (p->fb >> 6) & 1;
 	f->sport = p->sport;
 	f->tclass = p->tclass;
 	f->last_opcode = p->opcode;
