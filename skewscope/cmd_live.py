@@ -227,7 +227,9 @@ def capture(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detac
     except Terminated as e:
         if "p" in bar:
             bar["p"].stop()
-        fail(f"terminated by {e}; nothing written, nothing left attached", 128 + e.signum)
+        import signal
+        fail(f"terminated by {signal.Signals(e.signum).name}; nothing written, nothing left attached",
+             128 + e.signum)
     finally:
         if "p" in bar:
             bar["p"].stop()
