@@ -322,6 +322,22 @@ class LiveSession:
         detach_ours(self.iface)
         self.removed_leftover = lo
 
+    def _check_iface(self) -> None:
+        """At most twice a second: is the interface we attached to still there (same index)?
+        Deleted, or gone with its namespace, the program went with it and nothing more will be
+        counted: stop with one clear line instead of running on blind."""
+        now = time.monotonic()
+        if self.att is None or now < getattr(self, "_iface_checked", 0.0) + 0.5:
+            return
+        self._iface_checked = now
+        try:
+            idx = socket.if_nametoindex(self.iface)
+        except OSError:
+            idx = 0
+        if idx != self.att.idx:
+            raise DataplaneError(f"{self.iface} went away while attached (interface deleted or its network "
+                                 "namespace removed); stopped", EXIT_NO_IFACE)
+
     def close(self) -> None:
         """Detach and free. Idempotent; never raises (it runs in finally blocks)."""
         att, self.att = self.att, None
@@ -371,6 +387,7 @@ class LiveSession:
         many were read. Call at least every ev_per_cpu / (records/s per CPU) seconds."""
         if self.dp is None:
             return 0
+        self._check_iface()
         recs = self.dp.read_new_records()
         n = len(recs)
         if n:
