@@ -583,10 +583,11 @@ def dissect(path, limit: int | None = None, max_flows: int = 65536) -> np.ndarra
     parser read from each frame and the category it was counted in. For tests and debugging
     (holds every row in memory)."""
     path = os.fspath(path)
-    run = _Run(path, _check_max_flows(max_flows), DEFAULT_CHUNK, 1 << 12, False)
-    run.t.pk_limit = None if limit is None else max(0, int(limit))
-    if run.t.pk_limit == 0:
+    limit = None if limit is None else max(0, int(limit))
+    if limit == 0:
         return np.zeros(0, PACKET_DTYPE)
+    run = _Run(path, _check_max_flows(max_flows), DEFAULT_CHUNK, min(1 << 12, limit or 1 << 12), False)
+    run.t.pk_limit = limit
     try:
         run.run()
     except _Full:
