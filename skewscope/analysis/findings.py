@@ -539,10 +539,15 @@ def _congestion(em, ctx, th, extra):
     ips = ctx.nodes.ips
     t = th["ecn_congestion"]
     data = np.nonzero(ctx.data)[0]
-    marked = [f for f in data if cg["ce"][f] >= t["min_ce"] and cg["ce_fraction"][f] >= t["warning"]]
+    marked = [int(f) for f in data if cg["ce"][f] > 0]
     for n, role, fl in _group_by_node(ctx, marked):
-        fr = cg["ce"][fl].sum() / max(1.0, cg["ecn_capable"][fl].sum())
+        ce = float(cg["ce"][fl].sum())
+        fr = ce / max(1.0, float(cg["ecn_capable"][fl].sum()))
+        if ce < t["min_ce"]:
+            continue
         sev = _sev(fr, t["warning"], t["critical"])
+        if sev is None:
+            continue
         peers = sorted({int(ctx.nodes.src[f] if role == "into" else ctx.nodes.dst[f]) for f in fl})
         cnp = float(sum(cg["cnp"][ctx.partner[f]] for f in fl if ctx.partner[f] >= 0))
         em.add("ecn_congestion", sev, [n] + peers,
@@ -550,7 +555,7 @@ def _congestion(em, ctx, th, extra):
                f"{'from' if role == 'into' else 'to'} {len(peers)} peer(s)" + (f", {int(cnp)} CNPs back" if cnp else "")
                + (": the switch port towards it is the bottleneck (incast/oversubscription); check its queue and "
                   "traffic placement" if role == "into" else ": its uplink queue is congested"),
-               {"ce_fraction": fr, "ce_packets": float(cg["ce"][fl].sum()), "flows": len(fl), "cnp_packets": cnp},
+               {"ce_fraction": fr, "ce_packets": ce, "flows": len(fl), "cnp_packets": cnp},
                flows=fl)
     # CNP storms: per CNP sender (= the congested data receiver), all the QPs it throttles
     t = th["cnp_storm"]

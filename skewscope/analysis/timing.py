@@ -7,8 +7,10 @@ Definitions: docs/metrics.md "Timing".
   sorted and cut at the largest ratio between consecutive gaps (>= 3x; gaps under
   1 us never cut). Training: one burst per iteration; inference decode: one per
   collective. When every gap is alike, each gap is a cut.
-* period_s: least-squares slope of the burst starts against their iteration index
-  (index = round((start - first start) / median spacing)): robust to a missing iteration.
+* period_s: least-squares slope of the burst starts against their iteration index (each
+  spacing counts round(spacing / median spacing) periods: robust to drift and to a missing
+  iteration); a period only when every start lies within 0.45 period (median 0.15) of
+  the fitted grid.
 * period_jitter_s: standard deviation of the burst starts around that fitted grid
   (needs >= 3 bursts); period_cv: std / mean of the spacings.
 * When bursts cannot be separated (no idle gaps), the period comes from the first
@@ -82,15 +84,20 @@ def fit_period(starts):
     p0 = float(np.median(d))
     if p0 <= 0:
         return None, None, None, False
-    idx = np.round((starts - starts[0]) / p0)
-    frac = np.abs((starts - starts[0]) / p0 - idx)
-    regular = bool(np.all(frac <= 0.3)) and len(np.unique(idx)) == len(idx)
+    # index each start by the whole periods since the previous one (robust to drift and
+    # to a missing iteration), then fit start = a + index * period
+    steps = np.round(d / p0)
+    if np.any(steps < 1):
+        return float(p0), None, None, False
+    idx = np.concatenate([[0.0], np.cumsum(steps)])
     if len(starts) == 2:
-        return float(d[0]), None, None, regular
+        return float(d[0]), None, None, True
     a = np.vstack([np.ones(len(idx)), idx]).T
     coef, *_ = np.linalg.lstsq(a, starts, rcond=None)
     per = float(coef[1])
     res = starts - a @ coef
+    frac = np.abs(res) / per if per > 0 else np.full(len(res), np.inf)
+    regular = bool(np.max(frac) <= 0.45 and np.median(frac) <= 0.15)
     jit = float(np.sqrt(np.sum(res ** 2) / max(1, len(res) - 2))) if len(res) > 2 else None
     dd = d[(d > 0.5 * p0) & (d < 1.5 * p0)]
     cv = float(np.std(dd) / np.mean(dd)) if len(dd) >= 2 else None
