@@ -61,11 +61,13 @@ class Pkt:
 def roce(opcode, dqpn, psn=0, payload=b"", reth=None, syndrome=None, src="10.0.0.1", dst="10.0.0.2",
          sport=0xC000, tos=0x02, vlan=None, qinq=None, ipv6=False, pad=0, becn=0, fecn=0, ts=0) -> Pkt:
     cls, has_reth, has_aeth, has_imm, has_deth = OPS[opcode]
+    if has_reth and reth is None:
+        reth = len(payload)
     ext = b""
     if has_deth:
         ext += struct.pack(">II", 0x80010000, 0x000001)
     if has_reth:
-        ext += struct.pack(">QII", 0x7F0000001000, 0x1234, reth if reth is not None else len(payload))
+        ext += struct.pack(">QII", 0x7F0000001000, 0x1234, reth)
     if has_aeth:
         ext += struct.pack(">I", ((syndrome or 0) << 24) | 7)
     if has_imm:
@@ -89,9 +91,11 @@ def roce(opcode, dqpn, psn=0, payload=b"", reth=None, syndrome=None, src="10.0.0
 
 def rocev1(opcode, dqpn, psn=0, payload=b"", reth=None, ts=0, sgid="fe80::1", dgid="fe80::2") -> Pkt:
     cls, has_reth, has_aeth, has_imm, _ = OPS[opcode]
+    if has_reth and reth is None:
+        reth = len(payload)
     ext = b""
     if has_reth:
-        ext += struct.pack(">QII", 0x1000, 0x55, reth if reth is not None else len(payload))
+        ext += struct.pack(">QII", 0x1000, 0x55, reth)
     if has_aeth:
         ext += struct.pack(">I", 0)
     if has_imm:
