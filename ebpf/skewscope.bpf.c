@@ -148,14 +148,17 @@ static __always_inline void emit_record(struct ss_flow_key *key, __u64 start, __
 	r = msg_events.lookup(&idx);
 	if (!r)
 		return;
-	r->seq = 0;
+	/* seqlock-style slot protocol (user space: dataplane.read_new_records): seq = 0, record,
+	 * seq = sequence + 1. The two seq stores are atomic exchanges - fully ordered in the BPF
+	 * memory model - so on weakly ordered CPUs (arm64 DPUs) the record can never be seen
+	 * with a valid seq before its fields are written. */
+	__sync_lock_test_and_set(&r->seq, 0);
 	__builtin_memcpy(&r->key, key, sizeof(*key));
 	r->start_ts = start;
 	r->end_ts = end;
 	r->bytes = bytes;
 	r->opclass = opclass;
-	asm volatile("" ::: "memory");  /* compiler barrier: seq written last */
-	r->seq = seq + 1;
+	__sync_lock_test_and_set(&r->seq, seq + 1);
 	*head = seq + 1;
 #endif
 }

@@ -298,10 +298,15 @@ class Dataplane:
                 lo = hi - per
             seqs = np.arange(lo, hi, dtype=np.uint64)
             region = view[cpu * per:(cpu + 1) * per]
-            recs = region[(seqs % per).astype(np.int64)].copy()
-            # discard slots rewritten while we copied (writer lapped us) or torn
-            heads_after = self._ev_heads()[cpu]
-            ok = (recs["seq"] == seqs + 1) & (seqs + per > heads_after)
+            idx = (seqs % per).astype(np.int64)
+            # seqlock-style: the writer zeroes a slot's seq, writes the record, then sets
+            # seq = its sequence + 1. A slot is good when its seq is the expected one before
+            # and after the copy (a writer that touched it meanwhile changed seq).
+            before = region["seq"][idx].copy()
+            recs = region[idx].copy()
+            after = region["seq"][idx]
+            want = seqs + 1
+            ok = (before == want) & (recs["seq"] == want) & (after == want)
             self.events_lost += int((~ok).sum())
             parts.append(recs[ok])
             self._ev_head_read[cpu] = hi

@@ -152,3 +152,53 @@ def test_documented_map_memory_matches_the_kernel():
             assert abs(est[key] - memlock) <= 0.02 * memlock + 8192, (name, est[key], memlock)
     finally:
         dp.close()
+
+
+# ---- bounded maps: eviction and record overrun are counted, never silent --------------------
+def test_flow_eviction_is_counted():
+    """More flows than --max-flows: the LRU map evicts, every packet is still accounted, and
+    flows_created - flows present = flows_evicted."""
+    from skewscope import bpfsys, layout as L
+    from skewscope.dataplane import Config, Dataplane
+    dp = Dataplane(Config(max_flows=16, ev_per_cpu=64, replay_clock=True))
+    try:
+        fd = dp.prog_fd("xdp")
+        n = 100
+        for i in range(n):
+            fr = F.roce(0x0A, payload=8, qp=0x1000 + i).frame
+            dp.set_replay(i, len(fr))
+            bpfsys.prog_test_run(fd, fr)
+        snap = dp.snapshot({"source": "test"})
+    finally:
+        dp.close()
+    g = snap.globals
+    assert int(g[L.G_ACCOUNTED]) == n and int(g[L.G_NO_FLOW_SLOT]) == 0
+    assert int(g[L.G_FLOWS_CREATED]) == n
+    assert 0 < len(snap.flows) <= 16
+    assert snap.meta["flows_evicted"] == n - len(snap.flows)
+    # the flows still present are whole: one packet each, of the qps sent last-ish
+    assert all(int(f["packets"]) == 1 for f in snap.flows)
+
+
+def test_message_record_overrun_is_counted():
+    """Records not read before their per-CPU ring wraps are lost and counted."""
+    from skewscope import bpfsys
+    from skewscope.dataplane import Config, Dataplane
+    dp = Dataplane(Config(max_flows=64, ev_per_cpu=16, replay_clock=True))
+    try:
+        fd = dp.prog_fd("xdp")
+        os_cpu = __import__("os").sched_getaffinity(0)
+        __import__("os").sched_setaffinity(0, {min(os_cpu)})
+        try:
+            for i in range(40):
+                fr = F.roce(0x0A, payload=8, dma_len=100 + i, psn=i).frame
+                dp.set_replay(1000 + i, len(fr))
+                bpfsys.prog_test_run(fd, fr)
+        finally:
+            __import__("os").sched_setaffinity(0, os_cpu)
+        snap = dp.snapshot({"source": "test"})
+    finally:
+        dp.close()
+    assert len(snap.events) == 16 and snap.meta["events_lost"] == 24
+    # the 16 kept are the newest, complete and in order
+    assert [int(e["bytes"]) for e in snap.events] == [100 + i for i in range(24, 40)]
