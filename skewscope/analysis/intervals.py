@@ -137,7 +137,10 @@ def break_candidates(gaps: np.ndarray, min_ratio: float = 3.0, floor: float = 0.
     g = g[g > floor]
     if len(g) == 0:
         return []
-    lo = np.append(g[1:], max(floor, 1e-9))
+    if floor > 0:
+        lo = np.append(g[1:], floor)          # the smallest gap against the floor too
+    else:
+        g, lo = g[:-1], g[1:]
     lo = np.maximum(lo, 1e-9)
     ratios = g / lo
     ks = np.nonzero(ratios >= min_ratio)[0]

@@ -33,42 +33,49 @@ def _skew_kernel(x, out):
     out[1] = 0.0
     if n == 0:
         return
-    s = 0.0
-    s2 = 0.0
     mx = x[0]
     mn = x[0]
     am = 0
     for i in range(n):
         v = x[i]
-        s += v
-        s2 += v * v
         if v > mx:
             mx = v
             am = i
         if v < mn:
             mn = v
+    s = 0.0
+    for i in range(n):
+        s += x[i]
     out[1] = s
     mean = s / n
     out[2] = mean
     out[3] = mx
     out[4] = mn
     out[10] = am
-    if s <= 0.0:
+    if s <= 0.0 or mx <= 0.0:
         return
-    out[5] = mx / mean
-    out[6] = mn / mean
-    var = s2 / n - mean * mean
+    # scale-free quantities on x / max (no under/overflow of the squares)
+    sn = 0.0
+    s2 = 0.0
+    for i in range(n):
+        v = x[i] / mx
+        sn += v
+        s2 += v * v
+    mn_ = sn / n
+    out[5] = 1.0 / mn_
+    out[6] = (mn / mx) / mn_
+    var = s2 / n - mn_ * mn_
     if var < 0.0:
         var = 0.0
-    out[7] = math.sqrt(var) / mean
+    out[7] = math.sqrt(var) / mn_
     # Gini via the sorted vector: G = sum_i (2i - n - 1) x_(i) / (n sum x), i = 1..n
     xs = np.sort(x)
     g = 0.0
     for i in range(n):
-        g += (2.0 * (i + 1) - n - 1.0) * xs[i]
-    out[8] = g / (n * s)
-    out[9] = s * s / (n * s2)
-    out[11] = mx / s
+        g += (2.0 * (i + 1) - n - 1.0) * (xs[i] / mx)
+    out[8] = g / (n * sn)
+    out[9] = sn * sn / (n * s2)
+    out[11] = 1.0 / sn
 
 
 @njit(cache=True, nogil=True)

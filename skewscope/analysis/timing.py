@@ -14,7 +14,8 @@ Definitions: docs/metrics.md "Timing".
 * period_jitter_s: standard deviation of the burst starts around that fitted grid
   (needs >= 3 bursts); period_cv: std / mean of the spacings.
 * When bursts cannot be separated (no idle gaps), the period comes from the first
-  autocorrelation peak (>= 0.3) of the bytes-per-bin series (bin = span / 65536, >= 1 us);
+  autocorrelation peak (>= 0.3, at a lag >= 4 median message durations) of the throughput
+  series (each message's bytes spread over its on-wire time; bin = span / 65536, >= 1 us);
   jitter is then unknown (null).
 * phase offset of a member: per burst, the start of its first data message as a sender
   minus the burst start; the member's start_lag_s is the median over bursts minus the
@@ -111,15 +112,20 @@ def acf_period(ctx, flow_mask=None, max_bins=65536, min_bin_ns=1000.0, min_lag_n
     if flow_mask is not None:
         ok[ok] &= flow_mask[f[ok]]
     t = ctx.ev_start[ok]
+    te = ctx.ev_end[ok]
     if len(t) < 8:
         return None
-    t0, t1 = float(t.min()), float(t.max())
+    t0, t1 = float(t.min()), float(te.max())
     span = t1 - t0
     if span <= 0:
         return None
     b = max(min_bin_ns, span / max_bins)
-    nb = int(span // b) + 1
-    x = np.bincount(((t - t0) // b).astype(np.int64), weights=ctx.events["bytes"][ok].astype(np.float64), minlength=nb)
+    nb = int(span // b) + 2
+    # throughput series: each message's bytes spread evenly over its on-wire time
+    sb = ((t - t0) // b).astype(np.int64)
+    eb = np.maximum(((te - t0) // b).astype(np.int64), sb) + 1
+    dens = ctx.events["bytes"][ok].astype(np.float64) / (eb - sb)
+    x = np.cumsum(np.bincount(sb, weights=dens, minlength=nb + 1) - np.bincount(eb, weights=dens, minlength=nb + 1))[:nb]
     x = x - x.mean()
     if not np.any(x):
         return None
@@ -176,7 +182,11 @@ def group_timing(snap, flow_mask=None, members=None, ev_mask=None, level="iterat
                        period_cv=cv, period_source="bursts")
     if out["period_s"] is None and len(bs) <= 1 and len(s) >= 8:
         # no idle gap separates iterations: periodic rate modulation, if any
-        p = acf_period(ctx, flow_mask, min_lag_ns=4.0 * float(np.median(e - s)))
+        ok = ctx.ev_data.copy()
+        if flow_mask is not None:
+            ok[ok] &= flow_mask[ctx.ev_flow[ok]]
+        md = float(np.median(ctx.ev_end[ok] - ctx.ev_start[ok])) if ok.any() else 0.0
+        p = acf_period(ctx, flow_mask, min_lag_ns=4.0 * md)
         if p:
             out.update(period_s=p / 1e9, period_source="autocorrelation")
     if len(bs):
