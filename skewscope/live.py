@@ -96,25 +96,27 @@ def prog_holders(prog_id: int) -> list[tuple[int, str]]:
 
 
 def _tc_prog_ids(ifname: str) -> list[tuple[str, int]]:
-    """(direction, prog id) of skewscope's TC filters on ifname."""
-    from pyroute2 import IPRoute
+    """(direction, prog id) of skewscope's TC filters on ifname, from `tc -j` (pyroute2 does
+    not decode TCA_BPF_ID). Runs in this thread's network namespace. Id 0 = unknown."""
+    import json
+    import shutil
+    import subprocess
 
     from .dataplane import OUR_PROG_NAMES
-    idx = socket.if_nametoindex(ifname)
     out = []
-    with IPRoute() as ipr:
-        for d, parent in (("ingress", 0xFFFFFFF2), ("egress", 0xFFFFFFF3)):
-            try:
-                flts = ipr.get_filters(index=idx, parent=parent)
-            except Exception:
-                continue
-            for flt in flts:
-                opts = flt.get_attr("TCA_OPTIONS")
-                if not opts:
-                    continue
-                name = opts.get_attr("TCA_BPF_NAME")
-                if name and name.split(":")[0] in OUR_PROG_NAMES:
-                    out.append((d, int(opts.get_attr("TCA_BPF_ID") or 0)))
+    tc = shutil.which("tc") or "/usr/sbin/tc"
+    for d in ("ingress", "egress"):
+        try:
+            p = subprocess.run([tc, "-j", "filter", "show", "dev", ifname, d], capture_output=True, text=True,
+                               timeout=10)
+            items = json.loads(p.stdout) if p.returncode == 0 and p.stdout.strip() else []
+        except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
+            items = []
+        for it in items:
+            o = it.get("options") or {}
+            name = str(o.get("bpf_name") or "").split(":")[0]
+            if it.get("kind") == "bpf" and name in OUR_PROG_NAMES:
+                out.append((d, int((o.get("prog") or {}).get("id") or 0)))
     return out
 
 
@@ -128,7 +130,9 @@ class Leftover:
 
     @property
     def stale(self) -> bool:
-        return not self.holders
+        """Held by no process -- and every program's id was known (an unknown id could be
+        held by a running skewscope: never treat it as removable)."""
+        return not self.holders and all(i for _, i in self.tc)
 
     def describe(self) -> str:
         parts = []
@@ -140,7 +144,7 @@ class Leftover:
 
 def find_leftover(ifname: str) -> Leftover | None:
     ours = list_ours(ifname)
-    tc = _tc_prog_ids(ifname) if ours["tc"] else []
+    tc = (_tc_prog_ids(ifname) or [(d, 0) for d, _, _ in ours["tc"]]) if ours["tc"] else []
     if not ours["xdp"] and not tc:
         return None
     holders = []

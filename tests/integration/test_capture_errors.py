@@ -4,6 +4,7 @@ program that is not ours (refused, never touched, --tc still works), a driver wi
 native XDP (exit 8 with the hint). Each is one line on stderr and a documented exit code."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -101,3 +102,30 @@ def test_driver_without_native_xdp_says_try_generic(netns_pair, tmp_path):
     assert r.returncode == 0, r.stderr
     with p.enter("b"):
         assert live.find_leftover("ssunoxdp0") is None
+
+
+def test_tc_program_in_use_is_never_taken_over_but_a_stale_one_is(netns_pair, tmp_path):
+    p = netns_pair
+    with p.enter("b"):
+        sess = live.LiveSession(p.if_b, mode="tc").open()          # this process holds it
+    try:
+        r = run_in(p.ns_b, SKEWSCOPE, "capture", "-i", p.if_b, "--tc", "-d", "1", "-o", str(tmp_path / "x.snap"),
+                   "--force-detach")
+        assert r.returncode == 7 and "already being watched" in r.stderr and f"pid {os.getpid()}" in r.stderr
+    finally:
+        with p.enter("b"):
+            sess.close()
+    code = textwrap.dedent(f"""
+        import os, signal
+        from skewscope.live import LiveSession
+        s = LiveSession({p.if_b!r}, mode="tc").open()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    assert run_in(p.ns_b, sys.executable, "-c", code).returncode == -9
+    r = run_in(p.ns_b, SKEWSCOPE, "capture", "-i", p.if_b, "--tc", "-d", "1", "-o", str(tmp_path / "x.snap"))
+    assert r.returncode == 7 and "stale" in r.stderr and "TC ingress program id" in r.stderr
+    r = run_in(p.ns_b, SKEWSCOPE, "capture", "-i", p.if_b, "--tc", "-d", "0.5", "-o", str(tmp_path / "x.snap"),
+               "--force-detach", "-q")
+    assert r.returncode == 0, r.stderr
+    with p.enter("b"):
+        assert live.find_leftover(p.if_b) is None
