@@ -19,7 +19,6 @@ gives the Snapshot of everything before the damage, with the reason in meta["war
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
 import os
 import time
@@ -162,6 +161,72 @@ class _Stop(Exception):
     """Damage part-way through the file: keep what was read, warn."""
 
 
+class _Gunzip:
+    """gzip decompression that hands over every byte before a cut or corrupt stream (the
+    gzip module loses the last buffer when it raises). Concatenated members are read in
+    turn; zero padding after the last member is ignored, as gzip(1) does."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.d = zlib.decompressobj(31)
+        self.buf = b""          # decompressed, not yet handed over
+        self.inp = b""          # compressed, not yet given to the decompressor
+        self.done = False
+        self.error = None
+
+    def _more(self) -> None:
+        if not self.inp:
+            self.inp = self.raw.read(self.CHUNK)
+            if not self.inp:
+                if not self.d.eof:
+                    self.error = "gzip stream cut short (the file ends before the end-of-stream marker)"
+                self.done = True
+                return
+        try:
+            out = self.d.decompress(self.inp, self.CHUNK)
+        except zlib.error as e:
+            self.error = f"gzip stream corrupt ({e})"
+            self.done = True
+            return
+        self.inp = self.d.unconsumed_tail
+        self.buf += out
+        if self.d.eof:
+            rest = self.d.unused_data + self.inp
+            self.inp = b""
+            if rest.strip(b"\0"):
+                if rest[:2] != b"\x1f\x8b":
+                    self.error = "trailing garbage after the gzip stream"
+                    self.done = True
+                    return
+                self.d = zlib.decompressobj(31)
+                self.inp = rest
+            else:
+                tail = self.raw.read(self.CHUNK)
+                if tail.strip(b"\0"):
+                    self.d = zlib.decompressobj(31)
+                    self.inp = tail
+                else:
+                    self.done = True
+
+    def readinto(self, mv) -> int:
+        n, want = 0, len(mv)
+        while n < want:
+            if self.buf:
+                k = min(len(self.buf), want - n)
+                mv[n:n + k] = self.buf[:k]
+                self.buf = self.buf[k:]
+                n += k
+                continue
+            if self.done:
+                break
+            self._more()
+        if n == 0 and self.error:
+            raise _Stop(self.error)
+        return n
+
+
 class _Source:
     """A capture file, gzip-decompressed when it starts with the gzip magic."""
 
@@ -179,14 +244,12 @@ class _Source:
             self.raw.close()
             raise PcapError(f"{path}: {e.strerror or e}") from None
         self.gzip = head == b"\x1f\x8b"
-        self.fh = gzip.GzipFile(fileobj=self.raw, mode="rb") if self.gzip else self.raw
+        self.fh = _Gunzip(self.raw) if self.gzip else self.raw
         self.total_out = 0
 
     def readinto(self, mv) -> int:
         try:
             n = self.fh.readinto(mv)
-        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-            raise _Stop(f"gzip stream broken after {self.total_out} bytes ({e})") from None
         except OSError as e:
             raise _Stop(f"read error after {self.total_out} bytes ({e.strerror or e})") from None
         n = n or 0
@@ -200,11 +263,7 @@ class _Source:
             return 0
 
     def close(self):
-        try:
-            if self.gzip:
-                self.fh.close()
-        finally:
-            self.raw.close()
+        self.raw.close()
 
 
 class _Buffer:
@@ -216,6 +275,7 @@ class _Buffer:
         self.pos = 0
         self.fill = 0
         self.eof = False
+        self.error: _Stop | None = None
         self.base = 0   # file (decompressed) offset of buf[0]
 
     def refill(self, need: int = 0) -> None:
@@ -232,7 +292,12 @@ class _Buffer:
         self.pos, self.fill = 0, rem
         mv = memoryview(self.buf)
         while self.fill < len(self.buf) and not self.eof:
-            n = self.src.readinto(mv[self.fill:])
+            try:
+                n = self.src.readinto(mv[self.fill:])
+            except _Stop as e:
+                # hand over what was read; the error surfaces when the data runs out
+                self.error = e
+                n = 0
             if n == 0:
                 self.eof = True
             self.fill += n
@@ -278,10 +343,9 @@ class _Run:
         bar = None
         try:
             self.b = _Buffer(src, self.chunk)
-            try:
-                self.b.refill()
-            except _Stop as e:
-                raise PcapError(f"{self.path}: not a readable capture: {e}") from None
+            self.b.refill()
+            if self.b.avail() == 0 and self.b.error is not None:
+                raise PcapError(f"{self.path}: not a readable capture: {self.b.error}")
             self._open()
             if self.progress and src.size >= PROGRESS_MIN_BYTES:
                 bar = _Progress(self.path, src.size)
@@ -350,6 +414,8 @@ class _Run:
             # need data
             self._tick()
             if b.eof:
+                if b.error is not None:
+                    raise b.error
                 if b.avail():
                     raise _Stop(f"the file ends inside record {int(t.st[K.ST_RECORDS]) + 1} "
                                 f"({b.avail()} bytes of it present; capture cut short?)")
@@ -382,6 +448,8 @@ class _Run:
                             f"{int(t.st[K.ST_STOP_IF])}, which the file never declared: corrupt")
             self._tick()
             if b.eof:
+                if b.error is not None:
+                    raise b.error
                 if b.avail():
                     raise _Stop(f"the file ends inside a pcapng block at offset {b.base + b.pos} "
                                 f"({b.avail()} bytes of it present; capture cut short?)")
@@ -407,7 +475,7 @@ class _Run:
         """SHB or IDB at b.pos (whole block made available here)."""
         b = self.b
         if not b.ensure(12):
-            raise _Stop(f"the file ends inside a pcapng block header at offset {b.base + b.pos}")
+            raise b.error or _Stop(f"the file ends inside a pcapng block header at offset {b.base + b.pos}")
         btype = _u32(b.buf, b.pos, False)
         if btype == PCAPNG_SHB:
             bom = b.buf[b.pos + 8:b.pos + 12].tobytes()
@@ -426,7 +494,7 @@ class _Run:
                 raise PcapError(f"{self.path}: corrupt pcapng section header (block length {blen})")
             raise _Stop(f"corrupt pcapng block length {blen} at file offset {b.base + b.pos}")
         if not b.ensure(blen):
-            raise _Stop(f"the file ends inside a pcapng block at offset {b.base + b.pos}")
+            raise b.error or _Stop(f"the file ends inside a pcapng block at offset {b.base + b.pos}")
         o = b.pos
         if _u32(b.buf, o + blen - 4, self.big) != blen:
             raise _Stop(f"corrupt pcapng block at file offset {b.base + o} (trailing length mismatch)")

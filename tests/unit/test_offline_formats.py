@@ -478,3 +478,14 @@ def test_dissect_matches_construction(ref, tmp_path):
             assert int(r["psn"]) == x.psn and int(r["reth_len"]) == x.reth and int(r["payload"]) == x.payload
             assert bytes(r["src"]) == ip_bytes(x.key[0])[0] and bytes(r["dst"]) == ip_bytes(x.key[1])[0]
     assert len(offline.dissect(p, limit=5)) == 5
+
+
+def test_gzip_multi_member_and_zero_padding(ref, ref_snap, tmp_path):
+    """Concatenated gzip members (e.g. `cat a.gz b.gz`, bgzip) are one stream; zero padding
+    after the last member (tape/block devices) is ignored, as gzip(1) does."""
+    data = pcap_bytes([(x.ts, x.frame, len(x.frame)) for x in ref])
+    cut = 24 + 5 * 1000 + 7
+    z = gzip.compress(data[:cut]) + gzip.compress(data[cut:]) + b"\0" * 512
+    snap = offline.parse_file(write(tmp_path / "m.pcap.gz", z))
+    same_snapshot(snap, ref_snap)
+    assert snap.meta["warnings"] == [] and snap.meta["bytes_read"] == len(data)
