@@ -1,0 +1,99 @@
+"""Offline parser: the bounded flow table (issue 4), no root.
+
+The kernel keeps flows in a BPF LRU hash of max_flows entries; the offline parser bounds
+its table the same way and evicts the least recently used flow (exactly, one at a time;
+the kernel's LRU is an approximation that frees in batches: docs/offline.md). Expected
+survivors come from a plain Python LRU model (OrderedDict); evictions are counted the
+kernel's way: flows_evicted = flows_created - flows present.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+from skewscope import layout as L
+from skewscope import offline
+
+from test_offline_formats import pcap_bytes, roce, write
+
+TEMPLATE = {op: roce(op, 1, 0, b"p" * 100, reth=100).frame for op in (0x06, 0x08, 0x0A)}
+
+
+def frame(flow: int, op=0x0A, psn=0) -> bytes:
+    """The template with source address 10.<flow>, destination QP = flow + 1."""
+    f = bytearray(TEMPLATE[op])
+    f[26:30] = bytes([10, (flow >> 16) & 0xFF, (flow >> 8) & 0xFF, flow & 0xFF])
+    f[14 + 20 + 8 + 5:14 + 20 + 8 + 8] = (flow + 1).to_bytes(3, "big")
+    f[14 + 20 + 8 + 9:14 + 20 + 8 + 12] = psn.to_bytes(3, "big")
+    return bytes(f)
+
+
+def model(seq, max_flows):
+    """LRU model: returns (present {flow: packets}, created)."""
+    lru, created = OrderedDict(), 0
+    for fl in seq:
+        if fl in lru:
+            lru.move_to_end(fl)
+            lru[fl] += 1
+        else:
+            if len(lru) >= max_flows:
+                lru.popitem(last=False)
+            lru[fl] = 1
+            created += 1
+    return dict(lru), created
+
+
+def present(snap):
+    return {int(q) - 1: int(p) for q, p in zip(snap.flows["dest_qp"], snap.flows["packets"])}
+
+
+@pytest.mark.parametrize("n_flows,max_flows", [(40, 16), (9000, 5000), (10000, 1 << 16), (3000, 2999)])
+def test_eviction_follows_lru(tmp_path, n_flows, max_flows):
+    rng = np.random.default_rng(n_flows)
+    # a hot set touched all the time + a long tail of flows touched once or twice
+    hot = list(range(min(8, max_flows // 2)))
+    seq = []
+    for fl in range(n_flows):
+        seq.append(fl)
+        if fl % 3 == 0:
+            seq.append(int(rng.choice(hot)))
+        if fl % 7 == 0 and fl > 10:
+            seq.append(fl - int(rng.integers(1, 10)))
+    recs = [(i, frame(fl), 1200) for i, fl in enumerate(seq)]
+    p = write(tmp_path / "f.pcap", pcap_bytes(recs))
+    snap = offline.parse_file(p, max_flows=max_flows)
+    want, created = model(seq, max_flows)
+    assert present(snap) == want
+    m = snap.meta
+    assert m["flows_created"] == created == int(snap.globals[L.G_FLOWS_CREATED])
+    assert m["flows_present"] == len(snap.flows) == min(max_flows, len(set(seq)))
+    assert m["flows_evicted"] == created - len(snap.flows)
+    assert int(snap.globals[L.G_ACCOUNTED]) == len(seq)   # eviction never loses a packet's category
+    # message records of evicted flows point nowhere (-1); the others at their flow's row
+    ev = snap.events
+    assert len(ev) == len(seq)
+    rows = {int(q) - 1: i for i, q in enumerate(snap.flows["dest_qp"])}
+    exp = np.array([rows.get(fl, -1) for fl in seq], dtype=np.int32)   # records in capture order (ts = i)
+    assert np.array_equal(ev["flow"], exp)
+
+
+def test_eviction_mid_message_gives_partial(tmp_path):
+    """A flow evicted between WRITE_FIRST and WRITE_LAST comes back without its message
+    start: the LAST is a partial message (no record), as in the kernel."""
+    seq = [(0, 0x06, 0)] + [(k, 0x0A, 0) for k in range(1, 5)] + [(0, 0x08, 1)]
+    recs = [(i, frame(fl, op, psn), 1200) for i, (fl, op, psn) in enumerate(seq)]
+    snap = offline.parse_file(write(tmp_path / "m.pcap", pcap_bytes(recs)), max_flows=4)
+    assert int(snap.globals[L.G_MSG_PARTIAL]) == 1
+    assert snap.meta["flows_created"] == 6 and snap.meta["flows_evicted"] == 2
+    f0 = snap.flows[snap.flows["dest_qp"] == 1][0]
+    assert int(f0["packets"]) == 1 and int(f0["messages"]) == 0
+
+
+def test_max_flows_validation(tmp_path):
+    p = write(tmp_path / "x.pcap", pcap_bytes([(1, frame(1), 1200)]))
+    for bad in (0, -1, 1 << 25, 2.5, True, "16"):
+        with pytest.raises(ValueError):
+            offline.parse_file(p, max_flows=bad)
+    assert len(offline.parse_file(p, max_flows=1).flows) == 1
