@@ -8,7 +8,8 @@
  *   SS_NCPUS        possible CPUs (message-record regions)
  *   SS_EV_PER_CPU   message-record slots per CPU (power of two)
  *   SS_SAMPLE_N     1-in-N random packet sampling of RoCE packets (1 = off)
- *   SS_XDP_FRAGS    XDP program is loaded with BPF_F_XDP_HAS_FRAGS (jumbo frames)
+ *   SS_XDP_FRAGS    XDP program is loaded with BPF_F_XDP_HAS_FRAGS (jumbo frames); set by
+ *                   user space only when the kernel supports it (probed, Linux >= 5.18)
  *   SS_REPLAY_CLOCK time comes from the clock map (BPF_PROG_TEST_RUN replay), not ktime
  *
  * Invariants: the program never changes or drops a packet (XDP_PASS / TC_ACT_OK always);
@@ -30,6 +31,12 @@
 #endif
 #ifndef SS_SAMPLE_N
 #define SS_SAMPLE_N 1
+#endif
+
+#ifdef SS_XDP_FRAGS
+/* BPF_FUNC_xdp_get_buff_len (Linux 5.18, with BPF_F_XDP_HAS_FRAGS), by its stable helper
+ * number so that neither bcc's helper list nor the kernel headers need to know it. */
+static __u64 (*ss_xdp_get_buff_len)(struct xdp_md *ctx) = (void *)188;
 #endif
 
 #define SS_XDP_PASS 2
@@ -573,7 +580,7 @@ int skewscope_xdp(struct xdp_md *ctx)
 #ifdef SS_XDP_FRAGS
 	/* frags: data_end ends the linear part (headers are there with every driver we know
 	 * of); the wire length is the whole multi-buffer frame */
-	__u64 len = bpf_xdp_get_buff_len(ctx);
+	__u64 len = ss_xdp_get_buff_len(ctx);
 #else
 	__u64 len = data_end - data;
 #endif

@@ -87,6 +87,27 @@ def prog_load(prog_type: int, insns_ptr: int, insn_bytes: int, name: str, licens
     raise AssertionError("unreachable")
 
 
+_FRAGS_SUPPORTED: bool | None = None
+
+
+def xdp_frags_supported() -> bool:
+    """Does the kernel take XDP programs with BPF_F_XDP_HAS_FRAGS (Linux >= 5.18, which also
+    brought bpf_xdp_get_buff_len)? Probed once by loading `r0 = XDP_PASS; exit` with it."""
+    global _FRAGS_SUPPORTED
+    if _FRAGS_SUPPORTED is None:
+        insns = (ctypes.c_uint8 * 16).from_buffer_copy(bytes.fromhex("b700000002000000" "9500000000000000"))
+        try:
+            fd = prog_load(BPF_PROG_TYPE_XDP, ctypes.addressof(insns), 16, "ss_frags_probe", flags=BPF_F_XDP_HAS_FRAGS,
+                           expected_attach_type=BPF_XDP)
+            os.close(fd)
+            _FRAGS_SUPPORTED = True
+        except BPFError as e:
+            if e.errno == errno.EPERM:
+                raise
+            _FRAGS_SUPPORTED = False
+    return _FRAGS_SUPPORTED
+
+
 def prog_test_run(prog_fd: int, data: bytes | memoryview | np.ndarray, repeat: int = 1,
                   ctx: bytes | None = None) -> tuple[int, int]:
     """BPF_PROG_TEST_RUN: returns (retval, duration_ns_per_run)."""

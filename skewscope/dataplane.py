@@ -78,7 +78,7 @@ class Config:
     ev_per_cpu: int = 65536
     sample_n: int = 1
     replay_clock: bool = False
-    xdp_frags: bool = True
+    xdp_frags: bool | None = None  # None: on when the kernel supports it (>= 5.18), probed
     ncpus: int = field(default_factory=possible_cpus)
 
     def validate(self) -> None:
@@ -92,8 +92,15 @@ class Config:
         if not _pow2(self.ev_per_cpu):
             raise DataplaneError(f"invalid ev-per-cpu: {self.ev_per_cpu} (must be a power of two)", EXIT_USAGE)
 
+    def resolve(self) -> "Config":
+        """Fill in what depends on the running kernel (xdp_frags)."""
+        if self.xdp_frags is None:
+            self.xdp_frags = bpfsys.xdp_frags_supported()
+        return self
+
     def cflags(self) -> list[str]:
         self.validate()
+        self.resolve()
         f = [f"-I{EBPF_DIR}", f"-DSS_MAX_FLOWS={int(self.max_flows)}", f"-DSS_NCPUS={int(self.ncpus)}",
              f"-DSS_EV_PER_CPU={int(self.ev_per_cpu)}", f"-DSS_SAMPLE_N={int(self.sample_n)}",
              "-Wno-unused-function"]
@@ -153,6 +160,7 @@ class Dataplane:
         self.config = config or Config()
         self.config.validate()
         check_privileges()
+        self.config.resolve()
         BPF, self._lib = import_bcc()
         self.prog_fds: dict[str, int] = {}
         self._map_fds: dict[str, int] = {}

@@ -153,11 +153,18 @@ def main(argv=None) -> int:
         dp.close()
         bl.cleanup()
     med = {k: statistics.median(v) for k, v in res.items()}
+    try:
+        stats_on = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip() != "0"
+    except OSError:
+        stats_on = False
 
     print(f"skewscope data plane overhead: BPF_PROG_TEST_RUN, XDP entry, repeat {a.repeat:,}, "
           f"median of {a.rounds} rounds")
     print(f"kernel {platform.release()}, {cpu_model()}, {os.cpu_count()} CPUs; live build "
           f"(bpf_ktime_get_ns clock), {dp.config.max_flows:,}-flow LRU, frags on")
+    if stats_on:
+        print("WARNING: kernel.bpf_stats_enabled=1 (something is collecting BPF run-time stats): every run "
+              "pays extra clock reads, all figures are inflated; rerun when it is 0")
     print()
     hdr = f"{'frame':<28}{'bytes':>6}{'skewscope':>11}{'trivial':>9}{'ratio':>7}"
     if a.tc:
