@@ -39,6 +39,17 @@
 static __u64 (*ss_xdp_get_buff_len)(struct xdp_md *ctx) = (void *)188;
 #endif
 
+/* The two seq stores of a message record: atomic exchanges (BPF_XCHG, Linux >= 5.12) are
+ * fully ordered in the BPF memory model, so on weakly ordered CPUs (arm64 DPUs) a record is
+ * never visible with a valid seq before its fields. Older kernels: plain stores behind a
+ * compiler barrier (ordered on x86). User space sets SS_ORDERED_SEQ by kernel version. */
+#ifdef SS_ORDERED_SEQ
+#define SS_SEQ_STORE(field, v) __sync_lock_test_and_set(&(field), (v))
+#else
+#define SS_SEQ_STORE(field, v) do { asm volatile("" ::: "memory"); (field) = (v); \
+				    asm volatile("" ::: "memory"); } while (0)
+#endif
+
 #define SS_XDP_PASS 2
 #define SS_TC_ACT_OK 0
 
@@ -156,16 +167,14 @@ static __always_inline void emit_record(struct ss_flow_key *key, __u64 start, __
 	if (!r)
 		return;
 	/* seqlock-style slot protocol (user space: dataplane.read_new_records): seq = 0, record,
-	 * seq = sequence + 1. The two seq stores are atomic exchanges - fully ordered in the BPF
-	 * memory model - so on weakly ordered CPUs (arm64 DPUs) the record can never be seen
-	 * with a valid seq before its fields are written. */
-	__sync_lock_test_and_set(&r->seq, 0);
+	 * seq = sequence + 1. */
+	SS_SEQ_STORE(r->seq, 0);
 	__builtin_memcpy(&r->key, key, sizeof(*key));
 	r->start_ts = start;
 	r->end_ts = end;
 	r->bytes = bytes;
 	r->opclass = opclass;
-	__sync_lock_test_and_set(&r->seq, seq + 1);
+	SS_SEQ_STORE(r->seq, seq + 1);
 	*head = seq + 1;
 #endif
 }

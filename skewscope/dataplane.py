@@ -68,6 +68,14 @@ def possible_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def kernel_at_least(major: int, minor: int) -> bool:
+    try:
+        parts = os.uname().release.split(".")
+        return (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)) >= (major, minor)
+    except (ValueError, IndexError):
+        return True
+
+
 def _pow2(n: int) -> bool:
     return n > 0 and (n & (n - 1)) == 0
 
@@ -108,6 +116,8 @@ class Config:
             f.append("-DSS_REPLAY_CLOCK=1")
         if self.xdp_frags:
             f.append("-DSS_XDP_FRAGS=1")
+        if kernel_at_least(5, 12):
+            f.append("-DSS_ORDERED_SEQ=1")  # BPF_XCHG for the message-record seq stores
         return f
 
     def memory_bytes(self) -> dict:
