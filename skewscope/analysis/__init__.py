@@ -188,7 +188,10 @@ def analyze(snap, thresholds=None, checks=None) -> dict:
                      "confidence": g.confidence, "evidence": g.evidence,
                      "metrics": {k: v for k, v in r.items() if not k.startswith("_")}})
     tim = None
-    for i, r in enumerate(results):
+    for i, (g, r) in enumerate(zip(groups, results)):
+        # the capture's rhythm is a collective's (or a pipeline's), not a lone pair's
+        if g.kind not in ("ring_allreduce", "tree_allreduce", "all_to_all") and g.pattern != "pipeline":
+            continue
         if r.get("period_s"):
             tim = {k: r.get(k) for k in ("period_s", "period_jitter_s", "period_cv", "iterations", "busy_fraction",
                                          "burst_busy_s", "period_source", "interval_p50_s", "interval_p99_s")}

@@ -684,6 +684,16 @@ def _caveats(em, ctx, th):
                f"{lost} message records lost (record buffer overrun): timing, period and rate metrics are partial; "
                "capture a shorter window or raise the record buffer",
                {"message_records_lost": lost, "message_records": int(len(ctx.events))})
+    st = ctx.fstat
+    d = ctx.data
+    flat = int(st["n_flat"][d].sum())
+    timed = int(st["n_multi"][d].sum())
+    if flat and flat >= 0.1 * (flat + timed):
+        em.add("sampling", "info", [],
+               f"{flat} of {flat + timed} multi-packet messages have all their packets at one timestamp: the capture "
+               "batched timestamps (coalescing/GRO on the capturing host); per-message rates use the other "
+               f"{timed} only and are approximate",
+               {"flat_messages": flat, "timed_messages": timed})
     n = int(m.get("sample_n", 1) or 1)
     if n > 1:
         em.add("sampling", "info", [],

@@ -30,6 +30,9 @@ Definitions (docs/metrics.md "Flows"):
 * busy_ns: union of the flow's message on-wire intervals.
 * stalled message: on-wire time >= 2x what the flow's median per-message rate predicts;
   stall_ns sums the excess over the stalled messages (PFC pauses, link flaps, queueing).
+* flat message (n_flat): a multi-packet message whose packets all carry one timestamp:
+  the capture batched timestamps (interrupt coalescing/GRO on the capturing host); such
+  messages carry no timing and are left out of rates.
 """
 from __future__ import annotations
 
@@ -65,6 +68,7 @@ FSTAT_DTYPE = np.dtype([
     ("stall_ns", "<f8"),
     ("stall_max_ns", "<f8"),
     ("rate_med_bps", "<f8"),   # median per-message rate (robust to a few stalled messages)
+    ("n_flat", "<i8"),         # multi-packet WRITE/SEND records with all packets at one timestamp
 ])
 
 
@@ -184,6 +188,7 @@ def _flow_stats_kernel(order, off, ev_op, ev_start, ev_end, ev_bytes, req_pkts, 
                     best = d
                     mtu = mtus[c]
         n_multi = 0
+        n_flat = 0
         multi_bytes = 0.0
         wire = 0.0
         span = 0.0
@@ -197,6 +202,8 @@ def _flow_stats_kernel(order, off, ev_op, ev_start, ev_end, ev_bytes, req_pkts, 
             by = np.int64(ev_bytes[e])
             npk = _npk(by, mtu)
             d = float(ev_end[e]) - float(ev_start[e])
+            if npk >= 2 and d <= 0:
+                n_flat += 1
             if npk >= 2 and d > 0:
                 n_multi += 1
                 multi_bytes += by
@@ -258,6 +265,7 @@ def _flow_stats_kernel(order, off, ev_op, ev_start, ev_end, ev_bytes, req_pkts, 
         out_i[f, 2] = n_multi
         out_i[f, 3] = mtu
         out_i[f, 4] = stall_n
+        out_i[f, 5] = n_flat
         out_f[f, 0] = rec_bytes
         out_f[f, 1] = data_bytes
         out_f[f, 2] = multi_bytes
@@ -279,14 +287,14 @@ def flow_event_stats(snap) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     nf = len(fl)
     order, off = _csr_by_flow(np.ascontiguousarray(ev["flow"]), nf)
     req = (fl["op"][:, L.OPC_SEND] + fl["op"][:, L.OPC_WRITE]).astype(np.int64) if nf else np.zeros(0, np.int64)
-    oi = np.zeros((nf, 5), dtype=np.int64)
+    oi = np.zeros((nf, 6), dtype=np.int64)
     of = np.zeros((nf, 12), dtype=np.float64)
     if nf:
         _flow_stats_kernel(order, off, np.ascontiguousarray(ev["opclass"]), np.ascontiguousarray(ev["start_ts"]),
                            np.ascontiguousarray(ev["end_ts"]), np.ascontiguousarray(ev["bytes"]), req,
                            MTU_CANDIDATES, oi, of)
     st = np.zeros(nf, dtype=FSTAT_DTYPE)
-    for k, name in enumerate(("n_rec", "n_data", "n_multi", "mtu", "stall_n")):
+    for k, name in enumerate(("n_rec", "n_data", "n_multi", "mtu", "stall_n", "n_flat")):
         st[name] = oi[:, k]
     for k, name in enumerate(("rec_bytes", "data_bytes", "multi_bytes", "wire_ns", "pkt_ns", "rate_bps", "busy_ns",
                               "first_start", "last_end", "stall_ns", "stall_max_ns", "rate_med_bps")):
