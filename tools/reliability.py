@@ -438,10 +438,11 @@ def fig_fuzz(n: int) -> dict:
 
 
 def fig_load(nframes: int, tcp_bytes: int, rounds: int = 3) -> dict:
-    res = {m or "none": [] for m in (None, "xdp", "tc")}
+    modes = (None, "tc", "xdp-generic", "xdp-trivial", "xdp")
+    res = {m or "none": [] for m in modes}
     with Fabric.create("load") as fab:
         for _ in range(rounds):
-            for m in (None, "xdp", "tc"):
+            for m in modes:
                 res[m or "none"].append(roce_flood_with_tcp(fab, m, nframes, tcp_bytes))
     summ = {}
     for m, runs in res.items():
@@ -449,10 +450,13 @@ def fig_load(nframes: int, tcp_bytes: int, rounds: int = 3) -> dict:
                    "roce_pps_median": float(np.median([r["roce_pps"] for r in runs])),
                    "tcp_gbps_median": float(np.median([r["tcp"]["gbps"] for r in runs])),
                    "tcp_intact": all(r["tcp"]["intact"] for r in runs),
-                   "seen": [r["seen"] for r in runs]}
-    for m in ("xdp", "tc"):
+                   "link_drops": sum(r["link_drops"] for r in runs),
+                   "program_saw_all_roce": all(r["seen"] is None or r["seen"]["accounted"] == r["roce_sent"]
+                                               for r in runs)}
+    for m in ("tc", "xdp-generic", "xdp-trivial", "xdp"):
         summ[m]["tcp_ratio_vs_none"] = summ[m]["tcp_gbps_median"] / summ["none"]["tcp_gbps_median"]
         summ[m]["roce_pps_ratio_vs_none"] = summ[m]["roce_pps_median"] / summ["none"]["roce_pps_median"]
+    summ["xdp"]["tcp_ratio_vs_trivial_xdp"] = summ["xdp"]["tcp_gbps_median"] / summ["xdp-trivial"]["tcp_gbps_median"]
     return summ
 
 
