@@ -111,13 +111,13 @@ def foreign_xdp(netns_pair):
     b = BPF(text=b"int someone_else(struct xdp_md *ctx) { return XDP_PASS; }")
     fn = b.load_func(b"someone_else", BPF.XDP)
     with netns_pair.enter("b"):
-        b.attach_xdp(netns_pair.if_b, fn, 0)
+        b.attach_xdp(netns_pair.if_b.encode(), fn, 0)
     try:
         yield b
     finally:
         with netns_pair.enter("b"):
             try:
-                b.remove_xdp(netns_pair.if_b, 0)
+                b.remove_xdp(netns_pair.if_b.encode(), 0)
             except Exception:
                 pass
         b.cleanup()
