@@ -580,7 +580,8 @@ def _tc_filters(ipr, idx: int, parent: int):
 
 def _tc_prog_name(flt) -> str | None:
     """Name of the BPF program behind a cls_bpf filter: the kernel's prog name (by id) when
-    available, else the filter's TCA_BPF_NAME."""
+    the netlink library decodes TCA_BPF_ID (pyroute2 0.7 does not), else the filter's
+    TCA_BPF_NAME, which skewscope sets to its program name."""
     opts = flt.get_attr("TCA_OPTIONS")
     if not opts:
         return None
