@@ -16,7 +16,7 @@ import time
 import click
 
 from .cli import fail, friendly_errors
-from .cmd_live import Duration
+from .cmd_live import Duration, report_console
 
 DEFAULT_SCENARIOS = ("moe-hot-expert+congestion", "ring-straggler")
 
@@ -58,7 +58,7 @@ def _fallback(scenarios, seed):
             except Exception as e:  # the report without findings is still worth showing
                 click.echo(f"warning: analysis failed ({type(e).__name__}: {e})", err=True)
                 res = None
-            R.human(snap, res, top=12)
+            R.human(snap, res, top=12, console=report_console())
 
 
 @click.command(epilog=EPILOG)
@@ -73,8 +73,9 @@ def _fallback(scenarios, seed):
 @click.option("--tc", "use_tc", is_flag=True, help="watch with TC instead of XDP")
 @click.option("--xdp-mode", type=click.Choice(["native", "generic"]), default="native", show_default=True)
 @click.option("--interval", type=click.FloatRange(0.2, 60), default=1.0, show_default=True)
-@click.option("--window", type=click.FloatRange(1, 3600), default=10.0, show_default=True,
-              help="seconds the findings panel analyses")
+@click.option("--window", type=click.FloatRange(1, 3600), default=30.0, show_default=True,
+              help="seconds the findings panel analyses (the stretched demo's iterations last seconds: "
+                   "a window of several iterations keeps partial ones from skewing the volumes)")
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--pass-seconds", type=click.FloatRange(5, 3600), default=60, hidden=True)
 @click.option("--cleanup", is_flag=True, help="only remove fabrics left by demos that were killed, then exit")
@@ -211,7 +212,7 @@ def _scripted(sess, duration, stop):
     except Exception as e:
         click.echo(f"warning: analysis failed ({type(e).__name__}: {e})", err=True)
         res = None
-    R.human(snap, res, top=16)
+    R.human(snap, res, top=16, console=report_console())
 
 
 # registered here too: when this module is imported before skewscope.cli (cli imports it

@@ -267,7 +267,14 @@ def capture(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detac
     if as_json:
         click.echo(R.to_json(snap, analysis))
     else:
-        R.human(snap, analysis, top=top_n)
+        R.human(snap, analysis, top=top_n, console=report_console())
+
+
+def report_console():
+    """The report's console: the terminal's width on a terminal; into a file or a pipe, wide
+    enough that addresses and QPs are never cut (rich would assume 80 columns)."""
+    from rich.console import Console
+    return Console() if sys.stdout.isatty() else Console(width=160)
 
 
 # registered here too: when this module is imported before skewscope.cli (cli imports it

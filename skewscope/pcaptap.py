@@ -330,6 +330,10 @@ class PcapTap:
             os.fsync(self._fh.fileno())
             self._fh.close()
             self._fh = None
+            # mkstemp made it 0600; a pcap is meant to be handed to a colleague: 0666 & ~umask
+            um = os.umask(0)
+            os.umask(um)
+            os.chmod(self._tmp, 0o666 & ~um)
             os.replace(self._tmp, self.path)
             self._tmp = None
             self._committed = True
