@@ -6,8 +6,9 @@ top, the Prometheus exporter). Public functions:
 
     analyze(snap, thresholds=None, checks=None) -> {"collectives", "timing", "findings", "metrics"}
         everything below, JSON-ready (the `report --json` / `diagnose --json` contract)
-    live_metrics(snap, thresholds=None) -> dict
-        the per-interval subset for a live view (no classification/timing): see docs/metrics.md
+    live_metrics(snap, thresholds=None, records=False) -> dict
+        the per-interval subset for a live view: flow-table metrics and the findings that
+        need no classification/timing (docs/metrics.md "Live subset")
 
     skew_stats(x) -> {"n","sum","mean","max","min","max_over_mean","min_over_mean","cv","gini",
                       "jain","argmax","max_share"}                       stats.py
@@ -16,6 +17,7 @@ top, the Prometheus exporter). Public functions:
     flow_event_stats(snap) -> per-flow FSTAT_DTYPE (rate over active time, busy, MTU, stalls)
     node_matrix(snap, flow_mask=None, t_range=None) -> (ips, bytes[i, j])   matrix.py
     link_rates(snap) -> LINK_DTYPE per directed node pair (rate, throughput, CE, CNP, loss)
+    link_counters(snap) -> the same counters without the records (live per-interval work)
     node_volumes(snap) -> (bytes out[], bytes in[])
     incast_degree(snap, flow_mask=None) -> {"max_senders"[], "mean_senders"[], ...}
     flow_congestion(snap) -> CONG_DTYPE per flow (ce_fraction, cnp_rate_per_s, loss_rate, NAKs)
@@ -39,14 +41,14 @@ from .congestion import flow_congestion, link_speed_bps, node_stalls, pfc_summar
 from .context import Context, context
 from .findings import DEFAULTS, KINDS, ThresholdError, detect, resolve_checks, resolve_thresholds
 from .flows import ROLE_NAMES, flow_event_stats, flow_roles, node_index
-from .group_metrics import node_throughput, alltoall_metrics, group_links, pipeline_metrics, p2p_metrics, ring_metrics, tree_metrics
+from .group_metrics import MAX_LINK_ROWS, node_throughput, alltoall_metrics, group_links, pipeline_metrics, p2p_metrics, ring_metrics, tree_metrics
 from .inference import decode_metrics
-from .matrix import incast_degree, link_rates, node_matrix, node_volumes
+from .matrix import incast_degree, link_counters, link_rates, node_matrix, node_volumes
 from .stats import skew_stats
 from .timing import group_timing, timing
 
 __all__ = ["analyze", "live_metrics", "skew_stats", "node_index", "flow_roles", "flow_event_stats", "node_matrix",
-           "link_rates", "node_volumes", "incast_degree", "flow_congestion", "pfc_summary", "node_stalls",
+           "link_rates", "link_counters", "node_volumes", "incast_degree", "flow_congestion", "pfc_summary", "node_stalls",
            "discover", "group_timing", "timing", "ring_metrics", "tree_metrics", "alltoall_metrics",
            "pipeline_metrics", "decode_metrics", "context", "Context", "DEFAULTS", "KINDS", "ThresholdError",
            "ROLE_NAMES", "COLLECTIVE_KINDS", "link_speed_bps", "size_hints", "group_links"]
@@ -116,7 +118,7 @@ def _group_result(ctx, g, th) -> dict:
 
 
 def _capture_metrics(ctx, extra) -> dict:
-    fl = ctx.flows
+    fl = ctx.cols
     roles = ctx.roles
     by_role = {}
     for i, name in enumerate(ROLE_NAMES):
@@ -129,6 +131,8 @@ def _capture_metrics(ctx, extra) -> dict:
     send = out_b > 0
     lr = link_rates(ctx)
     ips = ctx.nodes.ips
+    if len(lr) > MAX_LINK_ROWS:            # the JSON keeps the busiest links
+        lr = lr[np.argsort(-lr["bytes"], kind="stable")[:MAX_LINK_ROWS]]
     m = {
         "nodes": ctx.nodes.n,
         "flows_by_role": by_role,
@@ -208,31 +212,57 @@ def analyze(snap, thresholds=None, checks=None) -> dict:
     return clean(doc)
 
 
-def live_metrics(snap, thresholds=None) -> dict:
-    """The per-interval subset a live view refreshes (see docs/metrics.md "Live subset"):
-    roles, per-flow rates over active time, link table, node matrix skews, congestion and
-    loss per flow, and the findings that need no classification (congestion, CNP, loss,
-    NAKs, PFC, caveats)."""
+def live_metrics(snap, thresholds=None, records: bool = False) -> dict:
+    """The per-interval subset a live view refreshes (docs/metrics.md "Live subset"):
+    from the flow table only -- roles, QP-pair partners, node matrix and its destination/
+    source skews, per-link counters (bytes, CE, CNPs, PSN gaps, retransmissions, NAKs),
+    per-flow congestion/loss indicators, and the findings that need no classification or
+    timing (ecn_congestion, cnp_storm, packet_loss, retransmissions, nak_errors, pfc_pause,
+    map_overflow/sampling caveats). records=True adds the message-record metrics: per-flow
+    rate over active time and busy time, link rates and throughput, stalls."""
     th = resolve_thresholds(thresholds)
     ctx = context(snap)
-    st = ctx.fstat
-    lr = link_rates(ctx)
     ips, mat = node_matrix(ctx)
-    cg = flow_congestion(ctx)
+    cg = flow_congestion(ctx, active_time=records)
     out_b, in_b = mat.sum(axis=1), mat.sum(axis=0)
-    extra = {"congestion": cg, "pfc": pfc_summary(ctx, th["pfc_pause"].get("link_gbps") or None),
-             "stalls": node_stalls(ctx)}
+    n = ctx.nodes.n
+    if records:
+        stalls = node_stalls(ctx)
+    else:
+        z = np.zeros(n)
+        stalls = {f"{d}_{k}": z for d in ("in", "out") for k in ("stall_ns", "stall_n", "stall_max_ns", "busy_ns")}
+    gbps = th["pfc_pause"].get("link_gbps") or None
+    extra = {"congestion": cg, "pfc": pfc_summary(ctx, gbps) if (records or gbps) else _pfc_counts(ctx),
+             "stalls": stalls}
     ck = {"ecn_congestion", "cnp_storm", "packet_loss", "retransmissions", "nak_errors", "pfc_pause", "map_overflow",
           "sampling"}
-    from .findings import Emitter, _caveats, _congestion, _loss, _pfc, SEV_RANK
+    from .findings import Emitter, SEV_RANK, _caveats, _congestion, _loss, _pfc
     em = Emitter(ctx, ck)
     _congestion(em, ctx, th, extra)
     _loss(em, ctx, th, extra)
     _pfc(em, ctx, th, extra)
     _caveats(em, ctx, th)
     em.out.sort(key=lambda f: (-SEV_RANK[f["severity"]], f["kind"]))
-    return {"roles": ctx.roles, "rate_bps": st["rate_bps"], "busy_ns": st["busy_ns"], "links": lr,
-            "ips": ips, "matrix": mat, "dest_volume_skew": skew_stats(in_b[in_b > 0]),
-            "source_volume_skew": skew_stats(out_b[out_b > 0]),
-            "link_rate_skew": skew_stats(lr["rate_bps"][np.isfinite(lr["rate_bps"])]) if len(lr) else skew_stats([]),
-            "congestion": cg, "findings": clean(em.out)}
+    res = {"roles": ctx.roles, "partner": ctx.partner, "ips": ips, "matrix": mat,
+           "links": link_counters(ctx),
+           "dest_volume_skew": skew_stats(in_b[in_b > 0]), "source_volume_skew": skew_stats(out_b[out_b > 0]),
+           "congestion": cg, "pfc": extra["pfc"], "findings": clean(em.out)}
+    if records:
+        st = ctx.fstat
+        lr = link_rates(ctx)
+        res.update({"rate_bps": st["rate_bps"], "busy_ns": st["busy_ns"], "link_rates": lr,
+                    "link_rate_skew": skew_stats(lr["rate_bps"][np.isfinite(lr["rate_bps"])]) if len(lr)
+                    else skew_stats([])})
+    return res
+
+
+def _pfc_counts(ctx) -> dict:
+    """pfc_summary without a link speed (no records to estimate it): counts only."""
+    from .. import layout as L
+    g = ctx.snap.globals
+    sc = float(ctx.scale)
+    return {"frames": int(g[L.G_PFC] * sc), "global_pause_frames": int(g[L.G_PAUSE] * sc), "link_gbps_est": None,
+            "per_priority": [{"priority": p, "pause_frames": int(g[L.G_PFC_PAUSE + p] * sc),
+                              "resume_frames": int(g[L.G_PFC_XON + p] * sc),
+                              "quanta": int(g[L.G_PFC_QUANTA + p] * sc), "pause_s": None, "pause_fraction": None}
+                             for p in range(8)]}

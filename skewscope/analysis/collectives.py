@@ -82,7 +82,12 @@ def size_hints(ctx, flows: np.ndarray) -> dict:
     sizes = ctx.events["bytes"][ok].astype(np.int64)
     if len(sizes) == 0:
         return {"top_sizes": [], "protocol": None, "large": False, "p2p_chunks": False}
-    u, c = np.unique(sizes, return_counts=True)
+    from .hashing import build_u64
+    _, _, ids, first = build_u64(sizes.astype(np.uint64))
+    u = sizes[first]
+    c = np.bincount(ids, minlength=len(first))
+    o = np.argsort(u, kind="stable")
+    u, c = u[o], c[o]
     wb = (u * c).astype(np.float64)
     top = np.argsort(-c, kind="stable")[:4]
     modal_b = int(u[np.argmax(wb)])          # bytes-weighted mode

@@ -35,12 +35,13 @@ def _span_s(fl, i):
     return max(0.0, float(fl["last_ts"][i]) - float(fl["first_ts"][i])) / 1e9
 
 
-def flow_congestion(snap) -> np.ndarray:
+def flow_congestion(snap, active_time: bool = True) -> np.ndarray:
     """Per-flow congestion/loss indicators (CONG_DTYPE), counters scaled by the sampling
-    denominator."""
+    denominator. active_time=False: CNP rates over the flow's first..last span (no message
+    records needed: the live view's per-interval work)."""
     ctx = context(snap)
-    fl = ctx.flows
-    n = len(fl)
+    fl = ctx.cols
+    n = len(ctx.flows)
     out = np.zeros(n, dtype=CONG_DTYPE)
     if n == 0:
         return out
@@ -55,7 +56,7 @@ def flow_congestion(snap) -> np.ndarray:
     out["cnp"] = cnp * sc
     part = ctx.partner
     span = (fl["last_ts"].astype(np.float64) - fl["first_ts"].astype(np.float64)) / 1e9
-    busy = ctx.fstat["busy_ns"] / 1e9
+    busy = ctx.fstat["busy_ns"] / 1e9 if active_time else np.zeros(n)
     pbusy = np.where(part >= 0, busy[np.maximum(part, 0)], 0.0)
     den = np.where(pbusy > 0, pbusy, np.where(span > 0, span, ctx.duration_ns / 1e9))
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from functools import cached_property
 
 import numpy as np
+from numba import njit
 
 from .. import layout as L
 from . import flows as FL
@@ -23,12 +24,17 @@ class Context:
 
     # ---- basics ---------------------------------------------------------------------
     @cached_property
+    def cols(self) -> dict:
+        """The flow table's scalar fields as contiguous arrays (flows.flow_columns)."""
+        return FL.flow_columns(self.flows)
+
+    @cached_property
     def nodes(self) -> FL.Nodes:
         return FL.node_index(self.flows)
 
     @cached_property
     def partner_sport(self) -> np.ndarray:
-        return FL.partners_by_sport(self.flows, self.nodes)
+        return FL.partners_by_sport(self.cols, self.nodes)
 
     @cached_property
     def roles(self) -> np.ndarray:
@@ -36,7 +42,7 @@ class Context:
 
     @cached_property
     def partner(self) -> np.ndarray:
-        return FL.partners(self.flows, self.nodes, self.roles, self.partner_sport)
+        return FL.partners(self.cols, self.nodes, self.roles, self.partner_sport)
 
     @cached_property
     def data(self) -> np.ndarray:
@@ -61,7 +67,7 @@ class Context:
     @cached_property
     def volume(self) -> np.ndarray:
         """Bytes a flow moves for the job: payload bytes of data flows, 0 for the others."""
-        v = self.flows["payload_bytes"].astype(np.float64)
+        v = self.cols["payload_bytes"].astype(np.float64)
         return np.where(self.data, v, 0.0)
 
     @cached_property
@@ -72,8 +78,9 @@ class Context:
     def t0(self) -> float:
         m = self.snap.meta
         cands = []
-        if len(self.flows):
-            cands.append(float(self.flows["first_ts"][self.flows["packets"] > 0].min()) if (self.flows["packets"] > 0).any() else 0.0)
+        c = self.cols
+        if len(self.flows) and (c["packets"] > 0).any():
+            cands.append(float(c["first_ts"][c["packets"] > 0].min()))
         if m.get("first_ts"):
             cands.append(float(m["first_ts"]))
         return min(cands) if cands else 0.0
@@ -82,52 +89,53 @@ class Context:
     def duration_ns(self) -> float:
         m = self.snap.meta
         d = float(m.get("duration_s", 0) or 0) * 1e9
-        if d <= 0 and len(self.flows):
-            d = float(self.flows["last_ts"].max()) - float(self.flows["first_ts"][self.flows["packets"] > 0].min()) \
-                if (self.flows["packets"] > 0).any() else 0.0
+        c = self.cols
+        if d <= 0 and len(self.flows) and (c["packets"] > 0).any():
+            d = float(c["last_ts"].max()) - float(c["first_ts"][c["packets"] > 0].min())
         return max(d, 1.0)
 
     # ---- events ----------------------------------------------------------------------
     @cached_property
+    def _evcols(self):
+        ev = self.events
+        nf = len(self.flows)
+        pkt = self.fstat["pkt_ns"] if nf else np.zeros(1)
+        data = self.data if nf else np.zeros(1, dtype=np.bool_)
+        return _event_columns(np.ascontiguousarray(ev["flow"]), np.ascontiguousarray(ev["opclass"]),
+                              np.ascontiguousarray(ev["start_ts"]), np.ascontiguousarray(ev["end_ts"]),
+                              np.ascontiguousarray(pkt, dtype=np.float64), np.ascontiguousarray(data), nf)
+
+    @property
     def ev_flow(self) -> np.ndarray:
-        f = self.events["flow"].astype(np.int64)
-        f[(f < 0) | (f >= len(self.flows))] = -1
-        return f
+        """Flow row of each record (-1: evicted / unknown)."""
+        return self._evcols[0]
 
-    @cached_property
+    @property
     def ev_start(self) -> np.ndarray:
-        return self.events["start_ts"].astype(np.float64)
+        return self._evcols[1]
 
-    @cached_property
+    @property
     def ev_end(self) -> np.ndarray:
         """End of the message on the wire: last packet's timestamp + the flow's packet time."""
-        e = self.events["end_ts"].astype(np.float64)
-        f = self.ev_flow
-        pk = np.where(f >= 0, self.fstat["pkt_ns"][np.maximum(f, 0)] if len(self.flows) else 0.0, 0.0)
-        return e + pk
+        return self._evcols[2]
 
-    @cached_property
+    @property
     def ev_data(self) -> np.ndarray:
         """Records of data flows that carry data (WRITE/SEND)."""
-        f = self.ev_flow
-        ok = f >= 0
-        out = np.zeros(len(f), dtype=bool)
-        if len(self.flows):
-            out[ok] = self.data[f[ok]]
-        op = self.events["opclass"]
-        return out & ((op == L.OPC_WRITE) | (op == L.OPC_SEND))
+        return self._evcols[3]
 
     # ---- node pairs --------------------------------------------------------------------
     @cached_property
     def pair_index(self):
         """Directed node pairs with data flows: (pair id per flow or -1, src node, dst node)."""
+        from .hashing import sorted_unique_u64
         nn = max(1, self.nodes.n)
         key = self.nodes.src.astype(np.int64) * nn + self.nodes.dst.astype(np.int64)
-        key = np.where(self.data, key, -1)
-        uk = np.unique(key[key >= 0])
+        d = self.data
+        uk, inv = sorted_unique_u64(key[d].astype(np.uint64))
+        uk = uk.astype(np.int64)
         pid = np.full(len(key), -1, dtype=np.int64)
-        if len(uk):
-            pid[key >= 0] = np.searchsorted(uk, key[key >= 0])
+        pid[d] = inv
         return pid, (uk // nn).astype(np.int64), (uk % nn).astype(np.int64)
 
     @cached_property
@@ -139,6 +147,25 @@ class Context:
         f = self.ev_flow
         k = np.where(self.ev_data, pid[np.maximum(f, 0)], -1)
         return keyed_busy(k, self.ev_start, self.ev_end, len(ps))
+
+
+@njit(cache=True, nogil=True)
+def _event_columns(flow, opc, start, end, pkt, data, nf):
+    n = flow.shape[0]
+    f = np.empty(n, dtype=np.int64)
+    s = np.empty(n, dtype=np.float64)
+    e = np.empty(n, dtype=np.float64)
+    d = np.zeros(n, dtype=np.bool_)
+    for i in range(n):
+        x = np.int64(flow[i])
+        if x < 0 or x >= nf:
+            x = -1
+        f[i] = x
+        s[i] = float(start[i])
+        e[i] = float(end[i]) + (pkt[x] if x >= 0 else 0.0)
+        if x >= 0 and data[x] and (opc[i] == 0 or opc[i] == 1):
+            d[i] = True
+    return f, s, e, d
 
 
 def context(snap) -> Context:

@@ -208,7 +208,8 @@ def _alltoall(em, ctx, g, r, th, gi):
     if hot is None or not ds.get("max_over_mean"):
         return
     hot_i = ips.index(hot)
-    into_hot = [f for f in g.flows if ctx.nodes.dst[f] == hot_i]
+    gf = np.asarray(g.flows, dtype=np.int64)
+    into_hot = gf[ctx.nodes.dst[gf] == hot_i].tolist()
     t = th["hot_destination"]
     if tot >= t["min_bytes"]:
         mom = ds["max_over_mean"]
@@ -242,6 +243,17 @@ def _lag_outliers(lags, k_mad, floor_ns):
             continue
         if v >= _mad_threshold(lags, i, k_mad, floor_ns):
             out.append((i, float(v)))
+    return out
+
+
+def _split_by(flows, key, members) -> dict:
+    """{member: [flows whose key is that member]} in one sort."""
+    o = np.argsort(key, kind="stable")
+    ks, fs = key[o], flows[o]
+    out = {}
+    for m in members:
+        a, b = np.searchsorted(ks, m), np.searchsorted(ks, m, side="right")
+        out[m] = fs[a:b].tolist()
     return out
 
 
@@ -294,8 +306,9 @@ def _rates_and_lags(em, ctx, groups, results, th, extra):
             if nt is not None:
                 sr = nt["send_ratio"]
                 rr = nt["recv_ratio"]
-        out_flows = {m: [f for f in g.flows if ctx.nodes.src[f] == m] for m in mem}
-        in_flows = {m: [f for f in g.flows if ctx.nodes.dst[f] == m] for m in mem}
+        gf = np.asarray(g.flows, dtype=np.int64)
+        out_flows = _split_by(gf, ctx.nodes.src[gf], mem)
+        in_flows = _split_by(gf, ctx.nodes.dst[gf], mem)
         rthr = tl["warning"] if g.kind != "tree_allreduce" else tl["critical"]
         # 1. slow both ways: the node's own link
         both = set()
@@ -462,16 +475,20 @@ def _incast(em, ctx, th, extra):
         if mx[n] < t["min_senders"] or mx[n] < t["ratio"] * max(med, 1.0) or inc["at_max_ns"][n] < t["min_time_s"] * 1e9:
             continue
         senders = extra["incast_senders"].get(int(n), [])
-        flows = [f for f in data if ctx.nodes.dst[f] == n and ctx.nodes.src[f] in senders]
+        dsrc, ddst = ctx.nodes.src[data], ctx.nodes.dst[data]
+        into_n = ddst == n
+        flows = data[into_n].tolist()
+        fin = np.isfinite(rate[data])
         ratios = []
         for sn in senders:
-            into = [f for f in data if ctx.nodes.src[f] == sn and ctx.nodes.dst[f] == n and np.isfinite(rate[f])]
-            other = [f for f in data if ctx.nodes.src[f] == sn and ctx.nodes.dst[f] != n and np.isfinite(rate[f])]
-            if into and other:
+            mine = dsrc == sn
+            into = data[mine & into_n & fin]
+            other = data[mine & ~into_n & fin]
+            if len(into) and len(other):
                 ratios.append(float(np.median(rate[into])) / max(1.0, float(np.median(rate[other]))))
         throttle = float(np.median(ratios)) if ratios else None
-        star = len(senders) >= t["min_senders"] and all(
-            not any(ctx.nodes.src[f] == n and ctx.nodes.dst[f] == sn for f in data) for sn in senders)
+        back = set(ddst[dsrc == n].tolist())
+        star = len(senders) >= t["min_senders"] and not (set(senders) & back)
         if throttle is not None and throttle > t["throttle"]:
             continue
         if throttle is None and not star:
@@ -505,7 +522,7 @@ def _stalls(em, ctx, th, extra):
                    "directions; check link flaps, error counters and PFC from that port",
                    {"in_stall_s": float(st["in_stall_ns"][m]) / 1e9, "out_stall_s": float(st["out_stall_ns"][m]) / 1e9,
                     "mode": "stalls"},
-                   flows=[f for f in np.nonzero(ctx.data)[0] if ctx.nodes.src[f] == m or ctx.nodes.dst[f] == m])
+                   flows=np.nonzero(ctx.data & ((ctx.nodes.src == m) | (ctx.nodes.dst == m)))[0])
 
 
 def extra_stalls(ctx):
@@ -516,21 +533,23 @@ def extra_stalls(ctx):
 def _group_by_node(ctx, flows):
     """Greedy: repeatedly take the node (as destination, then as source) shared by most of
     the remaining flows."""
-    rest = list(flows)
+    rest = np.asarray(flows, dtype=np.int64)
     out = []
-    while rest:
-        d = np.bincount(ctx.nodes.dst[rest], minlength=ctx.nodes.n)
-        s = np.bincount(ctx.nodes.src[rest], minlength=ctx.nodes.n)
-        if d.max() >= s.max():
+    while len(rest):
+        dn = ctx.nodes.dst[rest]
+        sn = ctx.nodes.src[rest]
+        d = np.bincount(dn, minlength=ctx.nodes.n)
+        s_ = np.bincount(sn, minlength=ctx.nodes.n)
+        if d.max() >= s_.max():
             n = int(d.argmax())
-            sel = [f for f in rest if ctx.nodes.dst[f] == n]
+            sel = dn == n
             role = "into"
         else:
-            n = int(s.argmax())
-            sel = [f for f in rest if ctx.nodes.src[f] == n]
+            n = int(s_.argmax())
+            sel = sn == n
             role = "from"
-        out.append((n, role, sel))
-        rest = [f for f in rest if f not in set(sel)]
+        out.append((n, role, rest[sel].tolist()))
+        rest = rest[~sel]
     return out
 
 
@@ -538,8 +557,7 @@ def _congestion(em, ctx, th, extra):
     cg = extra["congestion"]
     ips = ctx.nodes.ips
     t = th["ecn_congestion"]
-    data = np.nonzero(ctx.data)[0]
-    marked = [int(f) for f in data if cg["ce"][f] > 0]
+    marked = np.nonzero(ctx.data & (cg["ce"] > 0))[0]
     for n, role, fl in _group_by_node(ctx, marked):
         ce = float(cg["ce"][fl].sum())
         fr = ce / max(1.0, float(cg["ecn_capable"][fl].sum()))
@@ -580,58 +598,74 @@ def _congestion(em, ctx, th, extra):
                flows=data_flows + fl, qps=qps)
 
 
+def _by_pair(ctx, flows):
+    """Flows grouped by directed node pair: [(src node, dst node, [flows])]."""
+    flows = np.asarray(flows, dtype=np.int64)
+    if len(flows) == 0:
+        return []
+    key = ctx.nodes.src[flows].astype(np.int64) * max(1, ctx.nodes.n) + ctx.nodes.dst[flows]
+    o = np.argsort(key, kind="stable")
+    k, f = key[o], flows[o]
+    cuts = np.nonzero(np.diff(k))[0] + 1
+    return [(int(ctx.nodes.src[g[0]]), int(ctx.nodes.dst[g[0]]), g.tolist()) for g in np.split(f, cuts)]
+
+
+def _qps(ctx, flows):
+    return ", ".join(str(int(q)) for q in ctx.flows["dest_qp"][flows][:4]) + (" ..." if len(flows) > 4 else "")
+
+
 def _loss(em, ctx, th, extra):
+    """packet_loss / retransmissions / nak_errors, one finding per directed node pair (the
+    path to check), listing its flows."""
     cg = extra["congestion"]
     ips = ctx.nodes.ips
     fl = ctx.flows
     t = th["packet_loss"]
-    gaps = [f for f in range(len(fl)) if cg["psn_gaps"][f] >= t["min_gaps"]]
-    for f in gaps:
-        rate = float(cg["loss_rate"][f])
+    for s, d, f in _by_pair(ctx, np.nonzero(cg["psn_gaps"] >= max(1, t["min_gaps"]))[0]):
+        gaps = float(cg["psn_gaps"][f].sum())
+        skipped = float(cg["psn_skipped"][f].sum())
+        req = float(sum(cg["psn_skipped"][x] / cg["loss_rate"][x] for x in f if cg["loss_rate"][x] > 0))
+        rate = skipped / req if req > 0 else 0.0
         sev = "critical" if rate >= t["critical"] else "warning"
-        s, d = int(ctx.nodes.src[f]), int(ctx.nodes.dst[f])
-        p = ctx.partner[f]
-        naks = float(cg["nak_seq"][p]) if p >= 0 else None
+        part = ctx.partner[f]
+        naks = float(cg["nak_seq"][part[part >= 0]].sum())
         em.add("packet_loss", sev, [s, d],
-               f"packet loss on {ips[s]} -> {ips[d]} QP {int(fl['dest_qp'][f])}: {int(cg['psn_gaps'][f])} PSN gap(s), "
-               f"{int(cg['psn_skipped'][f])} packets missing ({_pct(rate)}), go-back-N resends follow; RoCE needs a "
-               "lossless fabric: check PFC/buffer config and link errors on that path",
-               {"psn_gaps": float(cg["psn_gaps"][f]), "psn_skipped": float(cg["psn_skipped"][f]), "loss_rate": rate,
-                "retransmissions": float(cg["retransmissions"][f]), "naks_psn_sequence": naks}, flows=[f])
+               f"packet loss on {ips[s]} -> {ips[d]} (QP {_qps(ctx, f)}): {int(gaps)} PSN gap(s), {int(skipped)} packets "
+               f"missing ({_pct(rate)}), go-back-N resends follow; RoCE needs a lossless fabric: check PFC/buffer "
+               "config and link errors on that path",
+               {"psn_gaps": gaps, "psn_skipped": skipped, "loss_rate": rate,
+                "retransmissions": float(cg["retransmissions"][f].sum()), "naks_psn_sequence": naks,
+                "flows": len(f)}, flows=f)
     t = th["retransmissions"]
-    for f in range(len(fl)):
-        if cg["retransmissions"][f] < t["min_packets"]:
-            continue
-        s, d = int(ctx.nodes.src[f]), int(ctx.nodes.dst[f])
-        with_gap = cg["psn_gaps"][f] > 0
+    for s, d, f in _by_pair(ctx, np.nonzero(cg["retransmissions"] >= max(1, t["min_packets"]))[0]):
+        retx = float(cg["retransmissions"][f].sum())
+        with_gap = bool((cg["psn_gaps"][f] > 0).all())
         sev = "info" if with_gap else "warning"
         em.add("retransmissions", sev, [s, d],
-               f"{int(cg['retransmissions'][f])} retransmitted packets on {ips[s]} -> {ips[d]} QP {int(fl['dest_qp'][f])}"
+               f"{int(retx)} retransmitted packets on {ips[s]} -> {ips[d]} (QP {_qps(ctx, f)})"
                + (" (go-back-N recovery of the loss above)" if with_gap else
                   ": losses after this observation point or ACK timeouts; check the receiver side of the path"),
-               {"retransmissions": float(cg["retransmissions"][f]), "psn_gaps": float(cg["psn_gaps"][f])}, flows=[f])
+               {"retransmissions": retx, "psn_gaps": float(cg["psn_gaps"][f].sum()), "flows": len(f)}, flows=f)
     t = th["nak_errors"]
-    for f in range(len(fl)):
-        tot = cg["nak_seq"][f] + cg["nak_rnr"][f] + cg["nak_other"][f]
-        if tot < t["min_naks"]:
-            continue
-        # NAKs travel responder -> requester: the data flow is the partner
-        p = int(ctx.partner[f])
-        s, d = int(ctx.nodes.src[f]), int(ctx.nodes.dst[f])
-        data_flow = [p] if p >= 0 else []
-        gaps = p >= 0 and cg["psn_gaps"][p] > 0
-        if cg["nak_other"][f] > 0:
+    tot = cg["nak_seq"] + cg["nak_rnr"] + cg["nak_other"]
+    for s, d, f in _by_pair(ctx, np.nonzero(tot >= max(1, t["min_naks"]))[0]):
+        # NAKs travel responder -> requester: the data flows are the partners
+        f = np.asarray(f)
+        part = ctx.partner[f]
+        data_flows = part[part >= 0].tolist()
+        gaps = len(data_flows) > 0 and bool((cg["psn_gaps"][data_flows] > 0).all())
+        seq, rnr, oth = (float(cg[k][f].sum()) for k in ("nak_seq", "nak_rnr", "nak_other"))
+        if oth > 0:
             sev, why = "critical", "remote access / invalid request errors: an application or memory-registration bug"
-        elif cg["nak_rnr"][f] > 0:
+        elif rnr > 0:
             sev, why = "warning", "receiver-not-ready: the receiver did not post buffers in time (slow consumer)"
         else:
             sev, why = ("info" if gaps else "warning"), ("PSN sequence errors from the loss above" if gaps else
                                                            "PSN sequence errors: packets lost before the receiver")
         em.add("nak_errors", sev, [d, s],
-               f"{int(tot)} NAK(s) from {ips[s]} to {ips[d]} QP {int(fl['dest_qp'][f])}: {why}",
-               {"psn_sequence_error": float(cg["nak_seq"][f]), "rnr": float(cg["nak_rnr"][f]),
-                "other": float(cg["nak_other"][f])}, flows=data_flow + [f],
-               qps=sorted({int(fl["dest_qp"][f])} | ({int(fl["dest_qp"][p])} if p >= 0 else set())))
+               f"{int(seq + rnr + oth)} NAK(s) from {ips[s]} to {ips[d]} (QP {_qps(ctx, f)}): {why}",
+               {"psn_sequence_error": seq, "rnr": rnr, "other": oth, "flows": len(f)}, flows=data_flows + f.tolist(),
+               qps=sorted({int(q) for q in fl["dest_qp"][f]} | {int(q) for q in fl["dest_qp"][data_flows]}))
 
 
 def _pfc(em, ctx, th, extra):
@@ -660,7 +694,7 @@ def _pfc(em, ctx, th, extra):
                {"priority": p["priority"], "pause_frames": p["pause_frames"], "resume_frames": p["resume_frames"],
                 "quanta": p["quanta"], "pause_s": p["pause_s"], "pause_fraction": frac,
                 "link_gbps_est": pfc["link_gbps_est"]},
-               flows=[f for f in np.nonzero(ctx.data)[0] if ctx.nodes.dst[f] in suspects])
+               flows=np.nonzero(ctx.data & np.isin(ctx.nodes.dst, suspects))[0])
     if pfc["global_pause_frames"] >= t["min_frames"]:
         em.add("pfc_pause", "warning", [], f"{pfc['global_pause_frames']} 802.3x global pause frames: a link pauses all "
                "traffic; RoCE should use per-priority PFC", {"global_pause_frames": pfc["global_pause_frames"]})
@@ -684,10 +718,11 @@ def _caveats(em, ctx, th):
                f"{lost} message records lost (record buffer overrun): timing, period and rate metrics are partial; "
                "capture a shorter window or raise the record buffer",
                {"message_records_lost": lost, "message_records": int(len(ctx.events))})
-    st = ctx.fstat
+    fs = ctx.__dict__.get("_fstat")          # only when the records were analysed
+    st = fs[0] if fs is not None else None
     d = ctx.data
-    flat = int(st["n_flat"][d].sum())
-    timed = int(st["n_multi"][d].sum())
+    flat = int(st["n_flat"][d].sum()) if st is not None else 0
+    timed = int(st["n_multi"][d].sum()) if st is not None else 0
     if flat and flat >= 0.1 * (flat + timed):
         em.add("sampling", "info", [],
                f"{flat} of {flat + timed} multi-packet messages have all their packets at one timestamp: the capture "

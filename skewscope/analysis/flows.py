@@ -72,6 +72,67 @@ FSTAT_DTYPE = np.dtype([
 ])
 
 
+# ---- the flow table as contiguous columns -------------------------------------------------
+#: scalar counters copied out of the flow table (a 848-byte record per flow: touching it
+#: once is cheaper than one strided numpy pass per field)
+COL_U64 = ("packets", "bytes", "payload_bytes", "messages", "msg_bytes", "ecn_capable", "ce", "fecn", "becn", "cnp",
+           "acks", "nak_seq", "nak_rnr", "nak_other", "psn_gaps", "psn_skipped", "retransmissions")
+COL_TS = ("first_ts", "last_ts")
+
+
+@njit(cache=True, nogil=True)
+def _columns_kernel(fl, u, ts, op, small):
+    n = fl.shape[0]
+    for i in range(n):
+        r = fl[i]
+        u[0, i] = r.packets
+        u[1, i] = r.bytes
+        u[2, i] = r.payload_bytes
+        u[3, i] = r.messages
+        u[4, i] = r.msg_bytes
+        u[5, i] = r.ecn_capable
+        u[6, i] = r.ce
+        u[7, i] = r.fecn
+        u[8, i] = r.becn
+        u[9, i] = r.cnp
+        u[10, i] = r.acks
+        u[11, i] = r.nak_seq
+        u[12, i] = r.nak_rnr
+        u[13, i] = r.nak_other
+        u[14, i] = r.psn_gaps
+        u[15, i] = r.psn_skipped
+        u[16, i] = r.retransmissions
+        ts[0, i] = r.first_ts
+        ts[1, i] = r.last_ts
+        for k in range(8):
+            op[i, k] = r.op[k]
+        m = -1
+        for k in range(r.msg_hist.shape[0] - 1, -1, -1):
+            if r.msg_hist[k] > 0:
+                m = k
+                break
+        small[0, i] = m
+        small[1, i] = r.sport
+        small[2, i] = r.dest_qp
+        small[3, i] = r.ipver
+
+
+def flow_columns(flows) -> dict:
+    """name -> contiguous array for the flow table's scalar fields (+ "op" (n, 8) and
+    "max_slot", the highest non-empty message-size slot or -1), in one pass."""
+    n = len(flows)
+    u = np.zeros((len(COL_U64), n), dtype=np.uint64)
+    ts = np.zeros((2, n), dtype=np.uint64)
+    op = np.zeros((n, L.N_OPCLASS), dtype=np.uint64)
+    small = np.zeros((4, n), dtype=np.int64)
+    if n:
+        _columns_kernel(flows, u, ts, op, small)
+    out = {k: u[i] for i, k in enumerate(COL_U64)}
+    out.update(first_ts=ts[0], last_ts=ts[1], op=op, max_slot=small[0], sport=small[1], dest_qp=small[2],
+               ipver=small[3])
+    return out
+
+
 # ---- nodes ---------------------------------------------------------------------------
 class Nodes:
     """Node table: ips[i] (strings as in report "flows"), src[f]/dst[f] node of each flow."""
@@ -89,24 +150,24 @@ class Nodes:
         return self.ips.index(ip)
 
 
-def node_index(flows: np.ndarray) -> Nodes:
+def node_index(flows) -> Nodes:
     """Unique addresses of a flow table -> Nodes (sorted by address bytes)."""
+    from .hashing import unique_u128
     n = len(flows)
     if n == 0:
         return Nodes([], np.zeros(0, np.int32), np.zeros(0, np.int32))
     a = np.concatenate([np.ascontiguousarray(flows["src"]), np.ascontiguousarray(flows["dst"])])
     w = a.view(">u8").reshape(-1, 2)
-    order = np.lexsort((w[:, 1], w[:, 0]))
-    ws = w[order]
-    newk = np.ones(len(ws), dtype=bool)
-    newk[1:] = (ws[1:, 0] != ws[:-1, 0]) | (ws[1:, 1] != ws[:-1, 1])
-    ids = np.cumsum(newk) - 1
-    inv = np.empty(len(ws), dtype=np.int32)
-    inv[order] = ids
-    firsts = order[newk]
-    ipver = np.concatenate([flows["ipver"], flows["ipver"]])
-    ips = [ip_str(a[i], int(ipver[i])) for i in firsts]
-    return Nodes(ips, inv[:n].astype(np.int32), inv[n:].astype(np.int32))
+    hi = np.ascontiguousarray(w[:, 0]).astype(np.uint64)
+    lo = np.ascontiguousarray(w[:, 1]).astype(np.uint64)
+    ids, first = unique_u128(hi, lo)
+    order = np.lexsort((lo[first], hi[first]))           # nodes sorted by address bytes
+    rank = np.empty(len(first), dtype=np.int32)
+    rank[order] = np.arange(len(first), dtype=np.int32)
+    inv = rank[ids]
+    ipver = flows["ipver"]
+    ips = [ip_str(a[i], int(ipver[i % n])) for i in first[order]]
+    return Nodes(ips, inv[:n], inv[n:])
 
 
 # ---- per-flow message statistics -----------------------------------------------------
@@ -130,6 +191,22 @@ def _csr_by_flow(ev_flow, nflows):
             order[pos[f]] = i
             pos[f] += 1
     return order, off
+
+
+@njit(cache=True, nogil=True)
+def _gather4(order, a, b, c, d):
+    n = order.shape[0]
+    oa = np.empty(n, dtype=a.dtype)
+    ob = np.empty(n, dtype=b.dtype)
+    oc = np.empty(n, dtype=c.dtype)
+    od = np.empty(n, dtype=d.dtype)
+    for i in range(n):
+        k = order[i]
+        oa[i] = a[k]
+        ob[i] = b[k]
+        oc[i] = c[k]
+        od[i] = d[k]
+    return oa, ob, oc, od
 
 
 @njit(cache=True, nogil=True)
@@ -286,13 +363,18 @@ def flow_event_stats(snap) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     fl, ev = snap.flows, snap.events
     nf = len(fl)
     order, off = _csr_by_flow(np.ascontiguousarray(ev["flow"]), nf)
-    req = (fl["op"][:, L.OPC_SEND] + fl["op"][:, L.OPC_WRITE]).astype(np.int64) if nf else np.zeros(0, np.int64)
+    from .context import context as _ctx
+    c = _ctx(snap).cols
+    req = (c["op"][:, L.OPC_SEND] + c["op"][:, L.OPC_WRITE]).astype(np.int64) if nf else np.zeros(0, np.int64)
     oi = np.zeros((nf, 6), dtype=np.int64)
     of = np.zeros((nf, 12), dtype=np.float64)
     if nf:
-        _flow_stats_kernel(order, off, np.ascontiguousarray(ev["opclass"]), np.ascontiguousarray(ev["start_ts"]),
-                           np.ascontiguousarray(ev["end_ts"]), np.ascontiguousarray(ev["bytes"]), req,
-                           MTU_CANDIDATES, oi, of)
+        # gather the records into flow order once: the kernel then reads sequentially
+        op_f, st_f, en_f, by_f = _gather4(order, np.ascontiguousarray(ev["opclass"]),
+                                          np.ascontiguousarray(ev["start_ts"]), np.ascontiguousarray(ev["end_ts"]),
+                                          np.ascontiguousarray(ev["bytes"]))
+        ident = np.arange(len(order), dtype=np.int64)
+        _flow_stats_kernel(ident, off, op_f, st_f, en_f, by_f, req, MTU_CANDIDATES, oi, of)
     st = np.zeros(nf, dtype=FSTAT_DTYPE)
     for k, name in enumerate(("n_rec", "n_data", "n_multi", "mtu", "stall_n", "n_flat")):
         st[name] = oi[:, k]
@@ -309,48 +391,38 @@ def _mean_msg(fl) -> np.ndarray:
         return np.where(m > 0, fl["msg_bytes"] / np.maximum(m, 1), 0.0)
 
 
-def _max_msg_slot(fl) -> np.ndarray:
-    h = fl["msg_hist"]
-    nz = h > 0
-    last = np.where(nz.any(axis=1), h.shape[1] - 1 - np.argmax(nz[:, ::-1], axis=1), -1)
-    return last
-
-
 def partners_by_sport(fl, nodes: Nodes) -> np.ndarray:
     """Partner flow (other direction of the QP pair) from the shared UDP source port; -1."""
-    n = len(fl)
+    from .hashing import build_u64, lookup_u64
+    n = len(nodes.src)
     out = np.full(n, -1, dtype=np.int64)
     if n == 0:
         return out
-    s = nodes.src.astype(np.int64)
-    d = nodes.dst.astype(np.int64)
-    sp = fl["sport"].astype(np.int64)
-    key = (s << 40) | (d << 17) | sp
-    rkey = (d << 40) | (s << 17) | sp
-    order = np.argsort(key, kind="stable")
-    ks = key[order]
-    uk, cnt = np.unique(ks, return_counts=True)
-    pos_k = np.searchsorted(uk, key)
-    cnt_self = cnt[pos_k]
-    pos_r = np.searchsorted(uk, rkey)
-    pos_r_c = np.minimum(pos_r, len(uk) - 1)
-    found = (pos_r < len(uk)) & (uk[pos_r_c] == rkey)
-    cnt_rev = np.where(found, cnt[pos_r_c], 0)
-    ok = (sp != 0) & (cnt_self == 1) & (cnt_rev == 1) & (s != d)
-    idx = np.searchsorted(ks, rkey[ok])
-    out[ok] = order[idx]
+    s = nodes.src.astype(np.uint64)
+    d = nodes.dst.astype(np.uint64)
+    sp = np.asarray(fl["sport"]).astype(np.uint64)
+    key = (s << np.uint64(40)) | (d << np.uint64(17)) | sp
+    rkey = (d << np.uint64(40)) | (s << np.uint64(17)) | sp
+    sk, sid, ids, first = build_u64(key)
+    cnt = np.bincount(ids, minlength=len(first))
+    rid = lookup_u64(sk, sid, rkey)
+    ok = (sp != 0) & (cnt[ids] == 1) & (rid >= 0) & (s != d)
+    ok[ok] &= cnt[rid[ok]] == 1
+    out[ok] = first[rid[ok]]
     return out
 
 
 def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = None) -> np.ndarray:
     """Role of every flow (ROLE_* codes, names in ROLE_NAMES). See the module docstring."""
-    fl = snap.flows
-    n = len(fl)
+    from .context import context as _ctx
+    ctx = _ctx(snap)
+    fl = ctx.cols
+    n = len(ctx.flows)
     roles = np.full(n, ROLE_OTHER, dtype=np.int8)
     if n == 0:
         return roles
     if nodes is None:
-        nodes = node_index(fl)
+        nodes = ctx.nodes
     if partner is None:
         partner = partners_by_sport(fl, nodes)
     op = fl["op"]
@@ -360,7 +432,7 @@ def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = No
     rreq = op[:, L.OPC_READ_REQ]
     rresp_payload = (op[:, L.OPC_READ_RESP] > 0) & (fl["payload_bytes"] > 0)
     mean = _mean_msg(fl)
-    maxslot = _max_msg_slot(fl)
+    maxslot = fl["max_slot"]
     small = (msgs > 0) & (maxslot >= 0) & (maxslot <= 10) & (mean <= CTS_MAX_BYTES)  # < 1024 B each
     has_msgs = (msgs > 0) & (wmsg | smsg)
     # candidate data
@@ -396,7 +468,7 @@ def partners(fl, nodes: Nodes, roles: np.ndarray, by_sport: np.ndarray) -> np.nd
     """by_sport, completed by elimination: a node pair with exactly one data flow one way and
     exactly one non-data (cts/ack/cnp) flow the other way pairs them."""
     out = by_sport.copy()
-    n = len(fl)
+    n = len(by_sport)
     if n == 0:
         return out
     nn = max(1, nodes.n)

@@ -60,7 +60,7 @@ def link_rates(snap) -> np.ndarray:
     out["dst"] = pd
     d = pid >= 0
     p = pid[d]
-    fl = ctx.flows
+    fl = ctx.cols
     st = ctx.fstat
     out["flows"] = np.bincount(p, minlength=n)
     out["bytes"] = np.bincount(p, weights=ctx.volume[d], minlength=n)
@@ -94,6 +94,43 @@ def link_rates(snap) -> np.ndarray:
     return out
 
 
+COUNTER_LINK_DTYPE = np.dtype([
+    ("src", "<i8"), ("dst", "<i8"), ("flows", "<i8"), ("bytes", "<f8"), ("messages", "<f8"),
+    ("ce", "<f8"), ("ecn_capable", "<f8"), ("cnp", "<f8"), ("psn_gaps", "<f8"), ("retransmissions", "<f8"),
+    ("naks", "<f8"),
+])
+
+
+def link_counters(snap) -> np.ndarray:
+    """link_rates without the message records: one row per directed node pair carrying
+    data, counters only (bytes, messages, CE, CNPs to the senders' QPs, PSN gaps,
+    retransmissions, NAKs): what a live view refreshes every interval."""
+    ctx = context(snap)
+    pid, ps, pd = ctx.pair_index
+    n = len(ps)
+    out = np.zeros(n, dtype=COUNTER_LINK_DTYPE)
+    if n == 0:
+        return out
+    out["src"], out["dst"] = ps, pd
+    d = pid >= 0
+    p = pid[d]
+    fl = ctx.cols
+    out["flows"] = np.bincount(p, minlength=n)
+    out["bytes"] = np.bincount(p, weights=ctx.volume[d], minlength=n)
+    for name, col in (("messages", "messages"), ("ce", "ce"), ("ecn_capable", "ecn_capable"),
+                      ("psn_gaps", "psn_gaps"), ("retransmissions", "retransmissions")):
+        out[name] = np.bincount(p, weights=fl[col][d].astype(np.float64), minlength=n)
+    part = ctx.partner[d]
+    hp = part >= 0
+    cnp = np.zeros(len(p))
+    naks = np.zeros(len(p))
+    cnp[hp] = fl["cnp"][part[hp]]
+    naks[hp] = (fl["nak_seq"] + fl["nak_rnr"] + fl["nak_other"])[part[hp]]
+    out["cnp"] = np.bincount(p, weights=cnp, minlength=n)
+    out["naks"] = np.bincount(p, weights=naks, minlength=n)
+    return out
+
+
 def node_volumes(snap):
     """Per node: (bytes out, bytes in) over data flows."""
     ctx = context(snap)
@@ -105,7 +142,7 @@ def node_volumes(snap):
 
 def incast_degree(snap, flow_mask=None):
     """Concurrent senders per destination node, from the data messages' on-wire intervals
-    merged per (source node -> destination node). Returns a dict of arrays indexed by node:
+    merged per (source node -> destination node) across gaps under 1 us. Returns a dict of arrays indexed by node:
     max_senders, mean_senders (time-weighted over the time the node receives), multi_ns
     (time with >= 2 senders at once), active_ns (time receiving), at_max_ns."""
     ctx = context(snap)
@@ -120,7 +157,8 @@ def incast_degree(snap, flow_mask=None):
     if flow_mask is not None:
         ok[ok] &= flow_mask[f[ok]]
     key = np.where(ok, pid[np.maximum(f, 0)], -1)
-    off, ivs, ive, _ = keyed_intervals(key, ctx.ev_start, ctx.ev_end, len(ps), 0.0)
+    # per pair busy intervals; gaps under 1 us do not end a sender's activity
+    off, ivs, ive, _ = keyed_intervals(key, ctx.ev_start, ctx.ev_end, len(ps), 1000.0)
     cnt = np.diff(off)
     pair_of = np.repeat(np.arange(len(ps)), cnt)
     dst = pd[pair_of]

@@ -1,0 +1,121 @@
+"""Open-addressing hash tables in numba: unique/inverse of 64- and 128-bit keys in O(n)
+(np.unique sorts: O(n log n) and several passes), used for node and node-pair indices."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_EMPTY = np.int64(-1)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mix(x):
+    # splitmix64 finaliser
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(cache=True, nogil=True)
+def _cap(n):
+    c = 16
+    while c < 2 * n + 1:
+        c *= 2
+    return c
+
+
+@njit(cache=True, nogil=True)
+def unique_u128(hi, lo):
+    """ids[i] in 0..k-1 (order of first appearance), first[k] = index of first occurrence."""
+    n = hi.shape[0]
+    cap = _cap(n)
+    mask = np.uint64(cap - 1)
+    slot_id = np.full(cap, -1, dtype=np.int64)
+    slot_hi = np.zeros(cap, dtype=np.uint64)
+    slot_lo = np.zeros(cap, dtype=np.uint64)
+    ids = np.empty(n, dtype=np.int64)
+    first = np.empty(n, dtype=np.int64)
+    k = 0
+    for i in range(n):
+        h = _mix(hi[i] ^ _mix(lo[i]))
+        j = np.int64(h & mask)
+        while True:
+            sid = slot_id[j]
+            if sid < 0:
+                slot_id[j] = k
+                slot_hi[j] = hi[i]
+                slot_lo[j] = lo[i]
+                ids[i] = k
+                first[k] = i
+                k += 1
+                break
+            if slot_hi[j] == hi[i] and slot_lo[j] == lo[i]:
+                ids[i] = sid
+                break
+            j = (j + 1) & (cap - 1)
+    return ids, first[:k]
+
+
+@njit(cache=True, nogil=True)
+def build_u64(keys):
+    """Table over keys: (slot key, slot id, ids per key, first occurrence per id)."""
+    n = keys.shape[0]
+    cap = _cap(n)
+    mask = np.uint64(cap - 1)
+    slot_id = np.full(cap, -1, dtype=np.int64)
+    slot_key = np.zeros(cap, dtype=np.uint64)
+    ids = np.empty(n, dtype=np.int64)
+    first = np.empty(n, dtype=np.int64)
+    k = 0
+    for i in range(n):
+        x = keys[i]
+        j = np.int64(_mix(x) & mask)
+        while True:
+            sid = slot_id[j]
+            if sid < 0:
+                slot_id[j] = k
+                slot_key[j] = x
+                ids[i] = k
+                first[k] = i
+                k += 1
+                break
+            if slot_key[j] == x:
+                ids[i] = sid
+                break
+            j = (j + 1) & (cap - 1)
+    return slot_key, slot_id, ids, first[:k]
+
+
+@njit(cache=True, nogil=True)
+def lookup_u64(slot_key, slot_id, q):
+    """id of each query key in a build_u64 table, -1 when absent."""
+    cap = slot_id.shape[0]
+    mask = np.uint64(cap - 1)
+    out = np.empty(q.shape[0], dtype=np.int64)
+    for i in range(q.shape[0]):
+        x = q[i]
+        j = np.int64(_mix(x) & mask)
+        r = -1
+        while True:
+            sid = slot_id[j]
+            if sid < 0:
+                break
+            if slot_key[j] == x:
+                r = sid
+                break
+            j = (j + 1) & (cap - 1)
+        out[i] = r
+    return out
+
+
+def sorted_unique_u64(keys):
+    """(unique keys sorted, inverse) like np.unique(return_inverse=True), in O(n + k log k)."""
+    keys = np.ascontiguousarray(keys, dtype=np.uint64)
+    if len(keys) == 0:
+        return keys, np.zeros(0, np.int64)
+    _, _, ids, first = build_u64(keys)
+    uk = keys[first]
+    order = np.argsort(uk, kind="stable")
+    rank = np.empty(len(uk), dtype=np.int64)
+    rank[order] = np.arange(len(uk))
+    return uk[order], rank[ids]
