@@ -294,11 +294,16 @@ class LiveSession:
         check_privileges()
         import_bcc()
 
-    def open(self) -> "LiveSession":
+    def open(self, before_attach=None) -> "LiveSession":
+        """Preflight, leftover check, compile + load, attach. `before_attach()` runs between
+        the (slow, ~1 s) compile and the attach: what must start with the counting, not
+        before it (capture's pcap tap)."""
         self.preflight()
         self._handle_leftover()
         self.dp = Dataplane(self.config)
         try:
+            if before_attach is not None:
+                before_attach()
             self.att = Attachment(self.dp, self.iface, mode=self.mode, xdp_mode=self.xdp_mode,
                                   direction=self.direction)
             self.att.attach()
@@ -561,14 +566,23 @@ def capture(iface: str, duration: float, mode: str = "xdp", xdp_mode: str = "nat
     tap = None
     interrupted = False
     sess.preflight()
+    taps = []
+
+    def start_tap():
+        # the tap starts right before the attach, so pcap and snapshot cover the same window
+        from .pcaptap import PcapTap
+        t = PcapTap(iface, pcap_out, snaplen=pcap_snaplen, direction=direction, max_bytes=pcap_max_bytes)
+        taps.append(t)
+        t.start()
+
     with terminate_on_signals():
         try:
             if pcap_out:
-                from .pcaptap import PcapTap
-                tap = PcapTap(iface, pcap_out, snaplen=pcap_snaplen, direction=direction,
-                              max_bytes=pcap_max_bytes)
-                tap.start()
-            sess.open()
+                from .pcaptap import PcapTap  # noqa: F401  (import errors before anything is attached)
+            sess.open(before_attach=start_tap if pcap_out else None)
+            tap = taps[0] if taps else None
+            if tap is not None:
+                tap.window(t_from=time.time_ns())
             if on_attached:
                 on_attached(sess)
             t_end = time.monotonic() + duration
@@ -584,6 +598,8 @@ def capture(iface: str, duration: float, mode: str = "xdp", xdp_mode: str = "nat
                                  sess.dp.read_globals())
             except KeyboardInterrupt:
                 interrupted = True
+            if tap is not None:
+                tap.window(t_to=time.time_ns())
             snap = sess.snapshot(include_events=True)
             snap.meta["events_dropped"] = int(sess.events_dropped)
             snap.meta["interrupted"] = interrupted
@@ -591,13 +607,15 @@ def capture(iface: str, duration: float, mode: str = "xdp", xdp_mode: str = "nat
             if sess.removed_leftover is not None:
                 snap.meta["removed_stale"] = sess.removed_leftover.describe()
         except BaseException:
-            if tap is not None:
-                tap.abort()
+            sess.close()
+            for t in taps:
+                t.abort()
             raise
         finally:
             sess.close()
-            if tap is not None:
-                tap.stop()
+            for t in taps:
+                t.stop()
+        tap = taps[0] if taps else None
         if tap is not None:
             tap.commit()
             snap.meta["pcap"] = tap.stats()

@@ -144,17 +144,28 @@ def _put32(b, o, v):
 
 
 @njit(cache=True, nogil=True)
-def block_to_pcap(ring, base, out, snaplen):
-    """Convert one TPACKET_V3 block at ring[base:] into pcap (ns) records in out.
-    Returns (bytes written, frames, sum of original lengths)."""
+def block_to_pcap(ring, base, out, snaplen, t_from=0, t_to=0):
+    """Convert one TPACKET_V3 block at ring[base:] into pcap (ns) records in out, keeping
+    the frames whose timestamp (ns since the epoch) is in [t_from, t_to] (0 = open end).
+    Returns (bytes written, frames kept, sum of their original lengths, frames outside)."""
     num = _u32(ring, base + 12)
     p = np.int64(base) + _u32(ring, base + 16)
     o = np.int64(0)
     orig_sum = np.int64(0)
+    kept = np.int64(0)
+    outside = np.int64(0)
     for _ in range(num):
         nxt = _u32(ring, p)
         sec = _u32(ring, p + 4)
         nsec = _u32(ring, p + 8)
+        t = sec * 1000000000 + nsec
+        if (t_from > 0 and t < t_from) or (t_to > 0 and t > t_to):
+            outside += 1
+            if nxt == 0:
+                break
+            p += nxt
+            continue
+        kept += 1
         cap = _u32(ring, p + 12)
         length = _u32(ring, p + 16)
         status = _u32(ring, p + 20)
@@ -196,7 +207,7 @@ def block_to_pcap(ring, base, out, snaplen):
         if nxt == 0:
             break
         p += nxt
-    return o, num, orig_sum
+    return o, kept, orig_sum, outside
 
 
 def pcap_file_header(snaplen: int) -> bytes:
@@ -216,7 +227,10 @@ class PcapTap:
         self.frames = 0
         self.orig_bytes = 0
         self.not_written = 0
+        self.outside = 0
         self.written = 0
+        self.t_from = 0         # ns since the epoch; frames outside [t_from, t_to] are not kept
+        self.t_to = 0
         self._err: BaseException | None = None
         self._stop = threading.Event()
         self._thread = None
@@ -281,7 +295,9 @@ class PcapTap:
                         break
                     poller.poll(100)
                     continue
-                n, frames, orig = block_to_pcap(self._ring, base, out, self.snaplen)
+                n, frames, orig, outside = block_to_pcap(self._ring, base, out, self.snaplen, self.t_from,
+                                                         self.t_to)
+                self.outside += int(outside)
                 self.frames += int(frames)
                 self.orig_bytes += int(orig)
                 if self.written + n <= self.max_bytes:
@@ -295,6 +311,14 @@ class PcapTap:
             self._err = e
 
     # -- teardown -----------------------------------------------------------------------------
+    def window(self, t_from: int | None = None, t_to: int | None = None) -> None:
+        """Keep only frames stamped in [t_from, t_to] (CLOCK_REALTIME ns): capture sets them
+        at attach and at detach, so the pcap and the snapshot cover the same window."""
+        if t_from is not None:
+            self.t_from = int(t_from)
+        if t_to is not None:
+            self.t_to = int(t_to)
+
     def stop(self) -> None:
         """Stop reading: wait for the kernel to retire the last partly-filled block, drain
         it, read the kernel's counters, close the socket. Idempotent."""
@@ -355,5 +379,6 @@ class PcapTap:
 
     def stats(self) -> dict:
         return {"file": self.path, "frames": self.frames, "bytes_written": self.written + 24,
-                "frames_not_written": self.not_written, "kernel_frames": self._kstats[0],
+                "frames_not_written": self.not_written, "frames_outside_window": self.outside,
+                "kernel_frames": self._kstats[0],
                 "kernel_drops": self._kstats[1], "snaplen": self.snaplen}

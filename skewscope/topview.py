@@ -220,7 +220,7 @@ def build_model(snap: Snapshot, dt: float, state: "ViewState", *, iface: str = "
         h = _flow_hist(src_snap, rows[sel].key)
         if h is not None:
             hist = [(L.slot_lower_bound(s), int(c)) for s, c in enumerate(h) if c]
-            hist_label = f"{rows[sel].src} -> {rows[sel].dst} qp {rows[sel].qp:x}"
+            hist_label = f"{rows[sel].src}->{rows[sel].dst} qp {rows[sel].qp:x}"
     m = snap.meta
     cm = (cum.meta if cum is not None else m)
     return Model(when=time.time(), iface=iface or str(m.get("interface", "")), attach=attach, interval=interval,
@@ -583,7 +583,7 @@ def render_rich(m: Model, height: int = 40, width: int = 120, banner: str = ""):
             ht.append("█" * max(1, int(round(barw * c / mx))) + "\n", style="green")
         if not m.hist:
             ht.append("(no message recorded)")
-        left = Panel(ht, title=f"message sizes {m.hist_label} ({'interval' if m.cumulative else 'since start'})",
+        left = Panel(ht, title=f"sizes {m.hist_label}, {'interval' if m.cumulative else 'since start'}",
                      title_align="left")
     else:
         cl = collective_lines(m.analysis)

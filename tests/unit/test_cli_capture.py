@@ -207,8 +207,8 @@ def test_block_to_pcap_keeps_original_lengths_and_puts_vlan_tags_back():
     ring = _block([(100, 5, f1, len(f1), None), (101, 999_999_999, f2, 4170, (0x6005, 0)),
                    (102, 7, f3, len(f3), (0x0064, 0x88A8))])
     out = np.zeros(1 << 16, np.uint8)
-    n, frames, orig = T.block_to_pcap(ring, 0, out, 128)
-    assert frames == 3 and orig == len(f1) + 4174 + len(f3) + 4
+    n, frames, orig, outside = T.block_to_pcap(ring, 0, out, 128)
+    assert frames == 3 and outside == 0 and orig == len(f1) + 4174 + len(f3) + 4
     pcap = T.pcap_file_header(128) + out[:n].tobytes()
     recs = list(dpkt.pcap.Reader(io.BytesIO(pcap)))
     assert len(recs) == 3
@@ -233,3 +233,14 @@ def _record_offsets(pcap):
 def test_pcap_header_is_nanosecond_ethernet():
     magic, vmaj, vmin, _, _, snap, link = struct.unpack("<IHHiIII", T.pcap_file_header(128))
     assert magic == 0xA1B23C4D and (vmaj, vmin) == (2, 4) and snap == 128 and link == 1
+
+
+def test_block_to_pcap_keeps_only_the_capture_window():
+    f = bytes(Ether() / IP() / UDP(dport=4791) / roce_payload())
+    ring = _block([(100, 0, f, len(f), None), (101, 0, f, len(f), None), (102, 500_000, f, len(f), None),
+                   (103, 0, f, len(f), None)])
+    out = np.zeros(1 << 16, np.uint8)
+    n, kept, orig, outside = T.block_to_pcap(ring, 0, out, 128, 101 * 10**9, 102 * 10**9 + 500_000)
+    assert (kept, outside, orig) == (2, 2, 2 * len(f))
+    recs = list(dpkt.pcap.Reader(io.BytesIO(T.pcap_file_header(128) + out[:n].tobytes())))
+    assert [round(float(t), 6) for t, _ in recs] == [101.0, 102.0005]

@@ -191,7 +191,7 @@ def test_selection_follows_flow_and_histogram_shows_its_sizes():
     assert m.selected == 1 and m.rows[1].qp == 0x11
     st.key("enter")
     m = V.build_model(s, 1.0, st, cum=s)
-    assert m.hist == [(1 << 17, 12)] and "10.0.0.2 -> 10.0.0.6" in m.hist_label
+    assert m.hist == [(1 << 17, 12)] and "10.0.0.2->10.0.0.6" in m.hist_label
     st.key("s")                               # re-sort by pkt/s: 0x11 moves to row 0, still selected
     m = V.build_model(s, 1.0, st, cum=s)
     assert m.rows[m.selected].qp == 0x11 and m.selected == 0
