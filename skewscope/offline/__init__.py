@@ -32,12 +32,13 @@ from ..pcapfile import (LINKTYPE_ETHERNET, LINKTYPE_LINUX_SLL, LINKTYPE_LINUX_SL
                         LINKTYPE_RAW, DLT_RAW_ALIASES, PCAP_MAGIC_NS, PCAP_MAGIC_US, PCAPNG_SHB,
                         PcapError, _check_linktype)
 from ..snapshot import Snapshot, flow_key_matrix, flows_from_raw
+from . import kernel as K
 
 
 def _purge_stale_numba_cache() -> None:
-    """numba's on-disk cache is keyed by kernel.py's mtime only; the layout constants it
-    freezes come from layout.py. Drop the cache when the layout changed since it was built."""
-    here = Path(__file__).resolve().parent
+    """numba's on-disk cache is keyed by kernel.py's source only; the layout constants it
+    freezes into the compiled code come from layout.py. Drop the cache when the layout
+    changed since it was built (called before the first kernel call loads anything)."""
     fp = hashlib.sha256()
     for k in sorted(dir(L)):
         if k.isupper():
@@ -48,7 +49,10 @@ def _purge_stale_numba_cache() -> None:
                 v = sorted(v)
             fp.update(f"{k}={v!r};".encode())
     digest = fp.hexdigest()[:16]
-    cache = here / "__pycache__"
+    try:
+        cache = Path(K.scan._cache._cache_path)
+    except Exception:  # numba internals changed: fall back to the default location
+        cache = Path(__file__).resolve().parent / "__pycache__"
     stamp = cache / "kernel.layout-fingerprint"
     try:
         if stamp.read_text() == digest:
@@ -56,16 +60,15 @@ def _purge_stale_numba_cache() -> None:
     except OSError:
         pass
     try:
-        cache.mkdir(exist_ok=True)
+        cache.mkdir(parents=True, exist_ok=True)
         for p in cache.glob("kernel.*.nb[ic]"):
             p.unlink()
         stamp.write_text(digest)
     except OSError:
-        pass  # read-only install: numba falls back to its user cache dir; nothing to purge
+        pass  # unwritable cache: numba will not write there either
 
 
 _purge_stale_numba_cache()
-from . import kernel as K  # noqa: E402
 
 __all__ = ["parse_file", "dissect", "PcapError", "DEFAULT_CHUNK"]
 
@@ -347,6 +350,10 @@ class _Run:
             if self.b.avail() == 0 and self.b.error is not None:
                 raise PcapError(f"{self.path}: not a readable capture: {self.b.error}")
             self._open()
+            if self.progress and not _parser_compiled():
+                import sys
+                print("skewscope: compiling the offline parser (first run only: ~15-30 s, cached afterwards)",
+                      file=sys.stderr, flush=True)
             if self.progress and src.size >= PROGRESS_MIN_BYTES:
                 bar = _Progress(self.path, src.size)
                 self.bar = bar
@@ -625,6 +632,17 @@ class _Progress:
 
     def close(self):
         self.p.stop()
+
+
+def _parser_compiled() -> bool:
+    """True when the parser is compiled in this process or in numba's on-disk cache (so the
+    first call will not spend ~15-30 s compiling)."""
+    if K.scan.signatures:
+        return True
+    try:
+        return bool(K.scan._cache._cache_file._load_index())
+    except Exception:  # numba internals: when in doubt, say nothing
+        return True
 
 
 def _check_max_flows(max_flows) -> int:

@@ -201,12 +201,12 @@ _M3 = np.int64(-7723592293110705685)   # 0x94D049BB133111EB
 
 
 # ---- byte helpers ----------------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def be16(b, o):
     return (np.int64(b[o]) << 8) | np.int64(b[o + 1])
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def le64(b, o):
     v = np.int64(0)
     for i in range(8):
@@ -214,14 +214,14 @@ def le64(b, o):
     return v
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def rd32(b, o, big):
     if big:
         return (np.int64(b[o]) << 24) | (np.int64(b[o + 1]) << 16) | (np.int64(b[o + 2]) << 8) | np.int64(b[o + 3])
     return (np.int64(b[o + 3]) << 24) | (np.int64(b[o + 2]) << 16) | (np.int64(b[o + 1]) << 8) | np.int64(b[o])
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def rd16(b, o, big):
     if big:
         return (np.int64(b[o]) << 8) | np.int64(b[o + 1])
@@ -259,7 +259,7 @@ def mulshift(t, c, s):
 
 
 # ---- flow table ------------------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def key_hash(w0, w1, w2, w3, w4):
     h = w0 * _M1
     h = (h ^ w1) * _M2
@@ -390,7 +390,7 @@ def rebuild_index(st, hidx, fhash):
         hidx[i] = s + 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def needs_grow(st):
     """True when one more record might not fit: flow slots below max_flows exhausted, or no
     room for one more instance / message record / dissection row."""
@@ -404,7 +404,7 @@ def needs_grow(st):
 
 
 # ---- accounting (C: account) -----------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def emit(st, ev, inst, start, end, nbytes, cls):
     n = st[ST_EVN]
     ev[n, 0] = inst
