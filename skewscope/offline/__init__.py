@@ -73,6 +73,7 @@ _purge_stale_numba_cache()
 __all__ = ["parse_file", "dissect", "PcapError", "DEFAULT_CHUNK"]
 
 DEFAULT_CHUNK = 16 << 20
+DEFAULT_MAX_EVENTS = 1 << 23   # ~1 GB at peak in the worst case (one message per packet)
 PROGRESS_MIN_BYTES = 64 << 20
 
 _KIND = {LINKTYPE_ETHERNET: K.K_ETHERNET, LINKTYPE_RAW: K.K_RAW, LINKTYPE_LINUX_SLL: K.K_SLL,
@@ -90,15 +91,16 @@ PACKET_DTYPE = np.dtype([
 class _Tables:
     """The numba kernel's state arrays (see kernel.py's docstring), with growth."""
 
-    def __init__(self, max_flows: int, packets: int = 0):
+    def __init__(self, max_flows: int, packets: int = 0, max_events: int = 1 << 23):
         self.g = np.zeros(L.G_N, np.int64)
         self.st = np.zeros(K.ST_N, np.int64)
         st = self.st
         st[K.ST_MAXF] = max_flows
+        st[K.ST_EVMAX] = max_events
         st[K.ST_HEAD] = st[K.ST_TAIL] = -1
         st[K.ST_FIRST_TS] = -1
         self._alloc_flows(min(max_flows, 4096))
-        self.ev = np.zeros((1 << 16, 5), np.int64)
+        self.ev = np.zeros((max(1, min(1 << 16, max_events)), 5), np.int64)
         st[K.ST_EVCAP] = len(self.ev)
         self.ikeys = np.zeros((4096, 5), np.int64)
         st[K.ST_INSTCAP] = len(self.ikeys)
@@ -131,8 +133,9 @@ class _Tables:
         if st[K.ST_INSTN] >= st[K.ST_INSTCAP]:
             self.ikeys = np.concatenate([self.ikeys, np.zeros_like(self.ikeys)])
             st[K.ST_INSTCAP] = len(self.ikeys)
-        if st[K.ST_EVN] >= st[K.ST_EVCAP]:
-            self.ev = np.concatenate([self.ev, np.zeros_like(self.ev)])
+        if st[K.ST_EVN] >= st[K.ST_EVCAP] and st[K.ST_EVCAP] < st[K.ST_EVMAX]:
+            grow = min(len(self.ev), int(st[K.ST_EVMAX]) - len(self.ev))
+            self.ev = np.concatenate([self.ev, np.zeros((grow, 5), np.int64)])
             st[K.ST_EVCAP] = len(self.ev)
         if st[K.ST_PKCAP] > 0 and st[K.ST_PKN] >= st[K.ST_PKCAP]:
             if self.pk_limit is not None and st[K.ST_PKN] >= self.pk_limit:
@@ -326,9 +329,10 @@ def _u16(b: np.ndarray, o: int, big: bool) -> int:
 class _Run:
     """One pass over one file."""
 
-    def __init__(self, path: str, max_flows: int, chunk: int, packets: int, progress: bool):
+    def __init__(self, path: str, max_flows: int, chunk: int, packets: int, progress: bool,
+                 max_events: int = 1 << 23):
         self.path = path
-        self.t = _Tables(max_flows, packets)
+        self.t = _Tables(max_flows, packets, max_events)
         self.warnings: list[str] = []
         self.fmt = None
         self.linktypes: set[int] = set()
@@ -548,6 +552,10 @@ class _Run:
         if st[K.ST_UNKNOWN_BLOCKS]:
             self.warnings.append(f"{self.path}: skipped {int(st[K.ST_UNKNOWN_BLOCKS])} pcapng blocks of unknown type "
                                  f"(last: 0x{int(st[K.ST_UNKNOWN_TYPE]):08x})")
+        lost = int(st[K.ST_EVLOST])
+        if lost:
+            self.warnings.append(f"{self.path}: kept the first {int(st[K.ST_EVMAX])} message records, "
+                                 f"{lost} more not kept (max_events; counters are complete)")
         n = int(st[K.ST_NUSED])
         keys40 = np.ascontiguousarray(t.keys[:n]).astype("<i8").view(np.uint8).reshape(n, 40)
         stats = np.zeros(n, L.FLOW_STATS_DTYPE)
@@ -578,7 +586,7 @@ class _Run:
             "flows_present": n,
             "flows_created": created,
             "flows_evicted": max(0, created - n),
-            "events_lost": 0,
+            "events_lost": lost,
             "parse_seconds": seconds,
             "bytes_read": int(self.src.total_out),
             "warnings": list(self.warnings),
@@ -651,14 +659,22 @@ def _check_max_flows(max_flows) -> int:
     return int(max_flows)
 
 
-def parse_file(path, progress: bool = False, max_flows: int = 65536, chunk_bytes: int = DEFAULT_CHUNK) -> Snapshot:
+def parse_file(path, progress: bool = False, max_flows: int = 65536, chunk_bytes: int = DEFAULT_CHUNK,
+               max_events: int = DEFAULT_MAX_EVENTS) -> Snapshot:
     """Read a pcap/pcapng capture (optionally gzip-compressed) and return the Snapshot the
     kernel data plane would have produced for it (source "offline"; see docs/offline.md).
+
+    max_flows bounds the flow table (least recently used flows are evicted, as the kernel's
+    LRU map does); max_events bounds the message records kept (the first ones; the rest are
+    counted in meta["events_lost"], like the kernel's record ring). progress: a rich bar on
+    stderr for large files.
 
     Raises PcapError (one-line message) for a file that cannot be read as a capture.
     Damage part-way through gives the Snapshot of what came before, with meta["warnings"]."""
     path = os.fspath(path)
-    run = _Run(path, _check_max_flows(max_flows), max(1 << 16, int(chunk_bytes)), 0, progress)
+    if isinstance(max_events, bool) or not isinstance(max_events, (int, np.integer)) or max_events < 0:
+        raise ValueError(f"max_events must be an integer >= 0, not {max_events!r}")
+    run = _Run(path, _check_max_flows(max_flows), max(1 << 16, int(chunk_bytes)), 0, progress, int(max_events))
     t0 = time.perf_counter()
     run.run()
     return run.snapshot(time.perf_counter() - t0)

@@ -17,7 +17,8 @@ State lives in numpy arrays owned by skewscope/offline/__init__.py and passed to
   S      int64[cap, NCOL]        struct ss_flow_stats fields, one column per scalar/array elem
   lprev, lnext int32[cap]        LRU doubly-linked list (head = most recently used)
   finst  int64[cap]              flow instance id of the slot (G_FLOWS_CREATED at insert - 1)
-  ev     int64[ev_cap, 5]        message records: instance, opclass, start, end, bytes
+  ev     int64[ev_cap, 5]        message records: instance, opclass, start, end, bytes (at most
+                                 max_events are kept; the others are counted as lost)
   ikeys  int64[inst_cap, 5]      key of every flow instance ever created
   pk     int64[pk_cap, PK_N]     optional per-packet dissection (pk_cap 0 = off)
 
@@ -170,6 +171,8 @@ ST_SKIP_LT = 16    # pcapng records on interfaces with an unsupported link type
 ST_STOP_IF = 17    # pcapng: interface id of the offending record (corrupt stop)
 ST_UNKNOWN_BLOCKS = 18  # pcapng blocks of a type the spec does not define (skipped)
 ST_UNKNOWN_TYPE = 19    # the last such block type
+ST_EVMAX = 20      # max_events: message records kept at most
+ST_EVLOST = 21     # message records not kept (beyond max_events)
 ST_N = 24
 
 # scanner return status
@@ -396,7 +399,7 @@ def needs_grow(st):
     room for one more instance / message record / dissection row."""
     if st[ST_NUSED] >= st[ST_CAP] and st[ST_CAP] < st[ST_MAXF]:
         return True
-    if st[ST_INSTN] >= st[ST_INSTCAP] or st[ST_EVN] >= st[ST_EVCAP]:
+    if st[ST_INSTN] >= st[ST_INSTCAP] or (st[ST_EVN] >= st[ST_EVCAP] and st[ST_EVCAP] < st[ST_EVMAX]):
         return True
     if st[ST_PKCAP] > 0 and st[ST_PKN] >= st[ST_PKCAP]:
         return True
@@ -407,6 +410,9 @@ def needs_grow(st):
 @njit(cache=True)
 def emit(st, ev, inst, start, end, nbytes, cls):
     n = st[ST_EVN]
+    if n >= st[ST_EVMAX]:
+        st[ST_EVLOST] += 1
+        return
     ev[n, 0] = inst
     ev[n, 1] = cls
     ev[n, 2] = start

@@ -1,4 +1,4 @@
-"""Offline parser: the bounded flow table (issue 4), no root.
+"""Offline parser: the bounded flow table and message-record list (issue 4), no root.
 
 The kernel keeps flows in a BPF LRU hash of max_flows entries; the offline parser bounds
 its table the same way and evicts the least recently used flow (exactly, one at a time;
@@ -97,3 +97,22 @@ def test_max_flows_validation(tmp_path):
         with pytest.raises(ValueError):
             offline.parse_file(p, max_flows=bad)
     assert len(offline.parse_file(p, max_flows=1).flows) == 1
+
+
+def test_message_records_bounded(tmp_path):
+    """max_events bounds the message records kept (the first ones, in capture order); the
+    others are counted in meta['events_lost'] with a warning; counters are complete."""
+    seq = [(i % 5, 0x0A, i // 5) for i in range(40)]
+    recs = [(i, frame(fl, op, psn), 1200) for i, (fl, op, psn) in enumerate(seq)]
+    p = write(tmp_path / "e.pcap", pcap_bytes(recs))
+    full = offline.parse_file(p)
+    part = offline.parse_file(p, max_events=7)
+    assert len(full.events) == 40 and full.meta["events_lost"] == 0
+    assert len(part.events) == 7 and part.meta["events_lost"] == 33
+    assert np.array_equal(part.events, full.events[:7])
+    assert any("33 more not kept" in w for w in part.meta["warnings"])
+    for n in full.flows.dtype.names:
+        assert np.array_equal(part.flows[n], full.flows[n])
+    assert len(offline.parse_file(p, max_events=0).events) == 0
+    with pytest.raises(ValueError):
+        offline.parse_file(p, max_events=-1)
