@@ -574,6 +574,7 @@ def capture(iface: str, duration: float, mode: str = "xdp", xdp_mode: str = "nat
         t = PcapTap(iface, pcap_out, snaplen=pcap_snaplen, direction=direction, max_bytes=pcap_max_bytes)
         taps.append(t)
         t.start()
+        t.window(t_from=time.time_ns())
 
     with terminate_on_signals():
         try:
@@ -581,8 +582,6 @@ def capture(iface: str, duration: float, mode: str = "xdp", xdp_mode: str = "nat
                 from .pcaptap import PcapTap  # noqa: F401  (import errors before anything is attached)
             sess.open(before_attach=start_tap if pcap_out else None)
             tap = taps[0] if taps else None
-            if tap is not None:
-                tap.window(t_from=time.time_ns())
             if on_attached:
                 on_attached(sess)
             t_end = time.monotonic() + duration
@@ -598,9 +597,11 @@ def capture(iface: str, duration: float, mode: str = "xdp", xdp_mode: str = "nat
                                  sess.dp.read_globals())
             except KeyboardInterrupt:
                 interrupted = True
-            if tap is not None:
-                tap.window(t_to=time.time_ns())
             snap = sess.snapshot(include_events=True)
+            if tap is not None:
+                # from just before attach to just after the read: the pcap holds every frame the
+                # snapshot counted (and the few that arrived while attaching / reading)
+                tap.window(t_to=time.time_ns())
             snap.meta["events_dropped"] = int(sess.events_dropped)
             snap.meta["interrupted"] = interrupted
             snap.meta["requested_duration_s"] = float(duration)
