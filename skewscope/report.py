@@ -141,6 +141,9 @@ def human(snap: Snapshot, analysis: dict | None = None, top: int = 20, console=N
         con.print(f"[yellow]sampled 1 in {m['sample_n']}: counters are of sampled packets[/yellow]")
     if m.get("padded_records"):
         con.print(f"{m['padded_records']} snaplen-cut records were padded back to their original length")
+    if m.get("snaplen_cut_records"):
+        con.print(f"{m['snaplen_cut_records']} records cut by the capture's snap length: accounted from their "
+                  "original lengths")
     p = pfc(snap)
     if p["pause_frames"]:
         pr = ", ".join(f"prio {x['priority']}: {x['pause']}" for x in p["per_priority"] if x["pause"])
