@@ -149,7 +149,7 @@ def demo(nodes, scenarios, rate, duration, no_top, use_tc, xdp_mode, interval, w
                         V.run_tty(sess, interval, window=window, stop=stop, banner=banner)
                     else:
                         from . import topview as V
-                        click.echo(f"Tracing RoCE: {sess.describe()}. Output every {interval:g} s.")
+                        click.echo(sess.startup_line())
                         count = math.ceil(duration / interval) if duration else None
                         V.run_plain(sess, interval, count, window=window, stop=stop)
                 finally:

@@ -106,8 +106,8 @@ def _session(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_deta
               help="flows shown per refresh (default: fit the terminal; 20 in plain output; 0 = all)")
 @click.option("--window", type=click.FloatRange(1, 3600), default=10.0, show_default=True,
               help="seconds of traffic the collectives/findings panels analyse")
-@click.option("--sort", type=click.Choice(["gbps", "pps", "ce", "cnp", "retx", "nak", "src", "dst"]),
-              default="gbps", show_default=True, help="initial sort column")
+@click.option("--sort", type=click.Choice(["rate", "pps", "ce", "cnp", "retx", "nak", "src", "dst"]),
+              default="rate", show_default=True, help="initial sort column (rate = bit/s)")
 @click.option("--filter", "ip_filter", metavar="IP", help="show only flows whose src or dst contains IP")
 @click.option("--no-analysis", is_flag=True, help="no collectives/findings (lightest)")
 @click.option("--plain", is_flag=True, help="plain periodic tables even on a terminal")
@@ -127,7 +127,7 @@ def top(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, e
         return
     _check_attach_args(use_tc, direction, None)
     st = V.ViewState()
-    st.sort = {"gbps": 0, "pps": 1, "ce": 2, "cnp": 3, "retx": 4, "nak": 5, "src": 6, "dst": 7}[sort]
+    st.sort = {"rate": 0, "pps": 1, "ce": 2, "cnp": 3, "retx": 4, "nak": 5, "src": 6, "dst": 7}[sort]
     st.filter = ip_filter or ""
     tty = sys.stdout.isatty() and sys.stdin.isatty() and count is None and not plain
     analyze = None if no_analysis else "auto"
@@ -141,7 +141,7 @@ def top(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, e
             if tty:
                 V.run_tty(sess, interval, rows=rows or 0, window=window, state=st, analyze=analyze)
             else:
-                click.echo(f"Tracing RoCE: {sess.describe()}. Output every {interval:g} s. Ctrl-C to end.")
+                click.echo(sess.startup_line())
                 sys.stdout.flush()
                 V.run_plain(sess, interval, count, rows=20 if rows is None else rows, window=window, state=st,
                             analyze=analyze)

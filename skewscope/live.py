@@ -390,6 +390,23 @@ class LiveSession:
             s += f"; sampling 1 in {self.config.sample_n} (rates scaled)"
         return s
 
+    def startup_line(self) -> str:
+        """bcc-style startup line, short enough for 80 columns with long interface names:
+        'Tracing RoCE on IFACE (XDP native, prog 1684)... Ctrl-C to end.'"""
+        try:
+            if self.mode == "xdp":
+                pid = list_ours(self.iface)["xdp"]
+            else:
+                pid = next((i for _, i in _tc_prog_ids(self.iface)), 0)
+        except Exception:
+            pid = 0
+        how = f"XDP {self.xdp_mode}" if self.mode == "xdp" else f"TC {self.direction}"
+        if pid:
+            how += f", prog {pid}"
+        if self.config.sample_n > 1:
+            how += f", 1/{self.config.sample_n} sampled"
+        return f"Tracing RoCE on {self.iface} ({how})... Ctrl-C to end."
+
     # -- reading --------------------------------------------------------------------------
     def poll_records(self) -> int:
         """Drain new message records from the kernel into memory (bounded). Returns how
