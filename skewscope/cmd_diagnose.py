@@ -116,7 +116,8 @@ def run(snap, checks=None, thresholds=None) -> tuple[dict, int]:
         "source": m.get("file") or m.get("interface") or m.get("source", "?"),
         "status": status, "exit_code": code, "counts": counts, "findings": fs,
         "collectives": [{"kind": c["kind"], "pattern": c["pattern"], "members": c["members"],
-                         "confidence": c["confidence"]} for c in a["collectives"]],
+                         "confidence": c["confidence"], "workload": c["metrics"].get("workload"),
+                         "period_s": c["metrics"].get("period_s")} for c in a["collectives"]],
         "timing": a["timing"],
         "checks": sorted(resolve_checks(checks or None)),
         "thresholds": a["thresholds"],
@@ -141,6 +142,10 @@ def _human(doc) -> None:
     if tm and tm.get("period_s"):
         jit = f", jitter {tm['period_jitter_s'] * 1e6:.0f} us" if tm.get("period_jitter_s") is not None else ""
         con.print(f"  period {tm['period_s'] * 1e3:.3f} ms{jit}")
+    if tm and tm.get("workload") == "decode" and tm.get("collective_interval_p50_s"):
+        con.print(f"  decode: a collective every {tm['collective_interval_p50_s'] * 1e6:.0f} us (p50), "
+                  f"p99 {tm['collective_interval_p99_s'] * 1e6:.0f} us"
+                  + (f", {tm['tokens_per_s']:.1f} tokens/s" if tm.get("tokens_per_s") else ""))
     for f in doc["findings"]:
         color = {"critical": "red", "warning": "yellow"}.get(f["severity"], "cyan")
         con.print(f"[{color}]{f['severity'].upper():8s}[/{color}] {f['kind']}: {f['message']}")

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from .. import layout as L
 from .context import context
@@ -45,34 +46,47 @@ def flow_congestion(snap, active_time: bool = True) -> np.ndarray:
     out = np.zeros(n, dtype=CONG_DTYPE)
     if n == 0:
         return out
-    sc = float(ctx.scale)
-    ce = fl["ce"].astype(np.float64)
-    ect = fl["ecn_capable"].astype(np.float64)
-    out["ce"] = ce * sc
-    out["ecn_capable"] = ect * sc
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out["ce_fraction"] = np.where(ect > 0, ce / np.maximum(ect, 1), np.where(fl["packets"] > 0, ce / np.maximum(fl["packets"], 1), 0.0))
-    cnp = fl["cnp"].astype(np.float64)
-    out["cnp"] = cnp * sc
     part = ctx.partner
-    span = (fl["last_ts"].astype(np.float64) - fl["first_ts"].astype(np.float64)) / 1e9
-    busy = ctx.fstat["busy_ns"] / 1e9 if active_time else np.zeros(n)
-    pbusy = np.where(part >= 0, busy[np.maximum(part, 0)], 0.0)
-    den = np.where(pbusy > 0, pbusy, np.where(span > 0, span, ctx.duration_ns / 1e9))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out["cnp_rate_per_s"] = np.where(cnp > 0, cnp * sc / np.maximum(den, 1e-9), 0.0)
-    out["psn_gaps"] = fl["psn_gaps"] * sc
-    out["psn_skipped"] = fl["psn_skipped"] * sc
-    out["retransmissions"] = fl["retransmissions"] * sc
-    req = (fl["op"][:, L.OPC_SEND] + fl["op"][:, L.OPC_WRITE] + fl["op"][:, L.OPC_READ_REQ]
-           + fl["op"][:, L.OPC_ATOMIC]).astype(np.float64)
-    sk = fl["psn_skipped"].astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out["loss_rate"] = np.where(sk > 0, sk / np.maximum(req + sk, 1), 0.0)
-    out["nak_seq"] = fl["nak_seq"] * sc
-    out["nak_rnr"] = fl["nak_rnr"] * sc
-    out["nak_other"] = fl["nak_other"] * sc
+    busy = ctx.fstat["busy_ns"] if active_time else np.zeros(n)
+    op = fl["op"]
+    req = op[:, L.OPC_SEND] + op[:, L.OPC_WRITE] + op[:, L.OPC_READ_REQ] + op[:, L.OPC_ATOMIC]
+    cols = np.zeros((len(CONG_DTYPE.names), n))
+    _cong_kernel(fl["ce"], fl["ecn_capable"], fl["packets"], fl["cnp"], fl["first_ts"], fl["last_ts"], part, busy,
+                 fl["psn_gaps"], fl["psn_skipped"], fl["retransmissions"], req, fl["nak_seq"], fl["nak_rnr"],
+                 fl["nak_other"], float(ctx.scale), ctx.duration_ns / 1e9, cols)
+    for k, name in enumerate(CONG_DTYPE.names):
+        out[name] = cols[k]
     return out
+
+
+@njit(cache=True, nogil=True)
+def _cong_kernel(ce, ect, pk, cnp, first, last, part, busy, gaps, skipped, retx, req, ns, nr, no, sc, dur, out):
+    n = ce.shape[0]
+    for i in range(n):
+        c = float(ce[i])
+        e = float(ect[i])
+        out[0, i] = c * sc
+        out[1, i] = e * sc
+        if e > 0:
+            out[2, i] = c / e
+        elif pk[i] > 0:
+            out[2, i] = c / float(pk[i])
+        k = float(cnp[i])
+        out[3, i] = k * sc
+        if k > 0:
+            span = (float(last[i]) - float(first[i])) / 1e9
+            p = part[i]
+            den = busy[p] / 1e9 if p >= 0 and busy[p] > 0 else (span if span > 0 else dur)
+            out[4, i] = k * sc / max(den, 1e-9)
+        out[5, i] = float(gaps[i]) * sc
+        sk = float(skipped[i])
+        out[6, i] = sk * sc
+        out[7, i] = float(retx[i]) * sc
+        if sk > 0:
+            out[8, i] = sk / max(1.0, float(req[i]) + sk)
+        out[9, i] = float(ns[i]) * sc
+        out[10, i] = float(nr[i]) * sc
+        out[11, i] = float(no[i]) * sc
 
 
 def link_speed_bps(snap, override_gbps: float | None = None) -> float | None:

@@ -30,7 +30,7 @@ class Context:
 
     @cached_property
     def nodes(self) -> FL.Nodes:
-        return FL.node_index(self.flows)
+        return FL.node_index(self.flows, self.cols)
 
     @cached_property
     def partner_sport(self) -> np.ndarray:

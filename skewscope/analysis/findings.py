@@ -436,7 +436,7 @@ def _decode(em, ctx, g, r, dec, th, gi):
         t = th["prefill_interference"]
         sev = _sev(pre["stall_share"], t["warning"], t["critical"])
         em.add("prefill_interference", sev, g.members,
-               f"{pre['interfered_intervals']} decode gaps (up to {_us((pre['max_interval_s'] or 0) * 1e9)}, p50 "
+               f"{pre['interfered_intervals']} decode gap(s) (up to {_us((pre['max_interval_s'] or 0) * 1e9)}, p50 "
                f"{_us(dec['collective_interval_p50_s'] * 1e9)}) coincide with prefill traffic "
                f"({pre['bursts']} bursts of >= {pre['threshold_bytes'] // 1024} KiB messages): decode stalled "
                f"{_pct(pre['stall_share'])} of the time; use chunked prefill or separate prefill/decode instances",

@@ -81,10 +81,24 @@ COL_TS = ("first_ts", "last_ts")
 
 
 @njit(cache=True, nogil=True)
-def _columns_kernel(fl, u, ts, op, small):
+def _columns_kernel(fl, u, ts, op, small, addr):
     n = fl.shape[0]
     for i in range(n):
         r = fl[i]
+        # addresses as big-endian 64-bit halves (src hi, src lo, dst hi, dst lo)
+        a0 = np.uint64(0)
+        a1 = np.uint64(0)
+        b0 = np.uint64(0)
+        b1 = np.uint64(0)
+        for k in range(8):
+            a0 = (a0 << np.uint64(8)) | np.uint64(r.src[k])
+            a1 = (a1 << np.uint64(8)) | np.uint64(r.src[k + 8])
+            b0 = (b0 << np.uint64(8)) | np.uint64(r.dst[k])
+            b1 = (b1 << np.uint64(8)) | np.uint64(r.dst[k + 8])
+        addr[0, i] = a0
+        addr[1, i] = a1
+        addr[2, i] = b0
+        addr[3, i] = b1
         u[0, i] = r.packets
         u[1, i] = r.bytes
         u[2, i] = r.payload_bytes
@@ -125,9 +139,11 @@ def flow_columns(flows) -> dict:
     ts = np.zeros((2, n), dtype=np.uint64)
     op = np.zeros((n, L.N_OPCLASS), dtype=np.uint64)
     small = np.zeros((4, n), dtype=np.int64)
+    addr = np.zeros((4, n), dtype=np.uint64)
     if n:
-        _columns_kernel(flows, u, ts, op, small)
+        _columns_kernel(flows, u, ts, op, small, addr)
     out = {k: u[i] for i, k in enumerate(COL_U64)}
+    out["addr"] = addr
     out.update(first_ts=ts[0], last_ts=ts[1], op=op, max_slot=small[0], sport=small[1], dest_qp=small[2],
                ipver=small[3])
     return out
@@ -150,23 +166,27 @@ class Nodes:
         return self.ips.index(ip)
 
 
-def node_index(flows) -> Nodes:
+def node_index(flows, cols: dict | None = None) -> Nodes:
     """Unique addresses of a flow table -> Nodes (sorted by address bytes)."""
     from .hashing import unique_u128
     n = len(flows)
     if n == 0:
         return Nodes([], np.zeros(0, np.int32), np.zeros(0, np.int32))
-    a = np.concatenate([np.ascontiguousarray(flows["src"]), np.ascontiguousarray(flows["dst"])])
-    w = a.view(">u8").reshape(-1, 2)
-    hi = np.ascontiguousarray(w[:, 0]).astype(np.uint64)
-    lo = np.ascontiguousarray(w[:, 1]).astype(np.uint64)
+    if cols is None:
+        cols = flow_columns(flows)
+    ad = cols["addr"]
+    hi = np.concatenate([ad[0], ad[2]])
+    lo = np.concatenate([ad[1], ad[3]])
     ids, first = unique_u128(hi, lo)
     order = np.lexsort((lo[first], hi[first]))           # nodes sorted by address bytes
     rank = np.empty(len(first), dtype=np.int32)
     rank[order] = np.arange(len(first), dtype=np.int32)
     inv = rank[ids]
-    ipver = flows["ipver"]
-    ips = [ip_str(a[i], int(ipver[i % n])) for i in first[order]]
+    ipver = cols["ipver"]
+    ips = []
+    for i in first[order]:
+        b = int(hi[i]).to_bytes(8, "big") + int(lo[i]).to_bytes(8, "big")
+        ips.append(ip_str(np.frombuffer(b, np.uint8), int(ipver[i % n])))
     return Nodes(ips, inv[:n], inv[n:])
 
 
