@@ -70,11 +70,11 @@ def _to_ethernet(linktype: int, data: bytes, orig_len: int) -> tuple[bytes, int]
         return b"\0" * 12 + et + data, orig_len + 14
     if linktype == LINKTYPE_LINUX_SLL:
         if len(data) < 16:
-            return b"", orig_len - 2
+            return b"", max(orig_len - 2, 0)
         return b"\0" * 12 + data[14:16] + data[16:], orig_len - 2
     if linktype == LINKTYPE_LINUX_SLL2:
         if len(data) < 20:
-            return b"", orig_len - 6
+            return b"", max(orig_len - 6, 0)
         return b"\0" * 12 + data[0:2] + data[20:], orig_len - 6
     return None
 
