@@ -20,7 +20,9 @@ gives the Snapshot of everything before the damage, with the reason in meta["war
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
+import stat
 import time
 import zlib
 from pathlib import Path
@@ -233,6 +235,43 @@ class _Gunzip:
         return n
 
 
+class _Prefixed:
+    """An unseekable stream whose first 2 bytes were peeked at (read, readinto, tell)."""
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.head = b""
+        while len(self.head) < 2:
+            b = raw.read(2 - len(self.head))
+            if not b:
+                break
+            self.head += b
+        self.pending = self.head
+        self.n = 0
+
+    def read(self, n: int) -> bytes:
+        if self.pending:
+            out, self.pending = self.pending[:n], self.pending[n:]
+        else:
+            out = self.raw.read(n) or b""
+        self.n += len(out)
+        return out
+
+    def readinto(self, mv) -> int:
+        if self.pending:
+            k = min(len(self.pending), len(mv))
+            mv[:k] = self.pending[:k]
+            self.pending = self.pending[k:]
+            self.n += k
+            return k
+        n = self.raw.readinto(mv) or 0
+        self.n += n
+        return n
+
+    def tell(self) -> int:
+        return self.n
+
+
 class _Source:
     """A capture file, gzip-decompressed when it starts with the gzip magic."""
 
@@ -243,14 +282,21 @@ class _Source:
         except OSError as e:
             raise PcapError(f"{path}: {e.strerror or e}") from None
         try:
-            self.size = os.fstat(self.raw.fileno()).st_size
-            head = self.raw.read(2)
-            self.raw.seek(0)
+            st = os.fstat(self.raw.fileno())
+            self.size = st.st_size
+            self.regular = stat.S_ISREG(st.st_mode)
+            if self.regular:
+                head = self.raw.read(2)
+                self.raw.seek(0)
+                stream = self.raw
+            else:  # a pipe or a device: no seeking back, hand the peeked bytes on
+                stream = _Prefixed(self.raw)
+                head = stream.head
         except OSError as e:
             self.raw.close()
             raise PcapError(f"{path}: {e.strerror or e}") from None
         self.gzip = head == b"\x1f\x8b"
-        self.fh = _Gunzip(self.raw) if self.gzip else self.raw
+        self.fh = _Gunzip(stream) if self.gzip else stream
         self.total_out = 0
 
     def readinto(self, mv) -> int:
@@ -317,6 +363,65 @@ class _Buffer:
     def avail(self) -> int:
         return self.fill - self.pos
 
+    def consumed(self) -> int:
+        return self.src.consumed()
+
+    def close(self) -> None:
+        pass
+
+
+class _MapBuffer:
+    """The same interface as _Buffer over an uncompressed regular file, without copying:
+    windows of the file are mapped read-only (MAP_POPULATE: the page-cache pages are wired
+    in one go) and scanned in place. Reads the file as long as it was when opened."""
+
+    def __init__(self, src: _Source, size: int):
+        self.src = src
+        self.fd = src.raw.fileno()
+        self.size = src.size
+        self.win = max(mmap.PAGESIZE, size // mmap.PAGESIZE * mmap.PAGESIZE)
+        self.mm = None
+        self.buf = np.zeros(0, np.uint8)
+        self.pos = self.fill = self.base = 0
+        self.eof = self.size == 0
+        self.error: _Stop | None = None
+
+    def _unmap(self) -> None:
+        self.buf = np.zeros(0, np.uint8)
+        if self.mm is not None:
+            self.mm.close()
+            self.mm = None
+
+    def refill(self, need: int = 0) -> None:
+        start = self.base + self.pos
+        aligned = start - start % mmap.PAGESIZE
+        length = min(max(self.win, need + start - aligned), self.size - aligned)
+        self._unmap()
+        if length > 0:
+            self.mm = mmap.mmap(self.fd, length, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                                prot=mmap.PROT_READ, offset=aligned)
+            self.buf = np.frombuffer(self.mm, np.uint8)
+        self.base, self.pos, self.fill = aligned, start - aligned, max(length, 0)
+        self.eof = aligned + length >= self.size
+        self.src.total_out = aligned + self.fill
+
+    def ensure(self, n: int) -> bool:
+        if self.fill - self.pos < n and not self.eof:
+            self.refill(n)
+        return self.fill - self.pos >= n
+
+    def avail(self) -> int:
+        return self.fill - self.pos
+
+    def consumed(self) -> int:
+        return self.base + self.pos
+
+    def close(self) -> None:
+        try:
+            self._unmap()
+        except BufferError:   # an array still refers to the window: the GC will unmap it
+            pass
+
 
 def _u32(b: np.ndarray, o: int, big: bool) -> int:
     return int.from_bytes(b[o:o + 4].tobytes(), "big" if big else "little")
@@ -349,8 +454,16 @@ class _Run:
         self.src = src
         bar = None
         try:
-            self.b = _Buffer(src, self.chunk)
-            self.b.refill()
+            self.b = None
+            if not src.gzip and src.regular and src.size > 0:
+                try:
+                    self.b = _MapBuffer(src, self.chunk)
+                    self.b.refill()
+                except (OSError, ValueError, OverflowError):
+                    self.b = None
+            if self.b is None:
+                self.b = _Buffer(src, self.chunk)
+                self.b.refill()
             if self.b.avail() == 0 and self.b.error is not None:
                 raise PcapError(f"{self.path}: not a readable capture: {self.b.error}")
             self._open()
@@ -374,11 +487,13 @@ class _Run:
         finally:
             if bar is not None:
                 bar.close()
+            if getattr(self, "b", None) is not None:
+                self.b.close()
             src.close()
 
     def _tick(self):
         if self.bar is not None:
-            self.bar.update(self.src.consumed())
+            self.bar.update(self.b.consumed())
 
     def _open(self) -> None:
         b = self.b
