@@ -22,6 +22,13 @@ Patterns (n nodes, E directed data edges, U the undirected edges):
     p2p              a path with data both ways (pipeline stages), a one-way chain, a star
                      (many_to_one / one_to_many) or a single pair
 
+One-host views (a DPU or mirror sees one host's port: every data edge touches that host,
+the "hub"): k predecessors -> hub -> k successors is a ring segment (ring_allreduce,
+pattern ring_segment); data both ways with >= 3 peers and no big slices is an all-to-all
+seen from one member (alltoall_star); <= 6 peers (two binary trees) with >= 256 KiB slices a tree node;
+2 peers with P2P chunks a pipeline (stage). Their confidence is lower (0.5-0.7): the rest of
+the collective is not visible.
+
 Ambiguous shapes (2 nodes, 3-node triangle, 3-node path) are settled by NCCL's message
 sizes: >= 256 KiB slices -> ring/tree SIMPLE; exactly 32/64/128 KiB chunks -> P2P /
 all-to-all. Confidence = how well the pattern fits (share of nodes/edges that fit) x 0.8
@@ -224,6 +231,29 @@ def match_pattern(ctx, flows: np.ndarray) -> Group:
             return G("ring_allreduce", [a, b], 0.5, "ring", {"ring": [a, b]},
                      why="2 nodes both ways with >= 256 KiB slices: a 2-rank ring (or tree)")
         return G("p2p", [a, b], 0.7, "pair", why="2 nodes both ways with P2P-sized chunks")
+    # one-host view (a DPU sees its own host's port): every edge touches one hub
+    hub = [h for h in V if all(h in e for e in E)] if n >= 3 else []
+    if hub and not (n == 3 and m == 6):
+        h = hub[0]
+        O, I = outd[h], ind[h]
+        peers = sorted((O | I) - {h})
+        if O and I and not (O & I) and len(O) == len(I) and len(O) <= 4:
+            order = sorted(I) + [h] + sorted(O)
+            return G("ring_allreduce", order, 0.7 if not hints["p2p_chunks"] else 0.6, "ring_segment",
+                     {"ring": None, "rings": len(O), "hub": h, "predecessors": sorted(I), "successors": sorted(O)},
+                     why=f"one-host view of {len(O)} ring(s): {len(I)} predecessor(s) -> this node -> "
+                         f"{len(O)} successor(s)")
+        if O == I and len(O) >= 2:
+            if len(O) >= 3 and not hints["large"]:
+                return G("all_to_all", [h] + peers, 0.6, "alltoall_star", {"hub": h},
+                         why=f"one-host view: this node exchanges data with {len(O)} peers both ways")
+            if len(O) <= 6 and hints["large"]:
+                return G("tree_allreduce", [h] + peers, 0.5, "tree_node", {"hub": h},
+                         why=f"one-host view: {len(O)} tree neighbours both ways, >= 256 KiB slices")
+            if len(O) == 2:
+                return G("p2p", [peers[0], h, peers[1]], 0.6, "pipeline", {"hub": h, "stages": [peers[0], h, peers[1]]},
+                         why="a stage exchanging data with its two neighbours (a 3-stage pipeline, or one "
+                             "stage of a longer one seen from its host)")
     # ring: every node out = in = k, E is k cycles
     degs_o = {len(outd[v]) for v in V}
     degs_i = {len(ind[v]) for v in V}

@@ -281,7 +281,9 @@ def _rates_and_lags(em, ctx, groups, results, th, extra):
     for gi, (g, r) in enumerate(zip(groups, results)):
         if g.kind not in ("ring_allreduce", "tree_allreduce", "all_to_all"):
             continue                     # pipeline stages / p2p are staggered by design
-        symmetric = g.kind in ("ring_allreduce", "all_to_all")
+        # start lags compare members doing the same thing at the same time: not in a
+        # one-host view, where each peer's first message to the hub comes at its own turn
+        symmetric = g.kind in ("ring_allreduce", "all_to_all") and "hub" not in g.extra
         mem = list(g.members)
         nm = len(mem)
         links = r.get("_links")
@@ -301,7 +303,24 @@ def _rates_and_lags(em, ctx, groups, results, th, extra):
                     rr[i] = ratio[n_].min() if n_.any() else np.nan
                 rel = (links["src"] == m) | (links["dst"] == m)
                 reliable[i] = bool(rel.any()) and float(np.median(links["pkts_per_msg"][rel])) >= 3
-        if not ring:
+        if g.pattern == "tree_node":
+            continue                     # one tree node's links differ by role: nothing to compare
+        hub = g.extra.get("hub") if g.pattern == "alltoall_star" else None
+        if hub is not None and links is not None and len(links):
+            # one-host view: each peer's link to / from the hub against the other peers'
+            into = links["dst"] == hub
+            outo = links["src"] == hub
+            for i, m in enumerate(mem):
+                if m == hub:
+                    continue
+                a = into & (links["src"] == m)
+                b = outo & (links["dst"] == m)
+                ri = links["rate_med_bps"]
+                if a.any() and np.isfinite(ri[into]).any():
+                    sr[i] = float(ri[a][0]) / float(np.nanmedian(ri[into]))
+                if b.any() and np.isfinite(ri[outo]).any():
+                    rr[i] = float(ri[b][0]) / float(np.nanmedian(ri[outo]))
+        elif not ring:
             nt = r.get("_node_tp")
             if nt is not None:
                 sr = nt["send_ratio"]

@@ -62,7 +62,9 @@ def group_links(snap, flows) -> tuple[np.ndarray, np.ndarray]:
                                                   w.astype(np.float64), n)
     r = out["rate_med_bps"]
     ok = np.isfinite(r)
-    med = float(np.median(r[ok])) if ok.any() else np.nan
+    # reference: the median link; with only two links (a ring segment seen from one host)
+    # the faster one, so that the slow link is not compared with itself
+    med = (float(np.median(r[ok])) if ok.sum() != 2 else float(np.max(r[ok]))) if ok.any() else np.nan
     out["rate_ratio"] = r / med if med and np.isfinite(med) and med > 0 else np.nan
     fpid = np.full(len(ctx.flows), -1, dtype=np.int64)
     fpid[flows] = pid
@@ -283,10 +285,20 @@ def alltoall_metrics(snap, g, tinfo) -> dict:
     total = sum(float(m.sum()) for m in mats) or 1.0
     per_phase = []
     best = None
+    hub = g.extra.get("hub") if g.pattern == "alltoall_star" else None
+    hi = mem.index(hub) if hub is not None else None
+    others = np.array([i for i in range(n) if i != hi], dtype=np.int64)
     for k, m in enumerate(mats):
-        col = skew_array(m.sum(axis=0))
-        row = skew_array(m.sum(axis=1))
-        rows = skew_rows(m, offdiag)
+        if hi is not None:
+            # one-host view: the hub's sends per destination / receives per source
+            col = skew_array(m[hi, others])
+            row = skew_array(m[others, hi])
+            col[10] = others[int(col[10])] if np.isfinite(col[10]) else col[10]
+            row[10] = others[int(row[10])] if np.isfinite(row[10]) else row[10]
+        else:
+            col = skew_array(m.sum(axis=0))
+            row = skew_array(m.sum(axis=1))
+        rows = skew_rows(m, offdiag) if hi is None else skew_rows(m[hi:hi + 1], offdiag[hi:hi + 1])
         ps_mom = [r["max_over_mean"] for r in rows if r["max_over_mean"] is not None]
         share = float(m.sum()) / total
         d = {"phase": k, "bytes_share": round(share, 4),
@@ -310,7 +322,7 @@ def alltoall_metrics(snap, g, tinfo) -> dict:
     out["source_skew"] = per_phase[sbest]["source_skew"]
     out["hot_source"] = per_phase[sbest]["hot_source"]
     out["per_source_dest_max_over_mean"] = bp["per_source_dest_max_over_mean_max"]
-    out["dest_bytes"] = mats[best].sum(axis=0).tolist()
+    out["dest_bytes"] = (mats[best][hi].tolist() if hi is not None else mats[best].sum(axis=0).tolist())
     inc = incast_degree(ctx, fm)
     md = inc["max_senders"][mem]
     out["incast_max_senders"] = {ips[m]: int(v) for m, v in zip(mem, md)}
@@ -399,33 +411,28 @@ def pipeline_metrics(snap, g, tinfo, period_s) -> dict:
     def est(in_i, out_i):
         """Median compute time of a stage: out-transfer start minus the later of (the
         matching in-transfer end, the previous out-transfer start) -- exact whether the
-        stage waits for its input or its input waits for it. Matching is by ordinal inside
-        each iteration when both links carry the same number of transfers."""
+        stage waits for its input or its input waits for it. Matching is by ordinal when
+        both links carry the same number of transfers, else the latest input before."""
         if out_i is None:
             return np.nan
         os_, _ = transfers[out_i]
         if len(os_) == 0:
             return np.nan
         ins, ine = transfers[in_i] if in_i is not None else (np.zeros(0), np.zeros(0))
-        ob = np.searchsorted(bs, os_, side="right") - 1
-        ib = np.searchsorted(bs, ins, side="right") - 1
+        same = len(ine) == len(os_)
         vals = []
-        for bi in np.unique(ob):
-            o = os_[ob == bi]
-            ie = ine[ib == bi]
-            same = len(ie) == len(o)
-            for m in range(len(o)):
-                ref = o[m - 1] if m > 0 else -np.inf
-                if in_i is not None:
-                    if same:
-                        arr = ie[m]
-                    else:
-                        j = np.searchsorted(ie, o[m], side="right") - 1
-                        arr = ie[j] if j >= 0 else -np.inf
-                    if arr <= o[m]:
-                        ref = max(ref, arr)
-                if np.isfinite(ref):
-                    vals.append(o[m] - ref)
+        for m in range(len(os_)):
+            ref = os_[m - 1] if m > 0 else -np.inf
+            if in_i is not None:
+                if same:
+                    arr = ine[m]
+                else:
+                    j = np.searchsorted(ine, os_[m], side="right") - 1
+                    arr = ine[j] if j >= 0 else -np.inf
+                if arr <= os_[m]:
+                    ref = max(ref, arr)
+            if np.isfinite(ref):
+                vals.append(os_[m] - ref)
         return float(np.median(vals)) if vals else np.nan
 
     fwd = []
@@ -443,8 +450,10 @@ def pipeline_metrics(snap, g, tinfo, period_s) -> dict:
     for arr in (fwd, bwd):
         ok = np.isfinite(arr) & (arr > 0)
         if ok.sum() >= 2:
-            med = np.median(arr[ok])
-            r = arr / med
+            # each stage against the median of the other stages (same direction)
+            r = np.full(S, np.nan)
+            for i in np.nonzero(ok)[0]:
+                r[i] = arr[i] / float(np.median(arr[ok & (np.arange(S) != i)]))
             ratio = np.where(np.isfinite(r) & ((~np.isfinite(ratio)) | (r > ratio)), r, ratio)
     out["stage_compute_fwd_s"] = {ips[s]: None if not np.isfinite(v) else float(v) / 1e9 for s, v in zip(stages, fwd)}
     out["stage_compute_bwd_s"] = {ips[s]: None if not np.isfinite(v) else float(v) / 1e9 for s, v in zip(stages, bwd)}

@@ -72,3 +72,19 @@ def analyzed(name: str, seed: int = 0, **kw):
         truth, snap = get(name, seed)
         _cache[key] = (truth, snap, analyze(snap, **kw))
     return _cache[key]
+
+
+def vantage(snap, ip: str):
+    """The Snapshot a DPU on one host's port would record: only the flows from or to `ip`
+    (and their message records), everything else as captured."""
+    import numpy as np
+    from skewscope.snapshot import Snapshot, ip_str
+    fl = snap.flows
+    keep = np.array([ip_str(f["src"], f["ipver"]) == ip or ip_str(f["dst"], f["ipver"]) == ip for f in fl])
+    new = np.full(len(fl), -1, dtype=np.int64)
+    new[keep] = np.arange(int(keep.sum()))
+    ev = snap.events
+    ek = (ev["flow"] >= 0) & keep[np.maximum(ev["flow"], 0)]
+    ev2 = ev[ek].copy()
+    ev2["flow"] = new[ev2["flow"]]
+    return Snapshot(fl[keep], ev2, snap.globals.copy(), dict(snap.meta, vantage=ip))

@@ -350,3 +350,77 @@ def test_alltoall_skew_matches_truth_matrix():
         for k in ("max_over_mean", "cv", "gini", "jain"):
             assert math.isclose(got[k], exp[k], rel_tol=0.05, abs_tol=0.005), f"{name} {k}: {got[k]} vs {exp[k]}"
         assert c["metrics"]["hot_destination"] == g["members"][exp["argmax"]] or exp["max_over_mean"] < 1.01
+
+
+# ---- 5. one-host views (a DPU sees its own host's port only) --------------------------------------
+def _view(name, ip, seed=0):
+    from skewscope.analysis import analyze
+    truth, snap = genlib.get(name, seed)
+    return truth, analyze(genlib.vantage(snap, ip))
+
+
+@pytest.mark.parametrize("seed", (0, 1))
+@pytest.mark.parametrize("name,k", [("ring-healthy", 2), ("tp-decode", 1), ("ipv6-ring", 3), ("loss", 2)])
+def test_view_ring_segment(name, k, seed):
+    truth, _ = genlib.get(name, seed)
+    ring = truth["groups"][0]["details"]["ring"]
+    hub = ring[k]
+    truth, an = _view(name, hub, seed)
+    c = an["collectives"][0]
+    assert c["kind"] == "ring_allreduce" and c["pattern"] == "ring_segment"
+    assert c["members"] == [ring[k - 1], hub, ring[(k + 1) % len(ring)]]
+
+
+@pytest.mark.parametrize("name", ["alltoall-healthy", "vlan-alltoall", "alltoall-16"])
+def test_view_alltoall_star_is_healthy(name):
+    truth, _ = genlib.get(name)
+    hub = truth["groups"][0]["members"][1]
+    truth, an = _view(name, hub)
+    c = an["collectives"][0]
+    assert c["kind"] == "all_to_all" and c["members"][0] == hub
+    assert set(c["members"]) == set(truth["groups"][0]["members"])
+    assert not [f for f in an["findings"] if f["severity"] != "info"]
+
+
+@pytest.mark.parametrize("name", ["moe-hot-expert", "ipv6-vlan-hot-expert"])
+def test_view_hot_expert_from_another_host(name):
+    """From any other member, its own dispatch bytes per destination show the hot expert:
+    one sender's row of the volume matrix (truth) gives the expected skew."""
+    import numpy as np
+    from skewscope.analysis import skew_stats
+    truth, _ = genlib.get(name)
+    g = truth["groups"][0]
+    hot = truth["pathologies"][0]["entities"]["ips"][0]
+    hub = [m for m in g["members"] if m != hot][0]
+    truth, an = _view(name, hub)
+    fs = findings(an, "hot_destination")
+    assert fs and fs[0]["entities"]["ips"][0] == hot
+    i = g["members"].index(hub)
+    row = np.delete(np.array(g["details"]["volume_matrix"][i], dtype=float), i)
+    assert close(fs[0]["evidence"]["max_over_mean"], skew_stats(row)["max_over_mean"])
+
+
+@pytest.mark.parametrize("who", ["straggler", "successor"])
+def test_view_ring_straggler(who):
+    truth, _ = genlib.get("ring-straggler")
+    ring = truth["groups"][0]["details"]["ring"]
+    bad = truth["pathologies"][0]["entities"]["ips"][0]
+    hub = bad if who == "straggler" else ring[(ring.index(bad) + 1) % len(ring)]
+    truth, an = _view("ring-straggler", hub)
+    fs = findings(an, "ring_straggler")
+    assert fs and fs[0]["entities"]["ips"][0] == bad
+    assert close(fs[0]["evidence"]["send_ratio"], truth["pathologies"][0]["magnitude"]["rate_factor"])
+
+
+def test_view_pipeline_stage():
+    truth, _ = genlib.get("pipeline-bubbles")
+    p = truth["pathologies"][0]
+    stages = truth["groups"][0]["details"]["stages"]
+    hub = p["entities"]["ips"][0]
+    truth, an = _view("pipeline-bubbles", hub)
+    c = an["collectives"][0]
+    k = stages.index(hub)
+    assert c["pattern"] == "pipeline" and c["metrics"]["stages"] == stages[k - 1:k + 2]
+    fs = findings(an, "pipeline_bubbles")
+    assert fs and fs[0]["entities"]["ips"][0] == hub
+    assert close(fs[0]["evidence"]["compute_ratio"], p["magnitude"]["compute_factor"])
