@@ -83,7 +83,7 @@ def _group_result(ctx, g, th) -> dict:
     r["flows"] = int(len(g.flows))
     pairs = len(set(zip(ctx.nodes.src[g.flows].tolist(), ctx.nodes.dst[g.flows].tolist())))
     r["qps_per_pair"] = round(len(g.flows) / max(1, pairs), 3)
-    hints = size_hints(ctx, g.flows)
+    hints = g.extra.get("_hints") or size_hints(ctx, g.flows)
     r["message_sizes"] = hints["top_sizes"]
     r["protocol_hint"] = hints["protocol"]
     r["protocol_shares"] = hints.get("protocol_shares")

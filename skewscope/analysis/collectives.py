@@ -217,8 +217,10 @@ def match_pattern(ctx, flows: np.ndarray) -> Group:
                   + (f" ({hints['protocol']})" if hints["protocol"] else ""))
 
     def G(kind, members, conf, pattern=None, extra=None, why=None):
+        ex = dict(extra or {})
+        ex["_hints"] = hints
         return Group(kind, list(members), np.asarray(flows), float(round(conf, 3)),
-                     ev + ([why] if why else []), pattern, extra or {})
+                     ev + ([why] if why else []), pattern, ex)
 
     if n < 2:
         return G("unknown", V, 0.0, "loopback", why="data from a node to itself (loopback or GIDs not unique)")
