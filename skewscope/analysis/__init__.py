@@ -54,6 +54,7 @@ __all__ = ["analyze", "live_metrics", "skew_stats", "node_index", "flow_roles", 
            "ROLE_NAMES", "COLLECTIVE_KINDS", "link_speed_bps", "size_hints", "group_links"]
 
 JSON_VERSION = 1
+MAX_GROUP_DETAIL = 64
 
 
 def clean(x):
@@ -182,7 +183,11 @@ def analyze(snap, thresholds=None, checks=None) -> dict:
     ck = resolve_checks(checks)
     ctx = context(snap)
     groups = discover(ctx)
-    results = [_group_result(ctx, g, th) for g in groups]
+    # per-group metrics for the largest groups (each costs a pass over the records); the
+    # others keep their classification, bytes and flows
+    results = [_group_result(ctx, g, th) if i < MAX_GROUP_DETAIL else
+               {"bytes": float(ctx.volume[g.flows].sum()), "flows": int(len(g.flows)), "detail": "omitted"}
+               for i, g in enumerate(groups)]
     extra = _extra(ctx, th)
     findings = detect(ctx, groups, results, th, ck, extra)
     ips = ctx.nodes.ips
