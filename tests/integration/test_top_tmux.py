@@ -156,3 +156,44 @@ def test_second_top_on_the_same_interface_is_refused_while_the_first_runs(fabric
         nothing_attached(fabric)
     finally:
         t.close()
+
+
+def test_stale_program_prompt_on_a_terminal(netns_pair, tmp_path):
+    """On a terminal, top asks before removing a stale program; 'n' exits 7, 'y' goes on."""
+    import textwrap
+    p = netns_pair
+    code = textwrap.dedent(f"""
+        import os, signal
+        from skewscope.live import LiveSession
+        s = LiveSession({p.if_b!r}, xdp_mode="generic").open()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    for answer, want_rc in (("n", 7), ("y", 0)):
+        r = subprocess.run(["ip", "netns", "exec", p.ns_b, sys.executable, "-c", code], capture_output=True)
+        assert r.returncode == -9
+        t = Tmux(f"ssu-stale{answer}-{os.getpid()}",
+                 f"ip netns exec {p.ns_b} {SKEWSCOPE} top -i {p.if_b} --xdp-mode generic --no-analysis 1", tmp_path)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and "[y/N]" not in t.screen():
+                time.sleep(0.3)
+            scr = t.screen()
+            assert "stale skewscope program (XDP program id" in scr and "[y/N]" in scr, scr
+            t.keys(answer, "Enter")
+            if answer == "y":
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and f"skewscope top  {p.if_b}" not in t.screen():
+                    time.sleep(0.3)
+                assert f"skewscope top  {p.if_b}" in t.screen()
+                t.keys("q")
+            assert t.wait_exit() == want_rc
+        finally:
+            t.close()
+        with p.enter("b"):
+            lo = live.find_leftover(p.if_b)
+        if answer == "n":
+            assert lo is not None and lo.stale          # refused: left as it was
+            with p.enter("b"):
+                live.detach_ours(p.if_b)
+        else:
+            assert lo is None                           # removed, then ours detached on q
