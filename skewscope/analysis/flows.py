@@ -80,6 +80,17 @@ COL_U64 = ("packets", "bytes", "payload_bytes", "messages", "msg_bytes", "ecn_ca
 COL_TS = ("first_ts", "last_ts")
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _clz64(x):
+    n = 0
+    if x == 0:
+        return 64
+    while (x & np.uint64(0x8000000000000000)) == 0:
+        x = x << np.uint64(1)
+        n += 1
+    return n
+
+
 @njit(cache=True, nogil=True)
 def _columns_kernel(fl, u, ts, op, small, addr):
     n = fl.shape[0]
@@ -120,11 +131,16 @@ def _columns_kernel(fl, u, ts, op, small, addr):
         ts[1, i] = r.last_ts
         for k in range(8):
             op[i, k] = r.op[k]
+        # highest message-size slot: only needed for flows whose mean message could be a
+        # CTS (<= 1 KiB); bigger ones get a slot from the mean (saves reading the histogram)
         m = -1
-        for k in range(r.msg_hist.shape[0] - 1, -1, -1):
-            if r.msg_hist[k] > 0:
-                m = k
-                break
+        if r.messages > 0 and r.msg_bytes > np.uint64(1024) * r.messages:
+            m = 63 - _clz64(r.msg_bytes // r.messages) + 1
+        else:
+            for k in range(r.msg_hist.shape[0] - 1, -1, -1):
+                if r.msg_hist[k] > 0:
+                    m = k
+                    break
         small[0, i] = m
         small[1, i] = r.sport
         small[2, i] = r.dest_qp
@@ -132,8 +148,10 @@ def _columns_kernel(fl, u, ts, op, small, addr):
 
 
 def flow_columns(flows) -> dict:
-    """name -> contiguous array for the flow table's scalar fields (+ "op" (n, 8) and
-    "max_slot", the highest non-empty message-size slot or -1), in one pass."""
+    """name -> contiguous array for the flow table's scalar fields (+ "op" (n, 8),
+    "addr" (4, n) address halves, and "max_slot": the highest non-empty message-size slot
+    for flows whose mean message is <= 1 KiB, the mean's slot above, -1 without
+    messages), in one pass."""
     n = len(flows)
     u = np.zeros((len(COL_U64), n), dtype=np.uint64)
     ts = np.zeros((2, n), dtype=np.uint64)
