@@ -255,6 +255,11 @@ def capture(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detac
         if p["frames_not_written"]:
             s += f"; {p['frames_not_written']} not written (--pcap-max-mb reached)"
         click.echo(s, err=True)
+    if int(snap.globals[L.G_ACCOUNTED]) == 0:
+        other = int(snap.globals[L.G_FRAMES])
+        warn.append(f"no RoCE frame seen on {iface} ({other} other frame{'s' if other != 1 else ''}): is it the "
+                    "interface the RoCE copies reach ('skewscope mirror list')? XDP sees ingress only "
+                    "('--tc --direction both' sees both)")
     for w in warn:
         click.echo(f"warning: {w}", err=True)
     if quiet:
