@@ -413,7 +413,6 @@ def _decompose(ctx, flows) -> list[Group]:
                 g.confidence = round(g.confidence * 0.9, 3)
                 g.evidence.append("separated from a mixed component by message size and count")
             groups.append(g)
-    # merge unknown leftovers that share nodes into one unknown group each
     return groups
 
 

@@ -11,7 +11,6 @@ from functools import cached_property
 import numpy as np
 from numba import njit
 
-from .. import layout as L
 from . import flows as FL
 from .intervals import keyed_busy
 

@@ -168,7 +168,6 @@ def _mad_threshold(vals, i, k_mad, floor):
 # ---- detectors ------------------------------------------------------------------------------
 def detect(ctx, groups, results, th, checks, extra) -> list[dict]:
     em = Emitter(ctx, checks)
-    ips = ctx.nodes.ips
     _rates_and_lags(em, ctx, groups, results, th, extra)
     for gi, (g, r) in enumerate(zip(groups, results)):
         if g.kind == "all_to_all":
@@ -542,11 +541,6 @@ def _stalls(em, ctx, th, extra):
                    {"in_stall_s": float(st["in_stall_ns"][m]) / 1e9, "out_stall_s": float(st["out_stall_ns"][m]) / 1e9,
                     "mode": "stalls"},
                    flows=np.nonzero(ctx.data & ((ctx.nodes.src == m) | (ctx.nodes.dst == m)))[0])
-
-
-def extra_stalls(ctx):
-    from .congestion import node_stalls
-    return node_stalls(ctx)
 
 
 def _group_by_node(ctx, flows):

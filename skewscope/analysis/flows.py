@@ -36,8 +36,6 @@ Definitions (docs/metrics.md "Flows"):
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit
 

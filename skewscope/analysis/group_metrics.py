@@ -254,7 +254,6 @@ def alltoall_metrics(snap, g, tinfo) -> dict:
     f = ctx.ev_flow
     ok = ctx.ev_data.copy()
     ok[ok] &= fm[f[ok]]
-    st = ctx.ev_start[ok]
     by = ctx.events["bytes"][ok].astype(np.float64)
     si = pos[ctx.nodes.src[f[ok]]]
     di = pos[ctx.nodes.dst[f[ok]]]

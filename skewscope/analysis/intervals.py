@@ -156,16 +156,6 @@ def natural_break(gaps: np.ndarray, min_ratio: float = 3.0, floor: float = 0.0) 
     return c[0] if c else np.inf
 
 
-def bursts(start: np.ndarray, end: np.ndarray, threshold: float):
-    """Busy intervals (sorted by start) grouped into bursts separated by gaps > threshold.
-    Returns (burst_start, burst_end, first interval index of each burst)."""
-    if len(start) == 0:
-        return np.zeros(0), np.zeros(0), np.zeros(0, np.int64)
-    s, e, _ = merge_sorted(np.ascontiguousarray(start, dtype=np.float64),
-                           np.ascontiguousarray(end, dtype=np.float64), float(threshold))
-    return s, e, None
-
-
 @njit(cache=True, nogil=True)
 def concurrency_sweep(key, t, delta, src, nkeys, nsrc_max):
     """Sweep endpoints sorted by (key, t, delta) with delta -1 (end) before +1 (start).

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import layout as L
 from .context import context
 from .intervals import concurrency_sweep, keyed_intervals
 

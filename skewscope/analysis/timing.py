@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit
 
 from .context import context
-from .intervals import break_candidates, merge_sorted, natural_break
+from .intervals import break_candidates, merge_sorted
 
 MIN_GAP_NS = 1000.0       # gaps below 1 us never separate bursts
 BREAK_RATIO = 3.0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 
 from skewscope import layout as L
 from skewscope.analysis import group_timing, timing

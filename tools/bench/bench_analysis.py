@@ -137,7 +137,6 @@ def np_union(key, s, e):
     run = np.maximum.accumulate(e2)
     new = np.ones(len(s2), dtype=bool)
     new[1:] = s2[1:] > run[:-1]
-    gid = np.cumsum(new) - 1
     ivs = s2[new]
     ive = np.maximum.reduceat(e2, np.nonzero(new)[0])
     ik = k[new]
