@@ -87,9 +87,14 @@ def _stale_policy(force: bool):
 
 
 def _print_ebpf(sample_n, max_flows):
-    from .dataplane import SOURCE, Config
+    """The C source and the exact flags it would be compiled with (bcc tools' --ebpf)."""
+    from .dataplane import SOURCE, Config, kernel_at_least
     cfg = Config(sample_n=sample_n, max_flows=max_flows)
-    click.echo("// cflags: " + " ".join(cfg.cflags()))
+    note = ""
+    if os.geteuid() != 0:     # frags support is probed with a BPF load, which needs root
+        cfg.xdp_frags = kernel_at_least(5, 18)
+        note = "  (not root: XDP frags support guessed from the kernel version, not probed)"
+    click.echo("// cflags: " + " ".join(cfg.cflags()) + note)
     click.echo(SOURCE.read_text())
 
 
