@@ -372,6 +372,9 @@ class AnalysisRunner:
         self._busy = threading.Event()
         self._lock = threading.Lock()
 
+    def idle(self) -> bool:
+        return self.analyze is not None and not self._busy.is_set()
+
     def submit(self, snap: Snapshot) -> bool:
         if self.analyze is None or self._busy.is_set():
             return False
@@ -695,7 +698,8 @@ def run_tty(session, interval: float, rows: int = 0, window: float = 10.0, state
                 win.add(iv)
                 if not state.paused:
                     last["iv"] = iv
-                runner.submit(win.snapshot(iv))
+                if runner.idle():                 # build the window snapshot only when it will be used
+                    runner.submit(win.snapshot(iv))
                 redraw(live)
                 if state.quit:
                     break
