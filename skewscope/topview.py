@@ -362,8 +362,9 @@ def load_analyze():
 class AnalysisRunner:
     """Runs analyze(window snapshot) in a worker thread; never more than one at a time."""
 
-    def __init__(self, analyze=None):
+    def __init__(self, analyze=None, disabled: bool = False):
         self.analyze = analyze
+        self.disabled = disabled
         self.result: dict | None = None
         self.error: str = ""
         self.when: float = 0.0
@@ -405,6 +406,8 @@ class AnalysisRunner:
         self._busy.clear()
 
     def note(self) -> str:
+        if self.disabled:
+            return "analysis off (--no-analysis)"
         if self.analyze is None:
             return "analysis module not available"
         if self.error:
@@ -615,12 +618,13 @@ def run_plain(session, interval: float, count: int | None, out=None, rows: int =
     from .live import Window
     out = out or sys.stdout
     state = state or ViewState()
-    runner = AnalysisRunner(load_analyze() if analyze == "auto" else analyze)
+    runner = AnalysisRunner(load_analyze() if analyze == "auto" else analyze, disabled=analyze is None)
     win = Window(window)
     n = 0
     for iv in session.intervals(interval, count, stop=stop):
         win.add(iv)
-        runner.run_sync(win.snapshot(iv))
+        if runner.analyze is not None:
+            runner.run_sync(win.snapshot(iv))
         m = build_model(iv.delta, iv.dt, state, iface=session.iface, attach=session.describe(), interval=interval,
                         elapsed=iv.elapsed, cum=iv.cum, limit=rows, analysis=runner.result,
                         analysis_note=runner.note())
@@ -646,7 +650,7 @@ def run_tty(session, interval: float, rows: int = 0, window: float = 10.0, state
 
     from .live import Window
     state = state or ViewState()
-    runner = AnalysisRunner(load_analyze() if analyze == "auto" else analyze)
+    runner = AnalysisRunner(load_analyze() if analyze == "auto" else analyze, disabled=analyze is None)
     win = Window(window)
     # A full-screen view follows the real terminal (and its resizes): exported COLUMNS/LINES
     # (often stale -- e.g. inherited into tmux panes) would pin it to a wrong size.
