@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import sys
 
 import click
@@ -74,10 +75,11 @@ def load_source(path: str, progress: bool = False, max_flows: int = 65536):
     if not os.path.exists(path):
         from .snapshot import SnapshotError
         raise SnapshotError(f"{path}: no such file")
-    with open(path, "rb") as fh:
-        head = fh.read(4)
-    if head[:2] == b"PK":
-        return Snapshot.load(path)
+    if stat.S_ISREG(os.stat(path).st_mode):  # a pipe (/dev/stdin) cannot be peeked at twice
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+        if head[:2] == b"PK":
+            return Snapshot.load(path)
     from . import offline
     snap = offline.parse_file(path, progress=progress, max_flows=max_flows)
     for w in snap.meta.get("warnings", []):
