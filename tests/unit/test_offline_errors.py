@@ -222,3 +222,15 @@ def test_real_entry_point(tmp_path, good, ref):
     assert r.returncode == 0 and "Traceback" not in r.stderr
     assert r.stderr.startswith("skewscope: warning: ") and r.stderr.count("\n") == 1
     assert json.loads(r.stdout)["totals"]["packets_seen"] == len(ref) - 1
+
+
+@pytest.mark.skipif(not SKEWSCOPE.exists(), reason="console script not installed in this venv")
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+def test_cli_reads_a_pipe(good, ref, gz):
+    """`zstdcat x.pcap.zst | skewscope report /dev/stdin`: a pipe is read once, in order."""
+    data = gzip.compress(good) if gz else good
+    r = subprocess.run([str(SKEWSCOPE), "report", "--json", "/dev/stdin"], input=data, capture_output=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["totals"]["packets_seen"] == len(ref) and doc["meta"]["warnings"] == []
