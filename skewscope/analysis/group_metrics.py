@@ -258,8 +258,14 @@ def alltoall_metrics(snap, g, tinfo) -> dict:
     si = pos[ctx.nodes.src[f[ok]]]
     di = pos[ctx.nodes.dst[f[ok]]]
     ps, pe, ordn, K = phases(ctx, g.flows, tinfo)
-    # whole window matrix
-    whole = np.bincount(si * n + di, weights=by, minlength=n * n).reshape(n, n)
+    # whole window matrix (without message records -- sampling, records lost -- from the
+    # flows' payload bytes)
+    if ok.any():
+        whole = np.bincount(si * n + di, weights=by, minlength=n * n).reshape(n, n)
+    else:
+        gf = np.asarray(g.flows, dtype=np.int64)
+        whole = np.bincount(pos[ctx.nodes.src[gf]] * n + pos[ctx.nodes.dst[gf]], weights=ctx.volume[gf],
+                            minlength=n * n).reshape(n, n)
     offdiag = ~np.eye(n, dtype=bool)
     out = {"matrix_whole": whole.tolist()}
     mats = []
