@@ -168,6 +168,8 @@ def _mad_threshold(vals, i, k_mad, floor):
 # ---- detectors ------------------------------------------------------------------------------
 def detect(ctx, groups, results, th, checks, extra) -> list[dict]:
     em = Emitter(ctx, checks)
+    extra["stall_culprits"] = _stall_culprits(ctx, th)
+    extra["irregular"] = extra["stall_culprits"][2]
     _rates_and_lags(em, ctx, groups, results, th, extra)
     for gi, (g, r) in enumerate(zip(groups, results)):
         if g.kind == "all_to_all":
@@ -350,11 +352,17 @@ def _rates_and_lags(em, ctx, groups, results, th, extra):
         late = set()
         if symmetric and sd is not None and rd is not None and len(sd):
             late_ns = tl["min_late_s"] * 1e9
+            cand = []
             for i, m in enumerate(mem):
                 if m in both or m in blamed:
                     continue
                 bl = (sd[:, i] >= late_ns) & (rd[:, i] >= late_ns)
-                if bl.sum() >= 1 and float(bl.mean()) >= tl["late_share"]:
+                if bl.sum() >= 2 and float(bl.mean()) >= tl["late_share"]:
+                    cand.append((i, m, bl))
+            if extra.get("irregular"):
+                pass                       # the capture's timing, not a link (see _stalls)
+            elif _few(len(cand), nm):
+                for i, m, bl in cand:
                     late.add(m)
                     worst = float(np.nanmax(np.minimum(sd[:, i], rd[:, i])))
                     em.add("slow_link", "warning", [m],
@@ -363,6 +371,9 @@ def _rates_and_lags(em, ctx, groups, results, th, extra):
                            "down/up events and error counters",
                            {"late_iterations": int(bl.sum()), "iterations": int(len(bl)), "max_delay_s": worst / 1e9,
                             "mode": "flapping"}, flows=out_flows[m] + in_flows[m], group=gi)
+            elif cand:
+                _irregular(em, ctx, f"{len(cand)} of {nm} members of a {g.kind} are late both ways in the same "
+                           "iterations", gi)
         skip = both | late | blamed
         # 3. slow senders
         lag = r.get("_start_lag_ns") if symmetric and not r.get("decode") else None
@@ -523,24 +534,65 @@ def _incast(em, ctx, th, extra):
                 "throttle_ratio": throttle}, flows=flows)
 
 
+def _few(k: int, n: int) -> bool:
+    """A node-level timing fault is an outlier: at most a quarter of the nodes (>= 1)."""
+    return k <= max(1, n // 4)
+
+
+def _irregular(em, ctx, what: str, group):
+    """Timing faults everywhere at once are the capture's, not the nodes': say so once."""
+    if any(f["kind"] == "sampling" and f["evidence"].get("irregular_timing") for f in em.out):
+        return
+    em.add("sampling", "info", [],
+           f"{what}: the message timing is irregular across the capture (batched delivery or "
+           "pacing on the capture/replay path?), so node-level stall and flap findings are withheld",
+           {"irregular_timing": True}, group=group)
+
+
+def _stall_culprits(ctx, th):
+    """Nodes whose links stall both ways, as outliers: the stalled data flows (a message
+    >= 2x its flow's typical duration, by >= slow_link.min_stall_s) are assigned greedily to
+    the node most of them share; a node that collects >= 80 % of the remaining stalled
+    flows, with stalled flows both in and out, is a culprit. Returns (culprits, stalled
+    flow count, irregular): irregular when stalled flows remain spread over more than a
+    quarter of the nodes (the capture's timing, not a link)."""
+    st = ctx.fstat
+    lim = th["slow_link"]["min_stall_s"] * 1e9
+    rest = np.nonzero(ctx.data & (st["stall_max_ns"] >= lim))[0]
+    total = len(rest)
+    out = []
+    while len(rest):
+        cover = np.bincount(ctx.nodes.src[rest], minlength=ctx.nodes.n) + \
+            np.bincount(ctx.nodes.dst[rest], minlength=ctx.nodes.n)
+        n = int(cover.argmax())
+        if cover[n] < 0.8 * len(rest):
+            break
+        mine = (ctx.nodes.src[rest] == n) | (ctx.nodes.dst[rest] == n)
+        if (ctx.nodes.src[rest][mine] == n).any() and (ctx.nodes.dst[rest][mine] == n).any():
+            out.append((n, rest[mine]))
+        rest = rest[~mine]
+    touched = set(ctx.nodes.src[rest].tolist()) | set(ctx.nodes.dst[rest].tolist())
+    irregular = len(rest) > 0 and not _few(len(touched), ctx.nodes.n)
+    return out, total, irregular
+
+
 def _stalls(em, ctx, th, extra):
-    """slow_link (mode stalls): messages to and from the same node stall (>= 2x their
-    flow's typical duration, by >= slow_link.min_stall_s) in both directions."""
+    """slow_link (mode stalls): a node whose messages stall both ways, as an outlier."""
     ips = ctx.nodes.ips
-    t = th["slow_link"]
-    st = extra["stalls"]
+    st = ctx.fstat
     done = {tuple(f["entities"]["ips"][:1]) for f in em.out if f["kind"] == "slow_link"}
-    for m in range(ctx.nodes.n):
+    culprits, total, irregular = extra.get("stall_culprits") or _stall_culprits(ctx, th)
+    if irregular:
+        _irregular(em, ctx, f"{total} data flows stall, spread over most nodes", None)
+    for m, fl in culprits:
         if (ips[m],) in done:
             continue
-        if st["in_stall_max_ns"][m] >= t["min_stall_s"] * 1e9 and st["out_stall_max_ns"][m] >= t["min_stall_s"] * 1e9:
-            em.add("slow_link", "warning", [m],
-                   f"messages to and from {ips[m]} stall (up to "
-                   f"{_us(max(st['in_stall_max_ns'][m], st['out_stall_max_ns'][m]))}): its link pauses in both "
-                   "directions; check link flaps, error counters and PFC from that port",
-                   {"in_stall_s": float(st["in_stall_ns"][m]) / 1e9, "out_stall_s": float(st["out_stall_ns"][m]) / 1e9,
-                    "mode": "stalls"},
-                   flows=np.nonzero(ctx.data & ((ctx.nodes.src == m) | (ctx.nodes.dst == m)))[0])
+        em.add("slow_link", "warning", [m],
+               f"messages to and from {ips[m]} stall (up to {_us(float(st['stall_max_ns'][fl].max()))} on "
+               f"{len(fl)} flows): its link pauses in both directions; check link flaps, error counters and PFC "
+               "from that port",
+               {"stalled_flows": int(len(fl)), "stall_s": float(st["stall_ns"][fl].sum()) / 1e9,
+                "max_stall_s": float(st["stall_max_ns"][fl].max()) / 1e9, "mode": "stalls"}, flows=fl)
 
 
 def _group_by_node(ctx, flows):
