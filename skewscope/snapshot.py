@@ -107,6 +107,11 @@ def atomic_write(path: str | os.PathLike, writer) -> None:
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".skewscope-", suffix=".tmp", dir=d)
     try:
+        # mkstemp creates 0600; give the file the mode a plain open() would (0666 & ~umask),
+        # so a colleague can read a snapshot root wrote.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as fh:
             writer(fh)
             fh.flush()
