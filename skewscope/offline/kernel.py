@@ -742,26 +742,26 @@ def record(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opta
             proto = be16(b, off + 12)
             cur = off + 14
     elif kind == K_RAW:
+        wire += 14
         if incl < 1:
             cat = G_TRUNC_ETH
         else:
             v = b[off] >> 4
             proto = 0x0800 if v == 4 else (0x86DD if v == 6 else 0)
-            wire += 14
     elif kind == K_SLL:
+        wire = wire - 2 if wire > 2 else 0
         if incl < 16:
             cat = G_TRUNC_ETH
         else:
             proto = be16(b, off + 14)
             cur = off + 16
-            wire -= 2
     else:  # K_SLL2
+        wire = wire - 6 if wire > 6 else 0
         if incl < 20:
             cat = G_TRUNC_ETH
         else:
             proto = be16(b, off)
             cur = off + 20
-            wire -= 6
     if cat == G_ACCOUNTED:
         cat = process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
                       b, proto, cur, off + incl, wire, ts)

@@ -439,9 +439,12 @@ def test_cooked_and_raw_link_types(ref, tmp_path, conv, lt):
 def test_link_header_short_records_are_truncated_eth(tmp_path):
     """A cooked/raw record too short for its own link header is a frame cut before its
     Ethernet header: truncated_eth (counted, never dropped), as pcapfile.py does."""
-    for lt, data in ((113, b"\0" * 15), (276, b"\0" * 19), (101, b""), (1, b"\0" * 13)):
-        snap = offline.parse_file(write(tmp_path / f"s{lt}.pcap", pcap_bytes([(1, data, 100)], linktype=lt)))
+    for lt, data, wire in ((113, b"\0" * 15, 98), (276, b"\0" * 19, 94), (101, b"", 114), (1, b"\0" * 13, 100)):
+        p = write(tmp_path / f"s{lt}.pcap", pcap_bytes([(1, data, 100)], linktype=lt))
+        snap = offline.parse_file(p)
         assert int(snap.globals[L.G_FRAMES]) == 1 and int(snap.globals[L.G_TRUNC_ETH]) == 1, lt
+        # the Ethernet-frame length of pcapfile.py's conversion (what replay hands the kernel)
+        assert int(offline.dissect(p)["wire_len"][0]) == wire
 
 
 def test_chunk_boundaries_and_oversized_records(ref, ref_snap, tmp_path):
