@@ -8,6 +8,7 @@ import sys
 import click
 
 from .cli import EXIT_USAGE, fail, friendly_errors
+from .dataplane import EXIT_NO_IFACE
 
 TOP_EPILOG = """\b
 Examples:
@@ -260,13 +261,16 @@ def capture(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detac
         if p["frames_not_written"]:
             s += f"; {p['frames_not_written']} not written (--pcap-max-mb reached)"
         click.echo(s, err=True)
-    if int(snap.globals[L.G_ACCOUNTED]) == 0:
+    if int(snap.globals[L.G_ACCOUNTED]) == 0 and not m.get("stopped_early"):
         other = int(snap.globals[L.G_FRAMES])
         warn.append(f"no RoCE frame seen on {iface} ({other} other frame{'s' if other != 1 else ''}): is it the "
                     "interface the RoCE copies reach ('skewscope mirror list')? XDP sees ingress only "
                     "('--tc --direction both' sees both)")
     for w in warn:
         click.echo(f"warning: {w}", err=True)
+    if m.get("stopped_early"):
+        # what was counted until then is saved above; the run was still cut short
+        fail(f"{m['stopped_early']}; saved what was counted until then to {output}", EXIT_NO_IFACE)
     if quiet:
         return
     try:

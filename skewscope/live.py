@@ -331,12 +331,14 @@ class LiveSession:
         detach_ours(self.iface)
         self.removed_leftover = lo
 
+    iface_gone = False  # set once _check_iface saw the interface disappear
+
     def _check_iface(self) -> None:
         """At most twice a second: is the interface we attached to still there (same index)?
         Deleted, or gone with its namespace, the program went with it and nothing more will be
         counted: stop with one clear line instead of running on blind."""
         now = time.monotonic()
-        if self.att is None or now < getattr(self, "_iface_checked", 0.0) + 0.5:
+        if self.att is None or self.iface_gone or now < getattr(self, "_iface_checked", 0.0) + 0.5:
             return
         self._iface_checked = now
         try:
@@ -344,6 +346,7 @@ class LiveSession:
         except OSError:
             idx = 0
         if idx != self.att.idx:
+            self.iface_gone = True
             raise DataplaneError(f"{self.iface} went away while attached (interface deleted or its network "
                                  "namespace removed); stopped", EXIT_NO_IFACE)
 
@@ -582,6 +585,7 @@ def capture(iface: str, duration: float, mode: str = "xdp", xdp_mode: str = "nat
                        **(session_opts or {}))
     tap = None
     interrupted = False
+    iface_gone = None
     sess.preflight()
     taps = []
 
@@ -614,7 +618,15 @@ def capture(iface: str, duration: float, mode: str = "xdp", xdp_mode: str = "nat
                                  sess.dp.read_globals())
             except KeyboardInterrupt:
                 interrupted = True
+            except DataplaneError as e:
+                # The interface went away: the maps still hold everything counted until then.
+                # Keep it (the caller saves it and reports the early stop) instead of losing it.
+                if e.code != EXIT_NO_IFACE or not sess.iface_gone:
+                    raise
+                iface_gone = str(e)
             snap = sess.snapshot(include_events=True)
+            if iface_gone:
+                snap.meta["stopped_early"] = iface_gone
             if tap is not None:
                 # from just before attach to just after the read: the pcap holds every frame the
                 # snapshot counted (and the few that arrived while attaching / reading)
