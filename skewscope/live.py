@@ -173,7 +173,7 @@ def _key_index(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0) -> np.ndarray:
     """Per-flow counters accumulated between two reads of the flow table. Flows without
     packets in between are omitted. A flow evicted and re-created in between (its counters
-    went down) counts from zero. first_ts is clamped to `since_ns` (the earlier read's
+    went down, or its first_ts changed) counts from zero. first_ts is clamped to `since_ns` (the earlier read's
     time): the first packet of a flow that was already active is not known exactly."""
     if prev is None or len(prev) == 0:
         d = cur.copy()
@@ -182,7 +182,9 @@ def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0) -> n
         d = cur.copy()
         have = j >= 0
         p = prev[j[have]]
-        back = cur["packets"][have] < p["packets"]        # evicted and re-created
+        # evicted and re-created in between: its counters went down, or (when the new entry
+        # already passed the old count) its first packet is newer than the old entry's
+        back = (cur["packets"][have] < p["packets"]) | (cur["first_ts"][have] != p["first_ts"])
         for name in COUNTER_FIELDS:
             col = d[name]
             sub = p[name].copy()

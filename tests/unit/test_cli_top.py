@@ -118,6 +118,15 @@ def test_flow_delta_matches_keys_and_handles_new_and_recreated_flows():
     assert int(got[1]["packets"]) == 2
 
 
+def test_flow_delta_recreated_flow_that_passed_its_old_count():
+    # evicted and re-created between reads, and already busier than the old entry: the
+    # new first_ts gives it away; its counters are all new
+    prev = table(flow("10.0.0.1", "10.0.0.2", 7, packets=10, bytes=1000, first_ts=5, last_ts=9))
+    cur = table(flow("10.0.0.1", "10.0.0.2", 7, packets=40, bytes=4000, first_ts=70, last_ts=90))
+    d = live.flow_delta(prev, cur, since_ns=50)
+    assert int(d["packets"][0]) == 40 and int(d["bytes"][0]) == 4000
+
+
 def test_flow_delta_from_nothing_is_the_table():
     cur = table(flow("10.0.0.1", "10.0.0.2", 7, packets=3, bytes=30), flow("10.0.0.1", "10.0.0.2", 8))
     d = live.flow_delta(None, cur)
