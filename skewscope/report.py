@@ -128,7 +128,10 @@ def human(snap: Snapshot, analysis: dict | None = None, top: int = 20, console=N
     from rich.console import Console
     from rich.table import Table
 
-    con = console or Console()
+    import sys
+    # In a pipe or file rich assumes 80 columns and would cut addresses to "10…": use a
+    # width at which nothing is cut (a terminal keeps its own width).
+    con = console or (Console() if sys.stdout.isatty() else Console(width=160))
     t = totals(snap)
     m = snap.meta
     con.print(f"[bold]skewscope report[/bold]  source: {m.get('file') or m.get('interface') or m.get('source')}"
@@ -148,9 +151,12 @@ def human(snap: Snapshot, analysis: dict | None = None, top: int = 20, console=N
     if p["pause_frames"]:
         pr = ", ".join(f"prio {x['priority']}: {x['pause']}" for x in p["per_priority"] if x["pause"])
         con.print(f"PFC pause frames: {p['pause_frames']} ({pr})")
-    tab = Table(title=f"flows (top {top} by bytes of {len(snap.flows)})", show_lines=False)
+    from rich import box
+    tab = Table(title=f"flows (top {top} by bytes of {len(snap.flows)})", show_lines=False, box=box.SIMPLE_HEAD,
+                pad_edge=False)
     for c in ("src", "dst", "qp", "pkts", "bytes", "msgs", "msg mode", "CE", "CNP", "ACK", "NAK", "gaps", "retx"):
-        tab.add_column(c, justify="right" if c not in ("src", "dst") else "left")
+        tab.add_column(c, justify="right" if c not in ("src", "dst") else "left", no_wrap=True,
+                       min_width=len(c) if c not in ("src", "dst") else 7)
     f = snap.flows
     order = np.argsort(-f["bytes"].astype(np.int64), kind="stable")[:top]
     for i in order:
