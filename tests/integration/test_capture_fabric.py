@@ -102,7 +102,7 @@ def test_capture_counts_equal_ground_truth_and_pcap_opens_in_tshark(fabric, tmp_
     snap = Snapshot.load(tmp_path / "run.snap")
     assert snap.meta["source"] == "capture" and snap.meta["interface"] == fabric.obs_if
     g = snap.globals
-    assert int(g[L.G_ACCOUNTED]) == truth["roce_frames"]
+    assert int(g[L.G_ACCOUNTED]) == truth["roce_frames"], (st, "".join(err), snap.meta)
     assert int(g[L.G_FRAMES]) == truth["frames"]            # the mirror copies RoCE only
     got, want = flows_by_key(snap), truth_by_key(truth)
     assert set(got) == set(want)
