@@ -28,6 +28,37 @@ Examples:
 """
 
 
+REPORT_EPILOG = """\b
+Examples:
+  skewscope report trace.pcap                     table of the top flows + findings
+  skewscope report trace.pcapng.gz --json         the stable JSON document (README "Counters")
+  skewscope report run.snap --top 50              a snapshot from capture/replay
+  tcpdump -i eth1 -s 128 -w - udp port 4791 | skewscope report /dev/stdin
+\b
+Columns: README "Report columns"; real output: docs/examples/report_offline_example.txt.
+Exit codes: 0 ok (a capture damaged part-way too: one warning line); 2 usage; 3 unreadable,
+unsupported or invalid file.
+"""
+
+REPLAY_EPILOG = """\b
+Examples:
+  sudo skewscope replay trace.pcap -o k.snap      kernel's view of a capture
+  sudo skewscope replay trace.pcap -o k.snap --entry tc --json
+  skewscope report k.snap                         read it back (no root)
+\b
+Exit codes: 0 ok; 2 usage (e.g. -o in a missing directory); 3 unreadable or unsupported
+capture; 4 not root; 5 bcc missing; 8 kernel refused the program.
+"""
+
+DETACH_EPILOG = """\b
+Examples:
+  sudo skewscope detach -i pf0hpf                 after a run killed with SIGKILL
+\b
+Exit codes: 0 ok (also: nothing to remove); 2 usage; 4 not root; 6 no such interface.
+Note: it does not check whether a running skewscope still uses the program.
+"""
+
+
 def fail(msg: str, code: int = EXIT_NOT_RUN) -> "NoReturn":  # noqa: F821
     click.echo(f"skewscope: {msg}", err=True)
     sys.exit(code)
@@ -61,7 +92,39 @@ def friendly_errors(fn):
     return wrapper
 
 
-@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Group(click.Group):
+    """Click's own errors (usage, a command's ClickException) as one line on stderr with the
+    documented exit codes: 2 usage, 3 could not run (click would print four lines and exit 1
+    for a ClickException); Ctrl-C outside a command's own handling exits 130."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # bare `skewscope` / `skewscope mirror`
+                click.echo(e.format_message(), err=True)
+                sys.exit(EXIT_USAGE)
+            path = e.ctx.command_path if e.ctx is not None else "skewscope"
+            click.echo(f"{path}: {e.format_message()} (see '{path} --help')", err=True)
+            sys.exit(EXIT_USAGE)
+        except click.ClickException as e:
+            path = "skewscope"
+            ctx = click.get_current_context(silent=True)
+            if ctx is not None:
+                path = ctx.command_path
+            click.echo(f"{path}: {e.format_message()}", err=True)
+            sys.exit(EXIT_NOT_RUN)
+        except click.Abort:
+            click.echo("skewscope: interrupted", err=True)
+            sys.exit(130)
+        # standalone_mode=False returns ctx.exit(n)'s code, or the command's return value
+        sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
+
+
+@click.group(cls=_Group, epilog=EPILOG,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, "-V", "--version", prog_name="skewscope")
 def main():
     """Find skews, imbalances and pathologies in RoCEv2 traffic of multi-GPU LLM jobs,
@@ -95,7 +158,7 @@ def analyze(snap, thresholds=None, checks=None):
     return analysis.analyze(snap, thresholds=thresholds, checks=checks)
 
 
-@main.command()
+@main.command(epilog=REPLAY_EPILOG)
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="snapshot to write (.snap)")
 @click.option("--entry", type=click.Choice(["xdp", "tc"]), default="xdp", show_default=True,
@@ -108,6 +171,9 @@ def replay(file, output, entry, max_flows, as_json):
     save the Snapshot. Needs root. Timestamps come from the capture."""
     from . import report as R
     from .replay import replay as run
+    d = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(d):  # before the replay, not after it (and not the temp file's name)
+        fail(f"-o {output}: directory {d} does not exist", EXIT_USAGE)
     snap = run(file, entry=entry, max_flows=max_flows)
     snap.save(output)
     if as_json:
@@ -120,7 +186,7 @@ def replay(file, output, entry, max_flows, as_json):
                       else "") + ")")
 
 
-@main.command()
+@main.command(epilog=REPORT_EPILOG)
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="print the stable JSON document")
 @click.option("--top", type=click.IntRange(1, 100000), default=20, show_default=True, help="flows in the table")
@@ -138,7 +204,7 @@ def report(file, as_json, top, max_flows):
         R.human(snap, analysis, top=top)
 
 
-@main.command()
+@main.command(epilog=DETACH_EPILOG)
 @click.option("-i", "--interface", "iface", required=True, help="interface to clean")
 @friendly_errors
 def detach(iface):

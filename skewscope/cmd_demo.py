@@ -33,6 +33,9 @@ all-reduce whose rank 10.0.0.4 straggles -- time-stretched so that the whole fab
 about --rate frames/s (rates on screen are the model's divided by the stretch factor,
 printed at start). Every 60 s the traffic is regenerated (fresh QPs, so PSNs never go
 backwards); the fabric is quiet for the second or two that takes.
+\b
+Exit codes: 0 ok (q, Ctrl-C; without root: the offline report); 2 usage; 3 fabric could not
+be built; 4 --cleanup without root; 5 bcc missing; 8 kernel refused; 143/129 SIGTERM/SIGHUP.
 """
 
 

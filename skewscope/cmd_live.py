@@ -21,6 +21,10 @@ Examples:
 \b
 Keys: q quit, s/S sort column, r reverse, / filter by IP, up/down select,
 enter message-size histogram of the selected flow, c interval/cumulative, p pause.
+\b
+Exit codes: 0 ok (q, Ctrl-C); 2 usage; 3 could not run; 4 not root; 5 bcc missing; 6 no such
+interface (or it went away); 7 interface busy; 8 kernel refused; 143/129 SIGTERM/SIGHUP.
+Columns: docs/man/skewscope.8.md FIELDS.
 """
 
 CAPTURE_EPILOG = """\b
@@ -28,6 +32,10 @@ Examples:
   skewscope capture -i pf0hpf --duration 30s -o run.snap
   skewscope capture -i eth1 --duration 10s -o run.snap --pcap-out run.pcap
   skewscope report run.snap                 later, anywhere, no root
+\b
+Exit codes: 0 ok (Ctrl-C too: the capture is saved); 2 usage; 3 could not run; 4 not root;
+5 bcc missing; 6 no such interface (or it went away: what was counted is saved); 7 busy;
+8 kernel refused; 143/129 SIGTERM/SIGHUP. Fields: README "Counters".
 """
 
 _DUR = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min|h)?\s*$")

@@ -258,6 +258,8 @@ Examples:
                                                        hardware-only (eSwitch offload, mlx5)
   skewscope mirror list                                every skewscope mirror on this host
   skewscope mirror del --from p0                       remove ours from p0 (never others')
+\b
+Exit codes: 0 ok; 2 usage; 3 tc missing; 4 not root; 6 no such interface; 8 tc refused the rule.
 """
 
 
