@@ -235,8 +235,15 @@ def _put32le(b, o, v):
 
 @njit(cache=True)
 def write_frame(buf, o, tmpl, hl, l2, ipv6, ftype, opcode, tos, flags, pkey, dqpn, psn,
-                plen, va, rkey, reth_len, imm, aeth, zidx, zops, table, mac_src, pfc_pad):
-    """Write one frame at buf[o:], return its length.  Layout per the module docstring."""
+                plen, va, rkey, reth_len, imm, aeth, zidx, zops, table, mac_src, pfc_pad,
+                limit):
+    """Write one frame at buf[o:], return its length.  Layout per the module docstring.
+
+    Only the first `limit` bytes of a RoCE frame's zero payload are cleared (a snaplen
+    record never looks further; headers and the ICRC are always written, so `buf` needs
+    room for the headers past the limit); the ICRC is computed and written only when it
+    starts before the limit.  limit >= frame length: the whole frame.
+    """
     if ftype == 1:  # PFC: dst mac, src mac, 0x8808, opcode 0x0101, class-enable, 8 times
         for k in range(6):
             buf[o + k] = pfc_pad[k]
@@ -311,7 +318,13 @@ def write_frame(buf, o, tmpl, hl, l2, ipv6, ftype, opcode, tos, flags, pkey, dqp
             e += 4
     hdr_end = e
     zl = plen + pad
-    buf[e:e + zl] = 0
+    zend = e + zl
+    if zend > o + limit:
+        zend = o + limit
+    if zend > e:
+        buf[e:zend] = 0
+    if zl + (hdr_end - o) >= limit:
+        return n  # the ICRC lies past the snap length: nobody sees it, skip computing it
     # ICRC over the masked pseudo packet: 8 x 0xff, IP, UDP, BTH, ext hdrs, payload+pad
     reg = np.uint32(0xFFFFFFFF)
     for k in range(8):

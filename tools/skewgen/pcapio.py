@@ -1,4 +1,5 @@
-"""Fast pcap writer: numba fills a chunk buffer with records, Python only writes chunks.
+"""Fast pcap writer: numba fills chunk buffers with records (GIL released) while a writer
+thread writes the previous chunk, so rendering and the write syscalls overlap.
 
 Format: classic pcap, nanosecond magic 0xa1b23c4d (little-endian file), version 2.4,
 linktype 1 (Ethernet), frames without FCS.  With ``snaplen`` > 0 each record holds the
@@ -27,7 +28,7 @@ def pcap_header(snaplen: int) -> bytes:
                        LINKTYPE_ETHERNET)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def build_records(out, first, last, ts, ftype, path, opcode, tos, flags, psn, plen, va,
                   reth, imm, aeth, zidx, tmpl, hl, l2, ipv6, p_dqp, p_rkey, pkey, macs,
                   zops, table, snaplen, with_rec_hdr, offsets):
@@ -71,15 +72,19 @@ def build_records(out, first, last, ts, ftype, path, opcode, tos, flags, psn, pl
             dq = p_dqp[p]
             rk = p_rkey[p]
             pk = 0xFFFF if opcode[i] == 0x81 else pkey
-        if incl == flen:
+        # A truncated RoCE frame is written in place too when there is room behind it: the
+        # bytes past `incl` it may write (headers longer than snaplen, the ICRC straddling
+        # it; at most 98 + 4 bytes) are overwritten by the next record or never written out.
+        if incl == flen or (ft == 0 and o + incl + 256 <= cap):
             F.write_frame(out, o, tp, hl, l2, ipv6, ft, opcode[i], tos[i], flags[i], pk, dq,
                           psn[i], plen[i], va[i], rk, reth[i], imm[i], aeth[i], zidx[i],
-                          zops, table, mac, pfc_dmac)
-        else:
+                          zops, table, mac, pfc_dmac, incl)
+        else:  # truncated record: headers in scratch, payload zeros only up to snaplen
             F.write_frame(scratch, 0, tp, hl, l2, ipv6, ft, opcode[i], tos[i], flags[i], pk,
                           dq, psn[i], plen[i], va[i], rk, reth[i], imm[i], aeth[i], zidx[i],
-                          zops, table, mac, pfc_dmac)
-            out[o:o + incl] = scratch[:incl]
+                          zops, table, mac, pfc_dmac, incl)
+            for k in range(incl):  # a loop: a slice copy may allocate a temporary
+                out[o + k] = scratch[k]
         o += incl
         i += 1
     return i, o
@@ -111,23 +116,75 @@ class FrameSource:
                              self.zops, F.CRC_TABLE, snaplen, with_rec_hdr, offsets)
 
 
-def write_pcap(src: FrameSource, path: str, snaplen: int = 0, chunk_bytes: int = 64 << 20):
+def _write_all(fd: int, mv) -> None:
+    while len(mv):
+        k = os.write(fd, mv)
+        mv = mv[k:]
+
+
+def write_records(src: FrameSource, fd: int, snaplen: int, chunk_bytes: int = 2 << 20,
+                  nbuf: int = 3) -> None:
+    """Render all records of `src` and write them to `fd`, rendering and writing overlapped.
+
+    `build_records` releases the GIL, so the main thread renders chunk k+1 while a writer
+    thread's os.write of chunk k (which also releases it) copies it into the page cache:
+    the cost is max(render, write) instead of their sum.  `nbuf` buffers circulate between
+    the two threads; an error on either side stops both and is raised here.
+    """
+    import queue
+    import threading
+    bufs = [np.empty(chunk_bytes, dtype=np.uint8) for _ in range(nbuf)]
+    offs = np.empty(chunk_bytes // 60 + 1, dtype=np.int64)
+    full: queue.Queue = queue.Queue()
+    free: queue.Queue = queue.Queue()
+    for k in range(nbuf):
+        free.put(k)
+    err: list = []
+
+    def writer():
+        while True:
+            item = full.get()
+            if item is None:
+                return
+            k, used = item
+            if not err:
+                try:
+                    _write_all(fd, memoryview(bufs[k])[:used])
+                except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+                    err.append(e)
+            free.put(k)
+
+    th = threading.Thread(target=writer, name="skewgen-pcap-writer", daemon=True)
+    th.start()
+    try:
+        i = 0
+        while i < src.n:
+            k = free.get()
+            if err:
+                break
+            j, used = src.fill(bufs[k], i, src.n, snaplen, True, offs)
+            if j == i:
+                raise RuntimeError("chunk buffer too small for one frame")
+            full.put((k, used))
+            i = j
+    finally:
+        full.put(None)
+        th.join()
+    if err:
+        raise err[0]
+
+
+def write_pcap(src: FrameSource, path: str, snaplen: int = 0, chunk_bytes: int = 2 << 20):
     """Write all frames of `src` to `path` atomically (temp file + os.replace)."""
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".skewgen-", suffix=".pcap.tmp", dir=d)
     try:
-        with os.fdopen(fd, "wb", buffering=0) as f:
-            f.write(pcap_header(snaplen))
-            buf = np.empty(chunk_bytes, dtype=np.uint8)
-            offs = np.empty(chunk_bytes // 60 + 1, dtype=np.int64)
-            i = 0
-            while i < src.n:
-                j, used = src.fill(buf, i, src.n, snaplen, True, offs)
-                if j == i:
-                    raise RuntimeError("chunk buffer too small for one frame")
-                f.write(memoryview(buf)[:used])
-                i = j
+        try:
+            _write_all(fd, memoryview(pcap_header(snaplen)))
+            write_records(src, fd, snaplen, chunk_bytes)
+        finally:
+            os.close(fd)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
