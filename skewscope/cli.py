@@ -54,8 +54,8 @@ DETACH_EPILOG = """\b
 Examples:
   sudo skewscope detach -i pf0hpf                 after a run killed with SIGKILL
 \b
-Exit codes: 0 ok (also: nothing to remove); 2 usage; 4 not root; 6 no such interface.
-Note: it does not check whether a running skewscope still uses the program.
+Exit codes: 0 ok (also: nothing to remove); 2 usage; 4 not root; 6 no such interface;
+7 the program is in use by a running skewscope (stop that run, or --force).
 """
 
 
@@ -206,12 +206,21 @@ def report(file, as_json, top, max_flows):
 
 @main.command(epilog=DETACH_EPILOG)
 @click.option("-i", "--interface", "iface", required=True, help="interface to clean")
+@click.option("--force", is_flag=True, help="remove even a program a running skewscope still uses")
 @friendly_errors
-def detach(iface):
+def detach(iface, force):
     """Remove skewscope's own XDP/TC programs from an interface (after a crash). Programs
-    that are not skewscope's are never touched."""
-    from .dataplane import check_privileges, detach_ours
+    that are not skewscope's are never touched, nor (without --force) one that a running
+    skewscope (top, capture, export) still uses."""
+    from .dataplane import EXIT_BUSY, check_privileges, detach_ours, ifindex
     check_privileges()
+    ifindex(iface)  # one clear line when it does not exist
+    if not force:
+        from .live import find_leftover
+        lo = find_leftover(iface)
+        if lo is not None and lo.holders:
+            who = ", ".join(f"{c} (pid {p})" for p, c in lo.holders)
+            fail(f"{iface}: {lo.describe()} is in use by {who}; stop that run (or use --force)", EXIT_BUSY)
     removed = detach_ours(iface)
     parts = []
     if removed["xdp"]:

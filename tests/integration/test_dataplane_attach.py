@@ -196,6 +196,28 @@ def test_cli_detach_removes_a_stale_xdp_program(netns_pair):
     nothing_attached(netns_pair)
 
 
+@pytest.mark.parametrize("mode,sub", [("xdp", "generic"), ("tc", "ingress")])
+def test_cli_detach_refuses_a_program_in_use(netns_pair, mode, sub):
+    """A running skewscope holds its program: detach without --force must not pull it from
+    under it (the run would go on printing empty tables); --force does."""
+    p = start_attacher(netns_pair, mode, sub, "sleep")
+    try:
+        r = _cli_detach(netns_pair)
+        assert r.returncode == 7, r.stdout + r.stderr
+        assert r.stderr.count("\n") == 1 and "in use by" in r.stderr and str(p.pid) in r.stderr
+        o = ours(netns_pair)
+        assert (o["xdp"] is not None) if mode == "xdp" else len(o["tc"]) == 1
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        r = subprocess.run(["ip", "netns", "exec", netns_pair.ns_b, sys.executable, "-m", "skewscope.cli", "detach",
+                            "-i", netns_pair.if_b, "--force"], capture_output=True, text=True, env=env,
+                           cwd=str(ROOT), timeout=60)
+        assert r.returncode == 0 and "removed" in r.stdout, r.stdout + r.stderr
+        assert ours(netns_pair) == {"xdp": None, "tc": []}
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_cli_detach_unknown_interface(netns_pair):
     r = _cli_detach(netns_pair, "sst-nope0")
     assert r.returncode == 6 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
