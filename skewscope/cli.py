@@ -119,6 +119,15 @@ class _Group(click.Group):
         except click.Abort:
             click.echo("skewscope: interrupted", err=True)
             sys.exit(130)
+        except Exception as e:  # a bug of ours: one line for the user, the traceback on request
+            if os.environ.get("SKEWSCOPE_DEBUG"):
+                raise
+            import traceback
+            tb = traceback.extract_tb(e.__traceback__)
+            where = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
+            click.echo(f"skewscope: internal error: {type(e).__name__}: {e}{where} (a bug: please report it; "
+                       "SKEWSCOPE_DEBUG=1 shows the traceback)", err=True)
+            sys.exit(EXIT_NOT_RUN)
         # standalone_mode=False returns ctx.exit(n)'s code, or the command's return value
         sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
 

@@ -134,18 +134,9 @@ def _human(doc) -> None:
     cap = doc["capture"]
     con.print(f"[bold]skewscope diagnose[/bold] {doc['source']}: {cap['roce_packets']} RoCE packets, "
               f"{cap['flows']} flows, {cap['duration_s']:.3f} s")
-    for c in doc["collectives"]:
-        mem = c["members"]
-        con.print(f"  {c['kind']} ({c['pattern'] or '?'}, confidence {c['confidence']:.2f}): "
-                  + ", ".join(mem[:8]) + (f" ... ({len(mem)} nodes)" if len(mem) > 8 else ""))
-    tm = doc["timing"]
-    if tm and tm.get("period_s"):
-        jit = f", jitter {tm['period_jitter_s'] * 1e6:.0f} us" if tm.get("period_jitter_s") is not None else ""
-        con.print(f"  period {tm['period_s'] * 1e3:.3f} ms{jit}")
-    if tm and tm.get("workload") == "decode" and tm.get("collective_interval_p50_s"):
-        con.print(f"  decode: a collective every {tm['collective_interval_p50_s'] * 1e6:.0f} us (p50), "
-                  f"p99 {tm['collective_interval_p99_s'] * 1e6:.0f} us"
-                  + (f", {tm['tokens_per_s']:.1f} tokens/s" if tm.get("tokens_per_s") else ""))
+    from .report import analysis_lines
+    for line in analysis_lines(doc):
+        con.print(line)
     for f in doc["findings"]:
         color = {"critical": "red", "warning": "yellow"}.get(f["severity"], "cyan")
         con.print(f"[{color}]{f['severity'].upper():8s}[/{color}] {f['kind']}: {f['message']}")

@@ -170,6 +170,9 @@ def human(snap: Snapshot, analysis: dict | None = None, top: int = 20, console=N
                     str(int(r["nak_seq"] + r["nak_rnr"] + r["nak_other"])), str(int(r["psn_gaps"])),
                     str(int(r["retransmissions"])))
     con.print(tab)
+    if analysis:
+        for line in analysis_lines(analysis):
+            con.print(line, highlight=False)
     if analysis and analysis.get("findings") is not None:
         fs = analysis["findings"]
         if not fs:
@@ -177,3 +180,22 @@ def human(snap: Snapshot, analysis: dict | None = None, top: int = 20, console=N
         for fd in fs:
             color = {"critical": "red", "warning": "yellow"}.get(fd["severity"], "cyan")
             con.print(f"[{color}]{fd['severity'].upper():8s}[/{color}] {fd['kind']}: {fd['message']}")
+
+
+def analysis_lines(analysis: dict) -> list[str]:
+    """The detected collectives and the timing, one line each (report and diagnose)."""
+    out = []
+    for c in analysis.get("collectives") or []:
+        mem = c["members"]
+        pat = c.get("pattern") or (c.get("metrics") or {}).get("pattern") or "?"
+        out.append(f"  {c['kind']} ({pat}, confidence {c['confidence']:.2f}): "
+                   + ", ".join(mem[:8]) + (f" ... ({len(mem)} nodes)" if len(mem) > 8 else ""))
+    tm = analysis.get("timing")
+    if tm and tm.get("period_s"):
+        jit = f", jitter {tm['period_jitter_s'] * 1e6:.0f} us" if tm.get("period_jitter_s") is not None else ""
+        out.append(f"  period {tm['period_s'] * 1e3:.3f} ms{jit}")
+    if tm and tm.get("workload") == "decode" and tm.get("collective_interval_p50_s"):
+        out.append(f"  decode: a collective every {tm['collective_interval_p50_s'] * 1e6:.0f} us (p50), "
+                   f"p99 {tm['collective_interval_p99_s'] * 1e6:.0f} us"
+                   + (f", {tm['tokens_per_s']:.1f} tokens/s" if tm.get("tokens_per_s") else ""))
+    return out
