@@ -87,6 +87,10 @@ class Config:
     sample_n: int = 1
     replay_clock: bool = False
     xdp_frags: bool | None = None  # None: on when the kernel supports it (>= 5.18), probed
+    # XDP wire length computed inline from the kernel's xdp_buff (kfuncs + BTF) instead of a
+    # bpf_xdp_get_buff_len call; None: on when the kernel's BTF has what it needs and the
+    # load-time check agrees with the helper (Dataplane falls back to the helper otherwise)
+    xdp_kctx: bool | None = None
     ncpus: int = field(default_factory=possible_cpus)
 
     def validate(self) -> None:
@@ -116,6 +120,14 @@ class Config:
             f.append("-DSS_REPLAY_CLOCK=1")
         if self.xdp_frags:
             f.append("-DSS_XDP_FRAGS=1")
+            kx = xdp_kctx_layout() if self.xdp_kctx is not False else None
+            if kx is not None:
+                f += ["-DSS_XDP_KCTX=1", f"-DSS_KF_CAST_KCTX={KF_SENTINEL_CAST_KCTX}",
+                      f"-DSS_KF_RDONLY_CAST={KF_SENTINEL_RDONLY_CAST}",
+                      f"-DSS_KX_FLAGS_OFF={kx['flags_off']}", f"-DSS_KX_HAS_FRAGS={kx['frags_bit']}",
+                      f"-DSS_KX_HARD_OFF={kx['hard_off']}", f"-DSS_KX_FRAMESZ_OFF={kx['framesz_off']}",
+                      f"-DSS_KX_SINFO_ALIGNED={kx['sinfo_aligned']}", f"-DSS_KX_SINFO_ID={kx['sinfo_id']}",
+                      f"-DSS_KX_FRAGS_SIZE_OFF={kx['frags_size_off']}"]
         if kernel_at_least(5, 12):
             f.append("-DSS_ORDERED_SEQ=1")  # BPF_XCHG for the message-record seq stores
         return f
@@ -144,6 +156,115 @@ def _round8(n: int) -> int:
 
 def _next_pow2(n: int) -> int:
     return 1 << (max(1, n) - 1).bit_length()
+
+
+# ---- inline XDP wire length (SS_XDP_KCTX) ---------------------------------------------
+KF_SENTINEL_CAST_KCTX = 1000001    # helper numbers no kernel has; prog_fd rewrites the calls
+KF_SENTINEL_RDONLY_CAST = 1000002  # into kfunc calls (BPF_PSEUDO_KFUNC_CALL, vmlinux BTF id)
+BPF_PSEUDO_KFUNC_CALL = 2
+SMP_CACHE_BYTES = 64  # SKB_DATA_ALIGN of x86-64 and arm64; the load-time probe catches others
+
+_BTF_EXTRA = {1: 4, 3: 12, 14: 4, 17: 4}                     # kind -> bytes after the header
+_BTF_PER_VLEN = {4: 12, 5: 12, 6: 8, 13: 8, 15: 12, 19: 12}  # kind -> bytes per vlen entry
+_KCTX_LAYOUT: dict | None | bool = False
+
+
+def xdp_kctx_layout(path: str = "/sys/kernel/btf/vmlinux") -> dict | None:
+    """What ss_xdp_len needs from the running kernel's BTF (read once): the kfunc ids of
+    bpf_cast_to_kern_ctx / bpf_rdonly_cast, offsets of xdp_buff.{data_hard_start, frame_sz,
+    flags}, XDP_FLAGS_HAS_FRAGS, skb_shared_info's id, aligned size and xdp_frags_size
+    offset. None when anything is missing (old kernel, no BTF): the helper is used then."""
+    global _KCTX_LAYOUT
+    if _KCTX_LAYOUT is not False:
+        return _KCTX_LAYOUT
+    try:
+        _KCTX_LAYOUT = _parse_kctx_layout(Path(path).read_bytes())
+    except (OSError, struct.error, KeyError, IndexError, ValueError):
+        _KCTX_LAYOUT = None
+    return _KCTX_LAYOUT
+
+
+def _parse_kctx_layout(b: bytes) -> dict | None:
+    unpack = struct.unpack_from
+    magic, _v, _f, hdr_len, toff, tlen, soff, slen = unpack("<HBBIIIII", b, 0)
+    if magic != 0xEB9F:
+        return None
+    t0, s0 = hdr_len + toff, hdr_len + soff
+    strs = b[s0:s0 + slen]
+    names = ("bpf_cast_to_kern_ctx", "bpf_rdonly_cast", "xdp_buff", "skb_shared_info", "XDP_FLAGS_HAS_FRAGS",
+             "data_hard_start", "frame_sz", "flags", "xdp_frags_size")
+    want = {}
+    for n in names:
+        i = strs.find(b"\0" + n.encode() + b"\0")
+        if i < 0:
+            return None
+        want[n] = i + 1
+    inv = {v: k for k, v in want.items()}
+    types: dict[int, tuple] = {}  # id -> (kind, size/type, offset of extra data, vlen, kind_flag)
+    found: dict[str, int] = {}
+    pos, tid, end = t0, 1, t0 + tlen
+    while pos < end:
+        no, info, sz = unpack("<III", b, pos)
+        kind, vlen = (info >> 24) & 0x1F, info & 0xFFFF
+        types[tid] = (kind, sz, pos + 12, vlen, info >> 31)
+        n = inv.get(no)
+        if n is not None and n not in found:
+            if (kind == 12 and n.startswith("bpf_")) or (kind == 4 and n in ("xdp_buff", "skb_shared_info")):
+                found[n] = tid
+        if kind == 6 and "frags_bit" not in found:
+            for i in range(vlen):
+                eno, ev = unpack("<Ii", b, pos + 12 + 8 * i)
+                if eno == want["XDP_FLAGS_HAS_FRAGS"]:
+                    found["frags_bit"] = ev
+        pos += 12 + _BTF_EXTRA.get(kind, 0) + _BTF_PER_VLEN.get(kind, 0) * vlen
+        tid += 1
+    if len(found) < 5:
+        return None
+
+    def resolve(t):
+        while types[t][0] in (8, 9, 10, 11, 18):  # typedef, volatile, const, restrict, type_tag
+            t = types[t][1]
+        return t
+
+    def member(sid, name, base=0):  # (byte offset, size) of a member, through anonymous ones
+        _k, _sz, mpos, vlen, kf = types[sid]
+        for i in range(vlen):
+            mno, mt, moff = unpack("<III", b, mpos + 12 * i)
+            bit = moff & 0xFFFFFF if kf else moff
+            rt = resolve(mt)
+            if mno == want.get(name):
+                msize = 8 if types[rt][0] == 2 else types[rt][1]  # a PTR's size field is its target
+                return (base + bit // 8, msize) if bit % 8 == 0 else None
+            if mno == 0 and types[rt][0] in (4, 5):
+                r = member(rt, name, base + bit // 8)
+                if r:
+                    return r
+        return None
+
+    xb, si = found["xdp_buff"], found["skb_shared_info"]
+    hard, fsz, fl = member(xb, "data_hard_start"), member(xb, "frame_sz"), member(xb, "flags")
+    fs = member(si, "xdp_frags_size")
+    if not (hard and fsz and fl and fs) or hard[1] != 8 or fsz[1] != 4 or fl[1] != 4 or fs[1] != 4:
+        return None
+    size = types[si][1]
+    return {"cast_kctx": found["bpf_cast_to_kern_ctx"], "rdonly_cast": found["bpf_rdonly_cast"],
+            "sinfo_id": si, "sinfo_aligned": (size + SMP_CACHE_BYTES - 1) // SMP_CACHE_BYTES * SMP_CACHE_BYTES,
+            "frags_bit": found["frags_bit"], "hard_off": hard[0], "framesz_off": fsz[0], "flags_off": fl[0],
+            "frags_size_off": fs[0]}
+
+
+def _patch_kfunc_calls(insns: bytes) -> bytes:
+    """Rewrite the sentinel helper calls of an SS_XDP_KCTX build into kfunc calls."""
+    kx = xdp_kctx_layout()
+    ids = {KF_SENTINEL_CAST_KCTX: kx["cast_kctx"], KF_SENTINEL_RDONLY_CAST: kx["rdonly_cast"]}
+    out = bytearray(insns)
+    for off in range(0, len(out) - 7, 8):
+        if out[off] == 0x85:  # BPF_JMP | BPF_CALL
+            imm = struct.unpack_from("<i", out, off + 4)[0]
+            if imm in ids:
+                out[off + 1] = (BPF_PSEUDO_KFUNC_CALL << 4) | (out[off + 1] & 0x0F)
+                struct.pack_into("<hi", out, off + 2, 0, ids[imm])
+    return bytes(out)
 
 
 def check_privileges() -> None:
@@ -176,6 +297,16 @@ class Dataplane:
         self._map_fds: dict[str, int] = {}
         text = SOURCE.read_text()
         self.bpf = self._compile(BPF, text)
+        if self.config.xdp_frags and self.config.xdp_kctx is not False and xdp_kctx_layout() is not None:
+            ok = self._check_kctx_len()
+            if not ok:  # helper fallback: rebuild without the inline length
+                self.bpf.cleanup()
+                self.config.xdp_kctx = False
+                self.bpf = self._compile(BPF, text)
+            else:
+                self.config.xdp_kctx = True
+        else:
+            self.config.xdp_kctx = False
         self._init_op_table()
         self._ev_map = None
         self._ev_head_read = np.zeros(self.config.ncpus, dtype=np.uint64)
@@ -202,6 +333,38 @@ class Dataplane:
         for op in np.nonzero(L.OPCODE_TABLE)[0]:
             t[ctypes.c_int(int(op))] = ctypes.c_uint(int(L.OPCODE_TABLE[op]))
 
+    def _load_xdp(self, name: str) -> int:
+        bname = name.encode()
+        start = self._lib.bpf_function_start(self.bpf.module, bname)
+        size = self._lib.bpf_function_size(self.bpf.module, bname)
+        lic = ctypes.string_at(self._lib.bpf_module_license(self.bpf.module)) or b"GPL"
+        if not start:
+            raise DataplaneError(f"BPF function {name} missing from the compiled object", EXIT_KERNEL)
+        flags = bpfsys.BPF_F_XDP_HAS_FRAGS if self.config.xdp_frags else 0
+        if self.config.xdp_kctx is not False and xdp_kctx_layout() is not None:
+            buf = ctypes.create_string_buffer(_patch_kfunc_calls(ctypes.string_at(start, size)), size)
+            start = ctypes.addressof(buf)
+        return bpfsys.prog_load(bpfsys.BPF_PROG_TYPE_XDP, start, size, name, lic, flags=flags,
+                                expected_attach_type=bpfsys.BPF_XDP if flags else 0)
+
+    def _check_kctx_len(self) -> bool:
+        """Does the inline XDP wire length (SS_XDP_KCTX) load, and agree with
+        bpf_xdp_get_buff_len on a linear and on a multi-buffer frame?"""
+        try:
+            fd = self._load_xdp("skewscope_lenprobe")
+        except bpfsys.BPFError:
+            return False
+        try:
+            for n in (60, 1514, 9000):
+                ret, _ = bpfsys.prog_test_run(fd, bytes(n))
+                if ret != 1:
+                    return False
+            return True
+        except bpfsys.BPFError:
+            return False
+        finally:
+            os.close(fd)
+
     # ---- programs ----------------------------------------------------------------
     def prog_fd(self, kind: str) -> int:
         """Load (once) and return the fd of 'xdp' or 'tc'."""
@@ -216,9 +379,7 @@ class Dataplane:
             raise DataplaneError(f"BPF function {name} missing from the compiled object", EXIT_KERNEL)
         try:
             if kind == "xdp":
-                flags = bpfsys.BPF_F_XDP_HAS_FRAGS if self.config.xdp_frags else 0
-                fd = bpfsys.prog_load(bpfsys.BPF_PROG_TYPE_XDP, start, size, name, lic, flags=flags,
-                                      expected_attach_type=bpfsys.BPF_XDP if flags else 0)
+                fd = self._load_xdp(name)
             else:
                 fd = bpfsys.prog_load(bpfsys.BPF_PROG_TYPE_SCHED_CLS, start, size, name, lic)
         except bpfsys.BPFError as e:
