@@ -324,7 +324,7 @@ class Job:
         wire = flen[eg].astype(np.float64) + WIRE_EXTRA
         # ---- uplink pass
         src = pa["src"][mp]
-        o = np.lexsort((et, src))  # stable
+        o = M.node_time_order(src, et, self.n)  # = np.lexsort((et, src)), faster
         ub = _merge(self.up_blocks)
         link = self.link_bps.copy()
         t_up, _ = M.serialise(o, src, et, wire, link, np.array([b[0] for b in ub], np.int64),
@@ -353,7 +353,7 @@ class Job:
         # ---- downlink pass (the observation point)
         dst = pa["dst"][mp]
         arr = t_up + sc["prop_ns"]
-        o = np.lexsort((arr, dst))
+        o = M.node_time_order(dst, arr, self.n)  # = np.lexsort((arr, dst))
         db = _merge(self.down_blocks)
         t_obs, qd = M.serialise(o, dst, arr, wire, link, np.array([b[0] for b in db], np.int64),
                                 np.array([b[1] for b in db], np.float64),

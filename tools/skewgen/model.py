@@ -390,3 +390,89 @@ def group_min(keys, vals, n):
         if vals[i] < out[k]:
             out[k] = vals[i]
     return out
+
+
+
+@njit(cache=True)
+def _natural_merge_sort(v, ids):
+    """ids reordered by v, stable (ties keep the order of `ids`), merging the runs of
+    non-decreasing v that are already there: O(n log runs)."""
+    n = v.shape[0]
+    rs = [0]
+    for i in range(1, n):
+        if v[i] < v[i - 1]:
+            rs.append(i)
+    rs.append(n)
+    a_v = v.copy()
+    a_i = ids.copy()
+    if len(rs) <= 2:
+        return a_i
+    b_v = np.empty_like(a_v)
+    b_i = np.empty_like(a_i)
+    while len(rs) > 2:
+        nrs = [0]
+        k = 0
+        while k + 1 < len(rs):
+            lo = rs[k]
+            if k + 2 < len(rs):
+                mid = rs[k + 1]
+                hi = rs[k + 2]
+            else:
+                mid = rs[k + 1]
+                hi = mid
+            i = lo
+            j = mid
+            o = lo
+            while i < mid and j < hi:
+                if a_v[j] < a_v[i]:   # strictly less: ties take the left (earlier) run
+                    b_v[o] = a_v[j]
+                    b_i[o] = a_i[j]
+                    j += 1
+                else:
+                    b_v[o] = a_v[i]
+                    b_i[o] = a_i[i]
+                    i += 1
+                o += 1
+            while i < mid:
+                b_v[o] = a_v[i]
+                b_i[o] = a_i[i]
+                i += 1
+                o += 1
+            while j < hi:
+                b_v[o] = a_v[j]
+                b_i[o] = a_i[j]
+                j += 1
+                o += 1
+            nrs.append(hi)
+            k += 2
+        rs = nrs
+        a_v, b_v = b_v, a_v
+        a_i, b_i = b_i, a_i
+    return a_i
+
+
+@njit(cache=True)
+def node_time_order(node, t, n_nodes):
+    """Same permutation as np.lexsort((t, node)) -- by node, then time, ties by index --
+    without lexsort's two full-length stable sorts: a counting sort by node, then a
+    natural merge sort of each node's times, which are a few runs (one per path)."""
+    n = node.shape[0]
+    cnt = np.zeros(n_nodes + 1, dtype=np.int64)
+    for i in range(n):
+        cnt[node[i] + 1] += 1
+    for k in range(n_nodes):
+        cnt[k + 1] += cnt[k]
+    pos = cnt[:n_nodes].copy()
+    byn = np.empty(n, dtype=np.int64)
+    tv = np.empty(n, dtype=np.float64)
+    for i in range(n):
+        nd = node[i]
+        byn[pos[nd]] = i
+        tv[pos[nd]] = t[i]
+        pos[nd] += 1
+    out = np.empty(n, dtype=np.int64)
+    for k in range(n_nodes):
+        a, b = cnt[k], cnt[k + 1]
+        if b > a:
+            out[a:b] = _natural_merge_sort(tv[a:b], byn[a:b])
+    return out
