@@ -294,11 +294,10 @@ class Job:
             bg["path"][:] = np.array([b[1] for b in self.bg], dtype=np.int32)
             bg["plen"][:] = np.array([b[2] for b in self.bg], dtype=np.uint32)
             bg["msg"][:] = -1
-        allp = M.concat_pkts([req, rsp, pfc, bg])
         t_all = np.concatenate([t_obs, r_t, pf_t, bg_t])
         ts = np.floor(t_all).astype(np.int64)
         fo = np.argsort(ts, kind="stable")
-        allp = M.take_pkts(allp, fo)
+        allp = M.take_concat_pkts([req, rsp, pfc, bg], fo)  # = take(concat(...), fo)
         allp["ts"] = ts[fo] + EPOCH_NS
         return allp
 

@@ -58,6 +58,31 @@ def take_pkts(p: dict, idx) -> dict:
     return {k: v[idx] for k, v in p.items()}
 
 
+@njit(cache=True)
+def _gather4(fo, a, b, c, d):
+    """concatenate([a, b, c, d])[fo] without building the concatenation."""
+    na = a.shape[0]
+    nab = na + b.shape[0]
+    nabc = nab + c.shape[0]
+    out = np.empty(fo.shape[0], dtype=a.dtype)
+    for i in range(fo.shape[0]):
+        k = fo[i]
+        if k < na:
+            out[i] = a[k]
+        elif k < nab:
+            out[i] = b[k - na]
+        elif k < nabc:
+            out[i] = c[k - nab]
+        else:
+            out[i] = d[k - nabc]
+    return out
+
+
+def take_concat_pkts(parts: list[dict], fo) -> dict:
+    """take_pkts(concat_pkts(parts), fo) for four parts, one pass per field, no copy."""
+    return {k: _gather4(fo, *[p[k] for p in parts]) for k in PKT_FIELDS}
+
+
 # ------------------------------------------------------------------ packetizer
 @njit(cache=True)
 def expand_messages(m_path, m_size, m_type, m_imm, m_va, path_psn0, mtu, ackreq_every,
