@@ -79,8 +79,10 @@ def _gather4(fo, a, b, c, d):
 
 
 def take_concat_pkts(parts: list[dict], fo) -> dict:
-    """take_pkts(concat_pkts(parts), fo) for four parts, one pass per field, no copy."""
-    return {k: _gather4(fo, *[p[k] for p in parts]) for k in PKT_FIELDS}
+    """take_pkts(concat_pkts(parts), fo) for four parts, one pass per field, no copy;
+    "ts" is left None for the caller to fill."""
+    return {k: _gather4(fo, *[p[k] for p in parts]) if k != "ts" else None
+            for k in PKT_FIELDS}
 
 
 # ------------------------------------------------------------------ packetizer
@@ -136,8 +138,12 @@ def expand_messages(m_path, m_size, m_type, m_imm, m_va, path_psn0, mtu, ackreq_
             if k == n - 1 and m_type[m] == 0:
                 imm[g] = m_imm[m]
             msg[g] = m
-            cnt[p] += 1
-            if k == n - 1 or (ackreq_every > 0 and cnt[p] % ackreq_every == 0):
+            cnt[p] += 1  # packets on the path mod ackreq_every (no division per packet)
+            every = False
+            if cnt[p] == ackreq_every:
+                cnt[p] = 0
+                every = True
+            if k == n - 1 or every:
                 flags[g] = 4  # AckReq
             g += 1
     return npk, opc, psn, plen, reth, imm, va, msg, flags
