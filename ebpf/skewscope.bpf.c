@@ -401,6 +401,8 @@ static __always_inline __u32 parse_bth(void *bth_p, void *data_end, void *cap_en
 		return SS_G_UNKNOWN_OPCODE;
 	p->opinfo = *oi;
 	p->opcode = op;
+	p->reth_len = 0;
+	p->syndrome = 0;
 	ext = p->opinfo & SS_OPT_EXTLEN_MASK;
 	prefix = (p->opinfo & SS_OPT_PREFIX_MASK) >> SS_OPT_PREFIX_SHIFT;
 	pad = (bth->se_m_pad_tver >> 4) & 3;
@@ -469,7 +471,7 @@ static __always_inline __u32 process(void *data, void *data_end, void *cap_end, 
 {
 	struct ss_eth *eth = data;
 	struct ss_flow_key key = {};
-	struct ss_pkt p = {};
+	struct ss_pkt p;  /* every field is set by the parser before it is used */
 	void *cur;
 	__u16 proto;
 	__u32 cat;
@@ -580,6 +582,8 @@ static __always_inline __u32 process(void *data, void *data_end, void *cap_end, 
 		key.ipver = 6;
 		key.roce = 1;
 		p.tclass = (vtcfl >> 20) & 0xFF;
+		p.ecn_valid = 0;
+		p.sport = 0;
 		l3end = l3off + sizeof(*grh) + ss_ntohs(grh->payload_len);
 		cat = parse_bth(grh + 1, data_end, cap_end, ss_ntohs(grh->payload_len), &p);
 	} else if (proto == SS_ETH_P_MACCTL) {

@@ -161,7 +161,8 @@ def main(argv=None) -> int:
     print(f"skewscope data plane overhead: BPF_PROG_TEST_RUN, XDP entry, repeat {a.repeat:,}, "
           f"median of {a.rounds} rounds")
     print(f"kernel {platform.release()}, {cpu_model()}, {os.cpu_count()} CPUs; live build "
-          f"(bpf_ktime_get_ns clock), {dp.config.max_flows:,}-flow LRU, frags on")
+          f"(bpf_ktime_get_ns clock), {dp.config.max_flows:,}-flow LRU, frags on, wire length "
+          f"{'inline from xdp_buff' if dp.config.xdp_kctx else 'by bpf_xdp_get_buff_len'}")
     if stats_on:
         print("WARNING: kernel.bpf_stats_enabled=1 (something is collecting BPF run-time stats): every run "
               "pays extra clock reads, all figures are inflated; rerun when it is 0")
