@@ -7,11 +7,11 @@ import click
 
 EPILOG = """\b
 Examples:
-  gen --list-presets
-  gen ring-straggler -o out/ring.pcap --seed 7      # writes out/ring.pcap + out/ring.truth.json
-  gen ring-32 -o big.pcap --snaplen 128             # headers only, original lengths kept
-  gen my-scenario.yaml -o s.pcap
-  gen incast --send veth0 --netns sgt-a --rate 50000 --max-frames 20000
+  skewscope gen --list-presets
+  skewscope gen ring-straggler -o out/ring.pcap --seed 7    # writes out/ring.pcap + out/ring.truth.json
+  skewscope gen ring-32 -o big.pcap --snaplen 128           # headers only, original lengths kept
+  skewscope gen my-scenario.yaml -o s.pcap
+  skewscope gen incast --send veth0 --netns sgt-a --rate 50000 --max-frames 20000
 """
 
 
