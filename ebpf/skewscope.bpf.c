@@ -116,9 +116,13 @@ int skewscope_lenprobe(struct xdp_md *ctx)
 #endif
 
 /* Longest header chain the parser reads: Ethernet, 2 VLAN tags, IPv4 with 40 bytes of
- * options, UDP, BTH, the longest extension headers (XRCETH + AtomicETH). The TC entry pulls
+ * options, UDP, BTH, the longest extension headers (XRCETH + AtomicETH), behind at most one
+ * encapsulation. The TC entry pulls
  * this much into the linear part of a non-linear skb when a header was cut there. */
-#define SS_HDR_MAX (14 + 4 * SS_MAX_VLAN + 60 + 8 + 12 + 32)
+#define SS_HDR_MAX_PLAIN (14 + 4 * SS_MAX_VLAN + 60 + 8 + 12 + 32)
+/* + an encapsulation in front: outer Ethernet, 2 tags, IPv4 with options, GRE with C/K/S,
+ * ERSPAN III with its platform subheader (VXLAN and IPv6 outers are shorter) */
+#define SS_HDR_MAX (14 + 4 * SS_MAX_VLAN + 60 + 16 + 20 + SS_HDR_MAX_PLAIN)
 
 /* Wire headers, declared here so only UAPI headers are needed. Not packed: every field is
  * naturally aligned within its header, so clang emits whole-word loads (packed structs cost
@@ -462,20 +466,16 @@ static __always_inline __u32 handle_macctl(void *cur, void *data_end, void *cap_
 	return SS_G_PFC;
 }
 
-/* Parse one frame [data, data_end) whose full wire length is wire_len and account it;
- * returns its category (the caller counts it). pre_tags: VLAN tags already taken out of
- * the frame into skb metadata (TC; they count against SS_MAX_VLAN and are in wire_len).
- * rts: the replay timestamp (replay builds). */
-static __always_inline __u32 process(void *data, void *data_end, void *cap_end, __u64 wire_len,
-				     __u32 pre_tags, __u64 rts)
+/* Ethernet header + up to SS_MAX_VLAN tags at *curp; on success (SS_G_ACCOUNTED) *curp is the
+ * L3 header and *protop its EtherType. pre_tags: VLAN tags already taken out of the frame
+ * into skb metadata (TC; they count against SS_MAX_VLAN). Used for the outer and the inner
+ * (decapsulated) frame alike. */
+static __always_inline __u32 parse_l2(void **curp, __u16 *protop, void *data_end, void *cap_end,
+				      __u32 pre_tags)
 {
-	struct ss_eth *eth = data;
-	struct ss_flow_key key = {};
-	struct ss_pkt p;  /* every field is set by the parser before it is used */
+	struct ss_eth *eth = *curp;
 	void *cur;
 	__u16 proto;
-	__u32 cat;
-	__u64 l3off, l3end;
 
 	if (OOB(eth + 1))
 		return SS_G_TRUNC_ETH;
@@ -495,11 +495,66 @@ static __always_inline __u32 process(void *data, void *data_end, void *cap_end, 
 	}
 	if (proto == 0x8100 || proto == 0x88A8)
 		return SS_G_VLAN_DEPTH;
-	p.wire_len = wire_len;
-	/* where L3 starts on the wire (an accelerated tag is in wire_len, not in data);
-	 * l3end = where its length field says it ends (checked last) */
-	l3off = cur - data + 4 * pre_tags;
+	*curp = cur;
+	*protop = proto;
+	return SS_G_ACCOUNTED;
+}
 
+/* internal result of parse_l3 on an outer frame: an encapsulation was found (never a
+ * category: the inner frame is parsed and lands in one) */
+#define SS_DECAP 0xFF
+
+/* GRE header (RFC 2784/2890) at g, inside an outer IP packet; on success the inner frame
+ * starts at *inner: an Ethernet header (*iproto = 0: TEB, ERSPAN I/II/III) or an IP header
+ * (*iproto = its EtherType). Cut inside GRE/ERSPAN headers, or the routing bit (obsolete
+ * RFC 1701 source routes, which receivers must discard): truncated_ip, like the IP header
+ * that carries it. GRE version != 0 (PPTP) and other protocols: non_roce. */
+static __always_inline __u32 parse_gre(void *g, void *data_end, void *cap_end, void **inner,
+				       __u16 *iproto)
+{
+	__u16 flags, gp;
+	void *cur;
+
+	if (OOB(g + 4))
+		return SS_G_TRUNC_IP;
+	flags = ss_ntohs(*(__be16 *)g);
+	gp = ss_ntohs(*(__be16 *)(g + 2));
+	if (flags & 0x0007)
+		return SS_G_NON_ROCE;
+	if (flags & 0x4000)
+		return SS_G_TRUNC_IP;
+	/* C, K, S: checksum(+reserved), key, sequence number: 4 bytes each */
+	cur = g + 4 + ((flags >> 13) & 4) + ((flags >> 11) & 4) + ((flags >> 10) & 4);
+	*iproto = 0;
+	if (gp == SS_GRE_P_TEB) {
+	} else if (gp == SS_GRE_P_ERSPAN2) {
+		if (flags & 0x1000)        /* type II; type I (no sequence) has no header */
+			cur += 8;
+	} else if (gp == SS_GRE_P_ERSPAN3) {
+		__u8 *e = cur;
+		if (OOB(e + 12))
+			return SS_G_TRUNC_IP;
+		cur += (e[11] & 1) ? 20 : 12;  /* O bit: 8-byte platform-specific subheader */
+	} else if (gp == 0x0800 || gp == 0x86DD) {
+		*iproto = gp;
+	} else {
+		return SS_G_NON_ROCE;
+	}
+	if (OOB(cur))
+		return SS_G_TRUNC_IP;
+	*inner = cur;
+	return SS_DECAP;
+}
+
+/* L3 (IPv4/IPv6 + UDP, RoCEv1 GRH, MAC control) at cur with EtherType proto, then the BTH;
+ * fills key and p. l3off = where cur is on the wire (relative to the frame's Ethernet
+ * header); *l3end = where the IP/GRH length says it ends. outer: the top-level frame, where
+ * GRE and VXLAN are recognised (SS_DECAP, *inner / *iproto as parse_gre); the inner frame
+ * is parsed with outer = 0, so an encapsulation inside it is non_roce (one level only). */
+static __always_inline __u32 parse_l3(void *cur, __u16 proto, void *data_end, void *cap_end,
+				      __u64 l3off, const int outer, struct ss_flow_key *key,
+				      struct ss_pkt *p, __u64 *l3end, void **inner, __u16 *iproto)
+{
 	if (proto == 0x0800) {
 		struct ss_ipv4 *ip = cur;
 		struct ss_udp *udp;
@@ -512,30 +567,44 @@ static __always_inline __u32 process(void *data, void *data_end, void *cap_end, 
 			return SS_G_TRUNC_IP;
 		if (ss_ntohs(ip->frag_off) & 0x3FFF)
 			return SS_G_FRAGMENT;
-		if (ip->protocol != 17)
+		if (ip->protocol != 17) {
+			if (outer && ip->protocol == SS_IPPROTO_GRE) {
+				*l3end = l3off + ss_ntohs(ip->tot_len);
+				return parse_gre((void *)ip + ihl, data_end, cap_end, inner, iproto);
+			}
 			return SS_G_NON_ROCE;
+		}
 		udp = (void *)ip + ihl;
 		if (OOB(udp + 1)) {
 			/* options may push the UDP header out of a short capture */
 			return OOB((void *)ip + ihl) ? SS_G_TRUNC_IP : SS_G_TRUNC_UDP;
 		}
-		if (ss_ntohs(udp->dest) != SS_ROCE_UDP_PORT)
+		if (ss_ntohs(udp->dest) != SS_ROCE_UDP_PORT) {
+			if (outer && ss_ntohs(udp->dest) == SS_VXLAN_UDP_PORT) {
+				if (OOB((void *)(udp + 1) + 8))
+					return SS_G_TRUNC_UDP;
+				*l3end = l3off + ss_ntohs(ip->tot_len);
+				*inner = (void *)(udp + 1) + 8;
+				*iproto = 0;
+				return SS_DECAP;
+			}
 			return SS_G_NON_ROCE;
+		}
 		tot = ss_ntohs(ip->tot_len);
 		ulen = ss_ntohs(udp->len);
 		if (ulen < 8 || tot < ihl + ulen)
 			return SS_G_BAD_LENGTH;
-		key.src[10] = 0xff; key.src[11] = 0xff;
-		key.dst[10] = 0xff; key.dst[11] = 0xff;
-		__builtin_memcpy(&key.src[12], ip->saddr, 4);
-		__builtin_memcpy(&key.dst[12], ip->daddr, 4);
-		key.ipver = 4;
-		key.roce = 2;
-		p.tclass = ip->tos;
-		p.ecn_valid = 1;
-		p.sport = ss_ntohs(udp->source);
-		l3end = l3off + tot;
-		cat = parse_bth(udp + 1, data_end, cap_end, ulen - 8, &p);
+		key->src[10] = 0xff; key->src[11] = 0xff;
+		key->dst[10] = 0xff; key->dst[11] = 0xff;
+		__builtin_memcpy(&key->src[12], ip->saddr, 4);
+		__builtin_memcpy(&key->dst[12], ip->daddr, 4);
+		key->ipver = 4;
+		key->roce = 2;
+		p->tclass = ip->tos;
+		p->ecn_valid = 1;
+		p->sport = ss_ntohs(udp->source);
+		*l3end = l3off + tot;
+		return parse_bth(udp + 1, data_end, cap_end, ulen - 8, p);
 	} else if (proto == 0x86DD) {
 		struct ss_ipv6 *ip6 = cur;
 		struct ss_udp *udp;
@@ -548,26 +617,40 @@ static __always_inline __u32 process(void *data, void *data_end, void *cap_end, 
 			return SS_G_TRUNC_IP;
 		if (ip6->nexthdr == 44)
 			return SS_G_FRAGMENT;
-		if (ip6->nexthdr != 17)
+		if (ip6->nexthdr != 17) {
+			if (outer && ip6->nexthdr == SS_IPPROTO_GRE) {
+				*l3end = l3off + sizeof(*ip6) + ss_ntohs(ip6->payload_len);
+				return parse_gre(ip6 + 1, data_end, cap_end, inner, iproto);
+			}
 			return SS_G_NON_ROCE;
+		}
 		udp = (void *)(ip6 + 1);
 		if (OOB(udp + 1))
 			return SS_G_TRUNC_UDP;
-		if (ss_ntohs(udp->dest) != SS_ROCE_UDP_PORT)
+		if (ss_ntohs(udp->dest) != SS_ROCE_UDP_PORT) {
+			if (outer && ss_ntohs(udp->dest) == SS_VXLAN_UDP_PORT) {
+				if (OOB((void *)(udp + 1) + 8))
+					return SS_G_TRUNC_UDP;
+				*l3end = l3off + sizeof(*ip6) + ss_ntohs(ip6->payload_len);
+				*inner = (void *)(udp + 1) + 8;
+				*iproto = 0;
+				return SS_DECAP;
+			}
 			return SS_G_NON_ROCE;
+		}
 		plen = ss_ntohs(ip6->payload_len);
 		ulen = ss_ntohs(udp->len);
 		if (ulen < 8 || plen < ulen)
 			return SS_G_BAD_LENGTH;
-		__builtin_memcpy(key.src, ip6->saddr, 16);
-		__builtin_memcpy(key.dst, ip6->daddr, 16);
-		key.ipver = 6;
-		key.roce = 2;
-		p.tclass = (vtcfl >> 20) & 0xFF;
-		p.ecn_valid = 1;
-		p.sport = ss_ntohs(udp->source);
-		l3end = l3off + sizeof(*ip6) + plen;
-		cat = parse_bth(udp + 1, data_end, cap_end, ulen - 8, &p);
+		__builtin_memcpy(key->src, ip6->saddr, 16);
+		__builtin_memcpy(key->dst, ip6->daddr, 16);
+		key->ipver = 6;
+		key->roce = 2;
+		p->tclass = (vtcfl >> 20) & 0xFF;
+		p->ecn_valid = 1;
+		p->sport = ss_ntohs(udp->source);
+		*l3end = l3off + sizeof(*ip6) + plen;
+		return parse_bth(udp + 1, data_end, cap_end, ulen - 8, p);
 	} else if (proto == SS_ETH_P_ROCEV1) {
 		struct ss_ipv6 *grh = cur;
 		__u32 vtcfl;
@@ -577,19 +660,74 @@ static __always_inline __u32 process(void *data, void *data_end, void *cap_end, 
 		vtcfl = ss_ntohl(grh->vtcfl);
 		if ((vtcfl >> 28) != 6)
 			return SS_G_TRUNC_GRH;
-		__builtin_memcpy(key.src, grh->saddr, 16);
-		__builtin_memcpy(key.dst, grh->daddr, 16);
-		key.ipver = 6;
-		key.roce = 1;
-		p.tclass = (vtcfl >> 20) & 0xFF;
-		p.ecn_valid = 0;
-		p.sport = 0;
-		l3end = l3off + sizeof(*grh) + ss_ntohs(grh->payload_len);
-		cat = parse_bth(grh + 1, data_end, cap_end, ss_ntohs(grh->payload_len), &p);
+		__builtin_memcpy(key->src, grh->saddr, 16);
+		__builtin_memcpy(key->dst, grh->daddr, 16);
+		key->ipver = 6;
+		key->roce = 1;
+		p->tclass = (vtcfl >> 20) & 0xFF;
+		p->ecn_valid = 0;
+		p->sport = 0;
+		*l3end = l3off + sizeof(*grh) + ss_ntohs(grh->payload_len);
+		return parse_bth(grh + 1, data_end, cap_end, ss_ntohs(grh->payload_len), p);
 	} else if (proto == SS_ETH_P_MACCTL) {
 		return handle_macctl(cur, data_end, cap_end);
-	} else {
-		return SS_G_NON_ROCE;
+	}
+	return SS_G_NON_ROCE;
+}
+
+/* Parse one frame [data, data_end) whose full wire length is wire_len and account it;
+ * returns its category (the caller counts it). pre_tags: VLAN tags already taken out of
+ * the frame into skb metadata (TC; they count against SS_MAX_VLAN and are in wire_len).
+ * rts: the replay timestamp (replay builds).
+ *
+ * One level of decapsulation: when the outer frame is GRE (ERSPAN, TEB, IP) or VXLAN, the
+ * inner frame is parsed exactly like a top-level one (its own VLAN tags, the same
+ * categories) and accounted with the inner addresses; its bytes are the inner Ethernet
+ * frame's: the wire length minus everything before the inner Ethernet header (GRE carrying
+ * IP directly: + 14 for a synthesised Ethernet header, as for raw-IP captures). */
+static __always_inline __u32 process(void *data, void *data_end, void *cap_end, __u64 wire_len,
+				     __u32 pre_tags, __u64 rts)
+{
+	struct ss_flow_key key = {};
+	struct ss_pkt p;  /* every field is set by the parser before it is used */
+	void *cur = data, *inner = data;
+	__u16 proto = 0, iproto = 0;
+	__u32 cat;
+	__u64 l3end = 0;
+
+	cat = parse_l2(&cur, &proto, data_end, cap_end, pre_tags);
+	if (cat != SS_G_ACCOUNTED)
+		return cat;
+	/* where L3 starts on the wire (an accelerated tag is in wire_len, not in data);
+	 * l3end = where its length field says it ends (checked last) */
+	cat = parse_l3(cur, proto, data_end, cap_end, cur - data + 4 * pre_tags, 1, &key, &p,
+		       &l3end, &inner, &iproto);
+	if (__builtin_expect(cat == SS_DECAP, 0)) {
+		__u64 outer_end = l3end, frame_len = wire_len, ioff = inner - data, l3off = 14;
+
+		/* keep clang from folding the pointer difference into scalar arithmetic the
+		 * verifier refuses (scalar - pointer) */
+		asm volatile("" : "+r"(ioff));
+		ioff += 4 * pre_tags;
+
+		gcount(SS_G_DECAP, 1);
+		wire_len = wire_len > ioff ? wire_len - ioff : 0;
+		cur = inner;
+		if (iproto) {
+			wire_len += 14;  /* GRE carrying IP: synthesised Ethernet header */
+			proto = iproto;
+		} else {
+			cat = parse_l2(&cur, &proto, data_end, cap_end, 0);
+			if (cat != SS_G_ACCOUNTED)
+				return cat;
+			l3off = cur - inner;
+			asm volatile("" : "+r"(l3off));
+		}
+		cat = parse_l3(cur, proto, data_end, cap_end, l3off, 0, &key, &p, &l3end, &inner,
+			       &iproto);
+		/* the outer IP length lies about the frame: as for a plain frame */
+		if (cat == SS_G_ACCOUNTED && outer_end > frame_len)
+			cat = SS_G_BAD_LENGTH;
 	}
 	/* Headers all present, but the IP/GRH length claims more bytes than the frame has: a
 	 * length lie (Linux's ip_rcv drops these as truncated). Accounting it would add up to
@@ -599,6 +737,7 @@ static __always_inline __u32 process(void *data, void *data_end, void *cap_end, 
 		cat = SS_G_BAD_LENGTH;
 	if (cat != SS_G_ACCOUNTED)
 		return cat;
+	p.wire_len = wire_len;
 	key.dest_qp = p.dest_qp;
 	return account(&key, &p, rts);
 }

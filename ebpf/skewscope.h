@@ -13,7 +13,7 @@
 #ifndef SKEWSCOPE_H
 #define SKEWSCOPE_H
 
-#define SS_LAYOUT_VERSION 2
+#define SS_LAYOUT_VERSION 3
 
 /* ---- protocol constants -------------------------------------------------------- */
 #define SS_ROCE_UDP_PORT   4791
@@ -22,6 +22,13 @@
 #define SS_MACCTL_PAUSE    0x0001
 #define SS_MACCTL_PFC      0x0101
 #define SS_MAX_VLAN        2      /* 802.1Q / 802.1ad tags parsed; a 3rd is "vlan_too_deep" */
+/* one level of decapsulation (remote mirrors, overlays): GRE (IP protocol 47) carrying
+ * ERSPAN I/II/III, transparent Ethernet bridging or IPv4/IPv6, and VXLAN (UDP 4789) */
+#define SS_IPPROTO_GRE     47
+#define SS_VXLAN_UDP_PORT  4789
+#define SS_GRE_P_TEB       0x6558
+#define SS_GRE_P_ERSPAN2   0x88BE /* type II with the S bit (8-byte header); type I without */
+#define SS_GRE_P_ERSPAN3   0x22EB /* 12-byte header, + 8-byte platform subheader if O bit */
 #define SS_OPCODE_CNP      0x81
 #define SS_PSN_MASK        0xFFFFFF
 #define SS_PSN_HALF        0x800000
@@ -86,6 +93,8 @@
 #define SS_G_FRAMES         18  /* every frame seen (== sum of the categories) */
 #define SS_G_FLOWS_CREATED  19  /* flow entries inserted (evicted = created - present) */
 #define SS_G_MSG_PARTIAL    20  /* message ends (LAST) without a seen start: no record */
+#define SS_G_DECAP          21  /* frames decapsulated (GRE/ERSPAN/VXLAN headers parsed, the
+                                   inner frame then lands in a category like any frame) */
 #define SS_G_PFC_PAUSE      24  /* +prio (8): PFC frames pausing priority p (enabled, time > 0) */
 #define SS_G_PFC_XON        32  /* +prio (8): PFC frames resuming priority p (enabled, time 0) */
 #define SS_G_PFC_QUANTA     40  /* +prio (8): sum of pause quanta requested for priority p */

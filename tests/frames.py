@@ -453,3 +453,99 @@ def header_boundaries(b: Built) -> list[tuple[int, str]]:
         off += ext_len(b.opcode)
     bounds.append((off, "end"))
     return bounds
+
+
+# ---- encapsulations (one level: remote mirrors and overlays) ---------------------------------
+from scapy.contrib.erspan import ERSPAN_II, ERSPAN_III, ERSPAN_PlatformSpecific  # noqa: E402
+from scapy.layers.l2 import GRE  # noqa: E402
+from scapy.layers.vxlan import VXLAN  # noqa: E402
+
+ENCAP_KINDS = ("erspan1", "erspan2", "erspan3", "erspan3_o", "gre_teb", "gre_ip", "vxlan")
+OUTER_MAC_A = "02:00:00:00:01:0a"
+OUTER_MAC_B = "02:00:00:00:01:0b"
+
+
+def encap(inner: Built, how: str, *, outer_v6: bool = False, outer_vlans=(), gre_csum: bool = False,
+          gre_key: int | None = None, gre_seq: int | None = None, outer_ip_len_delta: int = 0) -> Built:
+    """`inner` (a Built Ethernet frame) wrapped in one encapsulation, as a remote mirror or an
+    overlay sends it: ERSPAN type I (GRE 0x88BE, no sequence number, no header), II (0x88BE
+    with sequence, 8-byte header), III (0x22EB, 12-byte header; "erspan3_o" with the O bit
+    and the 8-byte platform-specific subheader), GRE transparent Ethernet bridging (0x6558),
+    GRE carrying the inner IP packet directly (the inner Ethernet header is dropped: inner
+    must be untagged IPv4/IPv6), or VXLAN (UDP 4789). Outer IPv4 or IPv6, outer VLAN tags.
+
+    The result keeps the inner facts (key, payload, ...); `wire_len` is the defined `bytes`
+    of an encapsulated packet: the inner Ethernet frame's length (for GRE carrying IP, the
+    inner IP packet + 14). extra["bounds"]: (offset, header) of every header, outer and
+    inner, for truncation tests; extra["inner_off"]: where the inner frame starts."""
+    assert how in ENCAP_KINDS, how
+    payload = inner.frame
+    if how == "gre_ip":
+        et = struct.unpack_from(">H", payload, 12)[0]
+        assert et in (0x0800, 0x86DD), "GRE carrying IP: the inner frame must be untagged IP"
+        payload = payload[14:]
+    if how == "vxlan":
+        l4 = UDP(sport=0xD00D, dport=4789) / VXLAN(flags=0x08, vni=0x4242) / Raw(payload)
+        enc = [("udp", 8), ("vxlan", 8)]
+    else:
+        kw = dict(chksum_present=int(gre_csum), key_present=int(gre_key is not None),
+                  seqnum_present=int(gre_seq is not None))
+        if gre_key is not None:
+            kw["key"] = gre_key
+        if gre_seq is not None:
+            kw["sequence_number"] = gre_seq
+        if how == "erspan1":
+            kw["seqnum_present"] = 0
+            kw.pop("sequence_number", None)
+            l4, sub = GRE(proto=0x88BE, **kw), []
+        elif how == "erspan2":
+            kw["seqnum_present"] = 1
+            kw.setdefault("sequence_number", 11)
+            l4, sub = GRE(proto=0x88BE, **kw) / ERSPAN_II(session_id=5, index=3), [("erspan", 8)]
+        elif how == "erspan3":
+            l4, sub = GRE(proto=0x22EB, **kw) / ERSPAN_III(session_id=6, o=0), [("erspan", 12)]
+        elif how == "erspan3_o":
+            l4 = GRE(proto=0x22EB, **kw) / ERSPAN_III(session_id=6, o=1) / ERSPAN_PlatformSpecific(platf_id=3)
+            sub = [("erspan", 20)]
+        elif how == "gre_teb":
+            l4, sub = GRE(proto=0x6558, **kw), []
+        else:
+            l4, sub = GRE(proto=struct.unpack_from(">H", inner.frame, 12)[0], **kw), []
+        l4 = l4 / Raw(payload)
+        glen = 4 + 4 * (gre_csum + (gre_key is not None) + (kw["seqnum_present"] == 1))
+        enc = [("gre", glen)] + sub
+    if outer_v6:
+        ip = IPv6(src="2001:db8:ff::1", dst="2001:db8:ff::2", nh=17 if how == "vxlan" else 47)
+    else:
+        ip = IP(src="192.0.2.1", dst="192.0.2.2", proto=17 if how == "vxlan" else 47, ttl=64)
+    pkt = _l2(outer_vlans, src=OUTER_MAC_A, dst=OUTER_MAC_B) / ip / l4
+    frame = bytes(pkt)
+    ip_len = 40 if outer_v6 else 20
+    off = 14 + 4 * len(outer_vlans)
+    bounds = [(0, "eth")] + [(14 + 4 * i, "vlan") for i in range(len(outer_vlans))] + [(off, "ip")]
+    off += ip_len
+    for name, n in enc:
+        bounds.append((off, name))
+        off += n
+    inner_off = off
+    assert len(frame) == inner_off + len(payload), (how, len(frame), inner_off, len(payload))
+    ib = header_boundaries(inner) if inner.kind == "roce" else [(0, "eth"), (len(inner.frame), "end")]
+    if how == "gre_ip":
+        ib = [(o - 14, n) for o, n in ib if n != "eth"]
+    bounds += [(inner_off + o, n) for o, n in ib]
+    if outer_ip_len_delta:
+        raw = bytearray(frame)
+        l3 = 14 + 4 * len(outer_vlans)
+        if outer_v6:
+            struct.pack_into(">H", raw, l3 + 4, struct.unpack_from(">H", raw, l3 + 4)[0] + outer_ip_len_delta)
+        else:
+            struct.pack_into(">H", raw, l3 + 2, struct.unpack_from(">H", raw, l3 + 2)[0] + outer_ip_len_delta)
+            struct.pack_into(">H", raw, l3 + 10, 0)
+            struct.pack_into(">H", raw, l3 + 10, _csum(bytes(raw[l3:l3 + 20])))
+        frame = bytes(raw)
+    b = Built(frame=frame, kind=inner.kind, payload=inner.payload, opcode=inner.opcode, qp=inner.qp, psn=inner.psn,
+              src=inner.src, dst=inner.dst, ipver=inner.ipver, roce_ver=inner.roce_ver, dma_len=inner.dma_len,
+              syndrome=inner.syndrome, sport=inner.sport, tclass=inner.tclass, pad=inner.pad, fecn=inner.fecn,
+              becn=inner.becn, extra={**inner.extra, "bounds": bounds, "inner_off": inner_off, "encap": how})
+    b.wire_len = len(inner.frame)
+    return b

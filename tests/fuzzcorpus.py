@@ -54,7 +54,7 @@ KINDS = (
 K = {n: i for i, n in enumerate(KINDS)}
 
 # template families
-FAM_V4, FAM_V6, FAM_V1, FAM_PFC, FAM_PAUSE, FAM_NONROCE, FAM_FRAG, FAM_DEEPVLAN = range(8)
+FAM_V4, FAM_V6, FAM_V1, FAM_PFC, FAM_PAUSE, FAM_NONROCE, FAM_FRAG, FAM_DEEPVLAN, FAM_ENCAP = range(9)
 
 VALID_OPCODES = np.nonzero(L.OPCODE_TABLE & L.OPT_VALID)[0].astype(np.uint8)
 UNKNOWN_OPCODES = np.nonzero((L.OPCODE_TABLE & L.OPT_VALID) == 0)[0].astype(np.uint8)
@@ -135,18 +135,56 @@ def _plen(rng) -> int:
     return int(rng.integers(1500, 3300))
 
 
+def _encap_outer(rng, inner: bytes, eth_only: bool) -> tuple[bytes, bool, int]:
+    """Outer headers for one encapsulation of `inner` (an Ethernet frame): (bytes, ip_only,
+    offset of the GRE protocol field).
+    ERSPAN I/II/III (+ platform subheader), GRE TEB, GRE carrying IP (ip_only: the caller
+    drops the inner Ethernet header), VXLAN; outer IPv4/IPv6, 0..1 outer VLAN tags; GRE C/K
+    bits at random. Lengths consistent (outer IP length = the rest of the frame)."""
+    kind = int(rng.integers(0, 6 if eth_only else 7))
+    ip_only = kind == 6
+    nv = int(rng.choice([0, 0, 1]))
+    v6 = rng.random() < 0.4
+    if kind == 5:  # VXLAN
+        encap = struct.pack(">HHHH", int(rng.integers(0xC000, 0x10000)), 4789, 16 + len(inner), 0) + \
+            struct.pack(">II", 0x08000000, 0x424200)
+        proto = 17
+    else:
+        gp = {0: 0x88BE, 1: 0x88BE, 2: 0x22EB, 3: 0x22EB, 4: 0x6558}.get(kind, 0)
+        if ip_only:
+            gp = struct.unpack_from(">H", inner, 12)[0]
+        c, k = rng.random() < 0.2, rng.random() < 0.3
+        s = kind == 1 or (kind in (2, 3) and rng.random() < 0.5)
+        flags = (0x8000 if c else 0) | (0x2000 if k else 0) | (0x1000 if s else 0)
+        encap = struct.pack(">HH", flags, gp) + (b"\0" * 4 if c else b"") + (b"\0\0\0\x07" if k else b"") + \
+            (struct.pack(">I", int(rng.integers(0, 1 << 32))) if s else b"")
+        if kind == 1:
+            encap += struct.pack(">II", 0x10010005, 3)
+        elif kind in (2, 3):
+            encap += struct.pack(">III", 0x20000006, 0, 1 if kind == 3 else 0) + (bytes(8) if kind == 3 else b"")
+        proto = 47
+    rest = len(encap) + len(inner) - (14 if ip_only else 0)
+    if v6:
+        ip = struct.pack(">IHBB16s16s", 6 << 28, rest, proto, 64, bytes(15) + b"\1", bytes(15) + b"\2")
+    else:
+        ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + rest, 0, 0x4000, 64, proto, 0, bytes([192, 0, 2, 1]),
+                         bytes([192, 0, 2, 2]))
+    eth, _ = _eth(rng, 0x86DD if v6 else 0x0800, nv)
+    return eth + ip + encap, ip_only, len(eth) + len(ip) + 2  # (GRE protocol field offset)
+
+
 def build_templates(n: int = 3000, seed: int = 1, addr_pool: int = 6) -> Templates:
     rng = np.random.default_rng(seed)
     frames, fam, eto, l3o, udpo, btho, hend = [], [], [], [], [], [], []
-    fams = rng.choice(8, size=n, p=[0.34, 0.18, 0.12, 0.05, 0.03, 0.1, 0.06, 0.12])
+    fams = rng.choice(9, size=n, p=[0.31, 0.16, 0.11, 0.05, 0.03, 0.1, 0.06, 0.1, 0.08])
     for f in fams:
         f = int(f)
         nv = int(rng.choice([0, 0, 0, 1, 2])) if f != FAM_DEEPVLAN else int(rng.integers(3, 7))
         l3 = udp = bth = -1
-        if f in (FAM_V4, FAM_V6, FAM_V1, FAM_DEEPVLAN, FAM_FRAG):
+        if f in (FAM_V4, FAM_V6, FAM_V1, FAM_DEEPVLAN, FAM_FRAG, FAM_ENCAP):
             op = int(rng.choice(VALID_OPCODES))
             tr, hlen = _transport(rng, op, _plen(rng))
-            inner = int(rng.choice([FAM_V4, FAM_V6, FAM_V1])) if f in (FAM_DEEPVLAN, FAM_FRAG) else f
+            inner = int(rng.choice([FAM_V4, FAM_V6, FAM_V1])) if f in (FAM_DEEPVLAN, FAM_FRAG, FAM_ENCAP) else f
             if f == FAM_FRAG and inner == FAM_V1:
                 inner = FAM_V4
             tos = int(rng.integers(0, 256))
@@ -211,6 +249,17 @@ def build_templates(n: int = 3000, seed: int = 1, addr_pool: int = 6) -> Templat
                     udp = l3 + 20
                 he = len(eth) + 20 + len(l4)
         fr = eth + body
+        if f == FAM_ENCAP:
+            # one encapsulation in front (RoCE inside): offsets point at the inner headers
+            outer = _encap_outer(rng, fr, inner == FAM_V1 or nv > 0)
+            if outer[1]:  # GRE carrying IP: the inner Ethernet header is dropped
+                fr, l3, udp, bth, he = fr[14:], l3 - 14, udp - 14, bth - 14, he - 14
+            sh = len(outer[0])
+            fr = outer[0] + fr
+            et = outer[2] if outer[1] else et + sh  # the GRE protocol is the inner EtherType
+            l3, he = l3 + sh, he + sh
+            udp = udp + sh if udp >= 0 else -1
+            bth = bth + sh if bth >= 0 else -1
         if len(fr) < 60 and rng.random() < 0.5:
             fr = fr + bytes(60 - len(fr))  # Ethernet minimum-size padding after the IP packet
         fr = fr[:MAX_FRAME]
@@ -317,7 +366,7 @@ def make_corpus(n: int, seed: int = 0, min_len: int = 14, templates: Templates |
 
     # eligible templates per kind
     fam = T.family
-    roce = np.isin(fam, (FAM_V4, FAM_V6, FAM_V1))
+    roce = np.isin(fam, (FAM_V4, FAM_V6, FAM_V1, FAM_ENCAP))
     elig = {
         K["ihl"]: np.nonzero(fam == FAM_V4)[0],
         K["ip_version"]: np.nonzero(T.l3_off >= 0)[0],

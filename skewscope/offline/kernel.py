@@ -1,5 +1,6 @@
 """numba kernels of the offline path: record scanners (pcap, pcapng) and a line-by-line
-mirror of ebpf/skewscope.bpf.c (`process`, `parse_bth`, `handle_macctl`, `account`).
+mirror of ebpf/skewscope.bpf.c (`process`, `parse_l3`, `parse_gre`, `parse_bth`,
+`handle_macctl`, `account`).
 
 Keep this file in lock-step with the C. Every constant comes from skewscope/layout.py (the
 mirror of ebpf/skewscope.h, checked against it by tests/unit/test_layout.py); the opcode
@@ -65,6 +66,7 @@ G_BAD_LENGTH = L.G_BAD_LENGTH
 G_FRAMES = L.G_FRAMES
 G_FLOWS_CREATED = L.G_FLOWS_CREATED
 G_MSG_PARTIAL = L.G_MSG_PARTIAL
+G_DECAP = L.G_DECAP
 G_PFC_PAUSE = L.G_PFC_PAUSE
 G_PFC_XON = L.G_PFC_XON
 G_PFC_QUANTA = L.G_PFC_QUANTA
@@ -75,6 +77,11 @@ ETH_P_MACCTL = L.ETH_P_MACCTL
 MACCTL_PAUSE = L.MACCTL_PAUSE
 MACCTL_PFC = L.MACCTL_PFC
 MAX_VLAN = L.MAX_VLAN
+IPPROTO_GRE = L.IPPROTO_GRE
+VXLAN_UDP_PORT = L.VXLAN_UDP_PORT
+GRE_P_TEB = L.GRE_P_TEB
+GRE_P_ERSPAN2 = L.GRE_P_ERSPAN2
+GRE_P_ERSPAN3 = L.GRE_P_ERSPAN3
 PSN_MASK = L.PSN_MASK
 PSN_HALF = L.PSN_HALF
 
@@ -541,146 +548,223 @@ def handle_macctl(g, b, cur, end):
     return G_PFC
 
 
+_Z = np.int64(0)
+DECAP = 0xFF   # internal result of parse_l3 on an outer frame (C: SS_DECAP), never a category
+
+
 @njit(cache=True, inline="always")
-def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
-            b, proto, cur, end, wire_len, ts):
-    """Parse one frame whose 14-byte Ethernet header ends at `cur` (EtherType `proto`),
-    captured bytes up to `end` (exclusive), `wire_len` bytes long on the wire; account it.
-    Returns the category."""
-    l2end = cur
+def parse_vlans(b, proto, cur, end):
+    """VLAN tags after an Ethernet header that ends at `cur` with EtherType `proto`
+    (C: parse_l2 after its Ethernet check). Returns (category, proto, cur)."""
     for _ in range(MAX_VLAN):
         if proto != 0x8100 and proto != 0x88A8:
             break
         if cur + 4 > end:
-            return G_TRUNC_VLAN
+            return G_TRUNC_VLAN, proto, cur
         proto = be16(b, cur + 2)
         cur += 4
     if proto == 0x8100 or proto == 0x88A8:
-        return G_VLAN_DEPTH
-    # where L3 starts in the frame; l3end = where its length field says it ends (checked last)
-    l3off = 14 + (cur - l2end)
+        return G_VLAN_DEPTH, proto, cur
+    return G_ACCOUNTED, proto, cur
 
-    ecn_valid = 0
-    sport = 0
-    if proto == 0x0800:
-        if cur + 20 > end:
-            return G_TRUNC_IP
-        vi = np.int64(b[cur])
-        ihl = (vi & 0xF) * 4
-        if (vi >> 4) != 4 or ihl < 20:
-            return G_TRUNC_IP
-        if be16(b, cur + 6) & 0x3FFF:
-            return G_FRAGMENT
-        if b[cur + 9] != 17:
-            return G_NON_ROCE
-        udp = cur + ihl
-        if udp + 8 > end:
-            return G_TRUNC_IP if udp > end else G_TRUNC_UDP
-        if be16(b, udp + 2) != ROCE_UDP_PORT:
-            return G_NON_ROCE
-        tot = be16(b, cur + 2)
-        ulen = be16(b, udp + 4)
-        if ulen < 8 or tot < ihl + ulen:
-            return G_BAD_LENGTH
-        w0 = np.int64(0)
-        w1 = np.int64(0xFFFF) << 16
-        w1 |= (np.int64(b[cur + 12]) << 32) | (np.int64(b[cur + 13]) << 40) \
-            | (np.int64(b[cur + 14]) << 48) | (np.int64(b[cur + 15]) << 56)
-        w2 = np.int64(0)
-        w3 = np.int64(0xFFFF) << 16
-        w3 |= (np.int64(b[cur + 16]) << 32) | (np.int64(b[cur + 17]) << 40) \
-            | (np.int64(b[cur + 18]) << 48) | (np.int64(b[cur + 19]) << 56)
-        ipver = 4
-        roce = 2
-        tclass = np.int64(b[cur + 1])
-        ecn_valid = 1
-        sport = be16(b, udp)
-        bth = udp + 8
-        avail = ulen - 8
-        l3end = l3off + tot
-    elif proto == 0x86DD:
-        if cur + 40 > end:
-            return G_TRUNC_IP
-        if (b[cur] >> 4) != 6:
-            return G_TRUNC_IP
-        nh = b[cur + 6]
-        if nh == 44:
-            return G_FRAGMENT
-        if nh != 17:
-            return G_NON_ROCE
-        udp = cur + 40
-        if udp + 8 > end:
-            return G_TRUNC_UDP
-        if be16(b, udp + 2) != ROCE_UDP_PORT:
-            return G_NON_ROCE
-        plen = be16(b, cur + 4)
-        ulen = be16(b, udp + 4)
-        if ulen < 8 or plen < ulen:
-            return G_BAD_LENGTH
-        w0 = le64(b, cur + 8)
-        w1 = le64(b, cur + 16)
-        w2 = le64(b, cur + 24)
-        w3 = le64(b, cur + 32)
-        ipver = 6
-        roce = 2
-        tclass = ((np.int64(b[cur]) & 0xF) << 4) | (np.int64(b[cur + 1]) >> 4)
-        ecn_valid = 1
-        sport = be16(b, udp)
-        bth = udp + 8
-        avail = ulen - 8
-        l3end = l3off + 40 + plen
-    elif proto == ETH_P_ROCEV1:
-        if cur + 40 > end:
-            return G_TRUNC_GRH
-        if (b[cur] >> 4) != 6:
-            return G_TRUNC_GRH
-        w0 = le64(b, cur + 8)
-        w1 = le64(b, cur + 16)
-        w2 = le64(b, cur + 24)
-        w3 = le64(b, cur + 32)
-        ipver = 6
-        roce = 1
-        tclass = ((np.int64(b[cur]) & 0xF) << 4) | (np.int64(b[cur + 1]) >> 4)
-        bth = cur + 40
-        avail = be16(b, cur + 4)
-        l3end = l3off + 40 + avail
-    elif proto == ETH_P_MACCTL:
-        return handle_macctl(g, b, cur, end)
+
+@njit(cache=True, inline="always")
+def parse_gre(b, gre, end):
+    """C: parse_gre. Returns (category or DECAP, inner, iproto)."""
+    if gre + 4 > end:
+        return G_TRUNC_IP, _Z, _Z
+    flags = be16(b, gre)
+    gp = be16(b, gre + 2)
+    if flags & 0x0007:
+        return G_NON_ROCE, _Z, _Z
+    if flags & 0x4000:
+        return G_TRUNC_IP, _Z, _Z
+    cur = gre + 4 + ((flags >> 13) & 4) + ((flags >> 11) & 4) + ((flags >> 10) & 4)
+    iproto = _Z
+    if gp == GRE_P_TEB:
+        pass
+    elif gp == GRE_P_ERSPAN2:
+        if flags & 0x1000:
+            cur += 8
+    elif gp == GRE_P_ERSPAN3:
+        if cur + 12 > end:
+            return G_TRUNC_IP, _Z, _Z
+        cur += 20 if (b[cur + 11] & 1) else 12
+    elif gp == 0x0800 or gp == 0x86DD:
+        iproto = gp
     else:
-        return G_NON_ROCE
+        return G_NON_ROCE, _Z, _Z
+    if cur > end:
+        return G_TRUNC_IP, _Z, _Z
+    return DECAP, cur, iproto
 
-    # parse_bth
+
+@njit(cache=True, inline="always")
+def parse_bth(b, bth, end, avail, optab):
+    """C: parse_bth. Returns (category, opcode, opinfo, payload, fb, dqp, psn, reth_len,
+    syndrome)."""
     if bth + 12 > end:
-        return G_TRUNC_BTH
+        return G_TRUNC_BTH, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
     opcode = np.int64(b[bth])
     opinfo = np.int64(optab[opcode])
     if not (opinfo & OPT_VALID):
-        return G_UNKNOWN_OPCODE
+        return G_UNKNOWN_OPCODE, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
     ext = opinfo & OPT_EXTLEN_MASK
     prefix = (opinfo & OPT_PREFIX_MASK) >> OPT_PREFIX_SHIFT
     pad = (np.int64(b[bth + 1]) >> 4) & 3
     need = 12 + ext + pad + 4
     if avail < need:
-        return G_BAD_LENGTH
+        return G_BAD_LENGTH, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
     payload = avail - need
     fb = np.int64(b[bth + 4])
     dqp = (np.int64(b[bth + 5]) << 16) | (np.int64(b[bth + 6]) << 8) | np.int64(b[bth + 7])
     psn = (np.int64(b[bth + 9]) << 16) | (np.int64(b[bth + 10]) << 8) | np.int64(b[bth + 11])
     if bth + 12 + ext > end:
-        return G_TRUNC_EXT
-    reth_len = 0
-    syndrome = 0
+        return G_TRUNC_EXT, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+    reth_len = _Z
+    syndrome = _Z
     if opinfo & OPT_RETH:
         r = bth + 12 + (prefix & 0xF)
         if r + 16 > end:
-            return G_TRUNC_EXT
+            return G_TRUNC_EXT, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
         reth_len = (np.int64(b[r + 12]) << 24) | (np.int64(b[r + 13]) << 16) \
             | (np.int64(b[r + 14]) << 8) | np.int64(b[r + 15])
     if opinfo & OPT_AETH:
         a = bth + 12 + (prefix & 0xF)
         if a + 4 > end:
-            return G_TRUNC_EXT
+            return G_TRUNC_EXT, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
         syndrome = np.int64(b[a])
+    return G_ACCOUNTED, opcode, opinfo, payload, fb, dqp, psn, reth_len, syndrome
+
+
+@njit(cache=True, inline="always")
+def parse_l3(g, b, proto, cur, end, l3off, outer, optab):
+    """C: parse_l3. Returns (category or DECAP, l3end, inner, iproto, w0, w1, w2, w3, ipver,
+    roce, tclass, ecn_valid, sport, bth, avail): the transport is then parsed by the caller
+    (parse_bth) when the category is accounted and bth >= 0."""
+    if proto == 0x0800:
+        if cur + 20 > end:
+            return G_TRUNC_IP, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+        vi = np.int64(b[cur])
+        ihl = (vi & 0xF) * 4
+        if (vi >> 4) != 4 or ihl < 20:
+            return G_TRUNC_IP, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+        if be16(b, cur + 6) & 0x3FFF:
+            return G_FRAGMENT, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+        if b[cur + 9] != 17:
+            if outer and b[cur + 9] == IPPROTO_GRE:
+                c, inner, iproto = parse_gre(b, cur + ihl, end)
+                return c, l3off + be16(b, cur + 2), inner, iproto, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+            return G_NON_ROCE, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+        udp = cur + ihl
+        if udp + 8 > end:
+            return (G_TRUNC_IP if udp > end else G_TRUNC_UDP), _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, \
+                _Z, _Z, _Z
+        dport = be16(b, udp + 2)
+        if dport != ROCE_UDP_PORT:
+            if outer and dport == VXLAN_UDP_PORT:
+                if udp + 16 > end:
+                    return G_TRUNC_UDP, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+                return DECAP, l3off + be16(b, cur + 2), udp + 16, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+            return G_NON_ROCE, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+        tot = be16(b, cur + 2)
+        ulen = be16(b, udp + 4)
+        if ulen < 8 or tot < ihl + ulen:
+            return G_BAD_LENGTH, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+        w1 = (np.int64(0xFFFF) << 16) | (np.int64(b[cur + 12]) << 32) | (np.int64(b[cur + 13]) << 40) \
+            | (np.int64(b[cur + 14]) << 48) | (np.int64(b[cur + 15]) << 56)
+        w3 = (np.int64(0xFFFF) << 16) | (np.int64(b[cur + 16]) << 32) | (np.int64(b[cur + 17]) << 40) \
+            | (np.int64(b[cur + 18]) << 48) | (np.int64(b[cur + 19]) << 56)
+        return G_ACCOUNTED, l3off + tot, _Z, _Z, _Z, w1, _Z, w3, np.int64(4), np.int64(2), \
+            np.int64(b[cur + 1]), np.int64(1), be16(b, udp), udp + 8, ulen - 8
+    elif proto == 0x86DD:
+        if cur + 40 > end:
+            return G_TRUNC_IP, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+        if (b[cur] >> 4) != 6:
+            return G_TRUNC_IP, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+        nh = b[cur + 6]
+        if nh == 44:
+            return G_FRAGMENT, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+        if nh != 17:
+            if outer and nh == IPPROTO_GRE:
+                c, inner, iproto = parse_gre(b, cur + 40, end)
+                return c, l3off + 40 + be16(b, cur + 4), inner, iproto, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+            return G_NON_ROCE, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+        udp = cur + 40
+        if udp + 8 > end:
+            return G_TRUNC_UDP, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+        dport = be16(b, udp + 2)
+        if dport != ROCE_UDP_PORT:
+            if outer and dport == VXLAN_UDP_PORT:
+                if udp + 16 > end:
+                    return G_TRUNC_UDP, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+                return DECAP, l3off + 40 + be16(b, cur + 4), udp + 16, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, \
+                    _Z, _Z
+            return G_NON_ROCE, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+        plen = be16(b, cur + 4)
+        ulen = be16(b, udp + 4)
+        if ulen < 8 or plen < ulen:
+            return G_BAD_LENGTH, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+        tclass = ((np.int64(b[cur]) & 0xF) << 4) | (np.int64(b[cur + 1]) >> 4)
+        return G_ACCOUNTED, l3off + 40 + plen, _Z, _Z, le64(b, cur + 8), le64(b, cur + 16), le64(b, cur + 24), \
+            le64(b, cur + 32), np.int64(6), np.int64(2), tclass, np.int64(1), be16(b, udp), udp + 8, ulen - 8
+    elif proto == ETH_P_ROCEV1:
+        if cur + 40 > end:
+            return G_TRUNC_GRH, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+        if (b[cur] >> 4) != 6:
+            return G_TRUNC_GRH, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+        tclass = ((np.int64(b[cur]) & 0xF) << 4) | (np.int64(b[cur + 1]) >> 4)
+        avail = be16(b, cur + 4)
+        return G_ACCOUNTED, l3off + 40 + avail, _Z, _Z, le64(b, cur + 8), le64(b, cur + 16), le64(b, cur + 24), \
+            le64(b, cur + 32), np.int64(6), np.int64(1), tclass, _Z, _Z, cur + 40, avail
+    elif proto == ETH_P_MACCTL:
+        return handle_macctl(g, b, cur, end), _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+    return G_NON_ROCE, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
+
+
+@njit(cache=True, inline="always")
+def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
+            b, proto, cur, end, wire_len, ts):
+    """Parse one frame whose 14-byte Ethernet header ends at `cur` (EtherType `proto`),
+    captured bytes up to `end` (exclusive), `wire_len` bytes long on the wire; account it.
+    Returns the category. One level of decapsulation (GRE/ERSPAN/VXLAN) as the C: the
+    inner frame is parsed like a top-level one, its bytes are the inner Ethernet frame's."""
+    l2end = cur
+    opcode = opinfo = payload = fb = dqp = psn = reth_len = syndrome = _Z
+    cat, proto, cur = parse_vlans(b, proto, cur, end)
+    if cat != G_ACCOUNTED:
+        return cat
+    # where L3 starts in the frame; l3end = where its length field says it ends (checked last)
+    cat, l3end, inner, iproto, w0, w1, w2, w3, ipver, roce, tclass, ecn_valid, sport, bth, avail = \
+        parse_l3(g, b, proto, cur, end, 14 + (cur - l2end), True, optab)
+    if cat == DECAP:
+        g[G_DECAP] += 1
+        outer_end = l3end
+        frame_len = wire_len
+        ioff = inner - l2end + 14     # wire offset of the inner frame
+        wire_len = wire_len - ioff if wire_len > ioff else 0
+        if iproto:
+            wire_len += 14            # GRE carrying IP: synthesised Ethernet header
+            proto = iproto
+            cur = inner
+            l3off = 14
+        else:
+            if inner + 14 > end:
+                return G_TRUNC_ETH
+            cat, proto, cur = parse_vlans(b, be16(b, inner + 12), inner + 14, end)
+            if cat != G_ACCOUNTED:
+                return cat
+            l3off = cur - inner
+        cat, l3end, inner, iproto, w0, w1, w2, w3, ipver, roce, tclass, ecn_valid, sport, bth, avail = \
+            parse_l3(g, b, proto, cur, end, l3off, False, optab)
+        if cat == G_ACCOUNTED:
+            cat, opcode, opinfo, payload, fb, dqp, psn, reth_len, syndrome = parse_bth(b, bth, end, avail, optab)
+        if cat == G_ACCOUNTED and outer_end > frame_len:
+            return G_BAD_LENGTH
+    elif cat == G_ACCOUNTED:
+        cat, opcode, opinfo, payload, fb, dqp, psn, reth_len, syndrome = parse_bth(b, bth, end, avail, optab)
+    if cat != G_ACCOUNTED:
+        return cat
     # Headers all present, but the IP/GRH length claims more bytes than the frame has: a
     # length lie, bad_length (C: checked after the header parse, so a frame cut inside a
     # header still counts as truncated_<that header>)

@@ -103,7 +103,7 @@ def _check_run(corpus, run, glob, flows, refused_ok):
     # unmutated RoCE templates are all accounted (ground truth: they were built with struct)
     T = fc.build_templates(seed=8 + 1)
     valid_roce = (corpus.kind == fc.K["valid"]) & np.isin(T.family[np.maximum(corpus.template, 0)],
-                                                          (fc.FAM_V4, fc.FAM_V6, fc.FAM_V1))
+                                                          (fc.FAM_V4, fc.FAM_V6, fc.FAM_V1, fc.FAM_ENCAP))
     assert valid_roce.sum() > 0 and (cat[valid_roce & ran] == L.G_ACCOUNTED).all()
     assert n == len(run.verdict)
 
