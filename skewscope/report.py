@@ -84,6 +84,8 @@ def totals(snap: Snapshot) -> dict:
         "message_records": int(len(snap.events)),
         "message_records_lost": int(snap.meta.get("events_lost", 0)),
         "partial_messages": int(g[L.G_MSG_PARTIAL]),
+        # frames that arrived encapsulated (ERSPAN/GRE/VXLAN mirror copies) and were parsed inside
+        "decapsulated_frames": int(g[L.G_DECAP]),
     }
 
 
@@ -138,6 +140,8 @@ def human(snap: Snapshot, analysis: dict | None = None, top: int = 20, console=N
               f"  ({m.get('source', '?')}, {float(m.get('duration_s', 0) or 0):.3f} s)")
     na = ", ".join(f"{k} {v}" for k, v in t["not_accounted"].items() if v) or "none"
     con.print(f"frames {t['packets_seen']}  RoCE {t['roce_packets']}  not accounted: {na}")
+    if t["decapsulated_frames"]:
+        con.print(f"{t['decapsulated_frames']} frames arrived encapsulated (ERSPAN/GRE/VXLAN) and were parsed inside")
     if t["flows_evicted"]:
         con.print(f"[yellow]flows evicted (map full): {t['flows_evicted']}[/yellow]")
     if int(m.get("sample_n", 1) or 1) > 1:
