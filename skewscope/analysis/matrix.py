@@ -77,14 +77,7 @@ def link_rates(snap) -> np.ndarray:
     for name, col in (("ce", "ce"), ("ecn_capable", "ecn_capable"), ("psn_gaps", "psn_gaps"),
                       ("retransmissions", "retransmissions")):
         out[name] = np.bincount(p, weights=fl[col][d].astype(np.float64), minlength=n)
-    part = ctx.partner[d]
-    hp = part >= 0
-    cnp = np.zeros(len(p))
-    naks = np.zeros(len(p))
-    cnp[hp] = fl["cnp"][part[hp]]
-    naks[hp] = (fl["nak_seq"] + fl["nak_rnr"] + fl["nak_other"])[part[hp]]
-    out["cnp"] = np.bincount(p, weights=cnp, minlength=n)
-    out["naks"] = np.bincount(p, weights=naks, minlength=n)
+    out["cnp"], out["naks"] = _reverse_feedback(ctx, d, p, n)
     out["stall_n"] = np.bincount(p, weights=st["stall_n"][d], minlength=n).astype(np.int64)
     out["stall_ns"] = np.bincount(p, weights=st["stall_ns"][d], minlength=n)
     mx = np.zeros(n)
@@ -92,6 +85,19 @@ def link_rates(snap) -> np.ndarray:
     out["stall_max_ns"] = mx
     return out
 
+
+
+def _reverse_feedback(ctx, d, p, n):
+    """Per node pair, the CNPs and NAKs that came back on the reverse flow of each data
+    flow (the partner QP: a CNP/ACK flow is receiver -> sender, dest QP = the sender's)."""
+    fl = ctx.cols
+    part = ctx.partner[d]
+    hp = part >= 0
+    cnp = np.zeros(len(p))
+    naks = np.zeros(len(p))
+    cnp[hp] = fl["cnp"][part[hp]]
+    naks[hp] = (fl["nak_seq"] + fl["nak_rnr"] + fl["nak_other"])[part[hp]]
+    return np.bincount(p, weights=cnp, minlength=n), np.bincount(p, weights=naks, minlength=n)
 
 COUNTER_LINK_DTYPE = np.dtype([
     ("src", "<i8"), ("dst", "<i8"), ("flows", "<i8"), ("bytes", "<f8"), ("messages", "<f8"),
@@ -119,14 +125,7 @@ def link_counters(snap) -> np.ndarray:
     for name, col in (("messages", "messages"), ("ce", "ce"), ("ecn_capable", "ecn_capable"),
                       ("psn_gaps", "psn_gaps"), ("retransmissions", "retransmissions")):
         out[name] = np.bincount(p, weights=fl[col][d].astype(np.float64), minlength=n)
-    part = ctx.partner[d]
-    hp = part >= 0
-    cnp = np.zeros(len(p))
-    naks = np.zeros(len(p))
-    cnp[hp] = fl["cnp"][part[hp]]
-    naks[hp] = (fl["nak_seq"] + fl["nak_rnr"] + fl["nak_other"])[part[hp]]
-    out["cnp"] = np.bincount(p, weights=cnp, minlength=n)
-    out["naks"] = np.bincount(p, weights=naks, minlength=n)
+    out["cnp"], out["naks"] = _reverse_feedback(ctx, d, p, n)
     return out
 
 
