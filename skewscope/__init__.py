@@ -1,4 +1,7 @@
 """skewscope: skews and pathologies in RoCEv2 traffic of multi-GPU LLM jobs, seen with eBPF."""
+import os
+import tempfile
+
 __version__ = "0.1.0"
 
 
@@ -6,8 +9,6 @@ def _numba_cache_dir() -> None:
     """numba's cache=True raises at import ("no locator available") when neither the package
     directory nor the user's cache directory is writable -- e.g. `skewscope report` by a user
     without a home on a root-owned install. Point numba at a writable directory then."""
-    import os
-    import tempfile
     if os.environ.get("NUMBA_CACHE_DIR") or os.access(os.path.dirname(os.path.abspath(__file__)), os.W_OK):
         return
     for d in (os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "skewscope-numba"),

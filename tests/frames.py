@@ -28,15 +28,14 @@ from scapy.config import conf  # noqa: E402
 
 conf.verb = 0
 
+from pathlib import Path  # noqa: E402
+
 from scapy.contrib.roce import AETH, BTH, GRH, CNPPadding  # noqa: E402,F401
-from scapy.fields import (ByteField, IntField, ShortField, X3BytesField, XIntField,  # noqa: E402
-                          XLongField, XShortField)
+from scapy.fields import ByteField, IntField, ShortField, X3BytesField, XIntField, XLongField, XShortField  # noqa: E402
 from scapy.layers.inet import ICMP, IP, TCP, UDP, IPOption  # noqa: E402
 from scapy.layers.inet6 import IPv6, IPv6ExtHdrFragment, IPv6ExtHdrHopByHop  # noqa: E402
 from scapy.layers.l2 import ARP, Dot1AD, Dot1Q, Ether  # noqa: E402
 from scapy.packet import Packet, Raw  # noqa: E402
-
-from pathlib import Path  # noqa: E402
 
 #: the real captures beside the checkout (../shared/data/real); read them there, never copy
 REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/real"
@@ -89,7 +88,7 @@ class MacCtl(Packet):
                   [ShortField(f"t{i}", 0) for i in range(8)]
 
 
-# ---- the opcode facts, independent of skewscope.layout -------------------------------------
+# ---- the opcode facts, independent of skewscope.core.layout -------------------------------------
 RC_NAMES = {
     0x00: "SEND_FIRST", 0x01: "SEND_MIDDLE", 0x02: "SEND_LAST", 0x03: "SEND_LAST_WITH_IMMEDIATE",
     0x04: "SEND_ONLY", 0x05: "SEND_ONLY_WITH_IMMEDIATE", 0x06: "RDMA_WRITE_FIRST", 0x07: "RDMA_WRITE_MIDDLE",

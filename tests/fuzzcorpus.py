@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from skewscope import layout as L
+from skewscope.core import layout as L
 
 KINDS = (
     "valid",          # template unchanged

@@ -318,7 +318,8 @@ def observer(fab: Fabric, mode: str | None, max_flows: int = 65536):
         with trivial_xdp(fab):
             yield None
         return
-    from skewscope.dataplane import Attachment, Config, Dataplane
+    from skewscope.bpf.attach import Attachment
+    from skewscope.bpf.loader import Config, Dataplane
     dp = Dataplane(Config(max_flows=max_flows, ev_per_cpu=1 << 12))
     att = None
     try:
@@ -380,7 +381,7 @@ def roce_flood_with_tcp(fab: Fabric, mode: str | None, nframes: int, tcp_bytes: 
             u1, d1 = udp_snmp(fab.ns_b), link_drops(fab)
             seen = None
             if dp is not None:
-                from skewscope import layout as L
+                from skewscope.core import layout as L
                 g = dp.read_globals()
                 seen = {"accounted": int(g[L.G_ACCOUNTED]), "frames": int(g[L.G_FRAMES])}
     finally:
@@ -394,8 +395,9 @@ def roce_flood_with_tcp(fab: Fabric, mode: str | None, nframes: int, tcp_bytes: 
 def fig_fuzz(n: int) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     import fuzzcorpus as fc
-    from skewscope import layout as L
-    from skewscope.dataplane import Config, Dataplane
+
+    from skewscope.bpf.loader import Config, Dataplane
+    from skewscope.core import layout as L
     t = time.monotonic()
     c = fc.make_corpus(n, seed=8)
     out = {"frames": n, "corpus_seconds": time.monotonic() - t, "kinds": c.kind_counts()}
@@ -423,8 +425,9 @@ def fig_fuzz(n: int) -> dict:
         else:
             out["tc"]["disagree_with_xdp"] = int((ran & (r.category != xcat)).sum())
     try:
-        from skewscope import offline
         import tempfile
+
+        from skewscope.sources import offline
         with tempfile.TemporaryDirectory() as d:
             p = os.path.join(d, "fz.pcap")
             c.write_pcap(p)
@@ -468,7 +471,7 @@ def exact_accounting(fab: Fabric, mode: str, nflows: int, per_flow: int) -> dict
         time.sleep(0.3)
         d1 = link_drops(fab)
         f = dp.read_flows()
-        from skewscope import layout as L
+        from skewscope.core import layout as L
         g = dp.read_globals()
     sent_per = np.bincount(flow[:sent], minlength=nflows)
     got = np.zeros(nflows, dtype=np.int64)
@@ -491,8 +494,8 @@ def fig_accounting(nframes: int) -> dict:
 
 
 def fig_map(nflows: int = 5000, max_flows: int = 1024) -> dict:
-    from skewscope import layout as L
-    from skewscope.dataplane import Config
+    from skewscope.bpf.loader import Config
+    from skewscope.core import layout as L
     out = {}
     with Fabric.create("map") as fab:
         frames, _ = roce_frames(fab, nflows, 3)

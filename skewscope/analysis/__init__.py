@@ -36,16 +36,40 @@ import math
 
 import numpy as np
 
-from .collectives import KINDS as COLLECTIVE_KINDS, discover, size_hints
-from .congestion import flow_congestion, link_speed_bps, node_stalls, pfc_summary
-from .context import Context, context
-from .findings import DEFAULTS, KINDS, ThresholdError, detect, resolve_checks, resolve_thresholds
-from .flows import ROLE_NAMES, flow_event_stats, flow_roles, node_index
-from .group_metrics import MAX_LINK_ROWS, node_throughput, alltoall_metrics, group_links, pipeline_metrics, p2p_metrics, ring_metrics, tree_metrics
-from .inference import decode_metrics
-from .matrix import incast_degree, link_counters, link_rates, node_matrix, node_volumes
-from .stats import skew_stats
-from .timing import group_timing, timing
+from skewscope.analysis.collectives import KINDS as COLLECTIVE_KINDS
+from skewscope.analysis.collectives import discover, size_hints
+from skewscope.analysis.congestion import flow_congestion, link_speed_bps, node_stalls, pfc_summary
+from skewscope.analysis.context import Context, context
+from skewscope.analysis.findings import (
+    DEFAULTS,
+    KINDS,
+    SEV_RANK,
+    Emitter,
+    ThresholdError,
+    _caveats,
+    _congestion,
+    _loss,
+    _pfc,
+    detect,
+    resolve_checks,
+    resolve_thresholds,
+)
+from skewscope.analysis.flows import ROLE_NAMES, flow_event_stats, flow_roles, node_index
+from skewscope.analysis.group_metrics import (
+    MAX_LINK_ROWS,
+    alltoall_metrics,
+    group_links,
+    node_throughput,
+    p2p_metrics,
+    pipeline_metrics,
+    ring_metrics,
+    tree_metrics,
+)
+from skewscope.analysis.inference import decode_metrics
+from skewscope.analysis.matrix import incast_degree, link_counters, link_rates, node_matrix, node_volumes
+from skewscope.analysis.stats import skew_stats
+from skewscope.analysis.timing import group_timing, timing
+from skewscope.core import layout as L
 
 __all__ = ["analyze", "live_metrics", "skew_stats", "node_index", "flow_roles", "flow_event_stats", "node_matrix",
            "link_rates", "link_counters", "node_volumes", "incast_degree", "flow_congestion", "pfc_summary", "node_stalls",
@@ -241,7 +265,6 @@ def live_metrics(snap, thresholds=None, records: bool = False) -> dict:
              "stalls": stalls}
     ck = {"ecn_congestion", "cnp_storm", "packet_loss", "retransmissions", "nak_errors", "pfc_pause", "map_overflow",
           "sampling"}
-    from .findings import Emitter, SEV_RANK, _caveats, _congestion, _loss, _pfc
     em = Emitter(ctx, ck)
     _congestion(em, ctx, th, extra)
     _loss(em, ctx, th, extra)
@@ -263,7 +286,6 @@ def live_metrics(snap, thresholds=None, records: bool = False) -> dict:
 
 def _pfc_counts(ctx) -> dict:
     """pfc_summary without a link speed (no records to estimate it): counts only."""
-    from .. import layout as L
     g = ctx.snap.globals
     sc = float(ctx.scale)
     return {"frames": int(g[L.G_PFC] * sc), "global_pause_frames": int(g[L.G_PAUSE] * sc), "link_gbps_est": None,

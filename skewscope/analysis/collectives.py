@@ -40,8 +40,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import layout as L
-from .context import context
+from skewscope.analysis.context import context
+from skewscope.analysis.hashing import build_u64
+from skewscope.core import layout as L
 
 KINDS = ("all_to_all", "ring_allreduce", "tree_allreduce", "p2p", "unknown")
 KiB = 1024
@@ -89,7 +90,6 @@ def size_hints(ctx, flows: np.ndarray) -> dict:
     sizes = ctx.events["bytes"][ok].astype(np.int64)
     if len(sizes) == 0:
         return {"top_sizes": [], "protocol": None, "large": False, "p2p_chunks": False}
-    from .hashing import build_u64
     _, _, ids, first = build_u64(sizes.astype(np.uint64))
     u = sizes[first]
     c = np.bincount(ids, minlength=len(first))

@@ -19,8 +19,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .. import layout as L
-from .context import context
+from skewscope.analysis.context import context
+from skewscope.analysis.matrix import link_rates
+from skewscope.core import layout as L
 
 STANDARD_GBPS = (1, 10, 25, 40, 50, 100, 200, 400, 800, 1600)
 
@@ -95,7 +96,6 @@ def link_speed_bps(snap, override_gbps: float | None = None) -> float | None:
     if override_gbps:
         return float(override_gbps) * 1e9
     ctx = context(snap)
-    from .matrix import link_rates
     lr = link_rates(ctx)
     vals = []
     if len(lr):

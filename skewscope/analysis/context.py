@@ -11,8 +11,9 @@ from functools import cached_property
 import numpy as np
 from numba import njit
 
-from . import flows as FL
-from .intervals import keyed_busy
+from skewscope.analysis import flows as FL
+from skewscope.analysis.hashing import sorted_unique_u64
+from skewscope.analysis.intervals import keyed_busy
 
 
 class Context:
@@ -37,7 +38,7 @@ class Context:
 
     @cached_property
     def roles(self) -> np.ndarray:
-        return FL.flow_roles(self.snap, self.nodes, self.partner_sport)
+        return FL.flow_roles(self.snap, self.nodes, self.partner_sport, self.cols)
 
     @cached_property
     def partner(self) -> np.ndarray:
@@ -49,7 +50,7 @@ class Context:
 
     @cached_property
     def _fstat(self):
-        return FL.flow_event_stats(self.snap)
+        return FL.flow_event_stats(self.snap, self.cols)
 
     @property
     def fstat(self) -> np.ndarray:
@@ -127,7 +128,6 @@ class Context:
     @cached_property
     def pair_index(self):
         """Directed node pairs with data flows: (pair id per flow or -1, src node, dst node)."""
-        from .hashing import sorted_unique_u64
         nn = max(1, self.nodes.n)
         key = self.nodes.src.astype(np.int64) * nn + self.nodes.dst.astype(np.int64)
         d = self.data

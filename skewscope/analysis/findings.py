@@ -14,7 +14,8 @@ import math
 
 import numpy as np
 
-from ..snapshot import ip_str
+from skewscope.core import layout as L
+from skewscope.core.snapshot import ip_str
 
 SEVERITIES = ("info", "warning", "critical")
 SEV_RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -771,7 +772,6 @@ def _caveats(em, ctx, th):
     t = th["map_overflow"]
     ev = int(m.get("flows_evicted", 0) or 0)
     lost = int(m.get("events_lost", 0) or 0) + int(m.get("events_dropped", 0) or 0)
-    from .. import layout as L
     noslot = int(g[L.G_NO_FLOW_SLOT])
     if ev >= t["min_evicted"] or noslot:
         em.add("map_overflow", "warning", [],

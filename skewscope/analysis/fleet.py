@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .flows import CTS_MAX_BYTES  # noqa: F401 (re-exported: the exporter's class bounds)
-from .stats import robust_ratio_to_median, skew_rows, skew_stats
+from skewscope.analysis.findings import DEFAULTS as SINGLE
+from skewscope.analysis.flows import CTS_MAX_BYTES  # noqa: F401 (re-exported: the exporter's class bounds)
+from skewscope.analysis.stats import robust_ratio_to_median, skew_rows, skew_stats
 
 BULK_MIN_MESSAGE = 160 * 1024
 
@@ -71,7 +72,6 @@ def _t(thresholds, key):
         return thresholds[key]
     if key in _SHARED:
         try:
-            from .findings import DEFAULTS as SINGLE
             sec, name = _SHARED[key]
             return SINGLE[sec][name]
         except (ImportError, KeyError):

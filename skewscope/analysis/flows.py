@@ -39,8 +39,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .. import layout as L
-from ..snapshot import ip_str
+from skewscope.analysis.hashing import build_u64, lookup_u64, unique_u128
+from skewscope.core import layout as L
+from skewscope.core.snapshot import ip_str
 
 ROLE_DATA, ROLE_CTS, ROLE_ACK, ROLE_READ_REQ, ROLE_CNP, ROLE_MGMT, ROLE_OTHER = range(7)
 ROLE_NAMES = ("data", "cts", "ack", "read_request", "cnp", "management", "other")
@@ -184,7 +185,6 @@ class Nodes:
 
 def node_index(flows, cols: dict | None = None) -> Nodes:
     """Unique addresses of a flow table -> Nodes (sorted by address bytes)."""
-    from .hashing import unique_u128
     n = len(flows)
     if n == 0:
         return Nodes([], np.zeros(0, np.int32), np.zeros(0, np.int32))
@@ -393,14 +393,14 @@ def _flow_stats_kernel(order, off, ev_op, ev_start, ev_end, ev_bytes, req_pkts, 
         out_f[f, 11] = med * 8e9 if nr >= 1 else np.nan
 
 
-def flow_event_stats(snap) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def flow_event_stats(snap, cols: dict | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-flow message statistics (FSTAT_DTYPE) + the CSR grouping of events by flow
-    (order, offsets: events of flow f are events[order[off[f]:off[f+1]]], in start order)."""
+    (order, offsets: events of flow f are events[order[off[f]:off[f+1]]], in start order).
+    cols: flow_columns(snap.flows) when the caller has them (analysis.context caches them)."""
     fl, ev = snap.flows, snap.events
     nf = len(fl)
     order, off = _csr_by_flow(np.ascontiguousarray(ev["flow"]), nf)
-    from .context import context as _ctx
-    c = _ctx(snap).cols
+    c = flow_columns(fl) if cols is None else cols
     req = (c["op"][:, L.OPC_SEND] + c["op"][:, L.OPC_WRITE]).astype(np.int64) if nf else np.zeros(0, np.int64)
     oi = np.zeros((nf, 6), dtype=np.int64)
     of = np.zeros((nf, 12), dtype=np.float64)
@@ -429,7 +429,6 @@ def _mean_msg(fl) -> np.ndarray:
 
 def partners_by_sport(fl, nodes: Nodes) -> np.ndarray:
     """Partner flow (other direction of the QP pair) from the shared UDP source port; -1."""
-    from .hashing import build_u64, lookup_u64
     n = len(nodes.src)
     out = np.full(n, -1, dtype=np.int64)
     if n == 0:
@@ -448,17 +447,17 @@ def partners_by_sport(fl, nodes: Nodes) -> np.ndarray:
     return out
 
 
-def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = None) -> np.ndarray:
-    """Role of every flow (ROLE_* codes, names in ROLE_NAMES). See the module docstring."""
-    from .context import context as _ctx
-    ctx = _ctx(snap)
-    fl = ctx.cols
-    n = len(ctx.flows)
+def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = None,
+               cols: dict | None = None) -> np.ndarray:
+    """Role of every flow (ROLE_* codes, names in ROLE_NAMES). See the module docstring.
+    cols/nodes/partner: flow_columns/node_index/partners_by_sport when the caller has them."""
+    fl = flow_columns(snap.flows) if cols is None else cols
+    n = len(snap.flows)
     roles = np.full(n, ROLE_OTHER, dtype=np.int8)
     if n == 0:
         return roles
     if nodes is None:
-        nodes = ctx.nodes
+        nodes = node_index(snap.flows, fl)
     if partner is None:
         partner = partners_by_sport(fl, nodes)
     op = fl["op"]

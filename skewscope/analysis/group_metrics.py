@@ -11,13 +11,15 @@ P2P pipeline: stage order, per-link idle fraction, stage compute estimates, bubb
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
-from .context import context
-from .intervals import keyed_busy, keyed_intervals, natural_break
-from .matrix import incast_degree
-from .stats import skew_array, skew_stats, skew_rows
-from .timing import MIN_GAP_NS, first_start_per_key
+from skewscope.analysis.context import context
+from skewscope.analysis.intervals import break_candidates, keyed_busy, keyed_intervals, merge_sorted, natural_break
+from skewscope.analysis.matrix import incast_degree
+from skewscope.analysis.stats import _to_dict, grouped_weighted_median, skew_array, skew_rows, skew_stats
+from skewscope.analysis.timing import MIN_GAP_NS, first_start_per_key
 
 GROUP_LINK_DTYPE = np.dtype([
     ("src", "<i8"), ("dst", "<i8"), ("flows", "<i8"), ("bytes", "<f8"), ("messages", "<i8"),
@@ -57,7 +59,6 @@ def group_links(snap, flows) -> tuple[np.ndarray, np.ndarray]:
     # robust link rate: bytes-weighted median over the pair's flows of their median message rate
     rm = st["rate_med_bps"][flows]
     w = st["multi_bytes"][flows]
-    from .stats import grouped_weighted_median
     out["rate_med_bps"] = grouped_weighted_median(pid.astype(np.int64), rm.astype(np.float64),
                                                   w.astype(np.float64), n)
     r = out["rate_med_bps"]
@@ -120,7 +121,6 @@ def _per_burst_pair_first(ctx, flows, pid, bs):
     fs = first_start_per_key(key, st, len(bs) * npair).reshape(len(bs), npair) - bs[:, None]
     fs[~np.isfinite(fs)] = np.nan
     with np.errstate(all="ignore"):
-        import warnings
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             return np.nanmedian(fs, axis=0)
@@ -232,7 +232,6 @@ def phases(ctx, flows, tinfo):
     tinfo["phase_threshold_ns"] = thr
     if not np.isfinite(thr):
         return bs.copy(), be.copy(), np.zeros(len(bs), np.int64), 1
-    from .intervals import merge_sorted
     ps, pe, _ = merge_sorted(np.ascontiguousarray(s), np.ascontiguousarray(e), float(thr))
     pb = np.searchsorted(bs, ps, side="right") - 1
     cnt = np.bincount(np.maximum(pb, 0), minlength=len(bs))
@@ -341,7 +340,6 @@ def alltoall_metrics(snap, g, tinfo) -> dict:
 
 
 def _sk(a):
-    from .stats import _to_dict
     return _to_dict(a)
 
 
@@ -376,11 +374,9 @@ def pipeline_metrics(snap, g, tinfo, period_s) -> dict:
         s_, e_ = ivs[off[i]:off[i + 1]], ive[off[i]:off[i + 1]]
         gaps = s_[1:] - e_[:-1]
         # the lowest natural break: messages of one micro-batch transfer vs the gaps between
-        from .intervals import break_candidates
         cands = break_candidates(gaps, min_ratio=3.0, floor=MIN_GAP_NS)
         thr = cands[-1] if cands else np.inf
         if np.isfinite(thr) and len(s_):
-            from .intervals import merge_sorted
             ts, te, _ = merge_sorted(np.ascontiguousarray(s_), np.ascontiguousarray(e_), float(thr))
         else:
             ts, te = (s_[:1], e_[-1:]) if len(s_) else (s_, e_)

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .context import context
-from .intervals import merge_sorted
-from .timing import group_timing
+from skewscope.analysis.context import context
+from skewscope.analysis.intervals import merge_sorted
+from skewscope.analysis.timing import group_timing
 
 KiB = 1024
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .context import context
-from .intervals import concurrency_sweep, keyed_intervals
+from skewscope.analysis.context import context
+from skewscope.analysis.intervals import concurrency_sweep, keyed_intervals
 
 
 def node_matrix(snap, flow_mask=None, t_range=None):

@@ -23,11 +23,13 @@ Definitions: docs/metrics.md "Timing".
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from numba import njit
 
-from .context import context
-from .intervals import break_candidates, merge_sorted
+from skewscope.analysis.context import context
+from skewscope.analysis.intervals import break_candidates, merge_sorted
 
 MIN_GAP_NS = 1000.0       # gaps below 1 us never separate bursts
 BREAK_RATIO = 3.0
@@ -222,7 +224,6 @@ def group_timing(snap, flow_mask=None, members=None, ev_mask=None, level="iterat
             fs = first_start_per_key(key, st, len(bs) * nm).reshape(len(bs), nm)
             rel = fs - bs[:, None]
             rel[~np.isfinite(rel)] = np.nan
-            import warnings
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 ref = np.nanmedian(rel, axis=1)            # per burst: the typical member

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from skewscope import layout as L
-from skewscope.fabric import _skewgen
-from skewscope.snapshot import Snapshot
+from skewscope import gen as skewgen
+from skewscope.core import layout as L
+from skewscope.core.snapshot import Snapshot
 
 SKEWSCOPE = str(Path(sys.executable).with_name("skewscope"))
 
 
 @pytest.fixture(scope="module")
 def frames():
-    cap = _skewgen().generate("loss", seed=9)
+    cap = skewgen.generate("loss", seed=9)
     fr = [f for _, f in cap.frames_iter()]
     return fr[:400], fr[400:700]            # two disjoint sets: one sent in, one sent out
 

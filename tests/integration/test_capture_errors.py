@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from skewscope import live
+from skewscope.sources import live
 
 SKEWSCOPE = str(Path(sys.executable).with_name("skewscope"))
 
@@ -24,7 +24,7 @@ def leave_stale_program(ns, ifname):
     """A process attaches skewscope's XDP program and is killed (SIGKILL: nothing can clean)."""
     code = textwrap.dedent(f"""
         import os, signal
-        from skewscope.live import LiveSession
+        from skewscope.sources.live import LiveSession
         s = LiveSession({ifname!r}, xdp_mode="generic").open()
         os.kill(os.getpid(), signal.SIGKILL)
     """)
@@ -117,7 +117,7 @@ def test_tc_program_in_use_is_never_taken_over_but_a_stale_one_is(netns_pair, tm
             sess.close()
     code = textwrap.dedent(f"""
         import os, signal
-        from skewscope.live import LiveSession
+        from skewscope.sources.live import LiveSession
         s = LiveSession({p.if_b!r}, mode="tc").open()
         os.kill(os.getpid(), signal.SIGKILL)
     """)

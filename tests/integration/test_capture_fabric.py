@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from skewscope import layout as L
-from skewscope import live
-from skewscope.fabric import Fabric, _skewgen, in_netns, play
-from skewscope.snapshot import Snapshot, ip_str
+from skewscope import gen as skewgen
+from skewscope.core import layout as L
+from skewscope.core.snapshot import Snapshot, ip_str
+from skewscope.sources import live
+from skewscope.testbed.fabric import Fabric, in_netns, play
 
 SKEWSCOPE = str(Path(sys.executable).with_name("skewscope"))
 RATE = 8000           # frames/s the fabric sends: far below what the path can carry, so no drop
@@ -81,7 +82,7 @@ def hist_pairs(row):
 
 @pytest.mark.parametrize("preset,extra", [("loss", ()), ("congestion", ("--tc",))], ids=["loss-xdp", "congestion-tc"])
 def test_capture_counts_equal_ground_truth_and_pcap_opens_in_tshark(fabric, tmp_path, preset, extra):
-    cap = _skewgen().generate(preset, seed=5)
+    cap = skewgen.generate(preset, seed=5)
     truth = cap.truth
     ts = cap.timestamps
     stretch = len(cap) / (RATE * (int(ts[-1] - ts[0]) / 1e9))
@@ -143,7 +144,7 @@ def test_capture_counts_equal_ground_truth_and_pcap_opens_in_tshark(fabric, tmp_
 
 
 def test_capture_ctrl_c_ends_early_and_still_saves(fabric, tmp_path):
-    cap = _skewgen().generate("moe-hot-expert", seed=2)
+    cap = skewgen.generate("moe-hot-expert", seed=2)
     proc, err = start_capture(fabric, tmp_path, 60.0)
     try:
         st = play(fabric.node_ns, fabric.node_if, [cap], 2000.0, max_seconds=3.0)

@@ -43,7 +43,7 @@ MODES = [("xdp", "native"), ("xdp", "generic"), ("tc", "ingress"), ("tc", "both"
 
 
 def ours(pair) -> dict:
-    from skewscope.dataplane import list_ours
+    from skewscope.bpf.attach import list_ours
     with pair.enter("b"):
         return list_ours(pair.if_b)
 
@@ -128,7 +128,9 @@ def _xdp_name(pair) -> str:
 
 
 def test_refuses_to_replace_a_foreign_xdp_program(netns_pair, foreign_xdp):
-    from skewscope.dataplane import EXIT_BUSY, Attachment, Config, Dataplane, DataplaneError
+    from skewscope.bpf.attach import Attachment
+    from skewscope.bpf.loader import Config, Dataplane
+    from skewscope.core.errors import EXIT_BUSY, DataplaneError
     dp = Dataplane(Config(max_flows=64, ev_per_cpu=64))
     try:
         for sub in ("native", "generic"):
@@ -226,7 +228,9 @@ def test_cli_detach_unknown_interface(netns_pair):
 def test_attach_refuses_our_own_leftover(netns_pair):
     """A second attach on an interface that already has a skewscope XDP program says so
     (and how to remove it) instead of replacing it."""
-    from skewscope.dataplane import EXIT_BUSY, Attachment, Config, Dataplane, DataplaneError
+    from skewscope.bpf.attach import Attachment
+    from skewscope.bpf.loader import Config, Dataplane
+    from skewscope.core.errors import EXIT_BUSY, DataplaneError
     p = start_attacher(netns_pair, "xdp", "native", "sleep")
     dp = Dataplane(Config(max_flows=64, ev_per_cpu=64))
     try:

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import time
 
+import frames as F
 import numpy as np
 import pytest
-
-import frames as F
 
 SETTLE_S = 0.3
 
 
 @pytest.fixture(scope="module")
 def dp():
-    from skewscope.dataplane import Config, Dataplane
+    from skewscope.bpf.loader import Config, Dataplane
     d = Dataplane(Config(max_flows=1024, ev_per_cpu=1024))
     try:
         yield d
@@ -37,7 +36,7 @@ ATTACH = {
 
 
 def attach(dp, pair, how):
-    from skewscope.dataplane import Attachment
+    from skewscope.bpf.attach import Attachment
     with pair.enter("b"):
         return Attachment(dp, pair.if_b, **ATTACH[how]).attach()
 
@@ -165,7 +164,7 @@ def test_vlan_tags_on_the_wire(dp, netns_pair, how):
 
 @pytest.mark.parametrize("how", ["xdp_native", "xdp_generic", "tc_both"])
 def test_ping_still_works_while_attached(dp, netns_pair, how):
-    from skewscope.dataplane import Attachment
+    from skewscope.bpf.attach import Attachment
     kw = ATTACH.get(how, dict(mode="tc", direction="both"))
     dp.reset()
     with netns_pair.enter("b"):
@@ -185,7 +184,8 @@ def test_ping_still_works_while_attached(dp, netns_pair, how):
 
 def test_both_entries_see_the_same_stream(dp, netns_pair_factory):
     """The same frames through XDP (native) and TC ingress on two links give equal tables."""
-    from skewscope.dataplane import Attachment, Config, Dataplane
+    from skewscope.bpf.attach import Attachment
+    from skewscope.bpf.loader import Config, Dataplane
     built = stream()
     snaps = []
     for how in ("xdp_native", "tc_ingress"):

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from skewscope.fabric import STATE_DIR, list_namespaces
+from skewscope.testbed.fabric import STATE_DIR, list_namespaces
 
 SKEWSCOPE = str(Path(sys.executable).with_name("skewscope"))
 
@@ -28,7 +28,7 @@ def tag_of(text: str) -> str:
 def assert_nothing_left(tag: str) -> None:
     assert [n for n in list_namespaces() if n.startswith(tag + "-")] == []
     assert not (STATE_DIR / f"fabric-{tag}.json").exists()
-    ps = subprocess.run(["pgrep", "-f", f"skewscope.fabric play --ns {tag}-"], capture_output=True, text=True)
+    ps = subprocess.run(["pgrep", "-f", f"skewscope.testbed.fabric play --ns {tag}-"], capture_output=True, text=True)
     assert ps.stdout.strip() == ""
 
 

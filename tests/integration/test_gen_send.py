@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-import skewgen
-from skewgen.send import in_netns
+from skewscope import gen as skewgen
+from skewscope.gen.send import in_netns
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for netns + veth"),
@@ -75,7 +75,7 @@ def test_send_mode_delivers_every_frame(veth_pair):
     n = 3000
     rx = Counter(nb, vb, n, timeout=60)
     rx.start()
-    r = subprocess.run([sys.executable, "-m", "skewgen", "tp-decode", "--send", va, "--netns", na,
+    r = subprocess.run([sys.executable, "-m", "skewscope.gen", "tp-decode", "--send", va, "--netns", na,
                         "--rate", "20000", "--max-frames", str(n)],
                        capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stderr
@@ -90,7 +90,7 @@ def test_send_mode_delivers_every_frame(veth_pair):
 def test_send_mode_is_bounded_in_time(veth_pair):
     na, va, nb, vb = veth_pair
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "skewgen", "alltoall-healthy", "--send", va,
+    r = subprocess.run([sys.executable, "-m", "skewscope.gen", "alltoall-healthy", "--send", va,
                         "--netns", na, "--rate", "2000", "--max-seconds", "1"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -100,7 +100,7 @@ def test_send_mode_is_bounded_in_time(veth_pair):
 
 
 def test_send_to_missing_namespace_is_one_line_error():
-    r = subprocess.run([sys.executable, "-m", "skewgen", "loss", "--send", "eth0", "--netns",
+    r = subprocess.run([sys.executable, "-m", "skewscope.gen", "loss", "--send", "eth0", "--netns",
                         "sgt-does-not-exist"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "not found" in r.stderr

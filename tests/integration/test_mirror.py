@@ -10,9 +10,9 @@ import sys
 import pytest
 from scapy.all import IP, UDP, Ether, Raw
 
-from skewscope import layout as L
-from skewscope import live
-from skewscope.fabric import _skewgen
+from skewscope import gen as skewgen
+from skewscope.core import layout as L
+from skewscope.sources import live
 
 SKEWSCOPE = [sys.executable, "-m", "skewscope.cli"]
 
@@ -26,7 +26,7 @@ def cli(*args, check=True):
 
 @pytest.fixture(scope="module")
 def roce_frames():
-    cap = _skewgen().generate("loss", seed=3)
+    cap = skewgen.generate("loss", seed=3)
     frames = [f for _, f in cap.frames_iter()][:600]
     return frames
 

@@ -194,8 +194,8 @@ class Prom:
 # ---- traffic ----------------------------------------------------------------------------------
 def split_capture(cap):
     """Per DPU: (round-1 capture, round-2 capture) of the frames it observes."""
-    from skewgen import Capture
-    from skewgen.model import take_pkts
+    from skewscope.gen import Capture
+    from skewscope.gen.model import take_pkts
     job = cap.job
     ps, pd = np.asarray(job.p_src), np.asarray(job.p_dst)
     path = cap.pkts["path"]
@@ -217,7 +217,7 @@ def split_capture(cap):
 
 
 def play_all(dpus, caps, stretch):
-    from skewscope.fabric import play
+    from skewscope.testbed.fabric import play
     errs = []
 
     def one(d, c):
@@ -248,7 +248,7 @@ def findings_of(doc, kind):
 
 @pytest.fixture(scope="module")
 def fleet():
-    import skewgen
+    from skewscope import gen as skewgen
     cap = skewgen.generate(SCENARIO, seed=3)
     truth = cap.truth
     pat = {p["kind"]: p for p in truth["pathologies"]}

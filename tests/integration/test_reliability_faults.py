@@ -139,7 +139,7 @@ def test_interface_gone_while_attached(fab, tmp_path, how):
     assert dt < 15, f"took {dt:.1f} s to notice"
     # cut short (exit 6), but what was counted until then is saved, and says why it stopped
     assert p.returncode == 6, se
-    from skewscope.snapshot import Snapshot
+    from skewscope.core.snapshot import Snapshot
     snap = Snapshot.load(tmp_path / "g.snap")
     assert fab.if_b in snap.meta["stopped_early"]
 
@@ -156,7 +156,7 @@ def test_own_namespace_deleted_mid_capture(fab, tmp_path):
             p.kill()
     assert p.returncode == 0, se
     assert "Traceback" not in se
-    from skewscope.snapshot import Snapshot
+    from skewscope.core.snapshot import Snapshot
     assert Snapshot.load(out).meta["interface"] == fab.if_b
 
 

@@ -11,8 +11,8 @@ in /proc/self/fdinfo) is the documented bound (Config.memory_bytes) and does not
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 import time
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import reliability as R  # noqa: E402
 
-from skewscope import layout as L  # noqa: E402
+from skewscope.core import layout as L  # noqa: E402
 
 pytestmark = [
     pytest.mark.integration,

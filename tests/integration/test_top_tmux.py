@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from skewscope import live
-from skewscope.fabric import Fabric, in_netns
+from skewscope.sources import live
+from skewscope.testbed.fabric import Fabric, in_netns
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (make setup installs it)")
 
@@ -28,7 +28,7 @@ def fabric():
     fab = Fabric(nodes=8, prefix="ssu-")
     fab.build()
     try:
-        fab.spawn([sys.executable, "-m", "skewscope.fabric", "play", "--ns", ",".join(fab.node_ns),
+        fab.spawn([sys.executable, "-m", "skewscope.testbed.fabric", "play", "--ns", ",".join(fab.node_ns),
                    "--iface", fab.node_if, "--rate", "10000", "--pass-seconds", "200", "--max-seconds", "200",
                    "--scenario", "moe-hot-expert+congestion", "--scenario", "ring-straggler",
                    "--parent", str(os.getpid())], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -164,7 +164,7 @@ def test_stale_program_prompt_on_a_terminal(netns_pair, tmp_path):
     p = netns_pair
     code = textwrap.dedent(f"""
         import os, signal
-        from skewscope.live import LiveSession
+        from skewscope.sources.live import LiveSession
         s = LiveSession({p.if_b!r}, xdp_mode="generic").open()
         os.kill(os.getpid(), signal.SIGKILL)
     """)

@@ -3,13 +3,12 @@ tests), and the entry-point parameter. Helpers live in kharness.py."""
 from __future__ import annotations
 
 import pytest
-
 from kharness import Kernel
 
 
 @pytest.fixture(scope="session")
 def kernel_dp():
-    from skewscope.dataplane import Config, Dataplane
+    from skewscope.bpf.loader import Config, Dataplane
     dp = Dataplane(Config(replay_clock=True, max_flows=1024, ev_per_cpu=4096))
     try:
         yield dp

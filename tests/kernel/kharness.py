@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 import frames as F
+import numpy as np
 
 XDP_PASS, TC_ACT_OK = 2, 0
 T0 = 1_000_000_000_000  # 1000 s, in ns
@@ -52,12 +51,12 @@ class Result:
 
     def cats(self) -> dict:
         """Non-zero categories by name."""
-        from skewscope import layout as L
+        from skewscope.core import layout as L
         return {n: int(self.g[i]) for i, n in enumerate(L.CATEGORY_NAMES) if self.g[i]}
 
     def assert_cats(self, **expected):
         """Exactly these categories are non-zero, and frames == their sum."""
-        from skewscope import layout as L
+        from skewscope.core import layout as L
         assert self.cats() == {k: v for k, v in expected.items() if v}, self.cats()
         assert int(self.g[L.G_FRAMES]) == sum(expected.values())
 
@@ -75,7 +74,7 @@ def key_str(key) -> str:
 
 class Kernel:
     def __init__(self, dp):
-        from skewscope import bpfsys
+        from skewscope.bpf import syscalls as bpfsys
         self.dp = dp
         self.bpfsys = bpfsys
         self.fds = {"xdp": dp.prog_fd("xdp"), "tc": dp.prog_fd("tc")}
@@ -130,7 +129,7 @@ def basic_expectations(built: list, ts: list) -> dict:
 
 
 def assert_basic(res: Result, built: list):
-    from skewscope import layout as L
+    from skewscope.core import layout as L
     exp = basic_expectations(built, res.ts)
     assert len(res.flows) == len(exp), f"{len(res.flows)} flows, expected {len(exp)}"
     for key, e in exp.items():

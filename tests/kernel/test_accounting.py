@@ -6,9 +6,8 @@ never read back from skewscope's code.
 """
 from __future__ import annotations
 
-import pytest
-
 import frames as F
+import pytest
 from kharness import T0, assert_basic
 
 A, B = "10.0.0.1", "10.0.0.2"
@@ -26,13 +25,13 @@ def hist(row) -> dict:
 
 
 def events(res) -> list:
-    from skewscope import layout as L
+    from skewscope.core import layout as L
     return [(int(e["flow"]), L.OPCLASS_NAMES[int(e["opclass"])], int(e["start_ts"]), int(e["end_ts"]),
              int(e["bytes"])) for e in res.events]
 
 
 def partial(res) -> int:
-    from skewscope import layout as L
+    from skewscope.core import layout as L
     return int(res.g[L.G_MSG_PARTIAL])
 
 

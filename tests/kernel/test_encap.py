@@ -13,10 +13,9 @@ from __future__ import annotations
 import os
 import struct
 
+import frames as F
 import numpy as np
 import pytest
-
-import frames as F
 from kharness import assert_basic
 
 pytestmark = [
@@ -32,7 +31,7 @@ CATEGORY_OF = {"eth": "truncated_eth", "vlan": "truncated_vlan", "ip": "truncate
 
 
 def decap(res) -> int:
-    from skewscope import layout as L
+    from skewscope.core import layout as L
     return int(res.g[L.G_DECAP])
 
 
@@ -183,7 +182,7 @@ def test_vxlan_only_on_its_port_and_plain_roce_not_counted(kernel, entry):
 
 
 def test_inner_pfc_and_fragments(kernel, entry):
-    from skewscope import layout as L
+    from skewscope.core import layout as L
     built = [F.encap(F.pfc(0b1, [100] + [0] * 7), "erspan2"), F.encap(F.ipv4_fragment(0, True), "vxlan"),
              F.encap(F.roce(0x0A, payload=10, vlans=(1, 2, 3)), "gre_teb")]
     res = kernel.run(built, entry)
@@ -241,10 +240,11 @@ def _write_pcap(path, items, t0=1_700_000_000 * 10**9, dt=1000):
 
 @pytest.mark.parametrize("entry_", ["xdp", "tc"])
 def test_offline_equals_kernel_on_encapsulated_capture(tmp_path, entry_):
-    from skewscope import layout as L
-    from skewscope import offline
-    from skewscope.replay import replay
     from test_offline_vs_kernel import assert_equal_snapshots
+
+    from skewscope.core import layout as L
+    from skewscope.sources import offline
+    from skewscope.sources.replay import replay
     items = _capture_frames()
     p = tmp_path / "encap.pcap"
     _write_pcap(p, items)

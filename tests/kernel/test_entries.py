@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import time
 
+import frames as F
 import numpy as np
 import pytest
-
-import frames as F
-from kharness import TC_MAX_FRAME, XDP_PASS, TC_ACT_OK, assert_basic
+from kharness import TC_ACT_OK, TC_MAX_FRAME, XDP_PASS, assert_basic
 
 
 def mixed_stream():
@@ -48,7 +47,7 @@ def test_xdp_and_tc_agree_exactly(kernel):
 @pytest.fixture(scope="module")
 def live_dp():
     """A live build: time from bpf_ktime_get_ns(), no replay clock map."""
-    from skewscope.dataplane import Config, Dataplane
+    from skewscope.bpf.loader import Config, Dataplane
     dp = Dataplane(Config(max_flows=256, ev_per_cpu=256))
     try:
         yield dp
@@ -58,7 +57,7 @@ def live_dp():
 
 @pytest.mark.parametrize("kind", ["xdp", "tc"])
 def test_live_build_uses_the_monotonic_clock(live_dp, kind):
-    from skewscope import bpfsys
+    from skewscope.bpf import syscalls as bpfsys
     live_dp.reset()
     built = [F.roce(0x06, payload=512, dma_len=1024, psn=0), F.roce(0x08, payload=512, psn=1),
              F.roce(0x11, src="10.0.0.2", dst="10.0.0.1")]
@@ -98,7 +97,7 @@ def test_jumbo_write_through_xdp_frags(kernel):
 
 def test_tc_test_run_limit_is_what_the_harness_assumes(kernel):
     """Guard for the harness constant: the skb test run accepts TC_MAX_FRAME bytes."""
-    from skewscope import bpfsys
+    from skewscope.bpf import syscalls as bpfsys
     fr = F.roce(0x07, payload=TC_MAX_FRAME - 58).frame
     assert len(fr) == TC_MAX_FRAME
     kernel.dp.set_replay(0, len(fr))
@@ -110,8 +109,9 @@ def test_sampling_counts_one_in_n():
     """-DSS_SAMPLE_N=4: each RoCE packet is accounted with probability 1/4, the rest are
     sampled_out; non-RoCE frames are not sampled. PSN tracking and message records are off
     (they need every packet)."""
-    from skewscope import bpfsys, layout as L
-    from skewscope.dataplane import Config, Dataplane
+    from skewscope.bpf import syscalls as bpfsys
+    from skewscope.bpf.loader import Config, Dataplane
+    from skewscope.core import layout as L
     dp = Dataplane(Config(sample_n=4, max_flows=64, ev_per_cpu=64, replay_clock=True))
     try:
         fd = dp.prog_fd("xdp")
@@ -140,7 +140,7 @@ def test_sampling_counts_one_in_n():
 def test_documented_map_memory_matches_the_kernel():
     """Config.memory_bytes() (what docs/datapath.md tabulates) against the kernel's own
     accounting (memlock in /proc/self/fdinfo) for a non-default size."""
-    from skewscope.dataplane import Config, Dataplane
+    from skewscope.bpf.loader import Config, Dataplane
     cfg = Config(max_flows=4096, ev_per_cpu=1024)
     dp = Dataplane(cfg)
     try:
@@ -158,8 +158,9 @@ def test_documented_map_memory_matches_the_kernel():
 def test_flow_eviction_is_counted():
     """More flows than --max-flows: the LRU map evicts, every packet is still accounted, and
     flows_created - flows present = flows_evicted."""
-    from skewscope import bpfsys, layout as L
-    from skewscope.dataplane import Config, Dataplane
+    from skewscope.bpf import syscalls as bpfsys
+    from skewscope.bpf.loader import Config, Dataplane
+    from skewscope.core import layout as L
     dp = Dataplane(Config(max_flows=16, ev_per_cpu=64, replay_clock=True))
     try:
         fd = dp.prog_fd("xdp")
@@ -182,8 +183,8 @@ def test_flow_eviction_is_counted():
 
 def test_message_record_overrun_is_counted():
     """Records not read before their per-CPU ring wraps are lost and counted."""
-    from skewscope import bpfsys
-    from skewscope.dataplane import Config, Dataplane
+    from skewscope.bpf import syscalls as bpfsys
+    from skewscope.bpf.loader import Config, Dataplane
     dp = Dataplane(Config(max_flows=64, ev_per_cpu=16, replay_clock=True))
     try:
         fd = dp.prog_fd("xdp")

@@ -30,7 +30,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fuzzcorpus as fc  # noqa: E402
 
-from skewscope import layout as L  # noqa: E402
+from skewscope.core import layout as L  # noqa: E402
 
 pytestmark = [
     pytest.mark.kernel,
@@ -50,7 +50,7 @@ STAT_FIELDS = ("packets", "bytes", "payload_bytes", "messages", "msg_bytes", "op
 
 
 def _dataplane():
-    from skewscope.dataplane import Config, Dataplane
+    from skewscope.bpf.loader import Config, Dataplane
     return Dataplane(Config(max_flows=MAX_FLOWS, ev_per_cpu=1 << 10))
 
 
@@ -158,7 +158,7 @@ def test_malformed_frames_never_create_or_change_flows(corpus, xdp_run):
 
 def _offline():
     try:
-        from skewscope import offline
+        from skewscope.sources import offline
     except ImportError:
         return None
     return offline if hasattr(offline, "parse_file") else None
@@ -170,7 +170,7 @@ def _cmp_flows(a, b):
         assert np.array_equal(a[k], b[k]), f"flow field {k} differs between kernel and offline"
 
 
-@pytest.mark.skipif(_offline() is None, reason="skewscope.offline.parse_file is not in this tree yet (issue 4)")
+@pytest.mark.skipif(_offline() is None, reason="skewscope.sources.offline.parse_file is not in this tree yet (issue 4)")
 def test_offline_parser_same_category_per_frame(corpus, xdp_run, tmp_path):
     """Per frame: the frames the kernel put in category c, parsed offline as one capture,
     all land in c (one parse per category, so per-frame equality costs 18 parses)."""

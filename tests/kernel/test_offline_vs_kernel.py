@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from skewscope import layout as L
+from skewscope.core import layout as L
 
 pytestmark = [
     pytest.mark.kernel,
@@ -40,20 +40,20 @@ META_KEYS = ("frames", "first_ts", "last_ts", "duration_s", "flows_created", "fl
 
 
 def _skewgen():
-    return pytest.importorskip("skewgen")
+    return pytest.importorskip("skewscope.gen")
 
 
 def _presets():
     try:
-        import skewgen
+        from skewscope import gen as skewgen
     except ImportError:
         return ["(skewgen missing)"]
     return list(skewgen.PRESETS)
 
 
 def both(path, max_flows=65536, entry="xdp"):
-    from skewscope import offline
-    from skewscope.replay import replay
+    from skewscope.sources import offline
+    from skewscope.sources.replay import replay
     return offline.parse_file(path, max_flows=max_flows), replay(str(path), entry=entry, max_flows=max_flows)
 
 
@@ -100,9 +100,9 @@ def test_preset_full_frames(tmp_path, preset):
 @pytest.mark.parametrize("path", REAL_FILES, ids=[p.name for p in REAL_FILES])
 @pytest.mark.parametrize("entry", ["xdp", "tc"])
 def test_real_captures(path, entry):
-    from skewscope import offline
-    from skewscope.pcapfile import PcapError
-    from skewscope.replay import replay
+    from skewscope.sources import offline
+    from skewscope.sources.pcapfile import PcapError
+    from skewscope.sources.replay import replay
     if "ERF" in path.name:
         with pytest.raises(PcapError, match="link type 197"):
             offline.parse_file(path)
@@ -117,7 +117,7 @@ def _variants(src: Path, out: Path):
     """Rebuild `src` (Ethernet pcap) from pcapfile's records as: a pcapng whose IPv4 frames
     alternate between a Linux-cooked-v2 and a raw-IP interface (others on Ethernet), each
     interface with its own if_tsresol; and a gzip of the pcap."""
-    from skewscope.pcapfile import read_records
+    from skewscope.sources.pcapfile import read_records
 
     def blk(t, body):
         body += b"\0" * (-len(body) % 4)

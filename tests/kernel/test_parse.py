@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import struct
 
-import pytest
-
 import frames as F
+import pytest
 from kharness import assert_basic
 
 WRITE = 0x0A  # RDMA_WRITE_ONLY: carries a RETH
@@ -131,7 +130,7 @@ def test_invalid_ip_headers(kernel, entry):
 
 # ---- PFC and PAUSE --------------------------------------------------------------------------
 def test_pfc_per_priority(kernel, entry):
-    from skewscope import layout as L
+    from skewscope.core import layout as L
     # enabled priorities 0, 2, 5, 7; times for disabled priorities (1, 3) must be ignored
     a = F.pfc(0b10100101, [100, 5, 0, 7, 0, 9, 0, 65535])
     b = F.pfc(0b00000100, [0, 0, 3, 0, 0, 0, 0, 0])
@@ -148,7 +147,7 @@ def test_pfc_per_priority(kernel, entry):
 
 
 def test_global_pause_is_not_pfc(kernel, entry):
-    from skewscope import layout as L
+    from skewscope.core import layout as L
     res = kernel.run([F.pause(0xFFFF), F.pause(0)], entry)
     res.assert_cats(pause=2)
     assert not any(int(res.g[L.G_PFC_PAUSE + p]) + int(res.g[L.G_PFC_XON + p]) for p in range(8))
@@ -265,7 +264,7 @@ def test_pad_count_is_not_payload(kernel, entry):
 def test_every_opcode_value(kernel):
     """All 256 BTH opcodes: the ones the IBA defines for RC/UC/UD/XRC (+CNP) are accounted in
     their class; every other value (RD, reserved, vendor) is unknown_opcode."""
-    from skewscope import layout as L
+    from skewscope.core import layout as L
     wrong = []
     for op in range(256):
         if op in F.OPCODE_CLASS:

@@ -12,9 +12,8 @@ import subprocess
 import sys
 from collections import defaultdict
 
-import pytest
-
 import frames as F
+import pytest
 from frames import REAL_DATA
 
 WRITE_PAIR = "softroce_write_pair__headers128.pcap"
@@ -30,7 +29,7 @@ pytestmark = pytest.mark.skipif(not REAL_DATA.is_dir(), reason=f"real captures n
 
 @pytest.fixture(scope="module")
 def replays():
-    from skewscope.replay import replay
+    from skewscope.sources.replay import replay
     cache = {}
 
     def get(name, entry="xdp"):
@@ -41,7 +40,7 @@ def replays():
 
 
 def flow_by(snap, **want):
-    from skewscope.snapshot import ip_str
+    from skewscope.core.snapshot import ip_str
     rows = []
     for f in snap.flows:
         d = {"src": ip_str(f["src"], f["ipver"]), "dst": ip_str(f["dst"], f["ipver"]), "qp": int(f["dest_qp"])}
@@ -56,7 +55,7 @@ def hist(row) -> dict:
 
 
 def opclasses(row) -> dict:
-    from skewscope import layout as L
+    from skewscope.core import layout as L
     return {n: int(row["op"][i]) for i, n in enumerate(L.OPCLASS_NAMES) if row["op"][i]}
 
 
@@ -95,7 +94,7 @@ def test_per_flow_sums_match_tshark(replays, name, entry):
 
 @pytest.mark.parametrize("entry", ["xdp", "tc"])
 def test_oferby_huawei_capture(replays, entry):
-    from skewscope import layout as L
+    from skewscope.core import layout as L
     snap = replays(OFERBY, entry)
     assert snap.meta["frames"] == 123
     assert cats(snap) == {"accounted": 105, "non_roce": 18}   # 10 TCP, 4 ARP, 4 IPv6/ICMPv6

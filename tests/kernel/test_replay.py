@@ -10,9 +10,8 @@ import struct
 import subprocess
 import sys
 
-import pytest
-
 import frames as F
+import pytest
 
 
 def pcap_bytes(records, linktype=1, nanos=False, snaplen=65535) -> bytes:
@@ -51,7 +50,7 @@ def entry(request):
 
 
 def _replay(path, entry):
-    from skewscope.replay import replay
+    from skewscope.sources.replay import replay
     return replay(str(path), entry=entry, max_flows=256, ev_per_cpu=1024)
 
 

@@ -39,12 +39,12 @@ def _workdir() -> str:
 
 def snapshot_of_pcap(path: str):
     try:
-        from skewscope.offline import parse_file
+        from skewscope.sources.offline import parse_file
     except ImportError:
         if os.geteuid() != 0:
             import pytest
             pytest.skip("no offline parser and not root (kernel replay needs root)")
-        from skewscope.replay import replay
+        from skewscope.sources.replay import replay
         return replay(path)
     return parse_file(path)
 
@@ -53,7 +53,7 @@ def get(name: str, seed: int = 0):
     """(truth dict, Snapshot) of a scenario, generated once per session."""
     key = (name, seed)
     if key not in _cache:
-        import skewgen
+        from skewscope import gen as skewgen
         out = os.path.join(_workdir(), f"{name}-{seed}.pcap")
         skewgen.write(scenario_path(name), out, seed=seed, snaplen=128)
         with open(skewgen.truth_path(out)) as fh:
@@ -78,7 +78,8 @@ def vantage(snap, ip: str):
     """The Snapshot a DPU on one host's port would record: only the flows from or to `ip`
     (and their message records), everything else as captured."""
     import numpy as np
-    from skewscope.snapshot import Snapshot, ip_str
+
+    from skewscope.core.snapshot import Snapshot, ip_str
     fl = snap.flows
     keep = np.array([ip_str(f["src"], f["ipver"]) == ip or ip_str(f["dst"], f["ipver"]) == ip for f in fl])
     new = np.full(len(fl), -1, dtype=np.int64)

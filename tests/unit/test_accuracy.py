@@ -339,6 +339,7 @@ def test_link_rates_absolute():
 def test_alltoall_skew_matches_truth_matrix():
     """Destination skew of the dispatch phase = skew of the truth volume matrix's columns."""
     import numpy as np
+
     from skewscope.analysis import skew_stats
     for name in ("moe-decode", "alltoall-healthy", "ipv6-vlan-hot-expert", "alltoall-16"):
         truth, snap, an = genlib.analyzed(name)
@@ -387,6 +388,7 @@ def test_view_hot_expert_from_another_host(name):
     """From any other member, its own dispatch bytes per destination show the hot expert:
     one sender's row of the volume matrix (truth) gives the expected skew."""
     import numpy as np
+
     from skewscope.analysis import skew_stats
     truth, _ = genlib.get(name)
     g = truth["groups"][0]

@@ -150,8 +150,9 @@ def test_without_message_records():
     """Sampling (or lost records) leaves only the flow counters: classification and the
     volume findings still work from the flow table, timing is null, and it says so."""
     import numpy as np
-    from skewscope import layout as L
-    from skewscope.snapshot import Snapshot
+
+    from skewscope.core import layout as L
+    from skewscope.core.snapshot import Snapshot
     truth, snap = genlib.get("moe-hot-expert")
     s2 = Snapshot(snap.flows, np.zeros(0, L.EVENT_DTYPE), snap.globals, dict(snap.meta, sample_n=8))
     an = analyze(s2)
@@ -166,7 +167,8 @@ def test_irregular_timing_is_the_captures_not_the_nodes():
     """When messages of most nodes stall (batched delivery on the capture path, e.g. frames
     replayed through AF_PACKET), no node is blamed for a flapping link; one info says why."""
     import numpy as np
-    from skewscope.snapshot import Snapshot
+
+    from skewscope.core.snapshot import Snapshot
     truth, snap = genlib.get("alltoall-healthy")
     ev = snap.events.copy()
     big = ev["bytes"] > 4096

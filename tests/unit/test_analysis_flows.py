@@ -15,10 +15,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
 import genlib  # noqa: E402
 
-from skewscope import layout as L
 from skewscope.analysis import analyze, context, flow_roles, incast_degree, link_rates, node_matrix
 from skewscope.analysis.flows import ROLE_NAMES
-from skewscope.snapshot import Snapshot, ip_bytes, ip_str
+from skewscope.core import layout as L
+from skewscope.core.snapshot import Snapshot, ip_bytes, ip_str
 
 
 def keys(snap):
@@ -44,9 +44,11 @@ def test_partner_without_source_port():
     a node pair with one data flow one way and one CTS flow back still pairs."""
     sc = {"nodes": 4, "sport": 0, "iterations": 2, "period_ms": 2.0,
           "workloads": [{"kind": "ring_allreduce", "bytes": "2MiB", "channels": 1}]}
-    import skewgen
-    from skewscope.offline import parse_file
-    import tempfile, os
+    import os
+    import tempfile
+
+    from skewscope import gen as skewgen
+    from skewscope.sources.offline import parse_file
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "t.pcap")
         cap = skewgen.write(sc, p, seed=0, snaplen=128)
@@ -164,7 +166,7 @@ def test_incast_degree_counts_distinct_senders():
 
 
 def test_evicted_and_empty_inputs():
-    from skewscope.snapshot import empty
+    from skewscope.core.snapshot import empty
     a = analyze(empty({"source": "test"}))
     assert a["collectives"] == [] and a["timing"] is None and a["findings"] == []
     # records of an evicted flow (flow = -1) are ignored, not an error

@@ -10,8 +10,9 @@ from click.testing import CliRunner
 
 from skewscope.analysis import analyze, context, node_matrix
 from skewscope.analysis.flows import ROLE_NAMES
-from skewscope.cli import load_source, main
-from skewscope.snapshot import ip_str
+from skewscope.cli import main
+from skewscope.cli.common import load_source
+from skewscope.core.snapshot import ip_str
 
 REAL = Path(__file__).resolve().parents[2].parent / "shared/data/real"
 pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason=f"{REAL} not present")

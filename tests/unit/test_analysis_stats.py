@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from skewscope.analysis import skew_stats
 from skewscope.analysis.stats import grouped_weighted_median, skew_rows, weighted_median

@@ -6,11 +6,11 @@ import math
 
 import numpy as np
 
-from skewscope import layout as L
 from skewscope.analysis import group_timing, timing
 from skewscope.analysis.intervals import break_candidates, natural_break
 from skewscope.analysis.timing import fit_period
-from skewscope.snapshot import Snapshot, ip_bytes
+from skewscope.core import layout as L
+from skewscope.core.snapshot import Snapshot, ip_bytes
 
 MS = 1_000_000
 

@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 from scapy.all import ARP, IP, TCP, UDP, Dot1AD, Dot1Q, Ether, IPv6, Raw
 
-from skewscope import pcaptap as T
 from skewscope.cli import main
-from skewscope.cmd_live import Duration
+from skewscope.cli.live import Duration
+from skewscope.sources import pcaptap as T
 
 runner = CliRunner()
 

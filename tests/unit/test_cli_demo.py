@@ -14,8 +14,8 @@ def not_root(monkeypatch):
 
 
 def test_without_root_falls_back_to_the_offline_report(not_root):
-    from skewscope.fabric import _skewgen
-    sg = _skewgen()
+    from skewscope import gen as skewgen
+    sg = skewgen
     truth = sg.generate("moe-hot-expert", seed=1).truth      # seed 1: what demo uses for the 1st scenario
     r = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["demo", "--scenario", "moe-hot-expert"])
     assert r.exit_code == 0, r.output

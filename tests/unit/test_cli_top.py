@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from skewscope import layout as L
-from skewscope import live
-from skewscope import topview as V
 from skewscope.cli import main
-from skewscope.snapshot import Snapshot, ip_bytes
+from skewscope.core import layout as L
+from skewscope.core.snapshot import Snapshot, ip_bytes
+from skewscope.outputs import topview as V
+from skewscope.sources import live
 
 
 def flow(src, dst, qp, **kw):

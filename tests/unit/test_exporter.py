@@ -4,7 +4,6 @@ generator's ground truth; /metrics is parsed with prometheus_client.parser."""
 from __future__ import annotations
 
 import collections
-import os
 import shutil
 import socket
 import subprocess
@@ -15,11 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from skewscope import exporter as E, layout as L
-from skewscope.snapshot import Snapshot, ip_bytes, ip_str
+from skewscope.core import layout as L
+from skewscope.core.snapshot import Snapshot, ip_bytes, ip_str
+from skewscope.outputs import exporter as E
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,13 +61,13 @@ def run_cli(*args, timeout=300):
 # ---- a generated capture, through the offline parser ---------------------------------------------
 @pytest.fixture(scope="module")
 def gen_snap(tmp_path_factory):
-    import skewgen
+    from skewscope import gen as skewgen
     d = tmp_path_factory.mktemp("ssp-exp")
     pcap = d / "cong.pcap"
     cap = skewgen.write("congestion", str(pcap), seed=1)      # CE marks and CNPs
     loss = d / "loss.pcap"
     cap_loss = skewgen.write("loss", str(loss), seed=1)        # NAKs, retransmissions
-    from skewscope.cli import load_source
+    from skewscope.cli.common import load_source
     out = {}
     for name, p, c in (("congestion", pcap, cap), ("loss", loss, cap_loss)):
         snap = load_source(str(p))
@@ -165,7 +166,7 @@ def test_counters_stay_monotonic_across_eviction():
     """Successive cumulative reads through live.flow_delta: a flow evicted and re-created
     (its counters restart) must not make the per-peer counter go down, and the total must
     be every packet ever counted."""
-    from skewscope.live import flow_delta
+    from skewscope.sources.live import flow_delta
     acc = E.Accumulator()
     reads = [
         mk_flows([("10.0.0.1", "10.0.0.2", 5, 10, 1000, 0, 0, 1), ("10.0.0.1", "10.0.0.2", 6, 5, 500, 0, 0, 1)]),

@@ -8,8 +8,8 @@
    is tests/kernel/test_fuzz_kernel.py.)
 2. The capture readers under hypothesis, for a bounded number of examples each: random
    bytes, pcap and pcapng files built from random (often lying) headers, block lengths and
-   records, then cut or bit-flipped, gzip too. skewscope.pcapfile.read_records and
-   skewscope.offline.parse_file may only return/yield or raise PcapError (the documented
+   records, then cut or bit-flipped, gzip too. skewscope.sources.pcapfile.read_records and
+   skewscope.sources.offline.parse_file may only return/yield or raise PcapError (the documented
    error); a file damaged part-way gives a Snapshot whose counters still add up. pytest's
    timeout fails the test if either ever hangs.
 """
@@ -28,16 +28,16 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fuzzcorpus as fc  # noqa: E402
 
-from skewscope import layout as L  # noqa: E402
-from skewscope.pcapfile import PcapError, read_records  # noqa: E402
+from skewscope.core import layout as L  # noqa: E402
+from skewscope.sources.pcapfile import PcapError, read_records  # noqa: E402
 
 try:
-    from skewscope import offline
+    from skewscope.sources import offline
 except ImportError:  # pragma: no cover - before issue 4 landed
     offline = None
 
 needs_offline = pytest.mark.skipif(offline is None or not hasattr(offline, "parse_file"),
-                                   reason="skewscope.offline.parse_file is not in this tree yet (issue 4)")
+                                   reason="skewscope.sources.offline.parse_file is not in this tree yet (issue 4)")
 N = 200_000
 REAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "real"
 

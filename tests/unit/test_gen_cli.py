@@ -7,10 +7,10 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-import skewgen
-from skewgen import ScenarioError, load_scenario, pcapio
-from skewgen.cli import gen
-from skewgen.scenario import parse_size
+from skewscope import gen as skewgen
+from skewscope.cli.gen import gen
+from skewscope.gen import ScenarioError, load_scenario, pcapio
+from skewscope.gen.scenario import parse_size
 
 SCEN = {
     "nodes": 4, "iterations": 2, "period_ms": 2,
@@ -32,7 +32,7 @@ pathologies:
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "skewgen", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "skewscope.gen", *args], capture_output=True,
                           text=True, timeout=120)
 
 

@@ -12,7 +12,7 @@ import shutil
 import struct
 import tempfile
 
-import skewgen
+from skewscope import gen as skewgen
 
 TMP = tempfile.mkdtemp(prefix="sgt-gen-")
 atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # full-frame pcaps are ~2 GB in all

@@ -8,15 +8,14 @@ import zlib
 
 import numpy as np
 import pytest
-from scapy.contrib.roce import BTH, AETH, CNPPadding
+from scapy.contrib.roce import AETH, BTH, CNPPadding
 from scapy.layers.inet import IP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Dot1Q, Ether
-from scapy.packet import Raw
-
-import skewgen
-from skewgen import frames as F
 from test_gen_common import BIG, capture, parse, pcap_file, read_pcap
+
+from skewscope import gen as skewgen
+from skewscope.gen import frames as F
 
 ALL = list(skewgen.PRESETS)
 SMALL = [p for p in ALL if p not in BIG]

@@ -13,9 +13,9 @@ import json
 import os
 
 import pytest
-
-import skewgen
 from test_gen_common import TMP
+
+from skewscope import gen as skewgen
 
 GOLDEN = [
     ("ring-healthy", 0, 0, 88704, "e68ab85d4bba566da117abb5c3d581601d92264d85f647e7a8ac4fb4417f878a",

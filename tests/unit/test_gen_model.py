@@ -4,11 +4,11 @@ import hashlib
 
 import numpy as np
 import pytest
-
-import skewgen
-from skewgen import frames as F
-from skewgen import model as M
 from test_gen_common import BIG, capture, pcap_file, read_pcap
+
+from skewscope import gen as skewgen
+from skewscope.gen import frames as F
+from skewscope.gen import model as M
 
 SMALL = [p for p in skewgen.PRESETS if p not in BIG]
 HEALTHY = ["ring-healthy", "tree-healthy", "alltoall-healthy", "pipeline-healthy", "tp-decode",

@@ -2,9 +2,9 @@
 import json
 
 import pytest
-
-import skewgen
 from test_gen_common import BIG, capture, pcap_file, recount
+
+from skewscope import gen as skewgen
 
 SMALL = [p for p in skewgen.PRESETS if p not in BIG]
 FIELDS = ["packets", "bytes", "payload_bytes", "messages", "ce_packets", "ecn_capable_packets",

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from skewscope import layout as L
+from skewscope.core import layout as L
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = ROOT / "ebpf" / "skewscope.h"

@@ -24,14 +24,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from test_offline_formats import ng_block, ng_epb, ng_idb, ng_shb, pcap_bytes, reference_packets, write
 
-from skewscope import layout as L
-from skewscope import offline
 from skewscope.cli import main
-from skewscope.pcapfile import PcapError
-
-from test_offline_formats import (ng_block, ng_epb, ng_idb, ng_shb, pcap_bytes, reference_packets, to_sll2,
-                                  write)
+from skewscope.core import layout as L
+from skewscope.sources import offline
+from skewscope.sources.pcapfile import PcapError
 
 pytestmark = pytest.mark.timeout(300)
 REAL = Path(__file__).resolve().parents[2].parent / "shared/data/real"

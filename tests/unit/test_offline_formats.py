@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from skewscope import layout as L
-from skewscope import offline
-from skewscope.snapshot import ip_bytes
+from skewscope.core import layout as L
+from skewscope.core.snapshot import ip_bytes
+from skewscope.sources import offline
 
 scapy_all = pytest.importorskip("scapy.all")
-from scapy.contrib.roce import AETH, BTH, GRH, CNPPadding  # noqa: E402
+from scapy.contrib.roce import BTH, GRH, CNPPadding  # noqa: E402
 from scapy.layers.inet import IP, UDP  # noqa: E402
 from scapy.layers.inet6 import IPv6  # noqa: E402
 from scapy.layers.l2 import ARP, Dot1Q, Ether  # noqa: E402

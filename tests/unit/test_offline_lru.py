@@ -12,11 +12,10 @@ from collections import OrderedDict
 
 import numpy as np
 import pytest
-
-from skewscope import layout as L
-from skewscope import offline
-
 from test_offline_formats import pcap_bytes, roce, write
+
+from skewscope.core import layout as L
+from skewscope.sources import offline
 
 TEMPLATE = {op: roce(op, 1, 0, b"p" * 100, reth=100).frame for op in (0x06, 0x08, 0x0A)}
 

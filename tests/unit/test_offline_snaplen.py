@@ -13,11 +13,10 @@ import struct
 
 import numpy as np
 import pytest
+from test_offline_formats import pcap_bytes, roce, rocev1, same_snapshot, write
 
-from skewscope import layout as L
-from skewscope import offline
-
-from test_offline_formats import pcap_bytes, pfc, roce, rocev1, same_snapshot, write
+from skewscope.core import layout as L
+from skewscope.sources import offline
 
 # (name, packet, [(end offset of header, category when cut before it)], ext end)
 T = L
@@ -159,7 +158,7 @@ GEN_PRESETS = ["mixed", "loss", "ipv6-ring", "vlan-alltoall", "tp-decode"]
 def test_headers_only_capture_equals_full_capture(tmp_path, preset):
     """skewgen: the same traffic captured in full and with snaplen 128 gives the same
     Snapshot (every counter, histogram and message record)."""
-    skewgen = pytest.importorskip("skewgen")
+    skewgen = pytest.importorskip("skewscope.gen")
     cap = skewgen.generate(preset, seed=3)
     full, cut = tmp_path / "full.pcap", tmp_path / "cut.pcap"
     cap.write_pcap(full, snaplen=0)

@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from skewscope import layout as L
-from skewscope import offline
-from skewscope.report import flow_dicts
+from skewscope.core import layout as L
+from skewscope.outputs.report import flow_dicts
+from skewscope.sources import offline
 
-skewgen = pytest.importorskip("skewgen")
+skewgen = pytest.importorskip("skewscope.gen")
 
 SKIP = {"ring-32"}  # 2M frames: covered by tools/bench/bench_offline.py
 PRESETS = [p for p in skewgen.PRESETS if p not in SKIP]

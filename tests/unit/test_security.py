@@ -29,9 +29,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from skewscope import dataplane as D
-from skewscope import layout as L
-from skewscope.snapshot import Snapshot, SnapshotError, empty
+from skewscope.bpf import loader as D
+from skewscope.core.snapshot import Snapshot, SnapshotError, empty
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-c", "from skewscope.cli import main; main()"]
@@ -200,10 +199,10 @@ def test_unprivileged_report_works(tmp_path):
 
 # ---- the exporter listens on loopback by default -----------------------------------------------
 def test_exporter_default_listen_is_loopback():
-    from skewscope import exporter
+    from skewscope.outputs import exporter
     assert exporter.DEFAULT_LISTEN.startswith("127.0.0.1:")
     assert exporter.parse_listen(":9435")[0] == "127.0.0.1"
-    from skewscope.cmd_export import export
+    from skewscope.cli.export import export
     opt = {o.name: o for o in export.params}["listen"]
     assert opt.default.startswith("127.0.0.1:")
 

@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from skewscope import layout as L
-from skewscope import offline
-from skewscope.snapshot import ip_str
+from skewscope.core import layout as L
+from skewscope.core.snapshot import ip_str
+from skewscope.sources import offline
 
 pytestmark = [pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark not installed (make setup)"),
               pytest.mark.timeout(600)]
@@ -173,7 +173,7 @@ def test_real_capture_vs_tshark(path):
 @pytest.mark.parametrize("preset,snaplen", [("mixed", 128), ("loss", 128), ("ipv6-ring", 128),
                                             ("vlan-alltoall", 128), ("congestion", 128), ("moe-decode", 0)])
 def test_generated_capture_vs_tshark(tmp_path, preset, snaplen):
-    skewgen = pytest.importorskip("skewgen")
+    skewgen = pytest.importorskip("skewscope.gen")
     if preset not in skewgen.PRESETS:
         pytest.skip(f"preset {preset} no longer exists")
     p = tmp_path / f"{preset}.pcap"

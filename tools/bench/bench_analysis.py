@@ -40,8 +40,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from skewscope import layout as L  # noqa: E402
-from skewscope.snapshot import Snapshot  # noqa: E402
+from skewscope.core import layout as L  # noqa: E402
+from skewscope.core.snapshot import Snapshot  # noqa: E402
 
 
 # ---- the synthetic snapshot -------------------------------------------------------------------

@@ -69,11 +69,12 @@ int with_lru(struct xdp_md *ctx)
 def frames():
     from scapy.config import conf
     conf.verb = 0
+    import struct
+
     from scapy.contrib.roce import AETH, BTH
     from scapy.layers.inet import IP, TCP, UDP
     from scapy.layers.l2 import Ether
     from scapy.packet import Raw
-    import struct
     eth = Ether(src="02:00:00:00:00:0a", dst="02:00:00:00:00:0b")
     ip = IP(src="10.0.0.1", dst="10.0.0.2", tos=0x02)
     udp = UDP(sport=0xC001, dport=4791)
@@ -90,7 +91,8 @@ def frames():
 
 def load_baselines(frags: bool):
     from bcc import BPF, lib
-    from skewscope import bpfsys
+
+    from skewscope.bpf import syscalls as bpfsys
     b = BPF(text=BASELINE_SRC)
     fds = {}
     for name in ("trivial", "with_ktime", "with_lru"):
@@ -121,8 +123,8 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         print("bench_dataplane: needs root (BPF_PROG_TEST_RUN)", file=sys.stderr)
         return 4
-    from skewscope import bpfsys
-    from skewscope.dataplane import Config, Dataplane
+    from skewscope.bpf import syscalls as bpfsys
+    from skewscope.bpf.loader import Config, Dataplane
 
     cpus = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpus[-1]})

@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import numpy as np  # noqa: E402
 
-import skewgen  # noqa: E402
-from skewgen import pcapio  # noqa: E402
+from skewscope import gen as skewgen  # noqa: E402
+from skewscope.gen import pcapio  # noqa: E402
 
 
 def baseline(cap, n: int, out, snaplen: int) -> float:

@@ -63,8 +63,8 @@ def teardown():
 
 
 def frames(n_each=4096):
-    from skewscope.fabric import _skewgen
-    sg = _skewgen()
+    from skewscope import gen as skewgen
+    sg = skewgen
     out = []
     for preset in ("ring-straggler", "moe-hot-expert"):
         cap = sg.generate(preset, seed=11)
@@ -159,7 +159,7 @@ def cpu_ns(ksoftirqd: int | None) -> int:
 
 def prog_stats(prog_id: int) -> tuple[int, int]:
     """(run_time_ns, run_cnt) of a BPF program (struct bpf_prog_info @ 192/200)."""
-    from skewscope import bpfsys
+    from skewscope.bpf import syscalls as bpfsys
     fd = bpfsys.prog_fd_by_id(prog_id)
     try:
         info = (ctypes.c_uint8 * 256)()
@@ -182,7 +182,9 @@ class Trivial:
 
     def __init__(self, ifname):
         from bcc import BPF, lib
-        from skewscope import bpfsys, dataplane
+
+        from skewscope.bpf import loader as dataplane
+        from skewscope.bpf import syscalls as bpfsys
         self.b = BPF(text=TRIVIAL)
         st, sz = lib.bpf_function_start(self.b.module, b"trivial"), lib.bpf_function_size(self.b.module, b"trivial")
         self.fd = bpfsys.prog_load(bpfsys.BPF_PROG_TYPE_XDP, st, sz, "trivial", b"GPL",
@@ -193,7 +195,7 @@ class Trivial:
         dataplane._xdp_set(self.idx, self.fd, dataplane.XDP_FLAGS_DRV_MODE)
 
     def close(self):
-        from skewscope import dataplane
+        from skewscope.bpf import loader as dataplane
         dataplane._xdp_set(self.idx, -1, dataplane.XDP_FLAGS_DRV_MODE)
         os.close(self.fd)
         self.b.cleanup()
@@ -207,8 +209,8 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         print("bench_live: needs root (namespaces, attach)", file=sys.stderr)
         return 4
-    from skewscope import live
-    from skewscope.fabric import in_netns
+    from skewscope.sources import live
+    from skewscope.testbed.fabric import in_netns
 
     cpu = sorted(os.sched_getaffinity(0))[-1]
     os.sched_setaffinity(0, {cpu})

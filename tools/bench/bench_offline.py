@@ -46,7 +46,7 @@ SKEWSCOPE = Path(sys.executable).parent / "skewscope"
 
 
 def make_captures(work: Path, preset: str, scale: int) -> tuple[Path, Path, Path, int]:
-    import skewgen
+    from skewscope import gen as skewgen
     base = work / f"{preset}.s128.pcap"
     if not base.exists():
         print(f"generating {preset} (snaplen 128) -> {base} ...", flush=True)
@@ -171,7 +171,7 @@ def dpkt_job(path: Path) -> dict:
 
 
 def skewscope_agg(snap) -> dict:
-    from skewscope.snapshot import ip_str
+    from skewscope.core.snapshot import ip_str
     return {(ip_str(f["src"], 4), ip_str(f["dst"], 4), int(f["dest_qp"])): [int(f["packets"]), int(f["bytes"])]
             for f in snap.flows}
 
@@ -188,8 +188,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     base, big, gz, k = make_captures(work, args.preset, args.scale)
 
-    from skewscope import offline
-    from skewscope.offline import kernel as K
+    from skewscope.sources import offline
     tiny = work / "tiny.pcap"
     if not tiny.exists():
         data = base.read_bytes()[:24 + 10 * 144]

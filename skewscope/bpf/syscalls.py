@@ -1,0 +1,207 @@
+"""Thin ctypes wrappers over the bpf(2) syscall for what bcc's Python API does not expose:
+program load with flags (BPF_F_XDP_HAS_FRAGS), BPF_PROG_TEST_RUN, batched map reads into
+numpy buffers, and object info (to recognise our own programs on an interface)."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import platform
+import struct
+
+import numpy as np
+
+_SYS_BPF = {"x86_64": 321, "aarch64": 280, "armv7l": 386, "ppc64le": 361, "s390x": 351, "riscv64": 280}
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+BPF_PROG_GET_FD_BY_ID = 13
+BPF_PROG_LOAD = 5
+BPF_PROG_TEST_RUN = 10
+BPF_OBJ_GET_INFO_BY_FD = 15
+BPF_MAP_LOOKUP_BATCH = 24
+
+BPF_PROG_TYPE_SCHED_CLS = 3
+BPF_PROG_TYPE_XDP = 6
+BPF_F_XDP_HAS_FRAGS = 1 << 5
+BPF_XDP = 37  # expected_attach_type for frags programs
+
+ATTR_SIZE = 160
+
+
+class BPFError(OSError):
+    pass
+
+
+def _sys_bpf(cmd: int, attr: ctypes.Array) -> int:
+    nr = _SYS_BPF.get(platform.machine())
+    if nr is None:
+        raise BPFError(errno.ENOSYS, f"bpf(2) syscall number unknown for {platform.machine()}")
+    ret = _libc.syscall(nr, cmd, ctypes.byref(attr), ctypes.sizeof(attr))
+    if ret < 0:
+        e = ctypes.get_errno()
+        raise BPFError(e, os.strerror(e))
+    return ret
+
+
+def _attr() -> ctypes.Array:
+    return (ctypes.c_uint8 * ATTR_SIZE)()
+
+
+def _put(attr, off: int, fmt: str, value) -> None:
+    struct.pack_into(fmt, attr, off, value)
+
+
+def _get(attr, off: int, fmt: str):
+    return struct.unpack_from(fmt, attr, off)[0]
+
+
+def prog_load(prog_type: int, insns_ptr: int, insn_bytes: int, name: str, license: bytes = b"GPL",
+              flags: int = 0, expected_attach_type: int = 0, log_size: int = 1 << 22) -> int:
+    """BPF_PROG_LOAD; on failure raises BPFError with the verifier log's tail."""
+    lic = ctypes.create_string_buffer(license)
+    for level in (0, 1):
+        log = ctypes.create_string_buffer(log_size if level else 1)
+        a = _attr()
+        _put(a, 0, "<I", prog_type)
+        _put(a, 4, "<I", insn_bytes // 8)
+        _put(a, 8, "<Q", insns_ptr)
+        _put(a, 16, "<Q", ctypes.addressof(lic))
+        if level:
+            _put(a, 24, "<I", 1)
+            _put(a, 28, "<I", log_size)
+            _put(a, 32, "<Q", ctypes.addressof(log))
+        _put(a, 44, "<I", flags)
+        nm = name.encode()[:15]
+        a[48:48 + len(nm)] = nm
+        _put(a, 68, "<I", expected_attach_type)
+        try:
+            return _sys_bpf(BPF_PROG_LOAD, a)
+        except BPFError as e:
+            if level == 0 and e.errno not in (errno.EPERM,):
+                continue  # retry with the verifier log
+            tail = log.value.decode(errors="replace").strip().splitlines()[-12:] if level else []
+            raise BPFError(e.errno, f"{os.strerror(e.errno)}" + ("\n" + "\n".join(tail) if tail else ""))
+    raise AssertionError("unreachable")
+
+
+_FRAGS_SUPPORTED: bool | None = None
+
+
+def xdp_frags_supported() -> bool:
+    """Does the kernel take XDP programs with BPF_F_XDP_HAS_FRAGS (Linux >= 5.18, which also
+    brought bpf_xdp_get_buff_len)? Probed once by loading `r0 = XDP_PASS; exit` with it."""
+    global _FRAGS_SUPPORTED
+    if _FRAGS_SUPPORTED is None:
+        insns = (ctypes.c_uint8 * 16).from_buffer_copy(bytes.fromhex("b700000002000000" "9500000000000000"))
+        try:
+            fd = prog_load(BPF_PROG_TYPE_XDP, ctypes.addressof(insns), 16, "ss_frags_probe", flags=BPF_F_XDP_HAS_FRAGS,
+                           expected_attach_type=BPF_XDP)
+            os.close(fd)
+            _FRAGS_SUPPORTED = True
+        except BPFError as e:
+            if e.errno == errno.EPERM:
+                raise
+            _FRAGS_SUPPORTED = False
+    return _FRAGS_SUPPORTED
+
+
+def prog_test_run(prog_fd: int, data: bytes | memoryview | np.ndarray, repeat: int = 1,
+                  ctx: bytes | None = None) -> tuple[int, int]:
+    """BPF_PROG_TEST_RUN: returns (retval, duration_ns_per_run)."""
+    buf = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
+    if not buf.flags.c_contiguous:
+        buf = np.ascontiguousarray(buf)
+    a = _attr()
+    _put(a, 0, "<I", prog_fd)
+    _put(a, 8, "<I", buf.nbytes)
+    _put(a, 16, "<Q", buf.ctypes.data)
+    _put(a, 32, "<I", repeat)
+    if ctx is not None:
+        cbuf = ctypes.create_string_buffer(ctx, len(ctx))
+        _put(a, 40, "<I", len(ctx))
+        _put(a, 48, "<Q", ctypes.addressof(cbuf))
+    _sys_bpf(BPF_PROG_TEST_RUN, a)
+    return _get(a, 4, "<I"), _get(a, 36, "<I")
+
+
+def map_lookup_batch(map_fd: int, key_size: int, value_size: int, max_entries: int,
+                     chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """Read a whole hash/array map with BPF_MAP_LOOKUP_BATCH into (keys, values) byte
+    matrices. For per-CPU maps pass value_size = round_up(size, 8) * ncpus."""
+    keys = np.empty((max(max_entries, 1), key_size), dtype=np.uint8)
+    vals = np.empty((max(max_entries, 1), value_size), dtype=np.uint8)
+    tok_in = (ctypes.c_uint8 * max(key_size, 8))()
+    tok_out = (ctypes.c_uint8 * max(key_size, 8))()
+    n = 0
+    first = True
+    while n < max_entries:
+        want = min(chunk, max_entries - n)
+        a = _attr()
+        _put(a, 0, "<Q", 0 if first else ctypes.addressof(tok_in))
+        _put(a, 8, "<Q", ctypes.addressof(tok_out))
+        _put(a, 16, "<Q", keys.ctypes.data + n * key_size)
+        _put(a, 24, "<Q", vals.ctypes.data + n * value_size)
+        _put(a, 32, "<I", want)
+        _put(a, 36, "<I", map_fd)
+        try:
+            _sys_bpf(BPF_MAP_LOOKUP_BATCH, a)
+            got = _get(a, 32, "<I")
+            n += got
+        except BPFError as e:
+            if e.errno == errno.ENOENT:
+                n += _get(a, 32, "<I")
+                break
+            if e.errno == errno.ENOSPC and want < max_entries:
+                chunk = max(chunk * 2, 1)  # a bucket bigger than the chunk: grow
+                continue
+            raise
+        ctypes.memmove(tok_in, tok_out, len(tok_in))
+        first = False
+    return keys[:n], vals[:n]
+
+
+def prog_info(prog_fd: int) -> dict:
+    """id, type, name of a program (struct bpf_prog_info prefix)."""
+    info = (ctypes.c_uint8 * 256)()
+    a = _attr()
+    _put(a, 0, "<I", prog_fd)
+    _put(a, 4, "<I", ctypes.sizeof(info))
+    _put(a, 8, "<Q", ctypes.addressof(info))
+    _sys_bpf(BPF_OBJ_GET_INFO_BY_FD, a)
+    ptype, pid = struct.unpack_from("<II", info, 0)
+    name = bytes(info[64:80]).split(b"\0")[0].decode(errors="replace")
+    return {"type": ptype, "id": pid, "name": name}
+
+
+def prog_fd_by_id(prog_id: int) -> int:
+    a = _attr()
+    _put(a, 0, "<I", prog_id)
+    return _sys_bpf(BPF_PROG_GET_FD_BY_ID, a)
+
+
+def prog_name_by_id(prog_id: int) -> str | None:
+    try:
+        fd = prog_fd_by_id(prog_id)
+    except BPFError:
+        return None
+    try:
+        return prog_info(fd)["name"]
+    finally:
+        os.close(fd)
+
+
+BPF_MAP_UPDATE_ELEM = 2
+
+
+def map_update(map_fd: int, key: bytes, value: bytes, flags: int = 0) -> None:
+    """BPF_MAP_UPDATE_ELEM (for per-CPU maps, value = ncpus * round_up(size, 8) bytes)."""
+    kb = ctypes.create_string_buffer(key, len(key))
+    vb = ctypes.create_string_buffer(value, len(value))
+    a = _attr()
+    _put(a, 0, "<I", map_fd)
+    _put(a, 8, "<Q", ctypes.addressof(kb))
+    _put(a, 16, "<Q", ctypes.addressof(vb))
+    _put(a, 24, "<Q", flags)
+    _sys_bpf(BPF_MAP_UPDATE_ELEM, a)

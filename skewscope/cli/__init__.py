@@ -1,0 +1,90 @@
+"""skewscope's command line: the `main` group and the one explicit list of its commands.
+
+Each command group lives in its own module of this package (files, live, mirror, demo,
+diagnose, export, gen); they import what they share from cli.common, never this module, so
+there is no import cycle. A command module that fails to import is an error at start-up.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import click
+
+from skewscope import __version__
+from skewscope.cli import demo, diagnose, export, files, gen, live, mirror
+from skewscope.core.errors import EXIT_INTERRUPTED, EXIT_NOT_RUN, EXIT_USAGE
+
+EPILOG = """\b
+Examples:
+  skewscope top -i pf0hpf                 live view of every QP on a DPU representor
+  skewscope capture -i eth1 --duration 30s -o run.snap
+  skewscope report trace.pcap             offline report, no root needed
+  skewscope diagnose run.snap --json      for runbooks: exit 0 ok, 1 warn, 2 critical
+  skewscope replay trace.pcap -o k.snap   run a capture through the real BPF program
+  skewscope gen moe-hot-expert -o t.pcap  generate NCCL-like traffic with ground truth
+"""
+
+
+class _Group(click.Group):
+    """Click's own errors (usage, a command's ClickException) as one line on stderr with the
+    documented exit codes: 2 usage, 3 could not run (click would print four lines and exit 1
+    for a ClickException); Ctrl-C outside a command's own handling exits 130."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # bare `skewscope` / `skewscope mirror`
+                click.echo(e.format_message(), err=True)
+                sys.exit(EXIT_USAGE)
+            path = e.ctx.command_path if e.ctx is not None else "skewscope"
+            click.echo(f"{path}: {e.format_message()} (see '{path} --help')", err=True)
+            sys.exit(EXIT_USAGE)
+        except click.ClickException as e:
+            path = "skewscope"
+            ctx = click.get_current_context(silent=True)
+            if ctx is not None:
+                path = ctx.command_path
+            click.echo(f"{path}: {e.format_message()}", err=True)
+            sys.exit(EXIT_NOT_RUN)
+        except click.Abort:
+            click.echo("skewscope: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except Exception as e:  # a bug of ours: one line for the user, the traceback on request
+            if os.environ.get("SKEWSCOPE_DEBUG"):
+                raise
+            tb = traceback.extract_tb(e.__traceback__)
+            where = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
+            click.echo(f"skewscope: internal error: {type(e).__name__}: {e}{where} (a bug: please report it; "
+                       "SKEWSCOPE_DEBUG=1 shows the traceback)", err=True)
+            sys.exit(EXIT_NOT_RUN)
+        # standalone_mode=False returns ctx.exit(n)'s code, or the command's return value
+        sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
+
+
+@click.group(cls=_Group, epilog=EPILOG,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "-V", "--version", prog_name="skewscope")
+def main():
+    """Find skews, imbalances and pathologies in RoCEv2 traffic of multi-GPU LLM jobs,
+    from a DPU or any mirror port, with eBPF."""
+
+
+COMMANDS = (
+    files.report, files.replay, files.detach,      # files: no root for report
+    live.top, live.capture,                        # live: attach to an interface
+    diagnose.diagnose,                             # runbooks: exit code = worst severity
+    export.export, export.cluster,                 # fleet: Prometheus exporter, fusion
+    mirror.mirror,                                 # tc mirred rules that feed a DPU netdev
+    demo.demo,                                     # namespace fabric + pathologies + top
+    gen.gen,                                       # traffic generator with ground truth
+)
+for _cmd in COMMANDS:
+    main.add_command(_cmd)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""What every command shares: one-line errors with exit codes, loading a source file."""
+from __future__ import annotations
+
+import functools
+import os
+import stat
+import sys
+
+import click
+
+from skewscope.core.errors import EXIT_INTERRUPTED, EXIT_NOT_RUN, SkewscopeError
+from skewscope.core.snapshot import Snapshot, SnapshotError
+
+
+def fail(msg: str, code: int = EXIT_NOT_RUN) -> "NoReturn":  # noqa: F821
+    click.echo(f"skewscope: {msg}", err=True)
+    sys.exit(code)
+
+
+def friendly_errors(fn):
+    """Turn every expected failure into one line on stderr and a documented exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except SkewscopeError as e:
+            fail(str(e), e.code)
+        except KeyboardInterrupt:
+            fail("interrupted", EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            try:
+                sys.stdout = open(os.devnull, "w")
+            except OSError:
+                pass
+            sys.exit(0)
+        except OSError as e:
+            fail(f"{e.filename + ': ' if getattr(e, 'filename', None) else ''}{e.strerror or e}", EXIT_NOT_RUN)
+
+    return wrapper
+
+
+def load_source(path: str, progress: bool = False, max_flows: int = 65536):
+    """A .snap file, or a capture (pcap/pcapng, optionally gzip) through the offline parser.
+    A capture damaged part-way is read up to the damage: the warning goes to stderr."""
+    if not os.path.exists(path):
+        raise SnapshotError(f"{path}: no such file")
+    if stat.S_ISREG(os.stat(path).st_mode):  # a pipe (/dev/stdin) cannot be peeked at twice
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+        if head[:2] == b"PK":
+            return Snapshot.load(path)
+    from skewscope.sources import offline  # heavy (numba): only commands that read a capture
+    snap = offline.parse_file(path, progress=progress, max_flows=max_flows)
+    for w in snap.meta.get("warnings", []):
+        click.echo(f"skewscope: warning: {w}", err=True)
+    return snap

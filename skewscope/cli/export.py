@@ -1,0 +1,134 @@
+"""`skewscope export` (one DPU -> Prometheus /metrics) and `skewscope cluster` (the fleet,
+from Prometheus). Metric contract and cardinality: docs/fleet.md."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+
+import click
+
+from skewscope.cli.common import fail, friendly_errors, load_source
+from skewscope.core.errors import EXIT_NOT_RUN, EXIT_USAGE
+from skewscope.outputs import cluster as C
+
+EXPORT_EPILOG = """\b
+Examples:
+  skewscope export -i pf0hpf                      live, /metrics on 127.0.0.1:9435
+  skewscope export -i pf0hpf --listen 0.0.0.0:9435 --node gpu-17-dpu
+  skewscope export --from run.snap --once         print the exposition once and exit
+\b
+Cardinality per DPU (docs/fleet.md): 15 series per peer pair (src, dst, traffic class)
+seen, up to --max-peers pairs (later pairs add up in one src="_overflow" pair); 43 per
+top-K flow; 1 per destination; about 130 per node (+ process_*).
+\b
+Exit codes: 0 ok (--once, or Ctrl-C); 2 usage; 3 unreadable --from FILE or cannot listen;
+4 not root (-i); 5 bcc missing; 6 no such interface; 7 busy; 8 kernel refused.
+"""
+
+
+@click.command(epilog=EXPORT_EPILOG)
+@click.option("-i", "--interface", "iface", help="interface to watch live (needs root)")
+@click.option("--from", "from_file", type=click.Path(dir_okay=False),
+              help="serve a snapshot (.snap) or a capture (pcap/pcapng) instead of live traffic")
+@click.option("--listen", default="127.0.0.1:9435", show_default=True,
+              help="ADDR:PORT to serve /metrics on; [ADDR]:PORT for IPv6. Loopback unless you ask.")
+@click.option("--node", default=None, help="this DPU's identity, the `node` label  [default: hostname]")
+@click.option("--top-k", type=click.IntRange(0, 10000), default=10, show_default=True,
+              help="flows (QPs) exported one by one: the K largest by bytes")
+@click.option("--max-peers", type=click.IntRange(1, 1 << 20), default=4096, show_default=True,
+              help="peer pairs exported one by one (first seen first); more add up in one overflow pair")
+@click.option("--interval", type=click.FloatRange(0.05, 3600), default=1.0, show_default=True,
+              help="live: seconds between reads of the data plane")
+@click.option("--tc", "use_tc", is_flag=True, help="live: attach with TC clsact instead of XDP")
+@click.option("--xdp-mode", type=click.Choice(["native", "generic"]), default="native", show_default=True)
+@click.option("--direction", type=click.Choice(["ingress", "egress", "both"]), default="ingress",
+              show_default=True, help="live, with --tc: which direction(s) to watch")
+@click.option("--max-flows", type=click.IntRange(16, 1 << 24), default=65536, show_default=True)
+@click.option("--once", is_flag=True, help="print the exposition to stdout once and exit (no server)")
+@friendly_errors
+def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, xdp_mode, direction, max_flows,
+           once):
+    """Serve this DPU's view as Prometheus metrics (/metrics): per-peer counters, top-K flows,
+    message-size and gap histograms. Scrape every DPU; `skewscope cluster` and the rules in
+    docs/prometheus/ turn them into the fleet-wide matrix and skew."""
+    from skewscope.outputs import exporter as E  # heavy (numba)
+    if bool(iface) == bool(from_file):
+        fail("export needs exactly one of -i IFACE (live) or --from FILE", EXIT_USAGE)
+    try:
+        addr, port = E.parse_listen(listen)
+    except E.ListenError as e:
+        fail(str(e), EXIT_USAGE)
+    node = node if node is not None else E.default_node()
+    if not node.strip():
+        fail("--node must not be empty", EXIT_USAGE)
+    if from_file:
+        snap = load_source(from_file)
+        src = E.StaticSource(snap, node, top_k=top_k, max_peers=max_peers)
+    else:
+        src = E.LiveSource(iface, node, top_k=top_k, max_peers=max_peers, interval=interval,
+                           mode="tc" if use_tc else "xdp", xdp_mode=xdp_mode, direction=direction,
+                           max_flows=max_flows)
+    try:
+        reg = E.make_registry(E.SkewscopeCollector(src.get))
+        if once:
+            click.echo(E.render(reg), nl=False)
+            return
+        try:
+            server, _ = E.serve(reg, addr, port)
+        except OSError as e:
+            fail(f"cannot listen on {listen}: {e.strerror or e}", EXIT_NOT_RUN)
+        real_port = server.server_address[1]
+        what = src.describe() if iface else from_file
+        click.echo(f"skewscope export: node {node!r}, {what}, serving http://{_hostport(addr, real_port)}/metrics"
+                   f" (Ctrl-C to stop)", err=True)
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda *_: stop.set())
+        while not stop.wait(0.5):
+            err = getattr(src, "error", None)
+            if err is not None:
+                fail(f"reading the data plane failed: {err}; stopping", EXIT_NOT_RUN)
+        server.shutdown()
+    finally:
+        src.close()
+
+
+def _hostport(addr: str, port: int) -> str:
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+
+
+CLUSTER_EPILOG = """\b
+Examples:
+  skewscope cluster --prometheus http://127.0.0.1:9090
+  skewscope cluster --prometheus http://prom:9090 --window 15m --json
+  skewscope cluster --prometheus http://127.0.0.1:9090 --window all   counters since exporter start
+\b
+Exit codes: 0 ok; 2 usage; 3 Prometheus unreachable, refused the query or has no skewscope data.
+"""
+
+
+@click.command(epilog=CLUSTER_EPILOG)
+@click.option("--prometheus", "url", required=True, help="Prometheus base URL (http://HOST:9090)")
+@click.option("--window", default="5m", show_default=True,
+              help="Prometheus range (30s, 5m, 1h...) for increase(); 'all' = counter values as they are")
+@click.option("--json", "as_json", is_flag=True, help="print the JSON document (the shape of `report --json`)")
+@click.option("--timeout", type=click.FloatRange(0.1, 600), default=30.0, show_default=True,
+              help="seconds per HTTP request")
+@click.option("--selector", default="", help="extra PromQL label matchers for every query, e.g. 'job=\"dpus\"'")
+@click.option("--no-rules", is_flag=True, help="query raw series even when recording rules exist")
+@click.option("--top", type=click.IntRange(1, 100000), default=20, show_default=True, help="pairs in the table")
+@friendly_errors
+def cluster(url, window, as_json, timeout, selector, no_rules, top):
+    """Cluster-wide traffic matrix, skew and findings from the Prometheus that scrapes every
+    DPU's `skewscope export`: the same metrics and findings as the single-node report."""
+    try:
+        doc = C.run(url, window=window, timeout=timeout, selector=selector, use_rules=not no_rules)
+    except C.ClusterError as e:
+        fail(str(e), e.code)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        C.human(doc, top=top)
+    sys.stdout.flush()

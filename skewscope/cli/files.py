@@ -1,0 +1,116 @@
+"""Commands on files: report, replay, and detach (cleanup after a crash)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from skewscope.bpf.attach import detach_ours, ifindex
+from skewscope.bpf.loader import check_privileges
+from skewscope.cli.common import fail, friendly_errors, load_source
+from skewscope.core.errors import EXIT_BUSY, EXIT_USAGE
+from skewscope.outputs import report as R
+from skewscope.sources.live import find_leftover
+from skewscope.sources.replay import replay as run
+
+REPORT_EPILOG = """\b
+Examples:
+  skewscope report trace.pcap                     table of the top flows + findings
+  skewscope report trace.pcapng.gz --json         the stable JSON document (README "Counters")
+  skewscope report run.snap --top 50              a snapshot from capture/replay
+  tcpdump -i eth1 -s 128 -w - udp port 4791 | skewscope report /dev/stdin
+\b
+Columns: README "Report columns"; real output: docs/examples/report_offline_example.txt.
+Exit codes: 0 ok (a capture damaged part-way too: one warning line); 2 usage; 3 unreadable,
+unsupported or invalid file.
+"""
+
+
+REPLAY_EPILOG = """\b
+Examples:
+  sudo skewscope replay trace.pcap -o k.snap      kernel's view of a capture
+  sudo skewscope replay trace.pcap -o k.snap --entry tc --json
+  skewscope report k.snap                         read it back (no root)
+\b
+Exit codes: 0 ok; 2 usage (e.g. -o in a missing directory); 3 unreadable or unsupported
+capture; 4 not root; 5 bcc missing; 8 kernel refused the program.
+"""
+
+
+DETACH_EPILOG = """\b
+Examples:
+  sudo skewscope detach -i pf0hpf                 after a run killed with SIGKILL
+\b
+Exit codes: 0 ok (also: nothing to remove); 2 usage; 4 not root; 6 no such interface;
+7 the program is in use by a running skewscope (stop that run, or --force).
+"""
+
+
+@click.command(epilog=REPLAY_EPILOG)
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="snapshot to write (.snap)")
+@click.option("--entry", type=click.Choice(["xdp", "tc"]), default="xdp", show_default=True,
+              help="which entry point of the program to run")
+@click.option("--max-flows", type=click.IntRange(16, 1 << 24), default=65536, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
+@friendly_errors
+def replay(file, output, entry, max_flows, as_json):
+    """Run every frame of a capture through the real BPF program (BPF_PROG_TEST_RUN) and
+    save the Snapshot. Needs root. Timestamps come from the capture."""
+    d = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(d):  # before the replay, not after it (and not the temp file's name)
+        fail(f"-o {output}: directory {d} does not exist", EXIT_USAGE)
+    snap = run(file, entry=entry, max_flows=max_flows)
+    snap.save(output)
+    if as_json:
+        from skewscope.analysis import analyze  # heavy (numba)
+        click.echo(R.to_json(snap, analyze(snap)))
+    else:
+        m = snap.meta
+        click.echo(f"replayed {m['frames']} frames through {entry} -> {output} "
+                   f"({len(snap.flows)} flows, {len(snap.events)} message records"
+                   + (f"; {m['padded_records']} snaplen-cut records padded to original length" if m["padded_records"]
+                      else "") + ")")
+
+
+@click.command(epilog=REPORT_EPILOG)
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="print the stable JSON document")
+@click.option("--top", type=click.IntRange(1, 100000), default=20, show_default=True, help="flows in the table")
+@click.option("--max-flows", type=click.IntRange(16, 1 << 24), default=65536, show_default=True,
+              help="captures: flow table size (least recently used flows are evicted beyond it)")
+@friendly_errors
+def report(file, as_json, top, max_flows):
+    """Report on a snapshot (.snap) or a capture (pcap/pcapng, .gz too). No root needed."""
+    snap = load_source(file, progress=sys.stderr.isatty(), max_flows=max_flows)
+    from skewscope.analysis import analyze  # heavy (numba)
+    analysis = analyze(snap)
+    if as_json:
+        click.echo(R.to_json(snap, analysis))
+    else:
+        R.human(snap, analysis, top=top)
+
+
+@click.command(epilog=DETACH_EPILOG)
+@click.option("-i", "--interface", "iface", required=True, help="interface to clean")
+@click.option("--force", is_flag=True, help="remove even a program a running skewscope still uses")
+@friendly_errors
+def detach(iface, force):
+    """Remove skewscope's own XDP/TC programs from an interface (after a crash). Programs
+    that are not skewscope's are never touched, nor (without --force) one that a running
+    skewscope (top, capture, export) still uses."""
+    check_privileges()
+    ifindex(iface)  # one clear line when it does not exist
+    if not force:
+        lo = find_leftover(iface)
+        if lo is not None and lo.holders:
+            who = ", ".join(f"{c} (pid {p})" for p, c in lo.holders)
+            fail(f"{iface}: {lo.describe()} is in use by {who}; stop that run (or use --force)", EXIT_BUSY)
+    removed = detach_ours(iface)
+    parts = []
+    if removed["xdp"]:
+        parts.append(f"XDP program id {removed['xdp']}")
+    parts += [f"TC {d} filter (prio {p})" for d, p, _ in removed["tc"]]
+    click.echo(f"{iface}: removed " + ", ".join(parts) if parts else f"{iface}: no skewscope program attached")
+

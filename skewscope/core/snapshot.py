@@ -1,0 +1,201 @@
+"""The Snapshot: the one seam between the data sources (live BPF maps, kernel replay,
+offline pcap parser) and everything downstream (metrics, findings, report, top, export).
+
+A Snapshot is numpy structured arrays + a metadata dict:
+  flows    layout.FLOW_DTYPE, one row per (ipver, src, dst, dest_qp), sorted by key bytes
+  events   layout.EVENT_DTYPE, message records (flow index, opclass, start, end, bytes),
+           sorted by start_ts
+  globals  uint64[layout.G_N], the data plane's global counters (categories, PFC, ...)
+  meta     dict (JSON-able): source, interface/file, duration, sampling, versions, ...
+
+File format (.snap), format_version 1: a ZIP archive (numpy .npz layout) with members
+`flows.npy`, `events.npy`, `globals.npy` (plain .npy, no pickles: loaded with
+allow_pickle=False) and `meta.npy` (UTF-8 JSON as a uint8 array) whose "magic" is
+"skewscope-snapshot". Writes are atomic (temp file in the same directory, fsync, rename).
+"""
+from __future__ import annotations
+
+import io
+import ipaddress
+import json
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from skewscope.core import layout as L
+from skewscope.core.errors import SkewscopeError
+
+FORMAT_VERSION = 1
+MAGIC = "skewscope-snapshot"
+
+
+class SnapshotError(SkewscopeError):
+    """A snapshot file that cannot be read (one-line message for the user)."""
+
+
+@dataclass
+class Snapshot:
+    flows: np.ndarray
+    events: np.ndarray
+    globals: np.ndarray
+    meta: dict = field(default_factory=dict)
+
+    # ---- convenience -------------------------------------------------------------
+    def category_counts(self) -> dict[str, int]:
+        return {name: int(self.globals[i]) for i, name in enumerate(L.CATEGORY_NAMES)}
+
+    @property
+    def flows_evicted(self) -> int:
+        return int(self.meta.get("flows_evicted", 0))
+
+    def flow_label(self, i: int) -> str:
+        f = self.flows[i]
+        return f"{ip_str(f['src'], f['ipver'])}->{ip_str(f['dst'], f['ipver'])} qp {int(f['dest_qp'])}"
+
+    # ---- persistence -------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        meta = dict(self.meta)
+        meta["magic"] = MAGIC
+        meta["format_version"] = FORMAT_VERSION
+        meta["layout_version"] = L.LAYOUT_VERSION
+        members = {
+            "flows": self.flows,
+            "events": self.events,
+            "globals": np.asarray(self.globals, dtype=np.uint64),
+            "meta": np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8),
+        }
+        atomic_write(path, lambda fh: _write_npz(fh, members))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Snapshot":
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                names = set(z.files)
+                missing = {"flows", "events", "globals", "meta"} - names
+                if missing:
+                    raise SnapshotError(f"{path}: not a skewscope snapshot (missing {', '.join(sorted(missing))})")
+                meta = json.loads(bytes(z["meta"]).decode())
+                if meta.get("magic") != MAGIC:
+                    raise SnapshotError(f"{path}: not a skewscope snapshot (bad magic)")
+                if int(meta.get("format_version", 0)) > FORMAT_VERSION:
+                    raise SnapshotError(f"{path}: snapshot format {meta.get('format_version')} is newer than "
+                                        f"this skewscope understands ({FORMAT_VERSION}); upgrade skewscope")
+                flows, events, glob = z["flows"], z["events"], z["globals"]
+        except SnapshotError:
+            raise
+        except (OSError, ValueError, zipfile.BadZipFile, KeyError, json.JSONDecodeError, EOFError) as e:
+            raise SnapshotError(f"{path}: cannot read snapshot: {e}") from None
+        if flows.dtype != L.FLOW_DTYPE or events.dtype != L.EVENT_DTYPE or glob.shape != (L.G_N,):
+            raise SnapshotError(f"{path}: snapshot tables do not match layout version {L.LAYOUT_VERSION}")
+        return cls(flows=flows, events=events, globals=glob, meta=meta)
+
+
+def _write_npz(fh, members: dict) -> None:
+    with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+        for name, arr in members.items():
+            bio = io.BytesIO()
+            np.lib.format.write_array(bio, np.ascontiguousarray(arr), allow_pickle=False)
+            zf.writestr(name + ".npy", bio.getvalue())
+
+
+def atomic_write(path: str | os.PathLike, writer) -> None:
+    """Write via a temp file in the destination directory; fsync; rename over the target.
+    On any failure the temp file is removed and a previous file at `path` survives."""
+    path = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".skewscope-", suffix=".tmp", dir=d)
+    try:
+        # mkstemp creates 0600; give the file the mode a plain open() would (0666 & ~umask),
+        # so a colleague can read a snapshot root wrote.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as fh:
+            writer(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# ---- building tables -------------------------------------------------------------------
+def ip_str(addr16, ipver: int) -> str:
+    b = bytes(np.asarray(addr16, dtype=np.uint8))
+    if int(ipver) == 4:
+        return str(ipaddress.IPv4Address(b[12:]))
+    return str(ipaddress.IPv6Address(b))
+
+
+def ip_bytes(s: str) -> tuple[bytes, int]:
+    """'10.0.0.1' -> (16 bytes ::ffff:10.0.0.1, 4); IPv6 -> (16 bytes, 6)."""
+    a = ipaddress.ip_address(s)
+    if a.version == 4:
+        return b"\0" * 10 + b"\xff\xff" + a.packed, 4
+    return a.packed, 6
+
+
+def _key_order(key_bytes: np.ndarray) -> np.ndarray:
+    """Indices sorting rows of a (n, 40) uint8 matrix lexicographically. Sort order is the
+    key bytes: ipver-independent address bytes first (src, dst), then dest_qp bytes."""
+    if len(key_bytes) == 0:
+        return np.zeros(0, dtype=np.int64)
+    # big-endian u64 words preserve lexicographic byte order
+    words = np.ascontiguousarray(key_bytes).view(">u8")
+    return np.lexsort(words.T[::-1])
+
+
+def flows_from_raw(keys: np.ndarray, stats: np.ndarray) -> np.ndarray:
+    """(n, 40) key bytes + (n, 848) stats bytes -> FLOW_DTYPE table sorted by key."""
+    n = len(keys)
+    k = np.ascontiguousarray(keys).view(L.FLOW_KEY_DTYPE).reshape(n)
+    s = np.ascontiguousarray(stats).view(L.FLOW_STATS_DTYPE).reshape(n)
+    order = _key_order(keys)
+    out = np.zeros(n, dtype=L.FLOW_DTYPE)
+    for name in L.FLOW_DTYPE.names:
+        src = k if name in L.FLOW_KEY_DTYPE.names else s
+        out[name] = src[name][order]
+    return out
+
+
+def flow_key_matrix(flows: np.ndarray) -> np.ndarray:
+    """FLOW_DTYPE rows -> (n, 40) key bytes in the C layout."""
+    k = np.zeros(len(flows), dtype=L.FLOW_KEY_DTYPE)
+    for name in ("src", "dst", "dest_qp", "ipver", "roce"):
+        k[name] = flows[name]
+    return k.view(np.uint8).reshape(len(flows), L.FLOW_KEY_DTYPE.itemsize)
+
+
+def events_from_records(flows: np.ndarray, recs: np.ndarray) -> np.ndarray:
+    """MSG_REC_DTYPE records -> EVENT_DTYPE sorted by start_ts, with flow = row in flows
+    (-1 when the flow is no longer in the table, e.g. evicted)."""
+    n = len(recs)
+    ev = np.zeros(n, dtype=L.EVENT_DTYPE)
+    if n == 0:
+        return ev
+    ev["opclass"] = recs["opclass"]
+    ev["start_ts"] = recs["start_ts"]
+    ev["end_ts"] = recs["end_ts"]
+    ev["bytes"] = recs["bytes"]
+    fk = flow_key_matrix(flows).view("<u8").reshape(len(flows), 5)
+    rk = np.ascontiguousarray(recs["key"]).view(np.uint8).reshape(n, -1)[:, :40].copy().view("<u8").reshape(n, 5)
+    allk = np.concatenate([fk, rk])
+    _, inv = np.unique(allk, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    table = np.full(inv.max() + 1, -1, dtype=np.int32)
+    table[inv[: len(fk)]] = np.arange(len(fk), dtype=np.int32)
+    ev["flow"] = table[inv[len(fk):]]
+    order = np.argsort(ev["start_ts"], kind="stable")
+    return ev[order]
+
+
+def empty(meta: dict | None = None) -> Snapshot:
+    return Snapshot(np.zeros(0, L.FLOW_DTYPE), np.zeros(0, L.EVENT_DTYPE),
+                    np.zeros(L.G_N, np.uint64), dict(meta or {}))

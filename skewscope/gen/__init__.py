@@ -1,0 +1,163 @@
+"""skewgen: NCCL-like RoCEv2 traffic with injectable pathologies, written as pcap + ground
+truth, or sent on an interface.
+
+    from skewscope.gen import generate, load_scenario, PRESETS, write
+    cap = generate("ring-straggler", seed=1)
+    cap.write_pcap("out.pcap", snaplen=0)
+    cap.truth            # dict, the ground-truth JSON
+    len(cap)             # frames
+    for ts_ns, frame in cap.frames_iter(): ...
+
+See docs/generator.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import numpy as np
+
+# The package itself stays light (presets and scenario parsing, for `gen --list-presets` and
+# `skewscope --help`); the numba model, renderer and truth are imported where they are used.
+from skewscope.gen.presets import PRESETS
+from skewscope.gen.scenario import ScenarioError, load_scenario
+
+__all__ = ["generate", "load_scenario", "PRESETS", "write", "Capture", "ScenarioError"]
+
+
+class Capture:
+    """A generated capture: the packet table plus everything needed to render frames."""
+
+    def __init__(self, job, pkts: dict):
+        self.job = job
+        self.pkts = pkts
+        self.scenario = job.sc
+        self.seed = job.seed
+        self._truth = None
+        self._src = None
+
+    def __len__(self) -> int:
+        return int(self.pkts["ts"].shape[0])
+
+    @property
+    def timestamps(self) -> np.ndarray:
+        """ns since the Unix epoch, one per frame, non-decreasing."""
+        return self.pkts["ts"]
+
+    @property
+    def truth(self) -> dict:
+        if self._truth is None:
+            from skewscope.gen import truth as T  # heavy (numba)
+            self._truth = T.compute(self.job, self.pkts)
+        return self._truth
+
+    def _source(self):
+        if self._src is None:
+            from skewscope.gen.pcapio import FrameSource  # heavy (numba)
+            self._src = FrameSource(self.pkts, self.job.path_arrays(), self.job.header_info())
+        return self._src
+
+    def frame_lengths(self) -> np.ndarray:
+        from skewscope.gen import frames as F  # heavy (numba)
+        p = self.pkts
+        return F.frame_lengths(p["ftype"], p["opcode"], p["plen"], self.job.hdr_len)
+
+    def write_pcap(self, path, snaplen: int = 0) -> None:
+        from skewscope.gen.pcapio import write_pcap  # heavy (numba)
+        if snaplen < 0:
+            raise ValueError("snaplen must be >= 0")
+        write_pcap(self._source(), path, snaplen=snaplen)
+
+    def frame_chunks(self, chunk_bytes: int = 8 << 20):
+        """Yield (ts array, buffer, offsets, lengths) for consecutive runs of frames."""
+        src = self._source()
+        lens = self.frame_lengths()
+        buf = np.empty(chunk_bytes, dtype=np.uint8)
+        offs = np.empty(chunk_bytes // 60 + 1, dtype=np.int64)
+        i = 0
+        while i < src.n:
+            j, _ = src.fill(buf, i, src.n, 0, False, offs)
+            if j == i:
+                raise RuntimeError("chunk too small")
+            yield self.pkts["ts"][i:j], buf, offs[: j - i], lens[i:j]
+            i = j
+
+    def frames_iter(self):
+        """Yield (ts_ns, frame bytes) for every frame, in capture order."""
+        for ts, buf, offs, lens in self.frame_chunks():
+            for k in range(ts.shape[0]):
+                o = int(offs[k])
+                yield int(ts[k]), bytes(buf[o:o + int(lens[k])])
+
+    def write_truth(self, path) -> None:
+        _atomic_write_text(path, json.dumps(self.truth, indent=1) + "\n")
+
+
+def _atomic_write_text(path, text: str) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".skewgen-", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _background(job) -> None:
+    bg = job.sc["background"]
+    if not bg or not job.m_t0:
+        return
+    span = max(job.m_t0) + 100_000.0
+    k = int(job.rng.poisson(bg["pps"] * span / 1e9))
+    times = np.sort(job.rng.uniform(0.0, span, size=k))
+    pairs = {}
+    for t in times:
+        a, b = (int(x) for x in job.rng.choice(job.n, size=2, replace=False))
+        if (a, b) not in pairs:
+            pairs[(a, b)] = job.bg_path(a, b, 40000 + len(pairs), int(bg["dport"]))
+        job.bg.append((float(t), pairs[(a, b)], int(bg["plen"])))
+
+
+def generate(scenario_or_preset, seed: int = 0) -> Capture:
+    """Build a capture from a preset name, a scenario file path or a scenario dict."""
+    from skewscope.gen import collectives, pathologies  # heavy (numba, via the model)
+    from skewscope.gen.engine import Job  # heavy (numba)
+    sc = load_scenario(scenario_or_preset)
+    job = Job(sc, int(seed))
+    try:
+        pathologies.prepare(job, sc)
+        for wl in sc["workloads"]:
+            collectives.BUILDERS[wl["kind"]](job, wl)
+        pathologies.finish(job, sc)
+    except (KeyError, IndexError, ValueError) as e:
+        if isinstance(e, ScenarioError):
+            raise
+        raise ScenarioError(f"scenario {sc['name']!r}: {e}") from None
+    _background(job)
+    w0 = sc["workloads"][0]
+    if w0["kind"] in ("tp_decode", "moe_decode"):
+        job.period_s = w0["token_ms"] / 1e3
+    elif int(w0["iterations"]) > 1:
+        job.period_s = w0["period_ms"] / 1e3
+    pkts = job.run()
+    return Capture(job, pkts)
+
+
+def truth_path(out_pcap) -> str:
+    s = os.fspath(out_pcap)
+    return (s[:-5] if s.endswith(".pcap") else s) + ".truth.json"
+
+
+def write(preset_or_file, out_pcap, seed: int = 0, snaplen: int = 0) -> Capture:
+    """Write OUT.pcap and OUT.truth.json; returns the Capture."""
+    cap = generate(preset_or_file, seed=seed)
+    cap.write_pcap(out_pcap, snaplen=snaplen)
+    cap.write_truth(truth_path(out_pcap))
+    return cap

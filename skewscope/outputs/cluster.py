@@ -1,0 +1,443 @@
+"""`skewscope cluster`: the fleet's traffic matrix, skew and findings from Prometheus.
+
+Every DPU runs `skewscope export`; one Prometheus scrapes them all. This module queries
+the Prometheus HTTP API (instant queries, urllib only), builds the node-level matrices and
+runs the fleet detectors (`analysis.fleet`, on top of the analysis package's statistics),
+and returns a document with the shape of `report --json`:
+
+  {"source": URL, "meta": {...}, "totals": {...}, "pfc": {...},
+   "flows": [one per (src, dst) pair, dest_qp null],
+   "collectives": [...], "timing": null, "findings": [...], "metrics": {...}}
+
+Queries. A pair (src, dst) is exported by the DPUs of both ends; `max by (src, dst)` keeps
+one value per pair (the larger view). With --window 5m (the recording rules' window) and
+the rules of docs/prometheus/skewscope-rules.yml loaded, the pair matrix is read from the
+recorded `src_dst:...:rate5m` series (one sample per pair, already deduplicated) times the
+window; otherwise from `increase(raw[window])`. `--window all` reads the counters as they
+are (totals since each exporter started: for `export --from FILE` demos). Drill-down
+queries (which DPUs saw a finding's pair, at what rate) touch only that pair's series.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from skewscope.core import layout as L
+from skewscope.core.errors import EXIT_USAGE, SkewscopeError
+from skewscope.core.snapshot import Snapshot, ip_bytes
+from skewscope.outputs import report as R
+from skewscope.outputs.report import fmt_bytes
+
+RULE_WINDOW = "5m"
+OVERFLOW = "_overflow"
+
+# name in the matrix -> raw counter; the recorded series is src_dst_class:<counter
+# without _total>:rate5m (docs/prometheus/skewscope-rules.yml)
+PAIR_SERIES = (
+    ("bytes", "skewscope_peer_bytes_total"),
+    ("packets", "skewscope_peer_packets_total"),
+    ("messages", "skewscope_peer_messages_total"),
+    ("message_bytes", "skewscope_peer_message_bytes_total"),
+    ("busy_seconds", "skewscope_peer_busy_seconds_total"),
+    ("timed_message_bytes", "skewscope_peer_timed_message_bytes_total"),
+    ("message_wire_seconds", "skewscope_peer_message_wire_seconds_total"),
+    ("ce_packets", "skewscope_peer_ce_packets_total"),
+    ("cnp_packets", "skewscope_peer_cnp_packets_total"),
+    ("retransmitted_packets", "skewscope_peer_retransmitted_packets_total"),
+    ("psn_gaps", "skewscope_peer_psn_gaps_total"),
+)
+CLASSES = ("bulk", "chunk", "control")          # exporter.CLASSES
+SYNDROMES = ("psn_sequence_error", "rnr", "other")
+_DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
+_UNIT_S = {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+class ClusterError(SkewscopeError):
+    """Prometheus unreachable or answering nonsense, or a bad --window/--selector."""
+
+
+def window_seconds(window: str) -> float | None:
+    """'5m' -> 300.0; '1h30m' -> 5400.0; 'all' -> None. ClusterError on anything else."""
+    w = window.strip()
+    if w == "all":
+        return None
+    if not _DURATION.match(w):
+        raise ClusterError(f"invalid --window {window!r}: use a Prometheus duration like 30s, 5m, 1h "
+                           "(or 'all')", EXIT_USAGE)
+    total = sum(int(n) * _UNIT_S[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", w))
+    if total <= 0:
+        raise ClusterError(f"invalid --window {window!r}: must be > 0", EXIT_USAGE)
+    return float(total)
+
+
+# ---- the HTTP API client --------------------------------------------------------------
+class Prometheus:
+    """Minimal Prometheus HTTP API client (instant queries) on urllib."""
+
+    def __init__(self, url: str, timeout: float = 30.0):
+        u = urllib.parse.urlsplit(url.strip())
+        if u.scheme not in ("http", "https") or not u.netloc:
+            raise ClusterError(f"invalid --prometheus {url!r}: expected http://HOST:PORT", EXIT_USAGE)
+        self.base = url.strip().rstrip("/")
+        self.timeout = float(timeout)
+        self.queries = 0
+        self.samples = 0
+        self.seconds = 0.0
+
+    def _post(self, path: str, params: dict) -> dict:
+        data = urllib.parse.urlencode(params).encode()
+        req = urllib.request.Request(self.base + path, data=data, method="POST",
+                                     headers={"Content-Type": "application/x-www-form-urlencoded",
+                                              "Accept": "application/json"})
+        t0 = time.monotonic()
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                body = r.read()
+        except urllib.error.HTTPError as e:
+            body = e.read()
+            try:
+                doc = json.loads(body)
+                msg = doc.get("error") or body[:200].decode(errors="replace")
+            except (ValueError, AttributeError):
+                msg = body[:200].decode(errors="replace").strip() or e.reason
+            raise ClusterError(f"Prometheus at {self.base} refused the query (HTTP {e.code}): {msg}") from None
+        except urllib.error.URLError as e:
+            reason = getattr(e, "reason", e)
+            raise ClusterError(f"cannot reach Prometheus at {self.base}: {reason}") from None
+        except (TimeoutError, OSError) as e:
+            raise ClusterError(f"cannot reach Prometheus at {self.base}: {e}") from None
+        finally:
+            self.seconds += time.monotonic() - t0
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise ClusterError(f"{self.base} did not answer with JSON: is it a Prometheus server?") from None
+        if doc.get("status") != "success":
+            raise ClusterError(f"Prometheus query failed: {doc.get('errorType', '?')}: {doc.get('error', '?')}")
+        return doc["data"]
+
+    def query(self, expr: str, at: float | None = None) -> list[tuple[dict, float]]:
+        """Instant query -> [(labels, value)] (NaN/Inf values dropped)."""
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        data = self._post("/api/v1/query", params)
+        self.queries += 1
+        if data.get("resultType") == "scalar":
+            return [({}, float(data["result"][1]))]
+        if data.get("resultType") != "vector":
+            raise ClusterError(f"unexpected Prometheus result type {data.get('resultType')!r} for {expr!r}")
+        out = []
+        for r in data["result"]:
+            v = float(r["value"][1])
+            if math.isfinite(v):
+                out.append((r["metric"], v))
+        self.samples += len(out)
+        return out
+
+
+# ---- the fleet matrix ----------------------------------------------------------------
+def rule_name(metric: str, extra: str = "") -> str:
+    return f"src_dst_class{extra}:{metric[:-len('_total')]}:rate5m"
+
+
+@dataclass
+class FleetMatrix:
+    """Node-level matrices over `ips` (sorted): counts over the window (or totals).
+    by_class[name][c, i, j]: from ips[i] to ips[j] in traffic class CLASSES[c]."""
+    ips: list
+    by_class: dict                 # name -> (3, n, n) float64
+    naks: dict                     # syndrome -> (n, n), all classes
+    dst_busy_seconds: np.ndarray   # (n,)
+    window_s: float | None
+    at: float
+    via_rules: bool
+    dpus: list = field(default_factory=list)
+    stale_dpus: list = field(default_factory=list)
+    frames: dict = field(default_factory=dict)
+    pfc: dict = field(default_factory=dict)
+    flows_evicted: float = 0.0
+    records_lost: float = 0.0
+
+    @property
+    def n(self) -> int:
+        return len(self.ips)
+
+    @property
+    def pair(self) -> dict:
+        """name -> (n, n) over all classes."""
+        return {k: v.sum(axis=0) for k, v in self.by_class.items()}
+
+    def cls(self, name: str, klass: str) -> np.ndarray:
+        return self.by_class[name][CLASSES.index(klass)]
+
+    def index(self, ip: str) -> int:
+        return self.ips.index(ip)
+
+
+def _sel(selector: str, *more: str) -> str:
+    parts = [p for p in (selector.strip().strip("{}").strip(), *more) if p]
+    return "{" + ", ".join(parts) + "}" if parts else ""
+
+
+def _ip_sort_key(s: str):
+    try:
+        a = ipaddress.ip_address(s)
+        return (a.version, a.packed)
+    except ValueError:
+        return (99, s.encode())
+
+
+class Fetcher:
+    def __init__(self, prom: Prometheus, window: str, selector: str = "", use_rules: bool = True):
+        self.prom = prom
+        self.window = window
+        self.window_s = window_seconds(window)
+        self.selector = selector
+        self.at = time.time()
+        self.via_rules = False
+        if use_rules and self.window_s is not None and self.window_s == window_seconds(RULE_WINDOW) \
+                and not selector.strip():
+            probe = prom.query(f"count({rule_name('skewscope_peer_bytes_total')})", at=self.at)
+            self.via_rules = bool(probe) and probe[0][1] > 0
+
+    def _raw(self, metric: str, by: str, extra_sel: str = "", inner_by: str | None = None) -> str:
+        sel = _sel(self.selector, extra_sel)
+        if self.window_s is None:
+            e = f"{metric}{sel}"
+        else:
+            e = f"increase({metric}{sel}[{self.window}])"
+        if inner_by:
+            e = f"sum by ({inner_by}) ({e})"
+        return f"max by ({by}) ({e})"
+
+    def pair_values(self, metric: str, by: str = "src, dst, class", extra: str = "") -> list[tuple[dict, float]]:
+        if self.via_rules:
+            return [(m, v * self.window_s) for m, v in self.prom.query(rule_name(metric, extra), at=self.at)]
+        return self.prom.query(self._raw(metric, by, f'src!="{OVERFLOW}"'), at=self.at)
+
+    def scalar_by(self, metric: str, by: str, agg: str = "sum") -> list[tuple[dict, float]]:
+        sel = _sel(self.selector)
+        e = f"{metric}{sel}" if self.window_s is None else f"increase({metric}{sel}[{self.window}])"
+        return self.prom.query(f"{agg} by ({by}) ({e})", at=self.at)
+
+    def fetch(self) -> FleetMatrix:
+        sel = _sel(self.selector)
+        info = self.prom.query(f"max by (node) (skewscope_last_read_timestamp_seconds{sel})", at=self.at)
+        if not info:
+            raise ClusterError(f"Prometheus at {self.prom.base} has no skewscope series"
+                               f"{' matching ' + sel if sel else ''}: is it scraping `skewscope export`?")
+        dpus = sorted(m.get("node", "?") for m, _ in info)
+        stale = sorted(m.get("node", "?") for m, v in info if self.at - v > 120)
+        raw = {}
+        for name, metric in PAIR_SERIES:
+            raw[name] = self.pair_values(metric)
+        nak = self.pair_values("skewscope_peer_naks_total", "src, dst, class, syndrome", "_syndrome")
+        if self.via_rules:
+            dbusy = [(m, v * self.window_s) for m, v in
+                     self.prom.query("dst:skewscope_destination_busy_seconds:rate5m", at=self.at)]
+        else:
+            dbusy = self.prom.query(self._raw("skewscope_destination_busy_seconds_total", "dst",
+                                              f'dst!="{OVERFLOW}"'), at=self.at)
+        ips = set()
+        for rows in list(raw.values()) + [nak]:
+            for m, _ in rows:
+                if "src" in m and "dst" in m:
+                    ips.add(m["src"])
+                    ips.add(m["dst"])
+        ips = sorted(ips, key=_ip_sort_key)
+        pos = {ip: i for i, ip in enumerate(ips)}
+        n = len(ips)
+        pair = {}
+        for name, rows in raw.items():
+            a = np.zeros((len(CLASSES), n, n))
+            for m, v in rows:
+                if m.get("src") in pos and m.get("dst") in pos and m.get("class") in CLASSES:
+                    a[CLASSES.index(m["class"]), pos[m["src"]], pos[m["dst"]]] = v
+            pair[name] = a
+        naks = {s: np.zeros((n, n)) for s in SYNDROMES}
+        for m, v in nak:
+            if m.get("syndrome") in naks and m.get("src") in pos and m.get("dst") in pos:
+                naks[m["syndrome"]][pos[m["src"]], pos[m["dst"]]] += v
+        db = np.zeros(n)
+        for m, v in dbusy:
+            if m.get("dst") in pos:
+                db[pos[m["dst"]]] = v
+        frames = {m.get("category", "?"): v for m, v in self.scalar_by("skewscope_frames_total", "category")}
+        pfc = {}
+        for metric, key in (("skewscope_pfc_pause_frames_total", "pause"), ("skewscope_pfc_resume_frames_total",
+                                                                            "resume"),
+                            ("skewscope_pfc_pause_quanta_total", "quanta")):
+            for m, v in self.scalar_by(metric, "priority"):
+                pfc.setdefault(int(m.get("priority", 0)), {})[key] = v
+        ev = self.scalar_by("skewscope_flows_evicted_total", "node")
+        lost = self.scalar_by("skewscope_message_records_lost_total", "node")
+        return FleetMatrix(ips=ips, by_class=pair, naks=naks, dst_busy_seconds=db, window_s=self.window_s, at=self.at,
+                           via_rules=self.via_rules, dpus=dpus, stale_dpus=stale, frames=frames, pfc=pfc,
+                           flows_evicted=sum(v for _, v in ev), records_lost=sum(v for _, v in lost))
+
+    def observers(self, src: str, dst: str, klass: str = "bulk") -> list[dict]:
+        """Each DPU's own view of one pair: bytes, rate over active time (drill-down query)."""
+        esc = lambda s: s.replace("\\", "\\\\").replace('"', '\\"')  # noqa: E731
+        pair_sel = f'src="{esc(src)}", dst="{esc(dst)}", class="{esc(klass)}"'
+        out = {}
+        for key, metric in (("bytes", "skewscope_peer_bytes_total"),
+                            ("timed_message_bytes", "skewscope_peer_timed_message_bytes_total"),
+                            ("message_wire_seconds", "skewscope_peer_message_wire_seconds_total")):
+            sel = _sel(self.selector, pair_sel)
+            e = f"{metric}{sel}" if self.window_s is None else f"increase({metric}{sel}[{self.window}])"
+            for m, v in self.prom.query(f"sum by (node) ({e})", at=self.at):
+                out.setdefault(m.get("node", "?"), {})[key] = v
+        rows = []
+        for node in sorted(out):
+            d = out[node]
+            w = d.get("message_wire_seconds", 0.0)
+            rate = 8.0 * d.get("timed_message_bytes", 0.0) / w if w > 0 else None
+            rows.append({"node": node, "bytes": round(d.get("bytes", 0.0)), "rate_bps": rate})
+        return rows
+
+
+# ---- document ---------------------------------------------------------------------------
+def snapshot_of(fm: FleetMatrix, url: str) -> Snapshot:
+    """The fleet matrix as a Snapshot whose flows are the (src, dst) pairs (dest_qp 0), so
+    that report.to_dict gives the `report --json` shape. Counts are rounded to integers."""
+    tot = fm.pair
+    nz = np.argwhere(tot["packets"] + tot["bytes"] > 0)
+    f = np.zeros(len(nz), dtype=L.FLOW_DTYPE)
+    t1 = int(fm.at * 1e9)
+    t0 = int((fm.at - fm.window_s) * 1e9) if fm.window_s else 0
+    cols = {"bytes": "bytes", "packets": "packets", "messages": "messages",
+            "msg_bytes": "message_bytes", "ce": "ce_packets", "cnp": "cnp_packets",
+            "retransmissions": "retransmitted_packets", "psn_gaps": "psn_gaps"}
+    for k, (i, j) in enumerate(nz):
+        sb, v = ip_bytes(fm.ips[i])
+        db, _ = ip_bytes(fm.ips[j])
+        f["src"][k] = np.frombuffer(sb, np.uint8)
+        f["dst"][k] = np.frombuffer(db, np.uint8)
+        f["ipver"][k] = v
+        f["roce"][k] = 2
+        for col, name in cols.items():
+            f[col][k] = int(round(tot[name][i, j]))
+        f["nak_seq"][k] = int(round(fm.naks["psn_sequence_error"][i, j]))
+        f["nak_rnr"][k] = int(round(fm.naks["rnr"][i, j]))
+        f["nak_other"][k] = int(round(fm.naks["other"][i, j]))
+        f["first_ts"][k] = t0
+        f["last_ts"][k] = t1
+    order = np.lexsort((f["dst"].view(">u8").reshape(-1, 2)[:, 1], f["dst"].view(">u8").reshape(-1, 2)[:, 0],
+                        f["src"].view(">u8").reshape(-1, 2)[:, 1], f["src"].view(">u8").reshape(-1, 2)[:, 0])) \
+        if len(f) else np.zeros(0, np.int64)
+    f = f[order]
+    g = np.zeros(L.G_N, dtype=np.uint64)
+    for i, cat in enumerate(L.CATEGORY_NAMES):
+        g[i] = int(round(fm.frames.get(cat, 0.0)))
+    g[L.G_FRAMES] = int(g[:L.G_NCAT].sum())
+    for p, d in fm.pfc.items():
+        if 0 <= p < 8:
+            g[L.G_PFC_PAUSE + p] = int(round(d.get("pause", 0.0)))
+            g[L.G_PFC_XON + p] = int(round(d.get("resume", 0.0)))
+            g[L.G_PFC_QUANTA + p] = int(round(d.get("quanta", 0.0)))
+    meta = {
+        "source": "prometheus",
+        "prometheus": url,
+        "window": "all" if fm.window_s is None else fm.window_s,
+        "at": fm.at,
+        "first_ts": t0,
+        "last_ts": t1,
+        "duration_s": fm.window_s or 0.0,
+        "clock": "unix",
+        "via_recording_rules": fm.via_rules,
+        "dpus": fm.dpus,
+        "stale_dpus": fm.stale_dpus,
+        "nodes": len(fm.ips),
+        "flows_are": "node pairs (src, dst): max over the DPUs that export the pair",
+        "flows_evicted": int(round(fm.flows_evicted)),
+        "events_lost": int(round(fm.records_lost)),
+        "note_totals": "frame and PFC totals add every DPU's view: a frame seen by two DPUs counts twice",
+    }
+    return Snapshot(flows=f, events=np.zeros(0, L.EVENT_DTYPE), globals=g, meta=meta)
+
+
+def build_document(fm: FleetMatrix, url: str, fetcher: Fetcher | None = None, thresholds=None) -> dict:
+    from skewscope.analysis import fleet  # heavy (numba)
+    snap = snapshot_of(fm, url)
+    result = fleet.analyze_matrix(fm, thresholds=thresholds)
+    if fetcher is not None:
+        for fd in result["findings"]:
+            link = fd.get("evidence", {}).get("link")
+            if fd["kind"] == "ring_straggler" and link:
+                fd["evidence"]["seen_by"] = fetcher.observers(link[0], link[1])
+    doc = R.to_dict(snap, result)
+    # pair rows: dest_qp is not applicable; add the fleet-only columns
+    pos = {ip: i for i, ip in enumerate(fm.ips)}
+    tot = fm.pair
+    for row in doc["flows"]:
+        i, j = pos[row["src"]], pos[row["dst"]]
+        row["dest_qp"] = None
+        for k in ("msg_size_hist", "msg_gap_hist_ns", "opcode_classes", "udp_sport", "dscp", "acks",
+                  "ecn_capable_packets", "fecn_packets", "becn_packets", "psn_skipped", "payload_bytes"):
+            row.pop(k, None)
+        row["busy_seconds"] = float(tot["busy_seconds"][i, j])
+        row["by_class"] = {}
+        for c in CLASSES:
+            b = fm.cls("bytes", c)[i, j]
+            if b <= 0:
+                continue
+            w = fm.cls("message_wire_seconds", c)[i, j]
+            row["by_class"][c] = {"bytes": int(round(b)), "messages": int(round(fm.cls("messages", c)[i, j])),
+                                  "rate_bps": 8.0 * fm.cls("timed_message_bytes", c)[i, j] / w if w > 0 else None}
+    return doc
+
+
+def run(url: str, window: str = "5m", timeout: float = 30.0, selector: str = "", use_rules: bool = True,
+        thresholds=None) -> dict:
+    prom = Prometheus(url, timeout=timeout)
+    fetcher = Fetcher(prom, window, selector=selector, use_rules=use_rules)
+    fm = fetcher.fetch()
+    doc = build_document(fm, url, fetcher, thresholds=thresholds)
+    doc["meta"]["queries"] = prom.queries
+    doc["meta"]["samples_returned"] = prom.samples
+    doc["meta"]["query_seconds"] = round(prom.seconds, 4)
+    return doc
+
+
+def human(doc: dict, top: int = 20, console=None) -> None:
+    from rich.console import Console  # heavy (rich): only when drawing
+    from rich.table import Table  # heavy (rich): only when drawing
+
+    con = console or Console()
+    m = doc["meta"]
+    w = m["window"]
+    con.print(f"[bold]skewscope cluster[/bold]  {m['prometheus']}  window "
+              f"{'all (since exporter start)' if w == 'all' else f'{w:g} s'}  "
+              f"{len(m['dpus'])} DPUs, {m['nodes']} nodes, {len(doc['flows'])} pairs"
+              f"{'  (recording rules)' if m['via_recording_rules'] else ''}")
+    if m["stale_dpus"]:
+        con.print(f"[yellow]stale DPUs (no read for > 2 min): {', '.join(m['stale_dpus'])}[/yellow]")
+    tab = Table(title=f"pairs (top {top} by bytes)")
+    for c in ("src", "dst", "bytes", "msgs", "bulk rate", "chunk rate", "CE", "CNP", "NAK", "retx"):
+        tab.add_column(c, justify="left" if c in ("src", "dst") else "right")
+
+    def _rate(r, c):
+        v = r["by_class"].get(c, {}).get("rate_bps")
+        return "-" if v is None else f"{v / 1e9:.2f} Gb/s"
+
+    for r in sorted(doc["flows"], key=lambda r: -r["bytes"])[:top]:
+        tab.add_row(r["src"], r["dst"], fmt_bytes(r["bytes"]), str(r["messages"]),
+                    _rate(r, "bulk"), _rate(r, "chunk"), str(r["ce_packets"]), str(r["cnp_packets"]),
+                    str(r["naks"]), str(r["retransmissions"]))
+    con.print(tab)
+    fs = doc.get("findings") or []
+    if not fs:
+        con.print("[green]no findings: the fleet's traffic looks healthy[/green]")
+    for fd in fs:
+        color = {"critical": "red", "warning": "yellow"}.get(fd["severity"], "cyan")
+        con.print(f"[{color}]{fd['severity'].upper():8s}[/{color}] {fd['kind']}: {fd['message']}")

@@ -1,0 +1,745 @@
+"""Prometheus exporter: a Snapshot (from a file) or the live data plane, as /metrics.
+
+One custom Collector (`SkewscopeCollector`) renders the current `ExportState` on every
+scrape; no prometheus_client Gauge/Counter objects per series. The state is built by an
+`Accumulator`, which turns successive *cumulative* reads of the flow table into per-peer
+counters that never go backwards, even when the LRU flow map evicts or re-creates flows:
+
+    per-peer total = (sum of the last-seen values of every flow of the pair that left the
+                      table or was re-created) + (sum over the pair's flows present now)
+
+Metric names, labels and cardinality are documented in docs/fleet.md (the contract for
+recording rules, alerts and `skewscope cluster`). Summary, for one DPU (label `node`):
+
+  per peer pair (src, dst) -- always (up to --max-peers pairs, then one overflow pair):
+    skewscope_peer_{bytes,packets,messages,message_bytes}_total
+    skewscope_peer_{ce_packets,cnp_packets,retransmitted_packets,psn_gaps}_total
+    skewscope_peer_naks_total{syndrome}       psn_sequence_error | rnr | other
+    skewscope_peer_busy_seconds_total         union of the pair's message transfer times
+    skewscope_peer_qps                        flows (dest QPs) of the pair in the table
+  per flow (src, dst, qp) -- only the top K flows by bytes:
+    skewscope_flow_{bytes,packets,messages,ce_packets,cnp_packets,naks,retransmitted_packets}_total
+    skewscope_flow_message_size_bytes         histogram
+  per node:
+    skewscope_message_size_bytes, skewscope_message_gap_seconds   histograms (all flows)
+    skewscope_frames_total{category}, skewscope_pfc_{pause_frames,resume_frames,pause_quanta}_total{priority},
+    skewscope_flows, skewscope_flows_{created,evicted}_total, skewscope_message_records_lost_total,
+    skewscope_partial_messages_total, skewscope_sampling_denominator, skewscope_exporter_info,
+    skewscope_last_read_timestamp_seconds, skewscope_read_duration_seconds, skewscope_peers
+
+Histograms come from the data plane's log2 slots (slot 0 = value 0; slot s >= 1 holds
+[2^(s-1), 2^s); the last slot also takes everything above). Like cloudflare/ebpf_exporter,
+every bucket is always present (missing ones filled) and counts are cumulative; the bucket
+bound `le` is the exact largest integer a slot holds (2^s - 1), so a 1 MiB message counts
+in le="2097151", not in le="1048575", and `histogram_quantile` is never off by a slot.
+The gap histogram has no `_sum` (the data plane keeps none; we do not invent one).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
+
+from skewscope import __version__
+from skewscope.analysis.fleet import BULK_MIN_MESSAGE, CTS_MAX_BYTES
+from skewscope.analysis.flows import flow_event_stats
+from skewscope.core import layout as L
+from skewscope.core.snapshot import Snapshot, ip_str
+from skewscope.sources.live import LiveSession
+
+DEFAULT_LISTEN = "127.0.0.1:9435"
+DEFAULT_TOP_K = 10
+DEFAULT_MAX_PEERS = 4096
+OVERFLOW_LABEL = "_overflow"
+
+# Per-flow counter columns accumulated per peer (name in FLOW_DTYPE).
+SCALARS = ("packets", "bytes", "payload_bytes", "messages", "msg_bytes", "ce", "cnp",
+           "retransmissions", "psn_gaps", "nak_seq", "nak_rnr", "nak_other")
+COL = {n: i for i, n in enumerate(SCALARS)}
+MSG0 = len(SCALARS)
+GAP0 = MSG0 + L.MSG_SLOTS
+NCOLS = GAP0 + L.GAP_SLOTS
+
+# (metric name without prefix/suffix, help, column)
+PEER_COUNTERS = (
+    ("bytes", "Wire bytes (Ethernet frame, no FCS) of RoCE packets from src to dst.", "bytes"),
+    ("packets", "RoCE packets from src to dst.", "packets"),
+    ("messages", "RDMA messages started (SEND/WRITE first or only, READ request) from src to dst.",
+     "messages"),
+    ("message_bytes", "Sum of the sizes of the messages from src to dst (RETH length, or summed SEND "
+                      "payload).", "msg_bytes"),
+    ("ce_packets", "Packets from src to dst with ECN Congestion Experienced.", "ce"),
+    ("cnp_packets", "Congestion Notification Packets sent by src to dst (dst's traffic to src was "
+                    "CE-marked).", "cnp"),
+    ("retransmitted_packets", "Packets from src to dst whose PSN went backwards (retransmissions).",
+     "retransmissions"),
+    ("psn_gaps", "Forward PSN jumps (missing packets) seen on src to dst.", "psn_gaps"),
+)
+FLOW_COUNTERS = (
+    ("bytes", "Wire bytes of this flow (top K flows by bytes only).", "bytes"),
+    ("packets", "Packets of this flow.", "packets"),
+    ("messages", "Messages started on this flow.", "messages"),
+    ("ce_packets", "CE-marked packets of this flow.", "ce"),
+    ("cnp_packets", "CNPs addressed to this flow's destination QP.", "cnp"),
+    ("retransmitted_packets", "Retransmitted packets of this flow.", "retransmissions"),
+)
+NAK_SYNDROMES = (("psn_sequence_error", "nak_seq"), ("rnr", "nak_rnr"), ("other", "nak_other"))
+
+
+def _le_bounds(nslots: int) -> list[int]:
+    """Exact upper bounds of the finite log2 slots (all but the last, which is +Inf)."""
+    return [(1 << s) - 1 for s in range(nslots - 1)]
+
+
+MSG_LE = _le_bounds(L.MSG_SLOTS)
+GAP_LE_NS = _le_bounds(L.GAP_SLOTS)
+
+
+def _fmt_le(v: float) -> str:
+    return floatToGoString(v)
+
+
+MSG_LE_STR = [_fmt_le(v) for v in MSG_LE] + ["+Inf"]
+GAP_LE_STR = [_fmt_le(v / 1e9) for v in GAP_LE_NS] + ["+Inf"]
+
+
+def cumulative_buckets(slots: np.ndarray, le_str: list[str]) -> list[tuple[str, float]]:
+    """log2 slot counts -> Prometheus cumulative buckets, every bucket present."""
+    c = np.cumsum(np.asarray(slots, dtype=np.float64))
+    return list(zip(le_str, c.tolist()))
+
+
+# ---- tables ---------------------------------------------------------------------------
+def flow_matrix(flows: np.ndarray) -> np.ndarray:
+    """FLOW_DTYPE rows -> (n, NCOLS) uint64: SCALARS, msg_hist, gap_hist."""
+    n = len(flows)
+    m = np.empty((n, NCOLS), dtype=np.uint64)
+    for i, name in enumerate(SCALARS):
+        m[:, i] = flows[name]
+    m[:, MSG0:GAP0] = flows["msg_hist"]
+    m[:, GAP0:] = flows["gap_hist"]
+    return m
+
+
+def _rows_u64(a: np.ndarray) -> np.ndarray:
+    """(n, k) uint8 with k % 8 == 0 -> (n, k/8) uint64 (row identity only, not order)."""
+    return np.ascontiguousarray(a).view("<u8").reshape(len(a), a.shape[1] // 8)
+
+
+def flow_ids(flows: np.ndarray) -> np.ndarray:
+    """(n, 5) uint64 identity of each flow: src, dst, (dest_qp, ipver, roce)."""
+    k = np.zeros((len(flows), 40), dtype=np.uint8)
+    k[:, 0:16] = flows["src"]
+    k[:, 16:32] = flows["dst"]
+    k[:, 32:36] = flows["dest_qp"].astype("<u4").view(np.uint8).reshape(-1, 4)
+    k[:, 36] = flows["ipver"]
+    k[:, 37] = flows["roce"]
+    return _rows_u64(k)
+
+
+# Traffic class of a flow (the `class` label of the per-peer series), from its cumulative
+# mean message size: NCCL runs each connection on its own QPs, so one flow carries one
+# kind of traffic, and a node pair that carries a ring link and all-to-all chunks at once
+# keeps them apart.
+CLASSES = ("bulk", "chunk", "control")
+CLS_BULK, CLS_CHUNK, CLS_CONTROL = range(3)
+
+
+def flow_class(flows: np.ndarray) -> np.ndarray:
+    """bulk: mean message >= analysis.fleet.BULK_MIN_MESSAGE (ring/tree SIMPLE slices);
+    chunk: other messages with mean > analysis.flows.CTS_MAX_BYTES (all-to-all, P2P, LL);
+    control: everything else (NCCL clear-to-send writes, ACK/NAK, CNP, no messages)."""
+    m = flows["messages"].astype(np.float64)
+    mean = np.where(m > 0, flows["msg_bytes"].astype(np.float64) / np.maximum(m, 1), 0.0)
+    c = np.full(len(flows), CLS_CONTROL, dtype=np.uint8)
+    c[mean > CTS_MAX_BYTES] = CLS_CHUNK
+    c[mean >= BULK_MIN_MESSAGE] = CLS_BULK
+    return c
+
+
+def peer_ids(flows: np.ndarray, cls: np.ndarray | None = None) -> np.ndarray:
+    """(n, 5) uint64 identity of each flow's peer series: src, dst, ipver, class."""
+    k = np.zeros((len(flows), 40), dtype=np.uint8)
+    k[:, 0:16] = flows["src"]
+    k[:, 16:32] = flows["dst"]
+    k[:, 32] = flows["ipver"]
+    if cls is not None:
+        k[:, 33] = cls
+    return _rows_u64(k)
+
+
+def dst_ids(flows: np.ndarray) -> np.ndarray:
+    """(n, 3) uint64 identity of each flow's destination: dst, ipver."""
+    k = np.zeros((len(flows), 24), dtype=np.uint8)
+    k[:, 0:16] = flows["dst"]
+    k[:, 16] = flows["ipver"]
+    return _rows_u64(k)
+
+
+def _match(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """For each row of b, the index of the equal row of a, or -1. Rows are (n, k) uint64."""
+    if len(b) == 0:
+        return np.zeros(0, dtype=np.int64)
+    if len(a) == 0:
+        return np.full(len(b), -1, dtype=np.int64)
+    both = np.concatenate([a, b])
+    _, inv = np.unique(both, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    table = np.full(int(inv.max()) + 1, -1, dtype=np.int64)
+    table[inv[: len(a)]] = np.arange(len(a), dtype=np.int64)
+    return table[inv[len(a):]]
+
+
+@njit(cache=True)
+def _busy_kernel(peer, start, end, carry_end, busy):
+    """Events sorted by (peer, start). Adds to busy[p] the length of the union of the
+    [start, end] intervals of peer p not already covered up to carry_end[p] (the end of
+    the union seen in earlier reads), and advances carry_end."""
+    n = peer.shape[0]
+    i = 0
+    while i < n:
+        p = peer[i]
+        cur_s = start[i]
+        cur_e = end[i]
+        if cur_s < carry_end[p]:
+            cur_s = carry_end[p]
+        total = 0
+        j = i + 1
+        while j < n and peer[j] == p:
+            s = start[j]
+            e = end[j]
+            if s < carry_end[p]:
+                s = carry_end[p]
+            if s <= cur_e:
+                if e > cur_e:
+                    cur_e = e
+            else:
+                if cur_e > cur_s:
+                    total += cur_e - cur_s
+                cur_s = s
+                cur_e = e
+            j += 1
+        if cur_e > cur_s:
+            total += cur_e - cur_s
+        busy[p] += total
+        if cur_e > carry_end[p]:
+            carry_end[p] = cur_e
+        i = j
+
+
+def message_timing(flows: np.ndarray, events: np.ndarray) -> np.ndarray:
+    """Per-flow message timing of one interval, by the analysis package's definitions
+    (analysis.flows.flow_event_stats: multi-packet message bytes, their on-wire time,
+    packet time), so that the fleet's rate over active time is the single-node one."""
+    st, _, _ = flow_event_stats(Snapshot(flows, events, np.zeros(L.G_N, np.uint64), {}))
+    return st
+
+
+def busy_ns_per_peer(events: np.ndarray, flow_peer: np.ndarray, npeers: int,
+                     carry_end: np.ndarray | None = None,
+                     pkt_ns: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Busy time (ns) per peer pair from message records: the measure of the union of the
+    on-wire intervals [start_ts, end_ts + pkt_ns(flow)] of the pair's messages (pkt_ns:
+    the flow's packet time, analysis.flows; 0 if not given). Records of flows no longer in
+    the table (flow = -1) are skipped. Returns (busy_ns, carry_end)."""
+    busy = np.zeros(npeers, dtype=np.int64)
+    carry = np.zeros(npeers, dtype=np.int64) if carry_end is None else carry_end.astype(np.int64).copy()
+    if carry.shape[0] < npeers:
+        carry = np.concatenate([carry, np.zeros(npeers - carry.shape[0], dtype=np.int64)])
+    ev = events[events["flow"] >= 0]
+    if len(ev) == 0:
+        return busy, carry
+    p = flow_peer[ev["flow"]].astype(np.int64)
+    s = ev["start_ts"].astype(np.int64)
+    e = np.maximum(ev["end_ts"].astype(np.int64), s)
+    if pkt_ns is not None:
+        e = e + np.nan_to_num(pkt_ns[ev["flow"]], nan=0.0).astype(np.int64)
+    order = np.lexsort((s, p))
+    _busy_kernel(p[order], s[order], e[order], carry, busy)
+    return busy, carry
+
+
+# ---- state --------------------------------------------------------------------------------
+@dataclass
+class ExportState:
+    """What one scrape renders. Immutable once published (the reader builds a new one)."""
+    node: str
+    peer_src: list            # label strings, one per exported peer row
+    peer_dst: list
+    peer_class: list          # traffic class (CLASSES)
+    peer_counts: np.ndarray   # (m, NCOLS) cumulative
+    peer_busy_ns: np.ndarray  # (m,) cumulative
+    peer_timed: np.ndarray    # (m, 2) multi-packet message bytes, their on-wire ns
+    peer_qps: np.ndarray      # (m,) flows currently in the table
+    flows: np.ndarray         # top-K FLOW_DTYPE rows (current values)
+    hist_msg: np.ndarray      # (MSG_SLOTS,) cumulative over all flows
+    hist_gap: np.ndarray      # (GAP_SLOTS,)
+    hist_msg_sum: float       # sum of all message sizes (the message histogram's _sum)
+    dst_labels: list          # destinations with a busy-time series
+    dst_busy_ns: np.ndarray
+    flows_present: int        # rows in the flow table at the last read
+    globals: np.ndarray
+    meta: dict
+    read_ts: float = 0.0
+    read_seconds: float = 0.0
+    info: dict = field(default_factory=dict)
+
+
+class Accumulator:
+    """Adds per-interval flow deltas (what happened between two reads of the cumulative
+    flow table: `live.flow_delta`, which already handles evicted/re-created flows) into
+    monotonic per-peer totals, and the interval's message records into busy time. Pure
+    numpy; no kernel needed (unit-testable). A Snapshot from a file is one big delta."""
+
+    def __init__(self, max_peers: int = DEFAULT_MAX_PEERS):
+        if max_peers < 1:
+            raise ValueError("max_peers must be >= 1")
+        self.max_peers = int(max_peers)
+        self.peer_keys = np.zeros((0, 5), dtype=np.uint64)   # known pairs (sticky)
+        self.peer_labels: list[tuple[str, str, str]] = []
+        self.peer_counts = np.zeros((0, NCOLS), dtype=np.uint64)
+        self.peer_busy = np.zeros(0, dtype=np.int64)
+        self.peer_carry = np.zeros(0, dtype=np.int64)
+        self.peer_timed = np.zeros((0, 2), dtype=np.float64)   # multi-packet message bytes, on-wire ns
+        self.overflow_timed = np.zeros(2, dtype=np.float64)
+        self.overflow_counts = np.zeros(NCOLS, dtype=np.uint64)
+        self.overflow_busy = 0
+        self.overflow_carry = 0
+        self.overflow_used = False
+        self.totals = np.zeros(NCOLS, dtype=np.uint64)        # all flows, all pairs (node histograms)
+        # per destination: union of incoming message intervals (incast degree = sum of the
+        # pairs' busy time into dst / this); same bound and overflow rule as pairs
+        self.dst_keys = np.zeros((0, 3), dtype=np.uint64)
+        self.dst_labels: list[str] = []
+        self.dst_busy = np.zeros(0, dtype=np.int64)
+        self.dst_carry = np.zeros(0, dtype=np.int64)
+        self.events_without_flow = 0
+        self.cum_flows = np.zeros(0, L.FLOW_DTYPE)
+        self.reads = 0
+
+    def _peer_index(self, flows: np.ndarray, cls: np.ndarray) -> np.ndarray:
+        """Peer row per flow (-1 = overflow). New pairs become rows until max_peers."""
+        pk = peer_ids(flows, cls)
+        idx = _match(self.peer_keys, pk)
+        new = np.nonzero(idx < 0)[0]
+        room = self.max_peers - len(self.peer_keys)
+        if len(new) and room > 0:
+            uniq, first = np.unique(pk[new], axis=0, return_index=True)
+            take = np.sort(first)[:room]            # first-seen order among the new ones
+            k = len(take)
+            self.peer_keys = np.concatenate([self.peer_keys, pk[new[take]]])
+            for r in new[take]:
+                f = flows[r]
+                v = int(f["ipver"])
+                self.peer_labels.append((ip_str(f["src"], v), ip_str(f["dst"], v), CLASSES[int(cls[r])]))
+            self.peer_counts = np.concatenate([self.peer_counts, np.zeros((k, NCOLS), np.uint64)])
+            self.peer_busy = np.concatenate([self.peer_busy, np.zeros(k, np.int64)])
+            self.peer_carry = np.concatenate([self.peer_carry, np.zeros(k, np.int64)])
+            self.peer_timed = np.concatenate([self.peer_timed, np.zeros((k, 2), np.float64)])
+            idx = _match(self.peer_keys, pk)
+        return idx
+
+    def _dst_index(self, flows: np.ndarray) -> np.ndarray:
+        dk = dst_ids(flows)
+        idx = _match(self.dst_keys, dk)
+        new = np.nonzero(idx < 0)[0]
+        room = self.max_peers - len(self.dst_keys)
+        if len(new) and room > 0:
+            _, first = np.unique(dk[new], axis=0, return_index=True)
+            take = np.sort(first)[:room]
+            k = len(take)
+            self.dst_keys = np.concatenate([self.dst_keys, dk[new[take]]])
+            for r in new[take]:
+                self.dst_labels.append(ip_str(flows[r]["dst"], int(flows[r]["ipver"])))
+            self.dst_busy = np.concatenate([self.dst_busy, np.zeros(k, np.int64)])
+            self.dst_carry = np.concatenate([self.dst_carry, np.zeros(k, np.int64)])
+            idx = _match(self.dst_keys, dk)
+        return idx
+
+    cum_class = np.zeros(0, np.uint8)
+
+    def add(self, delta: np.ndarray, events: np.ndarray | None = None,
+            cum_flows: np.ndarray | None = None) -> None:
+        """delta: FLOW_DTYPE counters accumulated since the previous add; events: the
+        message records of the same interval (`flow` indexes `delta`); cum_flows: the
+        cumulative flow table now (for the top-K flows and per-pair QP counts)."""
+        self.reads += 1
+        if cum_flows is not None:
+            self.cum_flows = cum_flows
+            self.cum_class = flow_class(cum_flows)
+        # class from the cumulative table (stable), not from the interval's few messages
+        cls = flow_class(delta)
+        if len(self.cum_flows) and len(delta):
+            j = _match(flow_ids(self.cum_flows), flow_ids(delta))
+            cls = np.where(j >= 0, self.cum_class[np.maximum(j, 0)], cls).astype(np.uint8)
+        peer = self._peer_index(delta, cls)
+        m = flow_matrix(delta)
+        if len(m):
+            inside = peer >= 0
+            if inside.any():
+                np.add.at(self.peer_counts, peer[inside], m[inside])
+            if (~inside).any():
+                self.overflow_counts += m[~inside].sum(axis=0, dtype=np.uint64)
+                self.overflow_used = True
+            self.totals += m.sum(axis=0, dtype=np.uint64)
+        if events is not None and len(events):
+            self.events_without_flow += int((events["flow"] < 0).sum())
+            npeers = len(self.peer_keys) + 1                   # + the overflow pair, last
+            fp = np.where(peer >= 0, peer, npeers - 1)
+            fst = message_timing(delta, events)
+            timed = np.zeros((npeers, 2), dtype=np.float64)
+            np.add.at(timed[:, 0], fp, fst["multi_bytes"])
+            np.add.at(timed[:, 1], fp, fst["wire_ns"])
+            self.peer_timed += timed[:-1]
+            self.overflow_timed += timed[-1]
+            pkt = fst["pkt_ns"]
+            carry = np.concatenate([self.peer_carry, np.array([self.overflow_carry], np.int64)])
+            busy, carry = busy_ns_per_peer(events, fp, npeers, carry, pkt_ns=pkt)
+            self.peer_busy += busy[:-1]
+            self.peer_carry = carry[:-1]
+            self.overflow_busy += int(busy[-1])
+            self.overflow_carry = int(carry[-1])
+            di = self._dst_index(delta)
+            keep = di >= 0
+            if keep.any():
+                ev = events[events["flow"] >= 0]
+                ev = ev[keep[ev["flow"]]]
+                busy_d, self.dst_carry = busy_ns_per_peer(ev, di, len(self.dst_keys), self.dst_carry, pkt_ns=pkt)
+                self.dst_busy += busy_d
+
+    def qps_per_peer(self) -> np.ndarray:
+        """Flows per exported pair in the cumulative table (last entry: overflow)."""
+        q = np.zeros(len(self.peer_keys) + 1, dtype=np.int64)
+        if len(self.cum_flows):
+            p = _match(self.peer_keys, peer_ids(self.cum_flows, self.cum_class))
+            p[p < 0] = len(self.peer_keys)
+            np.add.at(q, p, 1)
+        return q
+
+    def state(self, node: str, globals_: np.ndarray, meta: dict, top_k: int, read_ts: float = 0.0,
+              read_seconds: float = 0.0, info: dict | None = None) -> ExportState:
+        qps = self.qps_per_peer()
+        src = [x[0] for x in self.peer_labels]
+        dst = [x[1] for x in self.peer_labels]
+        klass = [x[2] for x in self.peer_labels]
+        counts, busy, q, timed = self.peer_counts, self.peer_busy, qps[:-1], self.peer_timed
+        if self.overflow_used:
+            src, dst, klass = src + [OVERFLOW_LABEL], dst + [OVERFLOW_LABEL], klass + [OVERFLOW_LABEL]
+            timed = np.concatenate([timed, self.overflow_timed[None, :]])
+            counts = np.concatenate([counts, self.overflow_counts[None, :]])
+            busy = np.concatenate([busy, np.array([self.overflow_busy], np.int64)])
+            q = qps
+        m = dict(meta)
+        m["events_without_flow"] = self.events_without_flow
+        return ExportState(node=node, peer_src=src, peer_dst=dst, peer_class=klass, peer_counts=counts.copy(),
+                           peer_busy_ns=busy.copy(), peer_timed=timed.copy(), peer_qps=q.copy(), flows=top_flows(self.cum_flows, top_k),
+                           hist_msg=self.totals[MSG0:GAP0].copy(), hist_gap=self.totals[GAP0:].copy(),
+                           hist_msg_sum=float(self.totals[COL["msg_bytes"]]), flows_present=len(self.cum_flows),
+                           dst_labels=list(self.dst_labels), dst_busy_ns=self.dst_busy.copy(),
+                           globals=np.asarray(globals_).copy(),
+                           meta=m, read_ts=read_ts, read_seconds=read_seconds, info=dict(info or {}))
+
+
+def top_flows(flows: np.ndarray, k: int) -> np.ndarray:
+    if k <= 0 or len(flows) == 0:
+        return np.zeros(0, L.FLOW_DTYPE)
+    b = flows["bytes"].astype(np.int64)
+    if len(flows) > k:
+        idx = np.argpartition(-b, k - 1)[:k]
+    else:
+        idx = np.arange(len(flows))
+    idx = idx[np.lexsort((idx, -b[idx]))]   # by bytes desc, then table order (stable)
+    return flows[idx].copy()
+
+
+def state_from_snapshot(snap: Snapshot, node: str, top_k: int = DEFAULT_TOP_K,
+                        max_peers: int = DEFAULT_MAX_PEERS, info: dict | None = None) -> ExportState:
+    acc = Accumulator(max_peers=max_peers)
+    acc.add(snap.flows, snap.events, cum_flows=snap.flows)
+    return acc.state(node, snap.globals, snap.meta, top_k, read_ts=time.time(), info=info)
+
+
+# ---- the collector ---------------------------------------------------------------------------
+class SkewscopeCollector:
+    """prometheus_client custom collector: collect() renders the current ExportState."""
+
+    def __init__(self, get_state):
+        self._get_state = get_state
+
+    def describe(self):
+        return []  # unchecked collector: families depend on the data
+
+    def collect(self):
+        st: ExportState | None = self._get_state()
+        if st is None:
+            return
+        node = st.node
+        pl = ["node", "src", "dst", "class"]
+        P = "skewscope_"
+        n = len(st.peer_src)
+        rows = [(node, st.peer_src[i], st.peer_dst[i], st.peer_class[i]) for i in range(n)]
+        for name, doc, col in PEER_COUNTERS:
+            fam = CounterMetricFamily(f"{P}peer_{name}", doc, labels=pl)
+            vals = st.peer_counts[:, COL[col]].tolist()
+            for r, v in zip(rows, vals):
+                fam.add_metric(r, v)
+            yield fam
+        fam = CounterMetricFamily(f"{P}peer_naks", "NAKs sent by src to dst, by AETH syndrome class.",
+                                  labels=pl + ["syndrome"])
+        for syn, col in NAK_SYNDROMES:
+            vals = st.peer_counts[:, COL[col]].tolist()
+            for r, v in zip(rows, vals):
+                fam.add_metric(r + (syn,), v)
+        yield fam
+        fam = CounterMetricFamily(f"{P}peer_busy_seconds",
+                                  "Time src->dst had a message in transfer: measure of the union of the "
+                                  "[first packet, last packet] intervals of its messages.", labels=pl)
+        for r, v in zip(rows, (st.peer_busy_ns / 1e9).tolist()):
+            fam.add_metric(r, v)
+        yield fam
+        fam = CounterMetricFamily(f"{P}peer_timed_message_bytes",
+                                  "Bytes of the multi-packet WRITE/SEND messages from src to dst (the ones that "
+                                  "carry timing). Rate over active time = 8 * this / "
+                                  "skewscope_peer_message_wire_seconds_total.", labels=pl)
+        for r, v in zip(rows, st.peer_timed[:, 0].tolist()):
+            fam.add_metric(r, v)
+        yield fam
+        fam = CounterMetricFamily(f"{P}peer_message_wire_seconds",
+                                  "On-wire time of those messages (first to last packet, plus one packet time): "
+                                  "analysis.flows definition.", labels=pl)
+        for r, v in zip(rows, (st.peer_timed[:, 1] / 1e9).tolist()):
+            fam.add_metric(r, v)
+        yield fam
+        fam = CounterMetricFamily(f"{P}destination_busy_seconds",
+                                  "Time dst was receiving at least one message from anyone: measure of the union "
+                                  "of the intervals of every incoming message. Mean concurrent senders (incast "
+                                  "degree) = sum of skewscope_peer_busy_seconds_total into dst / this.",
+                                  labels=["node", "dst"])
+        for d, v in zip(st.dst_labels, (st.dst_busy_ns / 1e9).tolist()):
+            fam.add_metric([node, d], v)
+        yield fam
+        fam = GaugeMetricFamily(f"{P}peer_qps", "Flows (destination QPs) of the pair and class in the flow table now.",
+                                labels=pl)
+        for r, v in zip(rows, st.peer_qps.tolist()):
+            fam.add_metric(r, v)
+        yield fam
+        # top-K flows
+        fl = ["node", "src", "dst", "qp"]
+        frows = []
+        for f in st.flows:
+            v = int(f["ipver"])
+            frows.append((node, ip_str(f["src"], v), ip_str(f["dst"], v), str(int(f["dest_qp"]))))
+        for name, doc, col in FLOW_COUNTERS:
+            fam = CounterMetricFamily(f"{P}flow_{name}", doc, labels=fl)
+            for r, v in zip(frows, st.flows[col].tolist() if len(st.flows) else []):
+                fam.add_metric(r, v)
+            yield fam
+        fam = CounterMetricFamily(f"{P}flow_naks", "NAKs addressed to this flow (all syndromes).", labels=fl)
+        for r, f in zip(frows, st.flows):
+            fam.add_metric(r, int(f["nak_seq"]) + int(f["nak_rnr"]) + int(f["nak_other"]))
+        yield fam
+        fam = HistogramMetricFamily(f"{P}flow_message_size_bytes", "Message sizes of this flow (log2 buckets).",
+                                    labels=fl)
+        for r, f in zip(frows, st.flows):
+            fam.add_metric(r, cumulative_buckets(f["msg_hist"], MSG_LE_STR), float(f["msg_bytes"]))
+        yield fam
+        # node-level histograms
+        fam = HistogramMetricFamily(f"{P}message_size_bytes",
+                                    "Sizes of the messages of every flow seen by this DPU (log2 buckets).",
+                                    labels=["node"])
+        fam.add_metric([node], cumulative_buckets(st.hist_msg, MSG_LE_STR), st.hist_msg_sum)
+        yield fam
+        fam = HistogramMetricFamily(f"{P}message_gap_seconds",
+                                    "Time between consecutive message starts on a flow (log2 ns buckets; no "
+                                    "_sum: the data plane keeps none).", labels=["node"])
+        b = cumulative_buckets(st.hist_gap, GAP_LE_STR)
+        fam.add_metric([node], b, None)
+        fam.samples.append(Sample(fam.name + "_count", {"node": node}, b[-1][1], None, None))
+        yield fam
+        # node-level counters and gauges
+        g = st.globals
+        fam = CounterMetricFamily(f"{P}frames", "Frames seen, by what happened to them (each frame in exactly "
+                                                "one category; README 'Counters').", labels=["node", "category"])
+        for i, cat in enumerate(L.CATEGORY_NAMES):
+            fam.add_metric([node, cat], int(g[i]))
+        yield fam
+        for name, base, doc in (("pfc_pause_frames", L.G_PFC_PAUSE, "PFC frames pausing this priority."),
+                                ("pfc_resume_frames", L.G_PFC_XON, "PFC frames resuming this priority "
+                                                                    "(pause time 0)."),
+                                ("pfc_pause_quanta", L.G_PFC_QUANTA, "Sum of PFC pause times (quanta of 512 "
+                                                                      "bit times) for this priority.")):
+            fam = CounterMetricFamily(f"{P}{name}", doc, labels=["node", "priority"])
+            for p in range(8):
+                fam.add_metric([node, str(p)], int(g[base + p]))
+            yield fam
+        m = st.meta
+        yield _gauge(f"{P}flows", "Flows in the flow table now.", node, st.flows_present)
+        yield _counter(f"{P}flows_created", "Flows inserted into the flow table.", node, int(g[L.G_FLOWS_CREATED]))
+        yield _counter(f"{P}flows_evicted", "Flows evicted from the full flow table (their later packets "
+                                            "start new flows).", node, int(m.get("flows_evicted", 0)))
+        yield _counter(f"{P}message_records_lost", "Message records overwritten before being read.", node,
+                       int(m.get("events_lost", 0)))
+        yield _counter(f"{P}partial_messages", "Message ends seen without their start.", node,
+                       int(g[L.G_MSG_PARTIAL]))
+        yield _gauge(f"{P}sampling_denominator", "1-in-N packet sampling in force (1 = every packet); packet "
+                                                 "and byte counters are of sampled packets.", node,
+                     int(m.get("sample_n", 1) or 1))
+        yield _gauge(f"{P}peers", "Peer pairs exported (including the overflow pair).", node, n)
+        yield _gauge(f"{P}last_read_timestamp_seconds", "Unix time of the last data plane (or file) read.",
+                     node, st.read_ts)
+        yield _gauge(f"{P}read_duration_seconds", "Time the last read of the data plane took.", node,
+                     st.read_seconds)
+        info = GaugeMetricFamily(f"{P}exporter_info", "Exporter identity (value 1).",
+                                 labels=["node", "version", "source", "input"])
+        info.add_metric([node, __version__, str(m.get("source", "?")),
+                         str(m.get("interface") or m.get("file") or "")], 1)
+        yield info
+
+
+def _gauge(name, doc, node, v):
+    f = GaugeMetricFamily(name, doc, labels=["node"])
+    f.add_metric([node], v)
+    return f
+
+
+def _counter(name, doc, node, v):
+    f = CounterMetricFamily(name, doc, labels=["node"])
+    f.add_metric([node], v)
+    return f
+
+
+# ---- sources --------------------------------------------------------------------------
+class StaticSource:
+    """A Snapshot file (or a capture through the offline parser): one fixed state."""
+
+    def __init__(self, snap: Snapshot, node: str, top_k: int, max_peers: int):
+        t0 = time.monotonic()
+        st = state_from_snapshot(snap, node, top_k=top_k, max_peers=max_peers)
+        st.read_seconds = time.monotonic() - t0
+        self._state = st
+
+    def get(self) -> ExportState:
+        return self._state
+
+    def close(self) -> None:
+        pass
+
+
+class LiveSource:
+    """The live data plane on an interface (`live.LiveSession`: attach, leftover checks,
+    per-interval deltas, detach), read every `interval` seconds by a thread. Reading on a
+    clock rather than on scrape drains the message-record rings before they wrap, and
+    makes scrapes cheap (they render the last state)."""
+
+    def __init__(self, iface: str, node: str, top_k: int, max_peers: int, interval: float = 1.0,
+                 mode: str = "xdp", xdp_mode: str = "native", direction: str = "ingress",
+                 max_flows: int = 65536, sample_n: int = 1, on_stale="error"):
+        self.node, self.top_k, self.interval = node, top_k, float(interval)
+        self.acc = Accumulator(max_peers=max_peers)
+        self.session = LiveSession(iface, mode=mode, xdp_mode=xdp_mode, direction=direction,
+                                   sample_n=sample_n, max_flows=max_flows, on_stale=on_stale,
+                                   source="live").open()
+        self._lock = threading.Lock()
+        self._state: ExportState | None = None
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        try:
+            self._absorb(self.session.read_interval())
+        except BaseException:
+            self.session.close()
+            raise
+        self._thread = threading.Thread(target=self._run, name="skewscope-export-reader", daemon=True)
+        self._thread.start()
+
+    def describe(self) -> str:
+        return self.session.describe()
+
+    def _absorb(self, iv) -> None:
+        t0 = time.monotonic()
+        self.acc.add(iv.delta.flows, iv.delta.events, cum_flows=iv.cum.flows)
+        meta = dict(iv.cum.meta)
+        meta["events_lost"] = int(meta.get("events_lost", 0)) + int(meta.get("events_dropped", 0))
+        st = self.acc.state(self.node, iv.cum.globals, meta, self.top_k, read_ts=iv.wall,
+                            read_seconds=time.monotonic() - t0)
+        with self._lock:
+            self._state = st
+
+    def _run(self) -> None:
+        try:
+            for iv in self.session.intervals(self.interval, stop=self._stop):
+                self._absorb(iv)
+                # records are handed over per interval; the session keeps none
+        except BaseException as e:  # serve the last good state; the command stops on it
+            self.error = e
+
+    def get(self) -> ExportState | None:
+        with self._lock:
+            return self._state
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval + 5)
+        self.session.close()
+
+
+# ---- serving ----------------------------------------------------------------------------------
+class ListenError(ValueError):
+    pass
+
+
+def parse_listen(s: str) -> tuple[str, int]:
+    """'ADDR:PORT', '[v6]:PORT' or ':PORT' (= 127.0.0.1) -> (addr, port)."""
+    s = s.strip()
+    if s.startswith("["):
+        host, sep, port = s[1:].partition("]:")
+        if not sep:
+            raise ListenError(f"invalid --listen {s!r}: expected [ADDR]:PORT")
+    else:
+        host, sep, port = s.rpartition(":")
+        if not sep:
+            raise ListenError(f"invalid --listen {s!r}: expected ADDR:PORT (e.g. {DEFAULT_LISTEN})")
+        if ":" in host:
+            raise ListenError(f"invalid --listen {s!r}: write IPv6 addresses as [ADDR]:PORT")
+    host = host or "127.0.0.1"
+    try:
+        p = int(port)
+    except ValueError:
+        raise ListenError(f"invalid --listen {s!r}: port {port!r} is not a number") from None
+    if not 0 <= p <= 65535:
+        raise ListenError(f"invalid --listen {s!r}: port must be 0..65535")
+    try:
+        socket.getaddrinfo(host, p, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        raise ListenError(f"invalid --listen {s!r}: {host!r} is not a numeric IP address") from None
+    return host, p
+
+
+def make_registry(collector: SkewscopeCollector, process_metrics: bool = True):
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(collector)
+    if process_metrics:
+        ProcessCollector(registry=reg)
+    return reg
+
+
+def render(registry) -> str:
+    return generate_latest(registry).decode()
+
+
+def serve(registry, addr: str, port: int):
+    """Start the HTTP server (daemon threads). Returns (server, thread)."""
+    return start_http_server(port, addr=addr, registry=registry)
+
+
+def default_node() -> str:
+    return os.environ.get("SKEWSCOPE_NODE") or socket.gethostname()

@@ -1,0 +1,205 @@
+"""Snapshot -> the stable JSON document (`report --json`) and the human report.
+
+JSON contract (names are a contract for scripts; more keys may be added, none renamed):
+{"source": ..., "meta": {...},
+ "totals": {"packets_seen", "roce_packets", "non_roce_packets", "malformed_packets",
+            "pfc_pause_frames", "flows_evicted", "not_accounted": {reason: n}},
+ "pfc": {"pause_frames", "per_priority": [{"priority", "pause", "resume", "quanta"}]},
+ "flows": [{"src", "dst", "dest_qp", "packets", "bytes", "payload_bytes", "messages",
+            "ce_packets", "ecn_capable_packets", "cnp_packets", "acks", "naks",
+            "psn_gaps", "retransmissions", "first_ts", "last_ts",
+            "msg_size_hist": [[lower_bound_bytes, count], ...], ...}]}
+Definitions: README.md "Counters".
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from skewscope.core import layout as L
+from skewscope.core.snapshot import Snapshot, ip_str
+
+
+def hist_pairs(row: np.ndarray) -> list[list[int]]:
+    return [[L.slot_lower_bound(i), int(c)] for i, c in enumerate(row) if c]
+
+
+def flow_dicts(snap: Snapshot) -> list[dict]:
+    out = []
+    f = snap.flows
+    scale = int(snap.meta.get("sample_n", 1) or 1)
+    for i in range(len(f)):
+        r = f[i]
+        v = int(r["ipver"])
+        naks = int(r["nak_seq"] + r["nak_rnr"] + r["nak_other"])
+        d = {
+            "src": ip_str(r["src"], v),
+            "dst": ip_str(r["dst"], v),
+            "dest_qp": int(r["dest_qp"]),
+            "ipver": v,
+            "roce_version": int(r["roce"]),
+            "packets": int(r["packets"]),
+            "bytes": int(r["bytes"]),
+            "payload_bytes": int(r["payload_bytes"]),
+            "messages": int(r["messages"]),
+            "message_bytes": int(r["msg_bytes"]),
+            "ce_packets": int(r["ce"]),
+            "ecn_capable_packets": int(r["ecn_capable"]),
+            "fecn_packets": int(r["fecn"]),
+            "becn_packets": int(r["becn"]),
+            "cnp_packets": int(r["cnp"]),
+            "acks": int(r["acks"]),
+            "naks": naks,
+            "naks_by_syndrome": {"psn_sequence_error": int(r["nak_seq"]), "rnr": int(r["nak_rnr"]),
+                                 "other": int(r["nak_other"])},
+            "psn_gaps": int(r["psn_gaps"]),
+            "psn_skipped": int(r["psn_skipped"]),
+            "retransmissions": int(r["retransmissions"]),
+            "first_ts": int(r["first_ts"]),
+            "last_ts": int(r["last_ts"]),
+            "udp_sport": int(r["sport"]),
+            "dscp": int(r["tclass"]) >> 2,
+            "opcode_classes": {n: int(c) for n, c in zip(L.OPCLASS_NAMES, r["op"]) if c},
+            "msg_size_hist": hist_pairs(r["msg_hist"]),
+            "msg_gap_hist_ns": hist_pairs(r["gap_hist"]),
+        }
+        if scale > 1:
+            d["sampled_1_in"] = scale
+        out.append(d)
+    return out
+
+
+def totals(snap: Snapshot) -> dict:
+    g = snap.globals
+    cats = snap.category_counts()
+    return {
+        "packets_seen": int(g[L.G_FRAMES]),
+        "roce_packets": int(g[L.G_ACCOUNTED]),
+        "non_roce_packets": int(g[L.G_NON_ROCE]),
+        "malformed_packets": int(sum(int(g[i]) for i in L.MALFORMED_CATEGORIES)),
+        "pfc_pause_frames": int(g[L.G_PFC]),
+        "flows_evicted": snap.flows_evicted,
+        "not_accounted": {k: v for k, v in cats.items() if k != "accounted"},
+        "message_records": int(len(snap.events)),
+        "message_records_lost": int(snap.meta.get("events_lost", 0)),
+        "partial_messages": int(g[L.G_MSG_PARTIAL]),
+        # frames that arrived encapsulated (ERSPAN/GRE/VXLAN mirror copies) and were parsed inside
+        "decapsulated_frames": int(g[L.G_DECAP]),
+    }
+
+
+def pfc(snap: Snapshot) -> dict:
+    g = snap.globals
+    return {
+        "pause_frames": int(g[L.G_PFC]),
+        "per_priority": [{"priority": p, "pause": int(g[L.G_PFC_PAUSE + p]), "resume": int(g[L.G_PFC_XON + p]),
+                          "quanta": int(g[L.G_PFC_QUANTA + p])} for p in range(8)],
+    }
+
+
+def to_dict(snap: Snapshot, analysis: dict | None = None) -> dict:
+    meta = dict(snap.meta)
+    src = meta.get("file") or meta.get("interface") or meta.get("source", "?")
+    doc = {
+        "source": src,
+        "meta": meta,
+        "totals": totals(snap),
+        "pfc": pfc(snap),
+        "flows": flow_dicts(snap),
+    }
+    if analysis:
+        doc.update(analysis)
+    return doc
+
+
+def to_json(snap: Snapshot, analysis: dict | None = None, indent: int | None = 2) -> str:
+    return json.dumps(to_dict(snap, analysis), indent=indent, sort_keys=False)
+
+
+# ---- human report ----------------------------------------------------------------------
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def human(snap: Snapshot, analysis: dict | None = None, top: int = 20, console=None) -> None:
+    from rich.console import Console  # heavy (rich): only when drawing
+    from rich.table import Table  # heavy (rich): only when drawing
+
+    # In a pipe or file rich assumes 80 columns and would cut addresses to "10…": use a
+    # width at which nothing is cut (a terminal keeps its own width).
+    con = console or (Console() if sys.stdout.isatty() else Console(width=160))
+    t = totals(snap)
+    m = snap.meta
+    con.print(f"[bold]skewscope report[/bold]  source: {m.get('file') or m.get('interface') or m.get('source')}"
+              f"  ({m.get('source', '?')}, {float(m.get('duration_s', 0) or 0):.3f} s)")
+    na = ", ".join(f"{k} {v}" for k, v in t["not_accounted"].items() if v) or "none"
+    con.print(f"frames {t['packets_seen']}  RoCE {t['roce_packets']}  not accounted: {na}")
+    if t["decapsulated_frames"]:
+        con.print(f"{t['decapsulated_frames']} frames arrived encapsulated (ERSPAN/GRE/VXLAN) and were parsed inside")
+    if t["flows_evicted"]:
+        con.print(f"[yellow]flows evicted (map full): {t['flows_evicted']}[/yellow]")
+    if int(m.get("sample_n", 1) or 1) > 1:
+        con.print(f"[yellow]sampled 1 in {m['sample_n']}: counters are of sampled packets[/yellow]")
+    if m.get("padded_records"):
+        con.print(f"{m['padded_records']} snaplen-cut records were padded back to their original length")
+    if m.get("snaplen_cut_records"):
+        con.print(f"{m['snaplen_cut_records']} records cut by the capture's snap length: accounted from their "
+                  "original lengths")
+    p = pfc(snap)
+    if p["pause_frames"]:
+        pr = ", ".join(f"prio {x['priority']}: {x['pause']}" for x in p["per_priority"] if x["pause"])
+        con.print(f"PFC pause frames: {p['pause_frames']} ({pr})")
+    from rich import box  # heavy (rich): only when drawing
+    tab = Table(title=f"flows (top {top} by bytes of {len(snap.flows)})", show_lines=False, box=box.SIMPLE_HEAD,
+                pad_edge=False)
+    for c in ("src", "dst", "qp", "pkts", "bytes", "msgs", "msg mode", "CE", "CNP", "ACK", "NAK", "gaps", "retx"):
+        tab.add_column(c, justify="right" if c not in ("src", "dst") else "left", no_wrap=True,
+                       min_width=len(c) if c not in ("src", "dst") else 7)
+    f = snap.flows
+    order = np.argsort(-f["bytes"].astype(np.int64), kind="stable")[:top]
+    for i in order:
+        r = f[i]
+        v = int(r["ipver"])
+        mode = int(np.argmax(r["msg_hist"])) if r["msg_hist"].any() else -1
+        tab.add_row(ip_str(r["src"], v), ip_str(r["dst"], v), f"0x{int(r['dest_qp']):06x}", str(int(r["packets"])),
+                    fmt_bytes(int(r["bytes"])), str(int(r["messages"])),
+                    "-" if mode < 0 else fmt_bytes(L.slot_lower_bound(mode)) + "+",
+                    str(int(r["ce"])), str(int(r["cnp"])), str(int(r["acks"])),
+                    str(int(r["nak_seq"] + r["nak_rnr"] + r["nak_other"])), str(int(r["psn_gaps"])),
+                    str(int(r["retransmissions"])))
+    con.print(tab)
+    if analysis:
+        for line in analysis_lines(analysis):
+            con.print(line, highlight=False)
+    if analysis and analysis.get("findings") is not None:
+        fs = analysis["findings"]
+        if not fs:
+            con.print("[green]no findings: traffic looks healthy[/green]")
+        for fd in fs:
+            color = {"critical": "red", "warning": "yellow"}.get(fd["severity"], "cyan")
+            con.print(f"[{color}]{fd['severity'].upper():8s}[/{color}] {fd['kind']}: {fd['message']}")
+
+
+def analysis_lines(analysis: dict) -> list[str]:
+    """The detected collectives and the timing, one line each (report and diagnose)."""
+    out = []
+    for c in analysis.get("collectives") or []:
+        mem = c["members"]
+        pat = c.get("pattern") or (c.get("metrics") or {}).get("pattern") or "?"
+        out.append(f"  {c['kind']} ({pat}, confidence {c['confidence']:.2f}): "
+                   + ", ".join(mem[:8]) + (f" ... ({len(mem)} nodes)" if len(mem) > 8 else ""))
+    tm = analysis.get("timing")
+    if tm and tm.get("period_s"):
+        jit = f", jitter {tm['period_jitter_s'] * 1e6:.0f} us" if tm.get("period_jitter_s") is not None else ""
+        out.append(f"  period {tm['period_s'] * 1e3:.3f} ms{jit}")
+    if tm and tm.get("workload") == "decode" and tm.get("collective_interval_p50_s"):
+        out.append(f"  decode: a collective every {tm['collective_interval_p50_s'] * 1e6:.0f} us (p50), "
+                   f"p99 {tm['collective_interval_p99_s'] * 1e6:.0f} us"
+                   + (f", {tm['tokens_per_s']:.1f} tokens/s" if tm.get("tokens_per_s") else ""))
+    return out

@@ -1,0 +1,655 @@
+"""Live machinery shared by every command that watches an interface (top, capture,
+diagnose --live, export): attach safely, read periodically, compute per-interval deltas
+and rates, detach whatever happens.
+
+    from skewscope import live
+    snap = live.capture("eth1", 30, mode="xdp", xdp_mode="native")        # one-shot
+
+    with live.LiveSession("eth1") as s:                                    # periodic
+        for iv in s.intervals(1.0, count=10):
+            r = live.flow_rates(iv.delta, iv.dt)                           # arrays per flow
+            ...
+
+Maps are cumulative in the kernel (never cleared: clearing races with the data path and
+loses counts); each interval is the difference of two consecutive reads, matched by flow
+key. Message records are drained from the per-CPU record regions at every read (and more
+often by `capture`) so that they are not overwritten. Memory is bounded: records beyond
+`max_events` are counted in `events_dropped`, never stored.
+
+Safety: the programs are detached in `close()`, which runs on normal exit, exceptions,
+Ctrl-C, SIGTERM and SIGHUP (see `terminate_on_signals`). A program left by a crashed run
+(no live process holds it) is "stale"; one held by a running process is "in use": the
+first can be removed (`on_stale="detach"`, or a callback that asks the user), the second
+never is.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from skewscope.bpf.attach import Attachment, detach_ours, list_ours
+from skewscope.bpf.loader import OUR_PROG_NAMES, Config, Dataplane, check_privileges, import_bcc
+from skewscope.core import layout as L
+from skewscope.core.errors import EXIT_BUSY, EXIT_NO_IFACE, EXIT_USAGE, DataplaneError
+from skewscope.core.signals import Terminated as _dp_Terminated
+from skewscope.core.signals import exit_on_signals
+from skewscope.core.snapshot import Snapshot, events_from_records, flow_key_matrix
+
+# counters that are differences between two reads (everything else in FLOW_DTYPE is a key
+# or "last value": first_ts/last_ts/sport/tclass/last_opcode)
+_KEY_FIELDS = ("src", "dst", "dest_qp", "ipver", "roce")
+_LAST_FIELDS = ("first_ts", "last_ts", "sport", "tclass", "last_opcode")
+COUNTER_FIELDS = tuple(n for n in L.FLOW_DTYPE.names if n not in _KEY_FIELDS + _LAST_FIELDS)
+
+MODES = ("xdp", "tc")
+XDP_MODES = ("native", "generic")
+DIRECTIONS = ("ingress", "egress", "both")
+
+
+# ---- signals ------------------------------------------------------------------------------
+# One mechanism for the whole package (dataplane.py): SIGTERM/SIGHUP raise Terminated, a
+# SystemExit with status 128 + signal, so every `finally` (detach, namespace teardown) runs.
+# Ctrl-C stays a KeyboardInterrupt (for top: the normal way out; for capture: "stop early").
+Terminated = _dp_Terminated
+terminate_on_signals = exit_on_signals
+
+
+# ---- who holds a BPF program ------------------------------------------------------------
+def prog_holders(prog_id: int) -> list[tuple[int, str]]:
+    """Processes (pid, command name) that hold an fd to BPF program `prog_id`, other than
+    this one. A skewscope program attached but held by nobody was left by a crashed run."""
+    me = os.getpid()
+    out = []
+    want = f"prog_id:\t{int(prog_id)}\n"
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return out
+    for p in pids:
+        pid = int(p)
+        if pid == me:
+            continue
+        fddir = f"/proc/{p}/fd"
+        try:
+            fds = os.listdir(fddir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"{fddir}/{fd}") != "anon_inode:bpf-prog":
+                    continue
+                with open(f"/proc/{p}/fdinfo/{fd}") as fh:
+                    if want in fh.read():
+                        try:
+                            with open(f"/proc/{p}/comm") as c:
+                                comm = c.read().strip()
+                        except OSError:
+                            comm = "?"
+                        out.append((pid, comm))
+                        break
+            except OSError:
+                continue
+    return out
+
+
+def _tc_prog_ids(ifname: str) -> list[tuple[str, int]]:
+    """(direction, prog id) of skewscope's TC filters on ifname, from `tc -j` (pyroute2 does
+    not decode TCA_BPF_ID). Runs in this thread's network namespace. Id 0 = unknown."""
+
+    out = []
+    tc = shutil.which("tc") or "/usr/sbin/tc"
+    for d in ("ingress", "egress"):
+        try:
+            p = subprocess.run([tc, "-j", "filter", "show", "dev", ifname, d], capture_output=True, text=True,
+                               timeout=10)
+            items = json.loads(p.stdout) if p.returncode == 0 and p.stdout.strip() else []
+        except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
+            items = []
+        for it in items:
+            o = it.get("options") or {}
+            name = str(o.get("bpf_name") or "").split(":")[0]
+            if it.get("kind") == "bpf" and name in OUR_PROG_NAMES:
+                out.append((d, int((o.get("prog") or {}).get("id") or 0)))
+    return out
+
+
+@dataclass
+class Leftover:
+    """skewscope programs found on an interface before attaching."""
+    iface: str
+    xdp: int | None                       # prog id
+    tc: list[tuple[str, int]]             # (direction, prog id)
+    holders: list[tuple[int, str]]        # live processes holding any of them
+
+    @property
+    def stale(self) -> bool:
+        """Held by no process -- and every program's id was known (an unknown id could be
+        held by a running skewscope: never treat it as removable)."""
+        return not self.holders and all(i for _, i in self.tc)
+
+    def describe(self) -> str:
+        parts = []
+        if self.xdp:
+            parts.append(f"XDP program id {self.xdp}")
+        parts += [f"TC {d} program id {i}" for d, i in self.tc]
+        return ", ".join(parts)
+
+
+def find_leftover(ifname: str) -> Leftover | None:
+    ours = list_ours(ifname)
+    tc = (_tc_prog_ids(ifname) or [(d, 0) for d, _, _ in ours["tc"]]) if ours["tc"] else []
+    if not ours["xdp"] and not tc:
+        return None
+    holders = []
+    for pid in [ours["xdp"]] + [i for _, i in tc]:
+        if pid:
+            holders += [h for h in prog_holders(pid) if h not in holders]
+    return Leftover(ifname, ours["xdp"], tc, holders)
+
+
+# ---- snapshots: deltas and rates ----------------------------------------------------------
+def _key_index(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """For each row of b, the row of a with the same flow key, or -1."""
+    if len(b) == 0:
+        return np.zeros(0, dtype=np.int64)
+    if len(a) == 0:
+        return np.full(len(b), -1, dtype=np.int64)
+    ka = flow_key_matrix(a).view("<u8").reshape(len(a), 5)
+    kb = flow_key_matrix(b).view("<u8").reshape(len(b), 5)
+    _, inv = np.unique(np.concatenate([ka, kb]), axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    table = np.full(int(inv.max()) + 1, -1, dtype=np.int64)
+    table[inv[: len(a)]] = np.arange(len(a), dtype=np.int64)
+    return table[inv[len(a):]]
+
+
+def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0) -> np.ndarray:
+    """Per-flow counters accumulated between two reads of the flow table. Flows without
+    packets in between are omitted. A flow evicted and re-created in between (its counters
+    went down, or its first_ts changed) counts from zero. first_ts is clamped to `since_ns` (the earlier read's
+    time): the first packet of a flow that was already active is not known exactly."""
+    if prev is None or len(prev) == 0:
+        d = cur.copy()
+    else:
+        j = _key_index(prev, cur)
+        d = cur.copy()
+        have = j >= 0
+        p = prev[j[have]]
+        # evicted and re-created in between: its counters went down, or (when the new entry
+        # already passed the old count) its first packet is newer than the old entry's
+        back = (cur["packets"][have] < p["packets"]) | (cur["first_ts"][have] != p["first_ts"])
+        for name in COUNTER_FIELDS:
+            col = d[name]
+            sub = p[name].copy()
+            sub[back] = 0
+            col[have] = col[have] - sub
+    d = d[d["packets"] > 0]
+    if since_ns:
+        d["first_ts"] = np.maximum(d["first_ts"], np.uint64(since_ns))
+    return d
+
+
+def globals_delta(prev: np.ndarray | None, cur: np.ndarray) -> np.ndarray:
+    if prev is None:
+        return cur.copy()
+    return np.where(cur >= prev, cur - prev, cur).astype(np.uint64)
+
+
+def flow_rates(flows: np.ndarray, dt: float, sample_n: int = 1) -> dict[str, np.ndarray]:
+    """Rates of a delta flow table over dt seconds, scaled by the sampling factor (with
+    1-in-N sampling the counters are of sampled packets; N times them is the unbiased
+    estimate). Definitions (README "Counters"/"Live rates"):
+      gbps      wire bytes (Ethernet frame without FCS) * 8 / dt / 1e9
+      pps       packets / dt
+      cnp_ps    CNP packets / dt
+      ce_pct    100 * CE packets / ECN-capable packets (0 when none is ECN-capable)
+      retx, naks  counts in the interval (scaled)
+      msg_mode  lower bound (bytes) of the most frequent message-size bucket, -1 if none
+    """
+    dt = max(float(dt), 1e-9)
+    k = float(max(1, int(sample_n)))
+    pk = flows["packets"].astype(np.float64)
+    ecn = flows["ecn_capable"].astype(np.float64)
+    ce = flows["ce"].astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ce_pct = np.where(ecn > 0, 100.0 * ce / np.maximum(ecn, 1), 0.0)
+    hist = flows["msg_hist"]
+    has = hist.sum(axis=1) > 0 if len(flows) else np.zeros(0, bool)
+    mode_slot = np.argmax(hist, axis=1) if len(flows) else np.zeros(0, np.int64)
+    lb = np.where(mode_slot == 0, 0, np.left_shift(np.int64(1), np.maximum(mode_slot - 1, 0)))
+    return {
+        "gbps": flows["bytes"].astype(np.float64) * 8.0 / dt / 1e9 * k,
+        "pps": pk / dt * k,
+        "cnp_ps": flows["cnp"].astype(np.float64) / dt * k,
+        "ce_pct": ce_pct,
+        "retx": flows["retransmissions"].astype(np.float64) * k,
+        "naks": (flows["nak_seq"] + flows["nak_rnr"] + flows["nak_other"]).astype(np.float64) * k,
+        "msg_mode": np.where(has, lb, -1),
+    }
+
+
+# ---- the session --------------------------------------------------------------------------
+@dataclass
+class Interval:
+    """One periodic read. `delta` holds only what happened during the interval (flows with
+    packets in it, counter differences, the interval's message records); `cum` is the
+    cumulative table since attach (no events)."""
+    index: int
+    wall: float            # time.time() at the read
+    dt: float              # seconds covered
+    elapsed: float         # seconds since attach
+    delta: Snapshot
+    cum: Snapshot
+    records: np.ndarray    # the interval's raw message records (layout.MSG_REC_DTYPE)
+
+
+class LiveSession:
+    """Compile, check the interface, attach, read, detach. Use as a context manager."""
+
+    def __init__(self, iface: str, mode: str = "xdp", xdp_mode: str = "native", direction: str = "ingress",
+                 sample_n: int = 1, max_flows: int = 65536, ev_per_cpu: int = 65536,
+                 max_events: int = 1_000_000, on_stale="error", source: str = "live"):
+        if mode not in MODES:
+            raise DataplaneError(f"invalid mode {mode!r} (xdp or tc)", EXIT_USAGE)
+        if xdp_mode not in XDP_MODES:
+            raise DataplaneError(f"invalid XDP mode {xdp_mode!r} (native or generic)", EXIT_USAGE)
+        if direction not in DIRECTIONS:
+            raise DataplaneError(f"invalid direction {direction!r} (ingress, egress or both)", EXIT_USAGE)
+        if mode == "xdp" and direction != "ingress":
+            raise DataplaneError("XDP sees ingress only; use --tc for egress or both directions", EXIT_USAGE)
+        self.iface, self.mode, self.xdp_mode, self.direction = iface, mode, xdp_mode, direction
+        self.config = Config(max_flows=int(max_flows), sample_n=int(sample_n), ev_per_cpu=int(ev_per_cpu))
+        self.config.validate()
+        self.max_events = int(max_events)
+        self.on_stale = on_stale
+        self.source = source
+        self.dp: Dataplane | None = None
+        self.att: Attachment | None = None
+        self.removed_leftover: Leftover | None = None
+        self.t0_mono_ns = 0
+        self.t0_wall = 0.0
+        self._recs: list[np.ndarray] = []
+        self._nrecs = 0
+        self.events_dropped = 0
+        self._lock = threading.Lock()
+        self._prev_flows = None
+        self._prev_glob = None
+        self._prev_mono = 0
+        self._prev_evicted = 0
+        self._index = 0
+
+    # -- open / close ---------------------------------------------------------------------
+    def preflight(self) -> None:
+        """The checks that need no kernel change, in the order a user can fix them:
+        interface exists, privileges, bcc importable."""
+        try:
+            socket.if_nametoindex(self.iface)
+        except OSError:
+            raise DataplaneError(f"interface {self.iface!r} does not exist (see 'ip link')", EXIT_NO_IFACE) from None
+        check_privileges()
+        import_bcc()
+
+    def open(self, before_attach=None) -> "LiveSession":
+        """Preflight, leftover check, compile + load, attach. `before_attach()` runs between
+        the (slow, ~1 s) compile and the attach: what must start with the counting, not
+        before it (capture's pcap tap)."""
+        self.preflight()
+        self._handle_leftover()
+        self.dp = Dataplane(self.config)
+        try:
+            if before_attach is not None:
+                before_attach()
+            self.att = Attachment(self.dp, self.iface, mode=self.mode, xdp_mode=self.xdp_mode,
+                                  direction=self.direction)
+            self.att.attach()
+        except BaseException:
+            self.close()
+            raise
+        self.t0_mono_ns = time.monotonic_ns()
+        self.t0_wall = time.time()
+        self._prev_mono = self.t0_mono_ns
+        return self
+
+    def _handle_leftover(self) -> None:
+        lo = find_leftover(self.iface)
+        if lo is None:
+            return
+        if not lo.stale:
+            who = ", ".join(f"pid {p} ({c})" for p, c in lo.holders)
+            raise DataplaneError(f"{self.iface} is already being watched by skewscope ({lo.describe()}, "
+                                 f"held by {who}); stop that run first", EXIT_BUSY)
+        ok = self.on_stale == "detach" or (callable(self.on_stale) and self.on_stale(lo))
+        if not ok:
+            raise DataplaneError(f"{self.iface} has a stale skewscope program ({lo.describe()}) left by a run "
+                                 f"that did not exit cleanly; remove it with 'skewscope detach -i {self.iface}' "
+                                 "or rerun with --force-detach", EXIT_BUSY)
+        detach_ours(self.iface)
+        self.removed_leftover = lo
+
+    iface_gone = False  # set once _check_iface saw the interface disappear
+
+    def _check_iface(self) -> None:
+        """At most twice a second: is the interface we attached to still there (same index)?
+        Deleted, or gone with its namespace, the program went with it and nothing more will be
+        counted: stop with one clear line instead of running on blind."""
+        now = time.monotonic()
+        if self.att is None or self.iface_gone or now < getattr(self, "_iface_checked", 0.0) + 0.5:
+            return
+        self._iface_checked = now
+        try:
+            idx = socket.if_nametoindex(self.iface)
+        except OSError:
+            idx = 0
+        if idx != self.att.idx:
+            self.iface_gone = True
+            raise DataplaneError(f"{self.iface} went away while attached (interface deleted or its network "
+                                 "namespace removed); stopped", EXIT_NO_IFACE)
+
+    def close(self) -> None:
+        """Detach and free. Idempotent; never raises (it runs in finally blocks)."""
+        att, self.att = self.att, None
+        if att is not None:
+            try:
+                att.detach()
+            except Exception:
+                pass
+            # belt and braces: whatever skewscope left on this interface goes
+            try:
+                left = list_ours(self.iface)
+                if (self.mode == "xdp" and left["xdp"]) or (self.mode == "tc" and left["tc"]):
+                    detach_ours(self.iface, xdp=self.mode == "xdp", tc=self.mode == "tc")
+            except Exception:
+                pass
+        dp, self.dp = self.dp, None
+        if dp is not None:
+            dp.close()
+
+    def __enter__(self):
+        return self.open()
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- description ----------------------------------------------------------------------
+    def describe(self) -> str:
+        """The startup line's 'what is attached where'."""
+        if self.mode == "xdp":
+            where = f"XDP ({self.xdp_mode})"
+        else:
+            where = f"TC clsact {self.direction}"
+        pid = ""
+        try:
+            if self.mode == "xdp":
+                pid = f", prog id {list_ours(self.iface)['xdp']}"
+        except Exception:
+            pass
+        s = f"skewscope_{self.mode} attached to {self.iface} as {where}{pid}"
+        if self.config.sample_n > 1:
+            s += f"; sampling 1 in {self.config.sample_n} (rates scaled)"
+        return s
+
+    def startup_line(self) -> str:
+        """bcc-style startup line, short enough for 80 columns with long interface names:
+        'Tracing RoCE on IFACE (XDP native, prog 1684)... Ctrl-C to end.'"""
+        try:
+            if self.mode == "xdp":
+                pid = list_ours(self.iface)["xdp"]
+            else:
+                pid = next((i for _, i in _tc_prog_ids(self.iface)), 0)
+        except Exception:
+            pid = 0
+        how = f"XDP {self.xdp_mode}" if self.mode == "xdp" else f"TC {self.direction}"
+        if pid:
+            how += f", prog {pid}"
+        if self.config.sample_n > 1:
+            how += f", 1/{self.config.sample_n} sampled"
+        return f"Tracing RoCE on {self.iface} ({how})... Ctrl-C to end."
+
+    # -- reading --------------------------------------------------------------------------
+    def poll_records(self) -> int:
+        """Drain new message records from the kernel into memory (bounded). Returns how
+        many were read. Call at least every ev_per_cpu / (records/s per CPU) seconds."""
+        if self.dp is None:
+            return 0
+        self._check_iface()
+        recs = self.dp.read_new_records()
+        n = len(recs)
+        if n:
+            with self._lock:
+                room = self.max_events - self._nrecs
+                if room < n:
+                    self.events_dropped += n - max(room, 0)
+                    recs = recs[: max(room, 0)]
+                if len(recs):
+                    self._recs.append(recs)
+                    self._nrecs += len(recs)
+        return n
+
+    def take_records(self) -> np.ndarray:
+        """All records drained so far (and clear the buffer)."""
+        with self._lock:
+            parts, self._recs, self._nrecs = self._recs, [], 0
+        if not parts:
+            return np.zeros(0, dtype=L.MSG_REC_DTYPE)
+        return np.concatenate(parts)
+
+    def meta(self, now_mono_ns: int, since_mono_ns: int | None = None) -> dict:
+        since = self.t0_mono_ns if since_mono_ns is None else since_mono_ns
+        return {
+            "source": self.source,
+            "interface": self.iface,
+            "attach": self.mode if self.mode == "tc" else f"xdp-{self.xdp_mode}",
+            "direction": self.direction,
+            "clock": "monotonic",
+            "first_ts": int(since),
+            "last_ts": int(now_mono_ns),
+            "duration_s": max(0.0, (now_mono_ns - since) / 1e9),
+            "started_at": self.t0_wall,
+            "events_dropped": int(self.events_dropped),
+        }
+
+    def snapshot(self, include_events: bool = True) -> Snapshot:
+        """Cumulative Snapshot since attach; with include_events, every record drained so
+        far (records are kept: a later call includes them again)."""
+        self.poll_records()
+        now = time.monotonic_ns()
+        with self._lock:
+            recs = np.concatenate(self._recs) if (include_events and self._recs) else None
+        if recs is None:
+            recs = np.zeros(0, dtype=L.MSG_REC_DTYPE)
+        return self.dp.snapshot(self.meta(now), records=recs)
+
+    def read_interval(self) -> Interval:
+        """One periodic read: the delta since the previous read_interval (or attach). The
+        records drained since then move into the Interval (the session keeps none)."""
+        self.poll_records()
+        recs = self.take_records()
+        now = time.monotonic_ns()
+        cum = self.dp.snapshot(self.meta(now), records=np.zeros(0, L.MSG_REC_DTYPE))
+        dflows = flow_delta(self._prev_flows, cum.flows, since_ns=self._prev_mono)
+        dglob = globals_delta(self._prev_glob, cum.globals)
+        dmeta = dict(cum.meta)
+        dmeta.update(self.meta(now, self._prev_mono))
+        dmeta["flows_evicted"] = max(0, int(cum.meta.get("flows_evicted", 0)) - self._prev_evicted)
+        delta = Snapshot(flows=dflows, events=events_from_records(dflows, recs), globals=dglob, meta=dmeta)
+        iv = Interval(index=self._index, wall=time.time(), dt=(now - self._prev_mono) / 1e9,
+                      elapsed=(now - self.t0_mono_ns) / 1e9, delta=delta, cum=cum, records=recs)
+        self._prev_flows, self._prev_glob, self._prev_mono = cum.flows, cum.globals, now
+        self._prev_evicted = int(cum.meta.get("flows_evicted", 0))
+        self._index += 1
+        return iv
+
+    def intervals(self, interval: float, count: int | None = None, stop: threading.Event | None = None,
+                  wait=None):
+        """Yield an Interval every `interval` seconds (count times, or until stop is set).
+        Records are drained several times per interval. `wait(timeout)` replaces the sleep
+        (top uses it to read keys); it returns True to stop early."""
+        n = 0
+        next_t = time.monotonic() + interval
+        while count is None or n < count:
+            while True:
+                left = next_t - time.monotonic()
+                if left <= 0:
+                    break
+                step = min(left, 0.25)
+                if wait is not None:
+                    if wait(step):
+                        return
+                else:
+                    time.sleep(step)
+                if stop is not None and stop.is_set():
+                    return
+                self.poll_records()
+            yield self.read_interval()
+            n += 1
+            next_t += interval
+            if next_t < time.monotonic():          # fell behind (slow consumer): resync
+                next_t = time.monotonic() + interval
+
+
+# ---- a rolling window for analysis ----------------------------------------------------------
+class Window:
+    """Keeps enough state to build a Snapshot of roughly the last `seconds` (between
+    seconds/2 and seconds): two anchors (cumulative reads) re-taken every seconds/2, and
+    the message records since the older one. Memory: two flow tables + bounded records."""
+
+    def __init__(self, seconds: float, max_events: int = 500_000):
+        self.seconds = float(seconds)
+        self.max_events = int(max_events)
+        self._anchors: list[tuple[int, np.ndarray, np.ndarray]] = []   # (mono_ns, flows, globals)
+        self._ev: list[np.ndarray] = []          # raw records (MSG_REC_DTYPE) and their read time
+        self._ev_t: list[int] = []
+        self.dropped = 0
+
+    def add(self, iv: Interval) -> None:
+        now = int(iv.cum.meta["last_ts"])
+        if not self._anchors:
+            # the attach itself is the first anchor: empty tables
+            t0 = int(iv.delta.meta.get("first_ts", now))
+            self._anchors.append((t0, np.zeros(0, L.FLOW_DTYPE), np.zeros(L.G_N, np.uint64)))
+        if now - self._anchors[-1][0] >= self.seconds / 2 * 1e9:
+            self._anchors.append((now, iv.cum.flows, iv.cum.globals))
+            if len(self._anchors) > 2:
+                self._anchors.pop(0)
+        if len(iv.records):
+            self._ev.append(iv.records)
+            self._ev_t.append(now)
+        # a batch read before the oldest anchor holds only messages that started before it
+        oldest = self._anchors[0][0]
+        while self._ev_t and self._ev_t[0] < oldest:
+            self._ev.pop(0)
+            self._ev_t.pop(0)
+        total = sum(len(e) for e in self._ev)
+        while total > self.max_events and self._ev:
+            self.dropped += len(self._ev[0])
+            total -= len(self._ev[0])
+            self._ev.pop(0)
+            self._ev_t.pop(0)
+
+    def snapshot(self, iv: Interval) -> Snapshot:
+        t0, f0, g0 = self._anchors[0]
+        flows = flow_delta(f0, iv.cum.flows, since_ns=t0)
+        glob = globals_delta(g0, iv.cum.globals)
+        recs = np.concatenate(self._ev) if self._ev else np.zeros(0, L.MSG_REC_DTYPE)
+        if len(recs):
+            recs = recs[recs["start_ts"] >= t0]
+        meta = dict(iv.cum.meta)
+        now = int(iv.cum.meta["last_ts"])
+        meta.update({"first_ts": t0, "last_ts": now, "duration_s": max(1e-9, (now - t0) / 1e9),
+                     "window_s": (now - t0) / 1e9})
+        return Snapshot(flows=flows, events=events_from_records(flows, recs), globals=glob, meta=meta)
+
+
+# ---- one-shot capture ---------------------------------------------------------------------
+def capture(iface: str, duration: float, mode: str = "xdp", xdp_mode: str = "native", direction: str = "ingress",
+            sample_n: int = 1, max_flows: int = 65536, progress=None, on_stale="error",
+            stop: threading.Event | None = None, pcap_out: str | None = None, pcap_snaplen: int = 128,
+            pcap_max_bytes: int = 1 << 30, max_events: int = 4_000_000, on_attached=None,
+            session_opts: dict | None = None) -> Snapshot:
+    """Attach, collect for `duration` seconds (or until `stop` is set / Ctrl-C), detach,
+    return the cumulative Snapshot (source "capture"). `progress(elapsed, duration, snap_globals)`
+    is called about 10 times a second. `pcap_out`: also write the RoCE headers seen
+    (first `pcap_snaplen` bytes of each RoCE/PFC frame, original length kept) to a pcap
+    file, atomically (see skewscope.pcaptap). `on_attached(session)` is called once the
+    program is attached (startup line). Ctrl-C ends the capture early and still returns
+    the data collected so far (meta["interrupted"] = True)."""
+    if not duration or duration <= 0:
+        raise DataplaneError(f"invalid duration {duration!r} (must be > 0)", EXIT_USAGE)
+    sess = LiveSession(iface, mode=mode, xdp_mode=xdp_mode, direction=direction, sample_n=sample_n,
+                       max_flows=max_flows, on_stale=on_stale, source="capture", max_events=max_events,
+                       **(session_opts or {}))
+    tap = None
+    interrupted = False
+    iface_gone = None
+    sess.preflight()
+    taps = []
+
+    def start_tap():
+        # the tap starts right before the attach, so pcap and snapshot cover the same window
+        from skewscope.sources.pcaptap import PcapTap
+        t = PcapTap(iface, pcap_out, snaplen=pcap_snaplen, direction=direction, max_bytes=pcap_max_bytes)
+        taps.append(t)
+        t.start()
+        t.window(t_from=time.time_ns())
+
+    with terminate_on_signals():
+        try:
+            if pcap_out:
+                from skewscope.sources.pcaptap import PcapTap  # noqa: F401  (import errors before anything is attached)
+            sess.open(before_attach=start_tap if pcap_out else None)
+            tap = taps[0] if taps else None
+            if on_attached:
+                on_attached(sess)
+            t_end = time.monotonic() + duration
+            try:
+                while True:
+                    left = t_end - time.monotonic()
+                    if left <= 0 or (stop is not None and stop.is_set()):
+                        break
+                    time.sleep(min(0.1, left))
+                    sess.poll_records()
+                    if progress:
+                        progress(min(duration, duration - max(0.0, t_end - time.monotonic())), duration,
+                                 sess.dp.read_globals())
+            except KeyboardInterrupt:
+                interrupted = True
+            except DataplaneError as e:
+                # The interface went away: the maps still hold everything counted until then.
+                # Keep it (the caller saves it and reports the early stop) instead of losing it.
+                if e.code != EXIT_NO_IFACE or not sess.iface_gone:
+                    raise
+                iface_gone = str(e)
+            snap = sess.snapshot(include_events=True)
+            if iface_gone:
+                snap.meta["stopped_early"] = iface_gone
+            if tap is not None:
+                # from just before attach to just after the read: the pcap holds every frame the
+                # snapshot counted (and the few that arrived while attaching / reading)
+                tap.window(t_to=time.time_ns())
+            snap.meta["events_dropped"] = int(sess.events_dropped)
+            snap.meta["interrupted"] = interrupted
+            snap.meta["requested_duration_s"] = float(duration)
+            if sess.removed_leftover is not None:
+                snap.meta["removed_stale"] = sess.removed_leftover.describe()
+        except BaseException:
+            sess.close()
+            for t in taps:
+                t.abort()
+            raise
+        finally:
+            sess.close()
+            for t in taps:
+                t.stop()
+        tap = taps[0] if taps else None
+        if tap is not None:
+            tap.commit()
+            snap.meta["pcap"] = tap.stats()
+    return snap

@@ -1,4 +1,0 @@
-from .cli import gen
-
-if __name__ == "__main__":
-    gen(prog_name="skewgen")
