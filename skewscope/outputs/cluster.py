@@ -34,29 +34,32 @@ import numpy as np
 from skewscope.core import layout as L
 from skewscope.core.errors import EXIT_USAGE, SkewscopeError
 from skewscope.core.snapshot import Snapshot, ip_bytes
+from skewscope.outputs import metrics as M
 from skewscope.outputs import report as R
 from skewscope.outputs.report import fmt_bytes
 
 RULE_WINDOW = "5m"
-OVERFLOW = "_overflow"
+OVERFLOW = M.OVERFLOW_LABEL
 
-# name in the matrix -> raw counter; the recorded series is src_dst_class:<counter
-# without _total>:rate5m (docs/prometheus/skewscope-rules.yml)
+# name in the matrix -> raw counter (outputs.metrics, the metric table); the recorded
+# series is src_dst_class:<counter without _total>:rate5m (docs/prometheus/skewscope-rules.yml)
 PAIR_SERIES = (
-    ("bytes", "skewscope_peer_bytes_total"),
-    ("packets", "skewscope_peer_packets_total"),
-    ("messages", "skewscope_peer_messages_total"),
-    ("message_bytes", "skewscope_peer_message_bytes_total"),
-    ("busy_seconds", "skewscope_peer_busy_seconds_total"),
-    ("timed_message_bytes", "skewscope_peer_timed_message_bytes_total"),
-    ("message_wire_seconds", "skewscope_peer_message_wire_seconds_total"),
-    ("ce_packets", "skewscope_peer_ce_packets_total"),
-    ("cnp_packets", "skewscope_peer_cnp_packets_total"),
-    ("retransmitted_packets", "skewscope_peer_retransmitted_packets_total"),
-    ("psn_gaps", "skewscope_peer_psn_gaps_total"),
+    ("bytes", M.PEER_BYTES),
+    ("packets", M.PEER_PACKETS),
+    ("messages", M.PEER_MESSAGES),
+    ("message_bytes", M.PEER_MESSAGE_BYTES),
+    ("busy_seconds", M.PEER_BUSY_SECONDS),
+    ("timed_message_bytes", M.PEER_TIMED_MESSAGE_BYTES),
+    ("message_wire_seconds", M.PEER_MESSAGE_WIRE_SECONDS),
+    ("ce_packets", M.PEER_CE_PACKETS),
+    ("cnp_packets", M.PEER_CNP_PACKETS),
+    ("retransmitted_packets", M.PEER_RETRANSMITTED_PACKETS),
+    ("psn_gaps", M.PEER_PSN_GAPS),
 )
-CLASSES = ("bulk", "chunk", "control")          # exporter.CLASSES
-SYNDROMES = ("psn_sequence_error", "rnr", "other")
+CLASSES = M.CLASSES
+SYNDROMES = M.SYNDROMES
+# the recorded series `skewscope cluster` reads with --window 5m (rule_name, below)
+PAIR_LEVEL = "src_dst_class"
 _DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 _UNIT_S = {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 
@@ -146,8 +149,9 @@ class Prometheus:
 
 
 # ---- the fleet matrix ----------------------------------------------------------------
-def rule_name(metric: str, extra: str = "") -> str:
-    return f"src_dst_class{extra}:{metric[:-len('_total')]}:rate5m"
+def rule_name(metric: M.MetricSpec, extra: str = "") -> str:
+    """The recording rule over a per-pair counter: src_dst_class[extra]:<base>:rate5m."""
+    return M.recorded(PAIR_LEVEL + extra, metric)
 
 
 @dataclass
@@ -207,32 +211,32 @@ class Fetcher:
         self.via_rules = False
         if use_rules and self.window_s is not None and self.window_s == window_seconds(RULE_WINDOW) \
                 and not selector.strip():
-            probe = prom.query(f"count({rule_name('skewscope_peer_bytes_total')})", at=self.at)
+            probe = prom.query(f"count({rule_name(M.PEER_BYTES)})", at=self.at)
             self.via_rules = bool(probe) and probe[0][1] > 0
 
-    def _raw(self, metric: str, by: str, extra_sel: str = "", inner_by: str | None = None) -> str:
+    def _raw(self, metric: M.MetricSpec, by: str, extra_sel: str = "", inner_by: str | None = None) -> str:
         sel = _sel(self.selector, extra_sel)
         if self.window_s is None:
-            e = f"{metric}{sel}"
+            e = f"{metric.name}{sel}"
         else:
-            e = f"increase({metric}{sel}[{self.window}])"
+            e = f"increase({metric.name}{sel}[{self.window}])"
         if inner_by:
             e = f"sum by ({inner_by}) ({e})"
         return f"max by ({by}) ({e})"
 
-    def pair_values(self, metric: str, by: str = "src, dst, class", extra: str = "") -> list[tuple[dict, float]]:
+    def pair_values(self, metric: M.MetricSpec, by: str = "src, dst, class", extra: str = "") -> list[tuple[dict, float]]:
         if self.via_rules:
             return [(m, v * self.window_s) for m, v in self.prom.query(rule_name(metric, extra), at=self.at)]
         return self.prom.query(self._raw(metric, by, f'src!="{OVERFLOW}"'), at=self.at)
 
-    def scalar_by(self, metric: str, by: str, agg: str = "sum") -> list[tuple[dict, float]]:
+    def scalar_by(self, metric: M.MetricSpec, by: str, agg: str = "sum") -> list[tuple[dict, float]]:
         sel = _sel(self.selector)
-        e = f"{metric}{sel}" if self.window_s is None else f"increase({metric}{sel}[{self.window}])"
+        e = f"{metric.name}{sel}" if self.window_s is None else f"increase({metric.name}{sel}[{self.window}])"
         return self.prom.query(f"{agg} by ({by}) ({e})", at=self.at)
 
     def fetch(self) -> FleetMatrix:
         sel = _sel(self.selector)
-        info = self.prom.query(f"max by (node) (skewscope_last_read_timestamp_seconds{sel})", at=self.at)
+        info = self.prom.query(f"max by (node) ({M.LAST_READ_TIMESTAMP_SECONDS.name}{sel})", at=self.at)
         if not info:
             raise ClusterError(f"Prometheus at {self.prom.base} has no skewscope series"
                                f"{' matching ' + sel if sel else ''}: is it scraping `skewscope export`?")
@@ -241,12 +245,12 @@ class Fetcher:
         raw = {}
         for name, metric in PAIR_SERIES:
             raw[name] = self.pair_values(metric)
-        nak = self.pair_values("skewscope_peer_naks_total", "src, dst, class, syndrome", "_syndrome")
+        nak = self.pair_values(M.PEER_NAKS, "src, dst, class, syndrome", "_syndrome")
         if self.via_rules:
             dbusy = [(m, v * self.window_s) for m, v in
-                     self.prom.query("dst:skewscope_destination_busy_seconds:rate5m", at=self.at)]
+                     self.prom.query(M.recorded("dst", M.DESTINATION_BUSY_SECONDS), at=self.at)]
         else:
-            dbusy = self.prom.query(self._raw("skewscope_destination_busy_seconds_total", "dst",
+            dbusy = self.prom.query(self._raw(M.DESTINATION_BUSY_SECONDS, "dst",
                                               f'dst!="{OVERFLOW}"'), at=self.at)
         ips = set()
         for rows in list(raw.values()) + [nak]:
@@ -272,15 +276,14 @@ class Fetcher:
         for m, v in dbusy:
             if m.get("dst") in pos:
                 db[pos[m["dst"]]] = v
-        frames = {m.get("category", "?"): v for m, v in self.scalar_by("skewscope_frames_total", "category")}
+        frames = {m.get("category", "?"): v for m, v in self.scalar_by(M.FRAMES, "category")}
         pfc = {}
-        for metric, key in (("skewscope_pfc_pause_frames_total", "pause"), ("skewscope_pfc_resume_frames_total",
-                                                                            "resume"),
-                            ("skewscope_pfc_pause_quanta_total", "quanta")):
+        for metric, key in ((M.PFC_PAUSE_FRAMES, "pause"), (M.PFC_RESUME_FRAMES, "resume"),
+                            (M.PFC_PAUSE_QUANTA, "quanta")):
             for m, v in self.scalar_by(metric, "priority"):
                 pfc.setdefault(int(m.get("priority", 0)), {})[key] = v
-        ev = self.scalar_by("skewscope_flows_evicted_total", "node")
-        lost = self.scalar_by("skewscope_message_records_lost_total", "node")
+        ev = self.scalar_by(M.FLOWS_EVICTED, "node")
+        lost = self.scalar_by(M.MESSAGE_RECORDS_LOST, "node")
         return FleetMatrix(ips=ips, by_class=pair, naks=naks, dst_busy_seconds=db, window_s=self.window_s, at=self.at,
                            via_rules=self.via_rules, dpus=dpus, stale_dpus=stale, frames=frames, pfc=pfc,
                            flows_evicted=sum(v for _, v in ev), records_lost=sum(v for _, v in lost))
@@ -290,11 +293,11 @@ class Fetcher:
         esc = lambda s: s.replace("\\", "\\\\").replace('"', '\\"')  # noqa: E731
         pair_sel = f'src="{esc(src)}", dst="{esc(dst)}", class="{esc(klass)}"'
         out = {}
-        for key, metric in (("bytes", "skewscope_peer_bytes_total"),
-                            ("timed_message_bytes", "skewscope_peer_timed_message_bytes_total"),
-                            ("message_wire_seconds", "skewscope_peer_message_wire_seconds_total")):
+        for key, metric in (("bytes", M.PEER_BYTES), ("timed_message_bytes", M.PEER_TIMED_MESSAGE_BYTES),
+                            ("message_wire_seconds", M.PEER_MESSAGE_WIRE_SECONDS)):
             sel = _sel(self.selector, pair_sel)
-            e = f"{metric}{sel}" if self.window_s is None else f"increase({metric}{sel}[{self.window}])"
+            e = f"{metric.name}{sel}" if self.window_s is None else \
+                f"increase({metric.name}{sel}[{self.window}])"
             for m, v in self.prom.query(f"sum by (node) ({e})", at=self.at):
                 out.setdefault(m.get("node", "?"), {})[key] = v
         rows = []

@@ -8,24 +8,11 @@ counters that never go backwards, even when the LRU flow map evicts or re-create
     per-peer total = (sum of the last-seen values of every flow of the pair that left the
                       table or was re-created) + (sum over the pair's flows present now)
 
-Metric names, labels and cardinality are documented in docs/fleet.md (the contract for
-recording rules, alerts and `skewscope cluster`). Summary, for one DPU (label `node`):
-
-  per peer pair (src, dst) -- always (up to --max-peers pairs, then one overflow pair):
-    skewscope_peer_{bytes,packets,messages,message_bytes}_total
-    skewscope_peer_{ce_packets,cnp_packets,retransmitted_packets,psn_gaps}_total
-    skewscope_peer_naks_total{syndrome}       psn_sequence_error | rnr | other
-    skewscope_peer_busy_seconds_total         union of the pair's message transfer times
-    skewscope_peer_qps                        flows (dest QPs) of the pair in the table
-  per flow (src, dst, qp) -- only the top K flows by bytes:
-    skewscope_flow_{bytes,packets,messages,ce_packets,cnp_packets,naks,retransmitted_packets}_total
-    skewscope_flow_message_size_bytes         histogram
-  per node:
-    skewscope_message_size_bytes, skewscope_message_gap_seconds   histograms (all flows)
-    skewscope_frames_total{category}, skewscope_pfc_{pause_frames,resume_frames,pause_quanta}_total{priority},
-    skewscope_flows, skewscope_flows_{created,evicted}_total, skewscope_message_records_lost_total,
-    skewscope_partial_messages_total, skewscope_sampling_denominator, skewscope_exporter_info,
-    skewscope_last_read_timestamp_seconds, skewscope_read_duration_seconds, skewscope_peers
+Every family (name, type, labels, help, where its value comes from) is a row of the metric
+table, `outputs.metrics` (the contract for recording rules, alerts, the dashboard and
+`skewscope cluster`; its list and the cardinality are in docs/fleet.md). For one DPU
+(label `node`): per peer pair and traffic class (src, dst, class; up to --max-peers pairs,
+then one overflow pair), per destination, per top-K flow (src, dst, qp), per node.
 
 Histograms come from the data plane's log2 slots (slot 0 = value 0; slot s >= 1 holds
 [2^(s-1), 2^s); the last slot also takes everything above). Like cloudflare/ebpf_exporter,
@@ -45,7 +32,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
@@ -54,12 +40,13 @@ from skewscope.analysis.fleet import BULK_MIN_MESSAGE, CTS_MAX_BYTES
 from skewscope.analysis.flows import flow_event_stats
 from skewscope.core import layout as L
 from skewscope.core.snapshot import Snapshot, ip_str
+from skewscope.outputs import metrics as M
 from skewscope.sources.live import LiveSession
 
 DEFAULT_LISTEN = "127.0.0.1:9435"
 DEFAULT_TOP_K = 10
 DEFAULT_MAX_PEERS = 4096
-OVERFLOW_LABEL = "_overflow"
+OVERFLOW_LABEL = M.OVERFLOW_LABEL
 
 # Per-flow counter columns accumulated per peer (name in FLOW_DTYPE).
 SCALARS = ("packets", "bytes", "payload_bytes", "messages", "msg_bytes", "ce", "cnp",
@@ -69,30 +56,11 @@ MSG0 = len(SCALARS)
 GAP0 = MSG0 + L.MSG_SLOTS
 NCOLS = GAP0 + L.GAP_SLOTS
 
-# (metric name without prefix/suffix, help, column)
-PEER_COUNTERS = (
-    ("bytes", "Wire bytes (Ethernet frame, no FCS) of RoCE packets from src to dst.", "bytes"),
-    ("packets", "RoCE packets from src to dst.", "packets"),
-    ("messages", "RDMA messages started (SEND/WRITE first or only, READ request) from src to dst.",
-     "messages"),
-    ("message_bytes", "Sum of the sizes of the messages from src to dst (RETH length, or summed SEND "
-                      "payload).", "msg_bytes"),
-    ("ce_packets", "Packets from src to dst with ECN Congestion Experienced.", "ce"),
-    ("cnp_packets", "Congestion Notification Packets sent by src to dst (dst's traffic to src was "
-                    "CE-marked).", "cnp"),
-    ("retransmitted_packets", "Packets from src to dst whose PSN went backwards (retransmissions).",
-     "retransmissions"),
-    ("psn_gaps", "Forward PSN jumps (missing packets) seen on src to dst.", "psn_gaps"),
-)
-FLOW_COUNTERS = (
-    ("bytes", "Wire bytes of this flow (top K flows by bytes only).", "bytes"),
-    ("packets", "Packets of this flow.", "packets"),
-    ("messages", "Messages started on this flow.", "messages"),
-    ("ce_packets", "CE-marked packets of this flow.", "ce"),
-    ("cnp_packets", "CNPs addressed to this flow's destination QP.", "cnp"),
-    ("retransmitted_packets", "Retransmitted packets of this flow.", "retransmissions"),
-)
-NAK_SYNDROMES = (("psn_sequence_error", "nak_seq"), ("rnr", "nak_rnr"), ("other", "nak_other"))
+# Families, names, labels and help: outputs.metrics (the metric table). Per-pair and
+# per-flow counters read the FLOW_DTYPE column of their spec's "flows.<column>" source.
+NAK_SYNDROMES = tuple(zip(M.SYNDROMES, ("nak_seq", "nak_rnr", "nak_other")))
+PFC_FAMILIES = ((M.PFC_PAUSE_FRAMES, L.G_PFC_PAUSE), (M.PFC_RESUME_FRAMES, L.G_PFC_XON),
+                (M.PFC_PAUSE_QUANTA, L.G_PFC_QUANTA))
 
 
 def _le_bounds(nslots: int) -> list[int]:
@@ -150,7 +118,7 @@ def flow_ids(flows: np.ndarray) -> np.ndarray:
 # mean message size: NCCL runs each connection on its own QPs, so one flow carries one
 # kind of traffic, and a node pair that carries a ring link and all-to-all chunks at once
 # keeps them apart.
-CLASSES = ("bulk", "chunk", "control")
+CLASSES = M.CLASSES
 CLS_BULK, CLS_CHUNK, CLS_CONTROL = range(3)
 
 
@@ -483,136 +451,97 @@ class SkewscopeCollector:
         if st is None:
             return
         node = st.node
-        pl = ["node", "src", "dst", "class"]
-        P = "skewscope_"
         n = len(st.peer_src)
         rows = [(node, st.peer_src[i], st.peer_dst[i], st.peer_class[i]) for i in range(n)]
-        for name, doc, col in PEER_COUNTERS:
-            fam = CounterMetricFamily(f"{P}peer_{name}", doc, labels=pl)
-            vals = st.peer_counts[:, COL[col]].tolist()
+        for spec in M.PEER_COUNTERS:
+            fam = M.family(spec)
+            vals = st.peer_counts[:, COL[spec.column]].tolist()
             for r, v in zip(rows, vals):
                 fam.add_metric(r, v)
             yield fam
-        fam = CounterMetricFamily(f"{P}peer_naks", "NAKs sent by src to dst, by AETH syndrome class.",
-                                  labels=pl + ["syndrome"])
+        fam = M.family(M.PEER_NAKS)
         for syn, col in NAK_SYNDROMES:
             vals = st.peer_counts[:, COL[col]].tolist()
             for r, v in zip(rows, vals):
                 fam.add_metric(r + (syn,), v)
         yield fam
-        fam = CounterMetricFamily(f"{P}peer_busy_seconds",
-                                  "Time src->dst had a message in transfer: measure of the union of the "
-                                  "[first packet, last packet] intervals of its messages.", labels=pl)
+        fam = M.family(M.PEER_BUSY_SECONDS)
         for r, v in zip(rows, (st.peer_busy_ns / 1e9).tolist()):
             fam.add_metric(r, v)
         yield fam
-        fam = CounterMetricFamily(f"{P}peer_timed_message_bytes",
-                                  "Bytes of the multi-packet WRITE/SEND messages from src to dst (the ones that "
-                                  "carry timing). Rate over active time = 8 * this / "
-                                  "skewscope_peer_message_wire_seconds_total.", labels=pl)
+        fam = M.family(M.PEER_TIMED_MESSAGE_BYTES)
         for r, v in zip(rows, st.peer_timed[:, 0].tolist()):
             fam.add_metric(r, v)
         yield fam
-        fam = CounterMetricFamily(f"{P}peer_message_wire_seconds",
-                                  "On-wire time of those messages (first to last packet, plus one packet time): "
-                                  "analysis.flows definition.", labels=pl)
+        fam = M.family(M.PEER_MESSAGE_WIRE_SECONDS)
         for r, v in zip(rows, (st.peer_timed[:, 1] / 1e9).tolist()):
             fam.add_metric(r, v)
         yield fam
-        fam = CounterMetricFamily(f"{P}destination_busy_seconds",
-                                  "Time dst was receiving at least one message from anyone: measure of the union "
-                                  "of the intervals of every incoming message. Mean concurrent senders (incast "
-                                  "degree) = sum of skewscope_peer_busy_seconds_total into dst / this.",
-                                  labels=["node", "dst"])
+        fam = M.family(M.DESTINATION_BUSY_SECONDS)
         for d, v in zip(st.dst_labels, (st.dst_busy_ns / 1e9).tolist()):
             fam.add_metric([node, d], v)
         yield fam
-        fam = GaugeMetricFamily(f"{P}peer_qps", "Flows (destination QPs) of the pair and class in the flow table now.",
-                                labels=pl)
+        fam = M.family(M.PEER_QPS)
         for r, v in zip(rows, st.peer_qps.tolist()):
             fam.add_metric(r, v)
         yield fam
         # top-K flows
-        fl = ["node", "src", "dst", "qp"]
         frows = []
         for f in st.flows:
             v = int(f["ipver"])
             frows.append((node, ip_str(f["src"], v), ip_str(f["dst"], v), str(int(f["dest_qp"]))))
-        for name, doc, col in FLOW_COUNTERS:
-            fam = CounterMetricFamily(f"{P}flow_{name}", doc, labels=fl)
-            for r, v in zip(frows, st.flows[col].tolist() if len(st.flows) else []):
+        for spec in M.FLOW_COUNTERS:
+            fam = M.family(spec)
+            for r, v in zip(frows, st.flows[spec.column].tolist() if len(st.flows) else []):
                 fam.add_metric(r, v)
             yield fam
-        fam = CounterMetricFamily(f"{P}flow_naks", "NAKs addressed to this flow (all syndromes).", labels=fl)
+        fam = M.family(M.FLOW_NAKS)
         for r, f in zip(frows, st.flows):
             fam.add_metric(r, int(f["nak_seq"]) + int(f["nak_rnr"]) + int(f["nak_other"]))
         yield fam
-        fam = HistogramMetricFamily(f"{P}flow_message_size_bytes", "Message sizes of this flow (log2 buckets).",
-                                    labels=fl)
+        fam = M.family(M.FLOW_MESSAGE_SIZE_BYTES)
         for r, f in zip(frows, st.flows):
             fam.add_metric(r, cumulative_buckets(f["msg_hist"], MSG_LE_STR), float(f["msg_bytes"]))
         yield fam
         # node-level histograms
-        fam = HistogramMetricFamily(f"{P}message_size_bytes",
-                                    "Sizes of the messages of every flow seen by this DPU (log2 buckets).",
-                                    labels=["node"])
+        fam = M.family(M.MESSAGE_SIZE_BYTES)
         fam.add_metric([node], cumulative_buckets(st.hist_msg, MSG_LE_STR), st.hist_msg_sum)
         yield fam
-        fam = HistogramMetricFamily(f"{P}message_gap_seconds",
-                                    "Time between consecutive message starts on a flow (log2 ns buckets; no "
-                                    "_sum: the data plane keeps none).", labels=["node"])
+        fam = M.family(M.MESSAGE_GAP_SECONDS)
         b = cumulative_buckets(st.hist_gap, GAP_LE_STR)
         fam.add_metric([node], b, None)
         fam.samples.append(Sample(fam.name + "_count", {"node": node}, b[-1][1], None, None))
         yield fam
         # node-level counters and gauges
         g = st.globals
-        fam = CounterMetricFamily(f"{P}frames", "Frames seen, by what happened to them (each frame in exactly "
-                                                "one category; README 'Counters').", labels=["node", "category"])
+        fam = M.family(M.FRAMES)
         for i, cat in enumerate(L.CATEGORY_NAMES):
             fam.add_metric([node, cat], int(g[i]))
         yield fam
-        for name, base, doc in (("pfc_pause_frames", L.G_PFC_PAUSE, "PFC frames pausing this priority."),
-                                ("pfc_resume_frames", L.G_PFC_XON, "PFC frames resuming this priority "
-                                                                    "(pause time 0)."),
-                                ("pfc_pause_quanta", L.G_PFC_QUANTA, "Sum of PFC pause times (quanta of 512 "
-                                                                      "bit times) for this priority.")):
-            fam = CounterMetricFamily(f"{P}{name}", doc, labels=["node", "priority"])
+        for spec, base in PFC_FAMILIES:
+            fam = M.family(spec)
             for p in range(8):
                 fam.add_metric([node, str(p)], int(g[base + p]))
             yield fam
         m = st.meta
-        yield _gauge(f"{P}flows", "Flows in the flow table now.", node, st.flows_present)
-        yield _counter(f"{P}flows_created", "Flows inserted into the flow table.", node, int(g[L.G_FLOWS_CREATED]))
-        yield _counter(f"{P}flows_evicted", "Flows evicted from the full flow table (their later packets "
-                                            "start new flows).", node, int(m.get("flows_evicted", 0)))
-        yield _counter(f"{P}message_records_lost", "Message records overwritten before being read.", node,
-                       int(m.get("events_lost", 0)))
-        yield _counter(f"{P}partial_messages", "Message ends seen without their start.", node,
-                       int(g[L.G_MSG_PARTIAL]))
-        yield _gauge(f"{P}sampling_denominator", "1-in-N packet sampling in force (1 = every packet); packet "
-                                                 "and byte counters are of sampled packets.", node,
-                     int(m.get("sample_n", 1) or 1))
-        yield _gauge(f"{P}peers", "Peer pairs exported (including the overflow pair).", node, n)
-        yield _gauge(f"{P}last_read_timestamp_seconds", "Unix time of the last data plane (or file) read.",
-                     node, st.read_ts)
-        yield _gauge(f"{P}read_duration_seconds", "Time the last read of the data plane took.", node,
-                     st.read_seconds)
-        info = GaugeMetricFamily(f"{P}exporter_info", "Exporter identity (value 1).",
-                                 labels=["node", "version", "source", "input"])
+        yield _node(M.FLOWS, node, st.flows_present)
+        yield _node(M.FLOWS_CREATED, node, int(g[L.G_FLOWS_CREATED]))
+        yield _node(M.FLOWS_EVICTED, node, int(m.get("flows_evicted", 0)))
+        yield _node(M.MESSAGE_RECORDS_LOST, node, int(m.get("events_lost", 0)))
+        yield _node(M.PARTIAL_MESSAGES, node, int(g[L.G_MSG_PARTIAL]))
+        yield _node(M.SAMPLING_DENOMINATOR, node, int(m.get("sample_n", 1) or 1))
+        yield _node(M.PEERS, node, n)
+        yield _node(M.LAST_READ_TIMESTAMP_SECONDS, node, st.read_ts)
+        yield _node(M.READ_DURATION_SECONDS, node, st.read_seconds)
+        info = M.family(M.EXPORTER_INFO)
         info.add_metric([node, __version__, str(m.get("source", "?")),
                          str(m.get("interface") or m.get("file") or "")], 1)
         yield info
 
 
-def _gauge(name, doc, node, v):
-    f = GaugeMetricFamily(name, doc, labels=["node"])
-    f.add_metric([node], v)
-    return f
-
-
-def _counter(name, doc, node, v):
-    f = CounterMetricFamily(name, doc, labels=["node"])
+def _node(spec, node, v):
+    """A family with the one series of this node."""
+    f = M.family(spec)
     f.add_metric([node], v)
     return f
 
