@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 import numpy as np
+
+from skewscope.core.files import atomic_write_text
 
 # The package itself stays light (presets and scenario parsing, for `gen --list-presets` and
 # `skewscope --help`); the numba model, renderer and truth are imported where they are used.
@@ -91,23 +92,7 @@ class Capture:
                 yield int(ts[k]), bytes(buf[o:o + int(lens[k])])
 
     def write_truth(self, path) -> None:
-        _atomic_write_text(path, json.dumps(self.truth, indent=1) + "\n")
-
-
-def _atomic_write_text(path, text: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".skewgen-", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        atomic_write_text(path, json.dumps(self.truth, indent=1) + "\n")
 
 
 def _background(job) -> None:
@@ -127,15 +112,18 @@ def _background(job) -> None:
 
 def generate(scenario_or_preset, seed: int = 0) -> Capture:
     """Build a capture from a preset name, a scenario file path or a scenario dict."""
-    from skewscope.gen import collectives, pathologies  # heavy (numba, via the model)
+    from skewscope.gen import collectives, inference, pathologies  # heavy (numba, via the model)
     from skewscope.gen.engine import Job  # heavy (numba)
     sc = load_scenario(scenario_or_preset)
     job = Job(sc, int(seed))
+    builders = dict(collectives.BUILDERS, **inference.BUILDERS)
     try:
         pathologies.prepare(job, sc)
-        for wl in sc["workloads"]:
-            collectives.BUILDERS[wl["kind"]](job, wl)
+        # KV transfers first: a TP decode group sharing their links sees their queues
+        for wl in sorted(sc["workloads"], key=lambda w: w["kind"] != "kv_transfer"):
+            builders[wl["kind"]](job, wl)
         pathologies.finish(job, sc)
+        inference.summarize(job, sc)
     except (KeyError, IndexError, ValueError) as e:
         if isinstance(e, ScenarioError):
             raise
@@ -144,6 +132,10 @@ def generate(scenario_or_preset, seed: int = 0) -> Capture:
     w0 = sc["workloads"][0]
     if w0["kind"] in ("tp_decode", "moe_decode"):
         job.period_s = w0["token_ms"] / 1e3
+    elif w0["kind"] in inference.TOKEN_KINDS:
+        job.period_s = w0["_period_s"]
+    elif w0["kind"] == "kv_transfer":
+        job.period_s = None
     elif int(w0["iterations"]) > 1:
         job.period_s = w0["period_ms"] / 1e3
     pkts = job.run()

@@ -85,8 +85,12 @@ class Ring:
                         for _ in range(qps)] for l in range(n)] for c in range(channels)]
         self.slot = [[0] * n for _ in range(channels)]
 
-    def allreduce(self, t0: float, nbytes: int, protocol: str, hop_ns: float) -> float:
+    def allreduce(self, t0: float, nbytes: int, protocol: str, hop_ns: float,
+                  lag=None, lag_first_step_only: bool = False) -> float:
+        """`lag` (per node, ns; default the job's straggler lags) delays the first piece of
+        every step, or of step 0 only (a rank arriving late: rotating straggler)."""
         job, mem = self.job, self.members
+        lag_ns = job.lag_ns if lag is None else lag
         n = len(mem)
         if n < 2:
             return t0
@@ -108,8 +112,8 @@ class Ring:
                         t = free[l]
                         if prev is not None:
                             t = max(t, prev[(l - 1) % n][j] + hop_ns)
-                        if j == 0:
-                            t += job.lag_ns[s]
+                        if j == 0 and (k == 0 or not lag_first_step_only):
+                            t += lag_ns[s]
                         va = (self.slot[c][l] % 4) * MiB
                         self.slot[c][l] += 1
                         e = job.send(fwd, rev, t, sz, rate, va=va)
@@ -126,8 +130,13 @@ def ring_allreduce(job, wl, gid_hint=None):
     ring = Ring(job, mem, wl["channels"], group, wl["qps"])
     starts = iteration_starts(job, wl)
     ends = []
-    for t in starts:
-        ends.append(ring.allreduce(t, wl["bytes"], wl["protocol"], wl["hop_us"] * 1e3))
+    rot = wl.get("_iter_lag")  # rotating straggler: per-iteration lags (pathologies)
+    for i, t in enumerate(starts):
+        if rot is not None:
+            ends.append(ring.allreduce(t, wl["bytes"], wl["protocol"], wl["hop_us"] * 1e3,
+                                       lag=rot[i], lag_first_step_only=wl["_iter_lag_first_only"]))
+        else:
+            ends.append(ring.allreduce(t, wl["bytes"], wl["protocol"], wl["hop_us"] * 1e3))
     job.groups[group]["details"] = {
         "channels": wl["channels"], "qps_per_connection": wl["qps"], "protocol": wl["protocol"],
         "bytes": wl["bytes"], "ring": [job.ip_str[m] for m in mem], "iterations": len(starts),

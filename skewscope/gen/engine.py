@@ -72,6 +72,7 @@ class Job:
         self.pathologies = []
         self.period_s = None
         self.stats = {}
+        self.inference = {}     # truth["inference"] (inference.py), only when used
 
     # ------------------------------------------------------------------ building
     def qpn(self, node: int) -> int:

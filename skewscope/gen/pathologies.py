@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.gen import collectives as C
+from skewscope.gen import inference as I
 
 KINDS = ("straggler", "hot_expert", "incast", "congestion", "loss", "pfc_pause",
-         "pipeline_bubble", "slow_link")
+         "pipeline_bubble", "slow_link") + I.PATHOLOGY_KINDS
 
 
 def _pairs(job, pat):
@@ -43,7 +44,9 @@ def _entities(job, paths, ips=None):
 def prepare(job, sc):
     for pat in sc["pathologies"]:
         k = pat["kind"]
-        if k == "straggler":
+        if k in I.PATHOLOGY_KINDS:  # inference workloads (issue 12)
+            I.prepare(job, sc, pat)
+        elif k == "straggler":
             job.rate_factor[pat["node"]] *= pat["rate_factor"]
             job.lag_ns[pat["node"]] += pat["start_lag_us"] * 1e3
         elif k == "slow_link" and pat["mode"] == "slow":
@@ -66,6 +69,11 @@ def finish(job, sc):
     for idx, pat in enumerate(sc["pathologies"]):
         k = pat["kind"]
         ent, mag = {}, {}
+        if k in I.PATHOLOGY_KINDS:
+            ent, mag, det = I.finish(job, sc, pat, _entities)
+            job.pathologies.append({"kind": k, "entities": ent, "magnitude": mag,
+                                    "detector_kinds": det})
+            continue
         if k == "straggler":
             node = pat["node"]
             paths = [p for p in job.paths_between() if job.p_src[p] == node]

@@ -148,3 +148,66 @@ PRESETS: dict[str, dict] = {
         "workloads": [{"kind": "ring_allreduce", "bytes": "32MiB", "channels": 4}],
     },
 }
+
+# ---------------------------------------------------------------- inference (issue 12)
+TPD = {"kind": "decode_tp", "layers": 16, "allreduces_per_layer": 2, "tokens": 6,
+       "hidden": 8192, "batch": 1, "dtype_bytes": 2, "compute_gap_us": 2000,
+       "layer_compute_us": 10}
+EPD = {"kind": "decode_ep", "layers": 4, "tokens": 6, "bytes_per_dest": "2KiB",
+       "compute_gap_us": 2000}
+KV = {"kind": "kv_transfer", "prefill": [0, 1, 2, 3], "decode": [4, 5, 6, 7], "requests": 16,
+      "interval_us": 100, "block_bytes": "64KiB", "block_bytes_max": "256KiB",
+      "blocks_per_request": 16, "prefill_us": 50}
+PRESETS.update({
+    "tp-decode-healthy": {
+        "description": "4-way TP decode: per token 16 layers x 2 LL ring all-reduces (16 KiB = hidden 8192 x bf16 -> 8 KiB LL messages), 2 ms compute gap",
+        "nodes": 4, "workloads": [dict(TPD)],
+    },
+    "tp-decode-slow-shard": {
+        "description": "4-way TP decode; shard 2 starts every ring send 20 us late, every token waits on it",
+        "nodes": 4, "workloads": [dict(TPD)],
+        "pathologies": [{"kind": "slow_tp_shard", "node": 2, "lag_us": 20}],
+    },
+    "ep-decode-healthy": {
+        "description": "8-way EP (MoE) decode: per token 4 layers x (dispatch + combine) all-to-all, 2 KiB per destination",
+        "nodes": 8, "workloads": [dict(EPD)],
+    },
+    "ep-decode-hot-expert": {
+        "description": "8-way EP decode; destination 5 gets 4x the dispatch bytes (hot expert), combine sends them back",
+        "nodes": 8, "workloads": [dict(EPD)],
+        "pathologies": [{"kind": "hot_destination", "node": 5, "factor": 4.0}],
+    },
+    "ep-decode-hot-drift": {
+        "description": "8-way EP decode; the hot destination (4x) moves 5 -> 2 -> 6 every 3 tokens",
+        "nodes": 8, "workloads": [dict(EPD, tokens=9)],
+        "pathologies": [{"kind": "hot_destination", "node": 5, "factor": 4.0,
+                         "drift_after_tokens": 3, "drift_to": [2, 6]}],
+    },
+    "ring-rotating-straggler": {
+        "description": "8-node training ring all-reduce, 6 iterations; a different rank arrives 200 us late each iteration (no persistent straggler)",
+        "nodes": 8, "iterations": 6, "period_ms": 3.0,
+        "workloads": [{"kind": "ring_allreduce", "bytes": "2MiB", "channels": 1}],
+        "pathologies": [{"kind": "rotating_straggler", "lag_us": 200, "noise_us": 5}],
+    },
+    "pd-healthy": {
+        "description": "prefill/decode disaggregation: 4 prefill nodes push KV caches (16 WRITEs of 64-256 KiB per request, one-way) to 4 decode nodes, round robin",
+        "nodes": 8, "workloads": [dict(KV)],
+    },
+    "pd-imbalanced": {
+        "description": "P/D disaggregation; the router sends half of the KV transfers to decode node 4 (of 4)",
+        "nodes": 8, "workloads": [dict(KV)],
+        "pathologies": [{"kind": "pd_imbalance", "node": 4, "share": 0.5}],
+    },
+    "pd-slow-link": {
+        "description": "P/D disaggregation; the prefill 0 -> decode 5 link runs at 0.25x",
+        "nodes": 8, "workloads": [dict(KV)],
+        "pathologies": [{"kind": "kv_transfer_slow", "src": 0, "dst": 5, "rate_factor": 0.25}],
+    },
+    "prefill-interference": {
+        "description": "TP decode group on nodes 4-7; batches of 4 KV transfers (4 MiB each) from prefill nodes 0-3 into decode nodes 4, 5 queue on their downlinks: the token period stretches",
+        "nodes": 8,
+        "workloads": [dict(TPD, members=[4, 5, 6, 7], tokens=4),
+                      dict(KV, decode=[4, 5], requests=24, interval_us=1400, arrival_batch=4,
+                           block_bytes="256KiB", block_bytes_max=None, start_ms=0.2)],
+    },
+})

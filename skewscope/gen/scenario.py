@@ -8,9 +8,11 @@
     prop_ns, resp_delay_ns, rtt_us, ack_coalesce_us, ackreq_every, ack_syndrome, cnp_interval_us,
     cts_lead_us                       timing of the responder / link model (see model.py)
     iterations, period_ms, jitter, start_ms   defaults for every workload
-    workloads: [ {kind: ring_allreduce|tree_allreduce|all_to_all|p2p_pipeline|tp_decode|moe_decode,
+    workloads: [ {kind: ring_allreduce|tree_allreduce|all_to_all|p2p_pipeline|tp_decode|moe_decode
+                        |decode_tp|decode_ep|kv_transfer,
                   members: all | [node, ...], ...kind parameters} ]
-    pathologies: [ {kind: straggler|hot_expert|incast|congestion|loss|pfc_pause|pipeline_bubble|slow_link, ...} ]
+    pathologies: [ {kind: straggler|hot_expert|incast|congestion|loss|pfc_pause|pipeline_bubble|slow_link
+                          |slow_tp_shard|hot_destination|pd_imbalance|kv_transfer_slow|rotating_straggler, ...} ]
     background: null | {pps, plen, dport}     non-RoCE UDP frames between random nodes
 
 Sizes may be written as ints or strings like "8MiB", "512KiB", "64k".
@@ -50,8 +52,19 @@ WORKLOADS = {
                       prefill_every=0, prefill_bytes="1MiB", channels=1),
     "moe_decode": dict(layers=8, tokens=2, token_ms=8.0, bytes_per_peer="16KiB", matrix=None,
                        zipf=0.0, inflight=8, layer_compute_us=30.0, channels=1),
+    # inference workloads with token-gap timing (inference.py, docs/generator.md)
+    "decode_tp": dict(layers=8, allreduces_per_layer=2, tokens=4, hidden=4096, batch=1,
+                      dtype_bytes=2, ar_bytes=None, protocol="ll", layer_compute_us=10.0,
+                      compute_gap_us=2000.0, channels=1),
+    "decode_ep": dict(layers=4, tokens=4, bytes_per_dest="2KiB", layer_compute_us=20.0,
+                      expert_compute_us=20.0, compute_gap_us=2000.0, inflight=8, channels=1),
+    "kv_transfer": dict(prefill=None, decode=None, requests=16, interval_us=100.0,
+                        arrival="uniform", arrival_batch=1, block_bytes="128KiB", block_bytes_max=None,
+                        blocks_per_request=16, prefill_us=50.0, router="weighted_rr",
+                        weights=None, notify=True, channels=1),
 }
-SIZE_KEYS = {"bytes", "bytes_per_peer", "activation_bytes", "ar_bytes", "prefill_bytes"}
+SIZE_KEYS = {"bytes", "bytes_per_peer", "activation_bytes", "ar_bytes", "prefill_bytes",
+             "bytes_per_dest", "block_bytes", "block_bytes_max"}
 PATHOLOGIES = {
     "straggler": dict(node=None, rate_factor=0.5, start_lag_us=0.0),
     "hot_expert": dict(node=None, factor=4.0),
@@ -65,6 +78,12 @@ PATHOLOGIES = {
     "pipeline_bubble": dict(stage=1, compute_factor=3.0),
     "slow_link": dict(node=None, mode="slow", speed_factor=0.25, flaps=3, down_us=200.0,
                       up_us=1000.0, start_ms=0.5),
+    # inference pathologies (inference.py); truth kinds = these names
+    "slow_tp_shard": dict(node=None, lag_us=20.0),
+    "hot_destination": dict(node=None, factor=4.0, drift_after_tokens=0, drift_to=None),
+    "pd_imbalance": dict(node=None, share=0.5),
+    "kv_transfer_slow": dict(src=None, dst=None, rate_factor=0.25),
+    "rotating_straggler": dict(lag_us=200.0, order=None, noise_us=0.0, every_step=False),
 }
 PAT_SIZE_KEYS = {"bytes"}
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6,
@@ -136,7 +155,8 @@ def normalize(raw: dict) -> dict:
             d[k] = sc[k]
         w = _fill(w, d, where)
         for k in SIZE_KEYS & set(w):
-            w[k] = parse_size(w[k], f"{where}.{k}")
+            if w[k] is not None:  # None: derived (decode_tp ar_bytes) or unused
+                w[k] = parse_size(w[k], f"{where}.{k}")
         mem = w["members"]
         if mem == "all":
             mem = list(range(n))
@@ -164,6 +184,13 @@ def normalize(raw: dict) -> dict:
         for k in ("node", "target", "into", "from"):
             if k in p and (p[k] is not None or k in ("node", "target")):
                 p[k] = _node(p[k], n, f"{where}.{k}")
+        if p["kind"] == "kv_transfer_slow":
+            p["src"], p["dst"] = _node(p["src"], n, f"{where}.src"), _node(p["dst"], n, f"{where}.dst")
+        for k in ("order", "drift_to"):
+            if p.get(k) is not None:
+                if not isinstance(p[k], list) or not p[k]:
+                    raise ScenarioError(f"{where}.{k}: need a non-empty list of nodes")
+                p[k] = [_node(x, n, f"{where}.{k}") for x in p[k]]
         if p.get("pairs") is not None:
             p["pairs"] = [[_node(a, n, where), _node(b, n, where)] for a, b in p["pairs"]]
         if p["kind"] in ("congestion", "loss") and not (p["pairs"] or p["into"] is not None

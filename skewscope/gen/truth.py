@@ -108,7 +108,7 @@ def compute(job, pkts: dict) -> dict:
     for f in flows:
         f["reverse_flow"] = f.pop("_reverse")
     all_ops = np.bincount(op, minlength=256)
-    return {
+    out = {
         "generator": "skewgen", "version": 1, "seed": int(job.seed),
         "scenario": _public(job.sc), "frames": int(ft.shape[0]),
         "period_s": job.period_s, "flows": flows, "groups": _public(job.groups),
@@ -127,3 +127,6 @@ def compute(job, pkts: dict) -> dict:
                        "link_gbps": float(job.link_bps[i] / 1e9)} for i in range(job.n)],
         },
     }
+    if job.inference:  # inference workloads only (older scenarios keep their exact truth)
+        out["inference"] = _public(job.inference)
+    return out
