@@ -205,3 +205,117 @@ def map_update(map_fd: int, key: bytes, value: bytes, flags: int = 0) -> None:
     _put(a, 16, "<Q", ctypes.addressof(vb))
     _put(a, 24, "<Q", flags)
     _sys_bpf(BPF_MAP_UPDATE_ELEM, a)
+
+
+# ---- bpf_link: attachments owned by a file descriptor ----------------------------------------
+# An attachment made with BPF_LINK_CREATE lives as long as its link fd (unless pinned, which
+# skewscope never does): when the process dies, however it dies, the kernel closes the fd and
+# detaches the program. XDP links: Linux >= 5.9; tcx (TC without a qdisc): Linux >= 6.6.
+BPF_PROG_QUERY = 16
+BPF_LINK_CREATE = 28
+BPF_LINK_GET_FD_BY_ID = 30
+BPF_LINK_GET_NEXT_ID = 31
+BPF_LINK_DETACH = 34
+
+BPF_TCX_INGRESS = 46
+BPF_TCX_EGRESS = 47
+
+BPF_LINK_TYPE_XDP = 6
+BPF_LINK_TYPE_TCX = 11
+
+# what a kernel without the link type (or without BPF_LINK_CREATE) answers
+LINK_UNSUPPORTED = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS, errno.E2BIG, 524})  # 524: ENOTSUPP
+
+
+def link_create(prog_fd: int, target_ifindex: int, attach_type: int, flags: int = 0) -> int:
+    """BPF_LINK_CREATE on a network interface (link_create: prog_fd @0, target_ifindex @4,
+    attach_type @8, flags @12; for tcx the relative_fd/expected_revision @16/@24 stay 0:
+    append, any revision). XDP links take the XDP mode (XDP_FLAGS_DRV_MODE / SKB_MODE) in
+    flags. Returns the link fd (close-on-exec)."""
+    a = _attr()
+    _put(a, 0, "<I", prog_fd)
+    _put(a, 4, "<I", target_ifindex)
+    _put(a, 8, "<I", attach_type)
+    _put(a, 12, "<I", flags)
+    return _sys_bpf(BPF_LINK_CREATE, a)
+
+
+def link_detach(link_fd: int) -> None:
+    """BPF_LINK_DETACH: the program leaves the hook now; the fd stays valid (defunct link)."""
+    a = _attr()
+    _put(a, 0, "<I", link_fd)
+    _sys_bpf(BPF_LINK_DETACH, a)
+
+
+def link_fd_by_id(link_id: int) -> int:
+    a = _attr()
+    _put(a, 0, "<I", link_id)
+    return _sys_bpf(BPF_LINK_GET_FD_BY_ID, a)
+
+
+def link_info(link_fd: int) -> dict:
+    """type, id, prog_id and (XDP / tcx links) ifindex, attach_type of a link (struct
+    bpf_link_info: type @0, id @4, prog_id @8, the per-type union @16)."""
+    info = (ctypes.c_uint8 * 128)()
+    a = _attr()
+    _put(a, 0, "<I", link_fd)
+    _put(a, 4, "<I", ctypes.sizeof(info))
+    _put(a, 8, "<Q", ctypes.addressof(info))
+    _sys_bpf(BPF_OBJ_GET_INFO_BY_FD, a)
+    ltype, lid, pid, ifidx, atype = struct.unpack_from("<IIIxxxxII", info, 0)
+    return {"type": ltype, "id": lid, "prog_id": pid, "ifindex": ifidx,
+            "attach_type": atype if ltype == BPF_LINK_TYPE_TCX else (BPF_XDP if ltype == BPF_LINK_TYPE_XDP else 0)}
+
+
+def link_ids() -> list[int]:
+    """Ids of every bpf_link in the system (BPF_LINK_GET_NEXT_ID; [] on kernels without links)."""
+    out: list[int] = []
+    cur = 0
+    while True:
+        a = _attr()
+        _put(a, 0, "<I", cur)
+        try:
+            _sys_bpf(BPF_LINK_GET_NEXT_ID, a)
+        except BPFError:
+            return out                      # ENOENT: no more (EINVAL: no links in this kernel)
+        cur = _get(a, 4, "<I")
+        out.append(cur)
+
+
+def link_info_by_id(link_id: int) -> dict | None:
+    try:
+        fd = link_fd_by_id(link_id)
+    except BPFError:
+        return None                         # gone meanwhile
+    try:
+        return link_info(fd)
+    except BPFError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def tcx_query(ifindex: int, attach_type: int) -> list[tuple[int, int]]:
+    """(prog id, link id) of the programs on a tcx hook (BPF_PROG_QUERY; link id 0 = attached
+    without a link). The ifindex is looked up in this thread's network namespace. [] on
+    kernels without tcx (EINVAL) or when the interface has none."""
+    for cap in (64, 4096):
+        progs = (ctypes.c_uint32 * cap)()
+        links = (ctypes.c_uint32 * cap)()
+        a = _attr()
+        _put(a, 0, "<I", ifindex)
+        _put(a, 4, "<I", attach_type)
+        _put(a, 16, "<Q", ctypes.addressof(progs))
+        _put(a, 24, "<I", cap)
+        _put(a, 40, "<Q", ctypes.addressof(links))
+        try:
+            _sys_bpf(BPF_PROG_QUERY, a)
+        except BPFError as e:
+            if e.errno == errno.ENOSPC and cap == 64:
+                continue
+            if e.errno in LINK_UNSUPPORTED or e.errno in (errno.ENODEV, errno.ENOENT):
+                return []
+            raise
+        n = _get(a, 24, "<I")
+        return [(int(progs[i]), int(links[i])) for i in range(min(n, cap))]
+    return []

@@ -40,7 +40,7 @@ capture; 4 not root; 5 bcc missing; 8 kernel refused the program.
 
 DETACH_EPILOG = """\b
 Examples:
-  sudo skewscope detach -i pf0hpf                 after a run killed with SIGKILL
+  sudo skewscope detach -i pf0hpf                 after a run killed with SIGKILL (netlink attach)
 \b
 Exit codes: 0 ok (also: nothing to remove); 2 usage; 4 not root; 6 no such interface;
 7 the program is in use by a running skewscope (stop that run, or --force).
@@ -112,5 +112,6 @@ def detach(iface, force):
     if removed["xdp"]:
         parts.append(f"XDP program id {removed['xdp']}")
     parts += [f"TC {d} filter (prio {p})" for d, p, _ in removed["tc"]]
+    parts += [f"TC {d} tcx link id {lk} (program id {p})" for d, lk, p in removed.get("tcx", [])]
     click.echo(f"{iface}: removed " + ", ".join(parts) if parts else f"{iface}: no skewscope program attached")
 

@@ -17,10 +17,11 @@ often by `capture`) so that they are not overwritten. Memory is bounded: records
 `max_events` are counted in `events_dropped`, never stored.
 
 Safety: the programs are detached in `close()`, which runs on normal exit, exceptions,
-Ctrl-C, SIGTERM and SIGHUP (see `terminate_on_signals`). A program left by a crashed run
-(no live process holds it) is "stale"; one held by a running process is "in use": the
-first can be removed (`on_stale="detach"`, or a callback that asks the user), the second
-never is.
+Ctrl-C, SIGTERM and SIGHUP (see `terminate_on_signals`); attached through a bpf_link (the
+default where the kernel has it, see bpf/attach.py) they also go with the process on SIGKILL.
+A program left by a crashed run (netlink attach; no live process holds it) is "stale"; one
+held by a running process (its program or link fd) is "in use": the first can be removed
+(`on_stale="detach"`, or a callback that asks the user), the second never is.
 """
 from __future__ import annotations
 
@@ -36,12 +37,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from skewscope.bpf.attach import Attachment, detach_ours, list_ours
+from skewscope.bpf.attach import attach_api as attach_api_of
 from skewscope.bpf.loader import OUR_PROG_NAMES, Config, Dataplane, check_privileges, import_bcc
 from skewscope.core import layout as L
 from skewscope.core.errors import EXIT_BUSY, EXIT_NO_IFACE, EXIT_USAGE, DataplaneError
 from skewscope.core.signals import Terminated as _dp_Terminated
 from skewscope.core.signals import exit_on_signals
-from skewscope.core.snapshot import Snapshot, events_from_records, flow_key_matrix
+from skewscope.core.snapshot import Snapshot, events_from_records, flow_key_words, match_rows
 
 # counters that are differences between two reads (everything else in FLOW_DTYPE is a key
 # or "last value": first_ts/last_ts/sport/tclass/last_opcode)
@@ -63,9 +65,13 @@ terminate_on_signals = exit_on_signals
 
 
 # ---- who holds a BPF program ------------------------------------------------------------
+_HOLDER_FDS = ("anon_inode:bpf-prog", "anon_inode:bpf_link")   # a link's fdinfo names its prog_id too
+
+
 def prog_holders(prog_id: int) -> list[tuple[int, str]]:
-    """Processes (pid, command name) that hold an fd to BPF program `prog_id`, other than
-    this one. A skewscope program attached but held by nobody was left by a crashed run."""
+    """Processes (pid, command name) that hold an fd to BPF program `prog_id` (or to a
+    bpf_link of it), other than this one. A skewscope program attached but held by nobody
+    was left by a crashed run."""
     me = os.getpid()
     out = []
     want = f"prog_id:\t{int(prog_id)}\n"
@@ -84,7 +90,7 @@ def prog_holders(prog_id: int) -> list[tuple[int, str]]:
             continue
         for fd in fds:
             try:
-                if os.readlink(f"{fddir}/{fd}") != "anon_inode:bpf-prog":
+                if os.readlink(f"{fddir}/{fd}") not in _HOLDER_FDS:
                     continue
                 with open(f"/proc/{p}/fdinfo/{fd}") as fh:
                     if want in fh.read():
@@ -126,8 +132,9 @@ class Leftover:
     """skewscope programs found on an interface before attaching."""
     iface: str
     xdp: int | None                       # prog id
-    tc: list[tuple[str, int]]             # (direction, prog id)
+    tc: list[tuple[str, int]]             # (direction, prog id): cls_bpf filters, then tcx links
     holders: list[tuple[int, str]]        # live processes holding any of them
+    links: int = 0                        # how many of them are bpf_links (live with their holder)
 
     @property
     def stale(self) -> bool:
@@ -140,37 +147,25 @@ class Leftover:
         if self.xdp:
             parts.append(f"XDP program id {self.xdp}")
         parts += [f"TC {d} program id {i}" for d, i in self.tc]
-        return ", ".join(parts)
+        return ", ".join(parts) + (" (bpf_link)" if self.links else "")
 
 
 def find_leftover(ifname: str) -> Leftover | None:
+    """skewscope programs on ifname, netlink filters and bpf_links alike, and who holds them."""
     ours = list_ours(ifname)
     tc = (_tc_prog_ids(ifname) or [(d, 0) for d, _, _ in ours["tc"]]) if ours["tc"] else []
+    tc += [(d, prog) for d, _, prog in ours.get("tcx", [])]
     if not ours["xdp"] and not tc:
         return None
     holders = []
     for pid in [ours["xdp"]] + [i for _, i in tc]:
         if pid:
             holders += [h for h in prog_holders(pid) if h not in holders]
-    return Leftover(ifname, ours["xdp"], tc, holders)
+    nlinks = int(bool(ours.get("xdp_link"))) + sum(1 for _, lk, _ in ours.get("tcx", []) if lk)
+    return Leftover(ifname, ours["xdp"], tc, holders, nlinks)
 
 
 # ---- snapshots: deltas and rates ----------------------------------------------------------
-def _key_index(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """For each row of b, the row of a with the same flow key, or -1."""
-    if len(b) == 0:
-        return np.zeros(0, dtype=np.int64)
-    if len(a) == 0:
-        return np.full(len(b), -1, dtype=np.int64)
-    ka = flow_key_matrix(a).view("<u8").reshape(len(a), 5)
-    kb = flow_key_matrix(b).view("<u8").reshape(len(b), 5)
-    _, inv = np.unique(np.concatenate([ka, kb]), axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
-    table = np.full(int(inv.max()) + 1, -1, dtype=np.int64)
-    table[inv[: len(a)]] = np.arange(len(a), dtype=np.int64)
-    return table[inv[len(a):]]
-
-
 def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0) -> np.ndarray:
     """Per-flow counters accumulated between two reads of the flow table. Flows without
     packets in between are omitted. A flow evicted and re-created in between (its counters
@@ -179,7 +174,7 @@ def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0) -> n
     if prev is None or len(prev) == 0:
         d = cur.copy()
     else:
-        j = _key_index(prev, cur)
+        j = match_rows(flow_key_words(prev), flow_key_words(cur))
         d = cur.copy()
         have = j >= 0
         p = prev[j[have]]
@@ -256,7 +251,8 @@ class LiveSession:
 
     def __init__(self, iface: str, mode: str = "xdp", xdp_mode: str = "native", direction: str = "ingress",
                  sample_n: int = 1, max_flows: int = 65536, ev_per_cpu: int = 65536,
-                 max_events: int = 1_000_000, on_stale="error", source: str = "live"):
+                 max_events: int = 1_000_000, on_stale="error", source: str = "live",
+                 attach_api: str | None = None):
         if mode not in MODES:
             raise DataplaneError(f"invalid mode {mode!r} (xdp or tc)", EXIT_USAGE)
         if xdp_mode not in XDP_MODES:
@@ -266,6 +262,7 @@ class LiveSession:
         if mode == "xdp" and direction != "ingress":
             raise DataplaneError("XDP sees ingress only; use --tc for egress or both directions", EXIT_USAGE)
         self.iface, self.mode, self.xdp_mode, self.direction = iface, mode, xdp_mode, direction
+        self.attach_api = attach_api_of(attach_api)   # $SKEWSCOPE_ATTACH, else auto (bpf_link, netlink fallback)
         self.config = Config(max_flows=int(max_flows), sample_n=int(sample_n), ev_per_cpu=int(ev_per_cpu))
         self.config.validate()
         self.max_events = int(max_events)
@@ -308,7 +305,7 @@ class LiveSession:
             if before_attach is not None:
                 before_attach()
             self.att = Attachment(self.dp, self.iface, mode=self.mode, xdp_mode=self.xdp_mode,
-                                  direction=self.direction)
+                                  direction=self.direction, api=self.attach_api)
             self.att.attach()
         except BaseException:
             self.close()
@@ -379,15 +376,27 @@ class LiveSession:
         self.close()
 
     # -- description ----------------------------------------------------------------------
+    @property
+    def attached_via(self) -> str:
+        """How the program is attached: "bpf_link" (goes with the process, SIGKILL included)
+        or "netlink" (survives a SIGKILL: `skewscope detach`); "" before attach."""
+        return (self.att.api or "") if self.att is not None else ""
+
     def describe(self) -> str:
-        """The startup line's 'what is attached where'."""
+        """The startup line's 'what is attached where', e.g. 'skewscope_xdp attached to eth1
+        as XDP native (bpf_link), prog id 17' or '... as TC clsact both (netlink), ...'."""
+        via = self.attached_via
         if self.mode == "xdp":
-            where = f"XDP ({self.xdp_mode})"
+            where = f"XDP {self.xdp_mode}"
         else:
-            where = f"TC clsact {self.direction}"
+            where = f"TC {'tcx' if via == 'bpf_link' else 'clsact'} {self.direction}"
+        if via:
+            where += f" ({via})"
         pid = ""
         try:
-            if self.mode == "xdp":
+            if self.att is not None and self.att.prog_id:
+                pid = f", prog id {self.att.prog_id}"
+            elif self.mode == "xdp":
                 pid = f", prog id {list_ours(self.iface)['xdp']}"
         except Exception:
             pass
@@ -398,9 +407,12 @@ class LiveSession:
 
     def startup_line(self) -> str:
         """bcc-style startup line, short enough for 80 columns with long interface names:
-        'Tracing RoCE on IFACE (XDP native, prog 1684)... Ctrl-C to end.'"""
+        'Tracing RoCE on IFACE (XDP native, prog 1684, bpf_link)... Ctrl-C to end.' (the last
+        item says how it is attached: bpf_link, or netlink on kernels without links)"""
         try:
-            if self.mode == "xdp":
+            if self.att is not None and self.att.prog_id:
+                pid = self.att.prog_id
+            elif self.mode == "xdp":
                 pid = list_ours(self.iface)["xdp"]
             else:
                 pid = next((i for _, i in _tc_prog_ids(self.iface)), 0)
@@ -409,6 +421,8 @@ class LiveSession:
         how = f"XDP {self.xdp_mode}" if self.mode == "xdp" else f"TC {self.direction}"
         if pid:
             how += f", prog {pid}"
+        if self.attached_via:
+            how += f", {self.attached_via}"
         if self.config.sample_n > 1:
             how += f", 1/{self.config.sample_n} sampled"
         return f"Tracing RoCE on {self.iface} ({how})... Ctrl-C to end."
