@@ -5,7 +5,7 @@
   missing dependency (bcc, iproute2) is a failure, not a skip.
 - `netns_pair`: two fresh network namespaces joined by a veth pair (unique names with the
   `sst-` prefix, IPv6 off so the kernel sends nothing on its own, addresses 10.199.0.1/24
-  and .2/24), deleted in a finally. Reusable by every integration test; see NetnsPair.
+  and .2/24), deleted in a finally. Reusable by every integration test; see skewscope.testbed.netns.VethPair.
 - `REAL_DATA`: the real captures beside the checkout (../shared/data/real), never copied.
 """
 from __future__ import annotations
@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from skewscope.testbed.netns import VethPair, create_pair, destroy_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/real"
@@ -26,7 +28,6 @@ ROOT_REASON = ("needs root (CAP_BPF + CAP_NET_ADMIN) for BPF_PROG_TEST_RUN / nam
                "run the suite as root (CI does)")
 needs_root = pytest.mark.skipif(not IS_ROOT, reason=ROOT_REASON)
 
-from netns import NetnsPair, create_pair, destroy_pair, in_netns  # noqa: E402,F401
 
 
 def pytest_collection_modifyitems(config, items):
@@ -45,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def netns_pair(request):
-    """A fresh NetnsPair for one test, always deleted afterwards."""
+    """A fresh VethPair for one test, always deleted afterwards."""
     if not IS_ROOT:
         pytest.skip(ROOT_REASON)
     tag = "".join(c for c in request.node.name.lower() if c.isalnum())[:6] or "t"
@@ -58,12 +59,12 @@ def netns_pair(request):
 
 @pytest.fixture
 def netns_pair_factory():
-    """Build several pairs in one test (all deleted afterwards): factory(tag) -> NetnsPair."""
+    """Build several pairs in one test (all deleted afterwards): factory(tag) -> VethPair."""
     if not IS_ROOT:
         pytest.skip(ROOT_REASON)
-    made: list[NetnsPair] = []
+    made: list[VethPair] = []
 
-    def make(tag: str = "f") -> NetnsPair:
+    def make(tag: str = "f") -> VethPair:
         p = create_pair(tag)
         made.append(p)
         return p

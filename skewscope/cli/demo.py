@@ -15,10 +15,12 @@ import time
 
 import click
 
+from skewscope import gen as sg
 from skewscope.bpf.loader import import_bcc
 from skewscope.cli.common import fail, friendly_errors
 from skewscope.cli.live import Duration, report_console
 from skewscope.core.errors import DataplaneError
+from skewscope.core.netns import in_netns
 from skewscope.outputs import report as R
 from skewscope.outputs import topview as V
 from skewscope.sources.live import LiveSession, Terminated, terminate_on_signals
@@ -47,7 +49,6 @@ be built; 4 --cleanup without root; 5 bcc missing; 8 kernel refused; 143/129 SIG
 def _fallback(scenarios, seed):
     """No root: the same traffic, offline."""
     # heavy (numba): the generator, the offline parser and the analysis
-    from skewscope import gen as sg
     from skewscope.analysis import analyze  # heavy (numba)
     from skewscope.sources.offline import parse_file  # heavy (numba)
     from skewscope.testbed.fabric import DEMO_SCENARIOS, resolve_scenario  # heavy (numba)
@@ -94,8 +95,7 @@ def demo(nodes, scenarios, rate, duration, no_top, use_tc, xdp_mode, interval, w
     in a bounded loop, and open `top` on the DPU's interface. On exit everything made is
     removed."""
     # heavy (numba, via the generator): loaded only when the demo runs
-    from skewscope import gen as sg
-    from skewscope.testbed.fabric import DEMO_SCENARIOS, Fabric, FabricError, cleanup_stale, in_netns  # heavy (numba)
+    from skewscope.testbed.fabric import DEMO_SCENARIOS, Fabric, FabricError, cleanup_stale  # heavy (numba)
     scenarios = tuple(scenarios) or DEFAULT_SCENARIOS
     for s in scenarios:
         if s not in sg.PRESETS and s not in DEMO_SCENARIOS and not os.path.exists(s):

@@ -19,7 +19,6 @@ import io
 import ipaddress
 import json
 import os
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 
@@ -27,6 +26,7 @@ import numpy as np
 
 from skewscope.core import layout as L
 from skewscope.core.errors import SkewscopeError
+from skewscope.core.files import atomic_write
 
 FORMAT_VERSION = 1
 MAGIC = "skewscope-snapshot"
@@ -101,35 +101,15 @@ def _write_npz(fh, members: dict) -> None:
             zf.writestr(name + ".npy", bio.getvalue())
 
 
-def atomic_write(path: str | os.PathLike, writer) -> None:
-    """Write via a temp file in the destination directory; fsync; rename over the target.
-    On any failure the temp file is removed and a previous file at `path` survives."""
-    path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".skewscope-", suffix=".tmp", dir=d)
-    try:
-        # mkstemp creates 0600; give the file the mode a plain open() would (0666 & ~umask),
-        # so a colleague can read a snapshot root wrote.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as fh:
-            writer(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 # ---- building tables -------------------------------------------------------------------
+_V4_MAPPED = b"\0" * 10 + b"\xff\xff"
+
+
 def ip_str(addr16, ipver: int) -> str:
+    """The one address formatter: IPv4 (RoCEv2 over IPv4, and a RoCEv1 GID that maps an IPv4
+    address, ::ffff:a.b.c.d) as a.b.c.d; any other 16-byte address as IPv6."""
     b = bytes(np.asarray(addr16, dtype=np.uint8))
-    if int(ipver) == 4:
+    if int(ipver) == 4 or b[:12] == _V4_MAPPED:
         return str(ipaddress.IPv4Address(b[12:]))
     return str(ipaddress.IPv6Address(b))
 
@@ -173,6 +153,25 @@ def flow_key_matrix(flows: np.ndarray) -> np.ndarray:
     return k.view(np.uint8).reshape(len(flows), L.FLOW_KEY_DTYPE.itemsize)
 
 
+def flow_key_words(flows: np.ndarray) -> np.ndarray:
+    """FLOW_DTYPE rows -> (n, 5) uint64: the 40 key bytes as words (row identity, for match_rows)."""
+    return flow_key_matrix(flows).view("<u8").reshape(len(flows), L.FLOW_KEY_DTYPE.itemsize // 8)
+
+
+def match_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """For each row of b, the index of the equal row of a, or -1. Rows are (n, k) uint64
+    (e.g. flow_key_words); a's rows must be distinct."""
+    if len(b) == 0:
+        return np.zeros(0, dtype=np.int64)
+    if len(a) == 0:
+        return np.full(len(b), -1, dtype=np.int64)
+    _, inv = np.unique(np.concatenate([a, b]), axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    table = np.full(int(inv.max()) + 1, -1, dtype=np.int64)
+    table[inv[: len(a)]] = np.arange(len(a), dtype=np.int64)
+    return table[inv[len(a):]]
+
+
 def events_from_records(flows: np.ndarray, recs: np.ndarray) -> np.ndarray:
     """MSG_REC_DTYPE records -> EVENT_DTYPE sorted by start_ts, with flow = row in flows
     (-1 when the flow is no longer in the table, e.g. evicted)."""
@@ -184,7 +183,7 @@ def events_from_records(flows: np.ndarray, recs: np.ndarray) -> np.ndarray:
     ev["start_ts"] = recs["start_ts"]
     ev["end_ts"] = recs["end_ts"]
     ev["bytes"] = recs["bytes"]
-    fk = flow_key_matrix(flows).view("<u8").reshape(len(flows), 5)
+    fk = flow_key_words(flows)
     rk = np.ascontiguousarray(recs["key"]).view(np.uint8).reshape(n, -1)[:, :40].copy().view("<u8").reshape(n, 5)
     allk = np.concatenate([fk, rk])
     _, inv = np.unique(allk, axis=0, return_inverse=True)

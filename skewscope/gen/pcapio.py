@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 import queue
 import struct
-import tempfile
 import threading
 
 import numpy as np
 from numba import njit
 
+from skewscope.core.files import AtomicFile
 from skewscope.gen import frames as F
 
 PCAP_MAGIC_NS = 0xA1B23C4D
@@ -176,20 +176,6 @@ def write_records(src: FrameSource, fd: int, snaplen: int, chunk_bytes: int = 2 
 
 def write_pcap(src: FrameSource, path: str, snaplen: int = 0, chunk_bytes: int = 2 << 20):
     """Write all frames of `src` to `path` atomically (temp file + os.replace)."""
-    path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".skewgen-", suffix=".pcap.tmp", dir=d)
-    try:
-        try:
-            _write_all(fd, memoryview(pcap_header(snaplen)))
-            write_records(src, fd, snaplen, chunk_bytes)
-        finally:
-            os.close(fd)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with AtomicFile(path, suffix=".pcap.tmp", prefix=".skewgen-", fsync=False) as f:
+        _write_all(f.fd, memoryview(pcap_header(snaplen)))
+        write_records(src, f.fd, snaplen, chunk_bytes)

@@ -3,41 +3,11 @@ inside a named network namespace (/var/run/netns/NAME, as made by `ip netns add`
 paced to a frame rate and bounded by a frame count and a wall-clock limit."""
 from __future__ import annotations
 
-import ctypes
 import errno
-import os
 import socket
 import time
-from contextlib import contextmanager
 
-CLONE_NEWNET = 0x40000000
-
-
-@contextmanager
-def in_netns(name: str | None):
-    """Run the body with this thread in network namespace `name` (None: stay)."""
-    if not name:
-        yield
-        return
-    path = name if name.startswith("/") else f"/var/run/netns/{name}"
-    libc = ctypes.CDLL(None, use_errno=True)
-    try:
-        target = os.open(path, os.O_RDONLY)
-    except OSError as e:
-        raise OSError(e.errno, f"network namespace {name!r} not found ({path})") from None
-    here = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    try:
-        if libc.setns(target, CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns({name}): {os.strerror(err)} (needs root)")
-        try:
-            yield
-        finally:
-            if libc.setns(here, CLONE_NEWNET) != 0:  # pragma: no cover
-                raise OSError(ctypes.get_errno(), "cannot return to the original netns")
-    finally:
-        os.close(target)
-        os.close(here)
+from skewscope.core.netns import in_netns
 
 
 def open_socket(iface: str, netns: str | None = None) -> socket.socket:

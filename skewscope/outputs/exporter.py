@@ -39,7 +39,7 @@ from skewscope import __version__
 from skewscope.analysis.fleet import BULK_MIN_MESSAGE, CTS_MAX_BYTES
 from skewscope.analysis.flows import flow_event_stats
 from skewscope.core import layout as L
-from skewscope.core.snapshot import Snapshot, ip_str
+from skewscope.core.snapshot import Snapshot, flow_key_words, ip_str, match_rows
 from skewscope.outputs import metrics as M
 from skewscope.sources.live import LiveSession
 
@@ -103,17 +103,6 @@ def _rows_u64(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).view("<u8").reshape(len(a), a.shape[1] // 8)
 
 
-def flow_ids(flows: np.ndarray) -> np.ndarray:
-    """(n, 5) uint64 identity of each flow: src, dst, (dest_qp, ipver, roce)."""
-    k = np.zeros((len(flows), 40), dtype=np.uint8)
-    k[:, 0:16] = flows["src"]
-    k[:, 16:32] = flows["dst"]
-    k[:, 32:36] = flows["dest_qp"].astype("<u4").view(np.uint8).reshape(-1, 4)
-    k[:, 36] = flows["ipver"]
-    k[:, 37] = flows["roce"]
-    return _rows_u64(k)
-
-
 # Traffic class of a flow (the `class` label of the per-peer series), from its cumulative
 # mean message size: NCCL runs each connection on its own QPs, so one flow carries one
 # kind of traffic, and a node pair that carries a ring link and all-to-all chunks at once
@@ -151,20 +140,6 @@ def dst_ids(flows: np.ndarray) -> np.ndarray:
     k[:, 0:16] = flows["dst"]
     k[:, 16] = flows["ipver"]
     return _rows_u64(k)
-
-
-def _match(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """For each row of b, the index of the equal row of a, or -1. Rows are (n, k) uint64."""
-    if len(b) == 0:
-        return np.zeros(0, dtype=np.int64)
-    if len(a) == 0:
-        return np.full(len(b), -1, dtype=np.int64)
-    both = np.concatenate([a, b])
-    _, inv = np.unique(both, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
-    table = np.full(int(inv.max()) + 1, -1, dtype=np.int64)
-    table[inv[: len(a)]] = np.arange(len(a), dtype=np.int64)
-    return table[inv[len(a):]]
 
 
 @njit(cache=True)
@@ -297,7 +272,7 @@ class Accumulator:
     def _peer_index(self, flows: np.ndarray, cls: np.ndarray) -> np.ndarray:
         """Peer row per flow (-1 = overflow). New pairs become rows until max_peers."""
         pk = peer_ids(flows, cls)
-        idx = _match(self.peer_keys, pk)
+        idx = match_rows(self.peer_keys, pk)
         new = np.nonzero(idx < 0)[0]
         room = self.max_peers - len(self.peer_keys)
         if len(new) and room > 0:
@@ -313,12 +288,12 @@ class Accumulator:
             self.peer_busy = np.concatenate([self.peer_busy, np.zeros(k, np.int64)])
             self.peer_carry = np.concatenate([self.peer_carry, np.zeros(k, np.int64)])
             self.peer_timed = np.concatenate([self.peer_timed, np.zeros((k, 2), np.float64)])
-            idx = _match(self.peer_keys, pk)
+            idx = match_rows(self.peer_keys, pk)
         return idx
 
     def _dst_index(self, flows: np.ndarray) -> np.ndarray:
         dk = dst_ids(flows)
-        idx = _match(self.dst_keys, dk)
+        idx = match_rows(self.dst_keys, dk)
         new = np.nonzero(idx < 0)[0]
         room = self.max_peers - len(self.dst_keys)
         if len(new) and room > 0:
@@ -330,7 +305,7 @@ class Accumulator:
                 self.dst_labels.append(ip_str(flows[r]["dst"], int(flows[r]["ipver"])))
             self.dst_busy = np.concatenate([self.dst_busy, np.zeros(k, np.int64)])
             self.dst_carry = np.concatenate([self.dst_carry, np.zeros(k, np.int64)])
-            idx = _match(self.dst_keys, dk)
+            idx = match_rows(self.dst_keys, dk)
         return idx
 
     cum_class = np.zeros(0, np.uint8)
@@ -347,7 +322,7 @@ class Accumulator:
         # class from the cumulative table (stable), not from the interval's few messages
         cls = flow_class(delta)
         if len(self.cum_flows) and len(delta):
-            j = _match(flow_ids(self.cum_flows), flow_ids(delta))
+            j = match_rows(flow_key_words(self.cum_flows), flow_key_words(delta))
             cls = np.where(j >= 0, self.cum_class[np.maximum(j, 0)], cls).astype(np.uint8)
         peer = self._peer_index(delta, cls)
         m = flow_matrix(delta)
@@ -388,7 +363,7 @@ class Accumulator:
         """Flows per exported pair in the cumulative table (last entry: overflow)."""
         q = np.zeros(len(self.peer_keys) + 1, dtype=np.int64)
         if len(self.cum_flows):
-            p = _match(self.peer_keys, peer_ids(self.cum_flows, self.cum_class))
+            p = match_rows(self.peer_keys, peer_ids(self.cum_flows, self.cum_class))
             p[p < 0] = len(self.peer_keys)
             np.add.at(q, p, 1)
         return q

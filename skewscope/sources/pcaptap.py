@@ -32,7 +32,6 @@ import os
 import select
 import socket
 import struct
-import tempfile
 import threading
 import time
 
@@ -40,6 +39,7 @@ import numpy as np
 from numba import njit
 
 from skewscope.core.errors import EXIT_NO_IFACE, EXIT_NOT_RUN, EXIT_USAGE, DataplaneError
+from skewscope.core.files import AtomicFile
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
@@ -237,7 +237,7 @@ class PcapTap:
         self._thread = None
         self._sock = self._mm = self._ring = None
         self._fh = None
-        self._tmp = None
+        self._out = None  # core.files.AtomicFile
         self._kstats = (0, 0)
         self._committed = False
 
@@ -250,8 +250,8 @@ class PcapTap:
             socket.if_nametoindex(self.iface)
         except OSError:
             raise DataplaneError(f"interface {self.iface!r} does not exist (see 'ip link')", EXIT_NO_IFACE) from None
-        fd, self._tmp = tempfile.mkstemp(prefix=".skewscope-", suffix=".pcap.tmp", dir=d)
-        self._fh = os.fdopen(fd, "wb")
+        self._out = AtomicFile(self.path, suffix=".pcap.tmp")
+        self._fh = self._out.fh
         self._fh.write(pcap_file_header(self.snaplen))
         try:
             self._open_socket()
@@ -349,33 +349,18 @@ class PcapTap:
             err, self._err = self._err, None
             self.abort()
             raise DataplaneError(f"{self.path}: pcap writer failed: {err}", EXIT_NOT_RUN)
-        if self._fh is not None:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
+        if self._out is not None:
             self._fh = None
-            # mkstemp made it 0600; a pcap is meant to be handed to a colleague: 0666 & ~umask
-            um = os.umask(0)
-            os.umask(um)
-            os.chmod(self._tmp, 0o666 & ~um)
-            os.replace(self._tmp, self.path)
-            self._tmp = None
+            self._out.commit()
+            self._out = None
             self._committed = True
 
     def abort(self) -> None:
         self.stop()
-        if self._fh is not None:
-            try:
-                self._fh.close()
-            except OSError:
-                pass
-            self._fh = None
-        if self._tmp:
-            try:
-                os.unlink(self._tmp)
-            except OSError:
-                pass
-            self._tmp = None
+        self._fh = None
+        if self._out is not None:
+            self._out.abort()
+            self._out = None
 
     def stats(self) -> dict:
         return {"file": self.path, "frames": self.frames, "bytes_written": self.written + 24,

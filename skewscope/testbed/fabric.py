@@ -25,7 +25,6 @@ trains -- is what the observer sees, only slower), bounded in time and frames.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import ctypes
 import errno
@@ -44,11 +43,12 @@ import numpy as np
 
 from skewscope import gen as skewgen
 from skewscope.core.errors import SkewscopeError
+from skewscope.core.files import atomic_write_text
+from skewscope.core.netns import in_netns
 from skewscope.gen import frames as _frames  # noqa: F401  (skewgen.frames)
 from skewscope.sources import mirror
 
 STATE_DIR = Path("/run/skewscope")
-CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 
 
@@ -65,28 +65,6 @@ def _run(cmd: list[str], check: bool = True, timeout: float = 30) -> subprocess.
 
 def node_mac(i: int) -> bytes:
     return skewgen.frames.node_mac(i)  # the generator's own definition
-
-
-@contextlib.contextmanager
-def in_netns(name: str | None):
-    """Run the block with this thread in network namespace `name` (None: stay)."""
-    if not name:
-        yield
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    there = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    here = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    try:
-        if libc.setns(there, CLONE_NEWNET) != 0:
-            e = ctypes.get_errno()
-            raise OSError(e, f"setns({name}): {os.strerror(e)}")
-        try:
-            yield
-        finally:
-            libc.setns(here, CLONE_NEWNET)
-    finally:
-        os.close(there)
-        os.close(here)
 
 
 def list_namespaces() -> list[str]:
@@ -126,10 +104,9 @@ class Fabric:
     def _save_state(self) -> None:
         try:
             STATE_DIR.mkdir(parents=True, exist_ok=True)
-            tmp = self.state_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"pid": os.getpid(), "namespaces": self.made,
-                                       "procs": [p.pid for p in self.procs], "created": time.time()}))
-            os.replace(tmp, self.state_file)
+            atomic_write_text(self.state_file, json.dumps({"pid": os.getpid(), "namespaces": self.made,
+                                                           "procs": [p.pid for p in self.procs],
+                                                           "created": time.time()}))
         except OSError:
             pass
 

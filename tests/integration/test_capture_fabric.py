@@ -17,9 +17,10 @@ import pytest
 
 from skewscope import gen as skewgen
 from skewscope.core import layout as L
+from skewscope.core.netns import in_netns
 from skewscope.core.snapshot import Snapshot, ip_str
 from skewscope.sources import live
-from skewscope.testbed.fabric import Fabric, in_netns, play
+from skewscope.testbed.fabric import Fabric, play
 
 SKEWSCOPE = str(Path(sys.executable).with_name("skewscope"))
 RATE = 8000           # frames/s the fabric sends: far below what the path can carry, so no drop

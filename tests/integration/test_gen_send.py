@@ -12,7 +12,7 @@ import time
 import pytest
 
 from skewscope import gen as skewgen
-from skewscope.gen.send import in_netns
+from skewscope.core.netns import in_netns
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for netns + veth"),

@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-import reliability as R  # noqa: E402
+from skewscope.testbed import traffic as R  # noqa: E402
 
 pytestmark = [
     pytest.mark.integration,
@@ -37,7 +36,7 @@ EXIT_NOT_RUN, EXIT_BUSY = 3, 7
 
 @pytest.fixture
 def fab():
-    f = R.Fabric.create("flt")
+    f = R.pair("flt")
     try:
         yield f
     finally:

@@ -38,7 +38,7 @@ TCP_BYTES = 128 << 20
 
 @pytest.fixture
 def fab():
-    f = R.Fabric.create("load")
+    f = R.pair("load")
     try:
         yield f
     finally:

@@ -21,10 +21,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-import reliability as R  # noqa: E402
-
 from skewscope.core import layout as L  # noqa: E402
+from skewscope.testbed import traffic as R  # noqa: E402
 
 pytestmark = [
     pytest.mark.integration,
@@ -37,7 +35,7 @@ NFLOWS, PER, MAXF = 5000, 3, 1024
 
 @pytest.fixture
 def fab():
-    f = R.Fabric.create("map")
+    f = R.pair("map")
     try:
         yield f
     finally:
@@ -111,7 +109,7 @@ def test_top_shows_eviction(fab):
 
 
 def test_map_memory_stays_at_documented_bound(fab):
-    r = R.fig_map(NFLOWS, MAXF)
+    r = R.map_pressure(NFLOWS, MAXF)
     assert r["flows_evicted"] > 0 and r["accounted"] == r["frames_sent"] == NFLOWS * PER
     assert r["flows_created"] - r["flows_present"] == r["flows_evicted"]
     assert r["packets_in_present_flows"] <= r["accounted"]

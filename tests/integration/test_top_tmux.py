@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from skewscope.core.netns import in_netns
 from skewscope.sources import live
-from skewscope.testbed.fabric import Fabric, in_netns
+from skewscope.testbed.fabric import Fabric
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (make setup installs it)")
 

@@ -72,8 +72,10 @@ def tshark(path: Path) -> list[dict]:
 
 
 def norm(addr: str) -> str:
-    """One spelling per address (tshark writes GIDs as ::ffff:15.0.0.2)."""
-    return str(ipaddress.ip_address(addr))
+    """One spelling per address: an IPv4-mapped GID (tshark writes ::ffff:15.0.0.2) is the IPv4
+    address, as skewscope shows it."""
+    a = ipaddress.ip_address(addr)
+    return str(a.ipv4_mapped) if a.version == 6 and a.ipv4_mapped else str(a)
 
 
 def _int(s: str) -> int:

@@ -209,8 +209,8 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         print("bench_live: needs root (namespaces, attach)", file=sys.stderr)
         return 4
+    from skewscope.core.netns import in_netns
     from skewscope.sources import live
-    from skewscope.testbed.fabric import in_netns
 
     cpu = sorted(os.sched_getaffinity(0))[-1]
     os.sched_setaffinity(0, {cpu})
