@@ -29,6 +29,7 @@ top, the Prometheus exporter). Public functions:
     ring_metrics / tree_metrics / alltoall_metrics / pipeline_metrics     group_metrics.py
     decode_metrics(snap, group, thresholds["decode"])                     inference.py
     DEFAULTS (thresholds), KINDS (finding kinds)                          findings.py
+    the detectors and their registry                                      detectors/
 """
 from __future__ import annotations
 
@@ -40,17 +41,13 @@ from skewscope.analysis.collectives import KINDS as COLLECTIVE_KINDS
 from skewscope.analysis.collectives import discover, size_hints
 from skewscope.analysis.congestion import flow_congestion, link_speed_bps, node_stalls, pfc_summary
 from skewscope.analysis.context import Context, context
+from skewscope.analysis.detectors.evidence import GroupEvidence
 from skewscope.analysis.findings import (
     DEFAULTS,
     KINDS,
-    SEV_RANK,
-    Emitter,
     ThresholdError,
-    _caveats,
-    _congestion,
-    _loss,
-    _pfc,
     detect,
+    live_findings,
     resolve_checks,
     resolve_thresholds,
 )
@@ -139,7 +136,7 @@ def _group_result(ctx, g, th) -> dict:
             r["decode"] = dec
             r["workload"] = "decode"
     r.setdefault("workload", "training" if r.get("period_s") else None)
-    return r
+    return r, GroupEvidence.split(r)
 
 
 def _capture_metrics(ctx, extra) -> dict:
@@ -209,11 +206,13 @@ def analyze(snap, thresholds=None, checks=None) -> dict:
     groups = discover(ctx)
     # per-group metrics for the largest groups (each costs a pass over the records); the
     # others keep their classification, bytes and flows
-    results = [_group_result(ctx, g, th) if i < MAX_GROUP_DETAIL else
-               {"bytes": float(ctx.volume[g.flows].sum()), "flows": int(len(g.flows)), "detail": "omitted"}
-               for i, g in enumerate(groups)]
+    detail = [_group_result(ctx, g, th) if i < MAX_GROUP_DETAIL else
+              ({"bytes": float(ctx.volume[g.flows].sum()), "flows": int(len(g.flows)), "detail": "omitted"},
+               GroupEvidence())
+              for i, g in enumerate(groups)]
+    results = [r for r, _ in detail]
     extra = _extra(ctx, th)
-    findings = detect(ctx, groups, results, th, ck, extra)
+    findings = detect(ctx, groups, results, th, ck, extra, evidence=[e for _, e in detail])
     ips = ctx.nodes.ips
     coll = []
     for g, r in zip(groups, results):
@@ -246,8 +245,9 @@ def live_metrics(snap, thresholds=None, records: bool = False) -> dict:
     from the flow table only -- roles, QP-pair partners, node matrix and its destination/
     source skews, per-link counters (bytes, CE, CNPs, PSN gaps, retransmissions, NAKs),
     per-flow congestion/loss indicators, and the findings that need no classification or
-    timing (ecn_congestion, cnp_storm, packet_loss, retransmissions, nak_errors, pfc_pause,
-    map_overflow/sampling caveats). records=True adds the message-record metrics: per-flow
+    timing: the detectors registered live=True (congestion: ecn_congestion, cnp_storm; loss:
+    packet_loss, retransmissions, nak_errors; pfc: pfc_pause; caveats: map_overflow,
+    sampling). records=True adds the message-record metrics: per-flow
     rate over active time and busy time, link rates and throughput, stalls."""
     th = resolve_thresholds(thresholds)
     ctx = context(snap)
@@ -263,18 +263,11 @@ def live_metrics(snap, thresholds=None, records: bool = False) -> dict:
     gbps = th["pfc_pause"].get("link_gbps") or None
     extra = {"congestion": cg, "pfc": pfc_summary(ctx, gbps) if (records or gbps) else _pfc_counts(ctx),
              "stalls": stalls}
-    ck = {"ecn_congestion", "cnp_storm", "packet_loss", "retransmissions", "nak_errors", "pfc_pause", "map_overflow",
-          "sampling"}
-    em = Emitter(ctx, ck)
-    _congestion(em, ctx, th, extra)
-    _loss(em, ctx, th, extra)
-    _pfc(em, ctx, th, extra)
-    _caveats(em, ctx, th)
-    em.out.sort(key=lambda f: (-SEV_RANK[f["severity"]], f["kind"]))
+    findings = live_findings(ctx, th, cg, extra["pfc"], stalls)   # the detectors registered live=True
     res = {"roles": ctx.roles, "partner": ctx.partner, "ips": ips, "matrix": mat,
            "links": link_counters(ctx),
            "dest_volume_skew": skew_stats(in_b[in_b > 0]), "source_volume_skew": skew_stats(out_b[out_b > 0]),
-           "congestion": cg, "pfc": extra["pfc"], "findings": clean(em.out)}
+           "congestion": cg, "pfc": extra["pfc"], "findings": clean(findings)}
     if records:
         st = ctx.fstat
         lr = link_rates(ctx)

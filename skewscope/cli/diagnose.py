@@ -82,10 +82,9 @@ def _thresholds(items) -> dict:
 def _list_checks(ctx, param, value):
     if not value or ctx.resilient_parsing:
         return
-    from skewscope.analysis.findings import DEFAULTS, PARAM_SECTIONS  # heavy (numba, the analysis package)
-    for kind, th in DEFAULTS.items():
-        names = ", ".join(f"{n}={v:g}" for n, v in th.items()) or "-"
-        click.echo(f"{kind:28s} {'(parameters) ' if kind in PARAM_SECTIONS else ''}{names}")
+    from skewscope.analysis.detectors import list_checks_lines  # heavy (numba, the analysis package)
+    for line in list_checks_lines():
+        click.echo(line)
     ctx.exit(0)
 
 
@@ -170,7 +169,7 @@ def diagnose(file, iface, duration, use_tc, xdp_mode, direction, sample_n, max_f
     if bool(file) == bool(iface):
         fail("diagnose: give a FILE (.snap, pcap, pcapng) or -i IFACE, not both or neither", EXIT_NOT_RUN)
     # heavy (numba, the analysis package): imported once the arguments are known to be good
-    from skewscope.analysis.findings import ThresholdError, resolve_checks, resolve_thresholds
+    from skewscope.analysis.detectors import ThresholdError, resolve_checks, resolve_thresholds
     th = _thresholds(thresholds)
     try:
         resolve_thresholds(th)

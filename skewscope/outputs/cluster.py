@@ -370,9 +370,9 @@ def snapshot_of(fm: FleetMatrix, url: str) -> Snapshot:
 
 
 def build_document(fm: FleetMatrix, url: str, fetcher: Fetcher | None = None, thresholds=None) -> dict:
-    from skewscope.analysis import fleet  # heavy (numba)
+    from skewscope.analysis.detectors.fleet import analyze_matrix  # heavy (numba)
     snap = snapshot_of(fm, url)
-    result = fleet.analyze_matrix(fm, thresholds=thresholds)
+    result = analyze_matrix(fm, thresholds=thresholds)
     if fetcher is not None:
         for fd in result["findings"]:
             link = fd.get("evidence", {}).get("link")

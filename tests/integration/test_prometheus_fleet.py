@@ -294,15 +294,17 @@ def _check_doc(doc, fleet, dpu_names):
     if os.environ.get("SSP_DUMP"):
         Path(os.environ["SSP_DUMP"]).write_text(json.dumps(doc, indent=1))
     hot = findings_of(doc, "hot_destination")
-    assert hot and hot[0]["entities"][0] == fleet["hot"], json.dumps(doc["findings"], indent=1)
+    assert hot and hot[0]["entities"]["ips"][0] == fleet["hot"], json.dumps(doc["findings"], indent=1)
     st = findings_of(doc, "ring_straggler")
     assert st, json.dumps(doc["findings"], indent=1)
-    assert tuple(st[0]["entities"]) == fleet["slow_link"], st
+    assert tuple(st[0]["entities"]["ips"]) == fleet["slow_link"], st
+    assert st[0]["entities"]["flows"] == [[*fleet["slow_link"], None]], st
     # same JSON shape as report --json
     for key in ("source", "meta", "totals", "pfc", "flows", "collectives", "timing", "findings"):
         assert key in doc
     assert doc["timing"] is None
-    assert {"kind", "severity", "entities", "evidence", "message"} <= set(st[0])
+    assert set(st[0]) == {"kind", "severity", "entities", "evidence", "message", "group"}
+    assert set(st[0]["entities"]) == {"ips", "qps", "flows"}
     assert sorted(doc["meta"]["dpus"]) == dpu_names
     kinds = {c["kind"] for c in doc["collectives"]}
     assert {"ring_allreduce", "all_to_all"} <= kinds

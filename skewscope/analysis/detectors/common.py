@@ -1,0 +1,185 @@
+"""What every detector family shares: the Emitter (Finding construction, --check filter),
+message formatting and the robust outlier helpers."""
+from __future__ import annotations
+
+import numpy as np
+
+from skewscope.analysis.detectors.registry import Entities, Finding
+from skewscope.core.snapshot import ip_str
+
+#: the MAD floor of an outlier test (ns): a spread of start lags below 1 us is clock noise
+#: and would make a few-us lag look like many MADs
+MAD_FLOOR_NS = 1e3
+#: a node-level timing fault is an outlier: at most this share of the nodes (>= 1)
+OUTLIER_SHARE = 0.25
+
+
+class Emitter:
+    """Collects the Findings of one analysis; drops kinds not in `checks` and severity None."""
+
+    def __init__(self, ctx, checks):
+        self.ctx = ctx
+        self.checks = checks
+        self.out: list[Finding] = []
+
+    def flow_key(self, i):
+        f = self.ctx.flows[i]
+        v = int(f["ipver"])
+        return [ip_str(f["src"], v), ip_str(f["dst"], v), int(f["dest_qp"])]
+
+    def add(self, kind, severity, ips, message, evidence, flows=(), qps=None, group=None):
+        """ips: node indices or IP strings (the blamed first; duplicates dropped); flows:
+        flow indices; qps: default = the flows' dest QPs."""
+        if kind not in self.checks or severity is None:
+            return
+        ips_out = []
+        for x in ips:
+            s = x if isinstance(x, str) else self.ctx.nodes.ips[int(x)]
+            if s not in ips_out:
+                ips_out.append(s)
+        fl = [self.flow_key(int(i)) for i in flows]
+        if qps is None:
+            qps = sorted({k[2] for k in fl})
+        self.out.append(Finding(kind, severity, Entities(ips_out, [int(q) for q in qps], fl), evidence, message,
+                                group))
+
+    def add_fleet(self, kind, severity, ips, message, evidence, pairs=()):
+        """A fleet finding: ips as strings; pairs: (src, dst) node pairs, entities.flows
+        [src, dst, null] as the cluster document's flows[] rows."""
+        if kind not in self.checks or severity is None:
+            return
+        self.out.append(Finding(kind, severity, Entities(list(ips), [], [[a, b, None] for a, b in pairs]),
+                                evidence, message, None))
+
+    def has(self, kind, pred=lambda f: True) -> bool:
+        return any(f.kind == kind and pred(f) for f in self.out)
+
+
+# ---- message formatting --------------------------------------------------------------------
+def pct(x):
+    return f"{100 * x:.1f}%" if x < 0.1 else f"{100 * x:.0f}%"
+
+
+def us(ns):
+    if ns >= 1e6:
+        return f"{ns / 1e6:.2f} ms"
+    return f"{ns / 1e3:.0f} us"
+
+
+def gbps(bps):
+    return f"{bps / 1e9:.1f} Gb/s"
+
+
+def sev(value, warn, crit, higher_is_worse=True):
+    """critical / warning / None by two thresholds."""
+    if higher_is_worse:
+        if value >= crit:
+            return "critical"
+        if value >= warn:
+            return "warning"
+    else:
+        if value <= crit:
+            return "critical"
+        if value <= warn:
+            return "warning"
+    return None
+
+
+# ---- robust outliers -----------------------------------------------------------------------
+def mad_threshold(vals, i, k_mad, floor):
+    """Threshold for vals[i] to stand out: median + k * MAD of the others (>= floor)."""
+    others = np.delete(vals, i)
+    others = others[np.isfinite(others)]
+    if len(others) == 0:
+        return floor
+    med = float(np.median(others))
+    mad = float(np.median(np.abs(others - med)))
+    return max(floor, med + k_mad * max(mad, MAD_FLOOR_NS))
+
+
+def lag_outliers(lags, k_mad, floor_ns):
+    """[(member index, lag ns)] whose lag stands out from the others' (mad_threshold)."""
+    out = []
+    if lags is None:
+        return out
+    lags = np.asarray(lags, dtype=np.float64)
+    for i, v in enumerate(lags):
+        if not np.isfinite(v):
+            continue
+        if v >= mad_threshold(lags, i, k_mad, floor_ns):
+            out.append((i, float(v)))
+    return out
+
+
+def few(k: int, n: int) -> bool:
+    """A node-level timing fault is an outlier: at most a quarter of the nodes (>= 1)."""
+    return k <= max(1, int(n * OUTLIER_SHARE))
+
+
+def irregular(em, what: str, group):
+    """Timing faults everywhere at once are the capture's, not the nodes': say so once."""
+    if em.has("sampling", lambda f: f.evidence.get("irregular_timing")):
+        return
+    em.add("sampling", "info", [],
+           f"{what}: the message timing is irregular across the capture (batched delivery or "
+           "pacing on the capture/replay path?), so node-level stall and flap findings are withheld",
+           {"irregular_timing": True}, group=group)
+
+
+# ---- grouping flows ------------------------------------------------------------------------
+def split_by(flows, key, members) -> dict:
+    """{member: [flows whose key is that member]} in one sort."""
+    o = np.argsort(key, kind="stable")
+    ks, fs = key[o], flows[o]
+    out = {}
+    for m in members:
+        a, b = np.searchsorted(ks, m), np.searchsorted(ks, m, side="right")
+        out[m] = fs[a:b].tolist()
+    return out
+
+
+def group_by_node(ctx, flows):
+    """Greedy: repeatedly take the node (as destination, then as source) shared by most of
+    the remaining flows."""
+    rest = np.asarray(flows, dtype=np.int64)
+    out = []
+    while len(rest):
+        dn = ctx.nodes.dst[rest]
+        sn = ctx.nodes.src[rest]
+        d = np.bincount(dn, minlength=ctx.nodes.n)
+        s_ = np.bincount(sn, minlength=ctx.nodes.n)
+        if d.max() >= s_.max():
+            n = int(d.argmax())
+            sel = dn == n
+            role = "into"
+        else:
+            n = int(s_.argmax())
+            sel = sn == n
+            role = "from"
+        out.append((n, role, rest[sel].tolist()))
+        rest = rest[~sel]
+    return out
+
+
+def by_pair(ctx, flows):
+    """Flows grouped by directed node pair: [(src node, dst node, [flows])]."""
+    flows = np.asarray(flows, dtype=np.int64)
+    if len(flows) == 0:
+        return []
+    key = ctx.nodes.src[flows].astype(np.int64) * max(1, ctx.nodes.n) + ctx.nodes.dst[flows]
+    o = np.argsort(key, kind="stable")
+    k, f = key[o], flows[o]
+    cuts = np.nonzero(np.diff(k))[0] + 1
+    return [(int(ctx.nodes.src[g[0]]), int(ctx.nodes.dst[g[0]]), g.tolist()) for g in np.split(f, cuts)]
+
+
+def qp_list(ctx, flows):
+    return ", ".join(str(int(q)) for q in ctx.flows["dest_qp"][flows][:4]) + (" ..." if len(flows) > 4 else "")
+
+
+def ce_explained(inp, flows) -> bool:
+    """Most of these flows' packets are CE-marked: slowness explained by ECN congestion."""
+    if not len(flows):
+        return False
+    fl = np.asarray(flows, dtype=np.int64)
+    return bool(np.median(inp.congestion["ce_fraction"][fl]) >= inp.th["ecn_congestion"]["warning"])

@@ -1,0 +1,74 @@
+"""ecn_congestion (CE-marked flows by the node they share), cnp_storm (per CNP sender)."""
+from __future__ import annotations
+
+import numpy as np
+
+from skewscope.analysis.detectors.common import group_by_node, pct, sev
+from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+
+
+def congestion(inp, em):
+    ctx, th = inp.ctx, inp.th
+    cg = inp.congestion
+    ips = ctx.nodes.ips
+    t = th["ecn_congestion"]
+    marked = np.nonzero(ctx.data & (cg["ce"] > 0))[0]
+    for n, role, fl in group_by_node(ctx, marked):
+        ce = float(cg["ce"][fl].sum())
+        fr = ce / max(1.0, float(cg["ecn_capable"][fl].sum()))
+        if ce < t["min_ce"]:
+            continue
+        severity = sev(fr, t["warning"], t["critical"])
+        if severity is None:
+            continue
+        peers = sorted({int(ctx.nodes.src[f] if role == "into" else ctx.nodes.dst[f]) for f in fl})
+        cnp = float(sum(cg["cnp"][ctx.partner[f]] for f in fl if ctx.partner[f] >= 0))
+        em.add("ecn_congestion", severity, [n] + peers,
+               f"ECN congestion {role} {ips[n]}: {pct(fr)} of packets CE-marked on {len(fl)} flow(s) "
+               f"{'from' if role == 'into' else 'to'} {len(peers)} peer(s)" + (f", {int(cnp)} CNPs back" if cnp else "")
+               + (": the switch port towards it is the bottleneck (incast/oversubscription); check its queue and "
+                  "traffic placement" if role == "into" else ": its uplink queue is congested"),
+               {"ce_fraction": fr, "ce_packets": ce, "flows": len(fl), "cnp_packets": cnp},
+               flows=fl)
+    # CNP storms: per CNP sender (= the congested data receiver), all the QPs it throttles
+    t = th["cnp_storm"]
+    by = {}
+    for f in np.nonzero(cg["cnp"] > 0)[0]:
+        by.setdefault(int(ctx.nodes.src[f]), []).append(int(f))
+    for n, fl in by.items():
+        total = float(cg["cnp"][fl].sum())
+        rates = cg["cnp_rate_per_s"][fl]
+        if total < t["min_cnp"] or float(rates.max()) < t["warning"]:
+            continue
+        severity = sev(float(rates.max()), t["warning"], t["critical"])
+        senders = sorted({int(ctx.nodes.dst[f]) for f in fl})
+        qps = sorted({int(ctx.flows["dest_qp"][f]) for f in fl})
+        data_flows = [int(ctx.partner[f]) for f in fl if ctx.partner[f] >= 0]
+        em.add("cnp_storm", severity, [n] + senders,
+               f"CNP storm from {ips[n]}: {int(total)} CNPs to {len(qps)} sender QP(s) on {len(senders)} node(s), up to "
+               f"{rates.max():,.0f}/s per QP while it sends: DCQCN keeps cutting those senders' rates; relieve the "
+               f"congestion towards {ips[n]} (see ecn_congestion) or tune DCQCN",
+               {"cnp_packets": total, "max_cnp_rate_per_s": float(rates.max()),
+                "median_cnp_rate_per_s": float(np.median(rates)), "qps": len(qps)},
+               flows=data_flows + fl, qps=qps)
+
+
+DETECTORS = [
+    Detector(
+        "congestion", congestion, needs=frozenset({"flows"}), live=True, stage=50,
+        doc="flow-table ECN/CNP counters",
+        kinds=(
+            Kind("ecn_congestion",
+                 fires='CE-marked data flows grouped by the node most of them share (into it, else from it): Σ CE ≥ `min_ce` (10) and CE / ECN-capable ≥ `warning` (1 %), critical ≥ 10 %',
+                 blames='that node, then its peers',
+                 thresholds=(Threshold("warning", 0.01, "fraction", "CE / ECN-capable packets: warning"),
+                             Threshold("critical", 0.10, "fraction", "CE / ECN-capable packets: critical"),
+                             Threshold("min_ce", 10, "count", "CE-marked packets, at least"))),
+            Kind("cnp_storm",
+                 fires='per CNP sender (the congested receiver): Σ CNPs ≥ `min_cnp` (10) and the highest per-QP CNP rate over active time ≥ `warning` (1,000/s), critical ≥ 10,000/s; all QPs it throttles listed',
+                 blames='the CNP sender, then the throttled senders',
+                 thresholds=(Threshold("warning", 1000.0, "1/s", "highest per-QP CNP rate while the throttled flow sends: warning"),
+                             Threshold("critical", 10000.0, "1/s", "highest per-QP CNP rate while the throttled flow sends: critical"),
+                             Threshold("min_cnp", 10, "count", "CNPs from that node, at least"))),
+        )),
+]

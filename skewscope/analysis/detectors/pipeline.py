@@ -1,0 +1,44 @@
+"""pipeline_bubbles: the slowest pipeline stage makes the others idle."""
+from __future__ import annotations
+
+from skewscope.analysis.detectors.common import pct, sev
+from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+
+
+def pipeline(inp, em):
+    for gi, g, r, _ in inp.groups:
+        if g.kind == "p2p" and g.pattern == "pipeline":
+            _one(em, inp.ctx, g, r, inp.th, gi)
+
+
+def _one(em, ctx, g, r, th, gi):
+    t = th["pipeline_bubbles"]
+    sl = r.get("slowest_stage")
+    bub = r.get("bubble_fraction")
+    if not sl or bub is None:
+        return
+    ratio = sl["compute_ratio"]
+    severity = sev(ratio, t["warning"], t["critical"])
+    if severity is None or bub < t["min_bubble"]:
+        return
+    node = ctx.nodes.ips.index(sl["ip"])
+    flows = [f for f in g.flows if ctx.nodes.src[f] == node]
+    em.add("pipeline_bubbles", severity, [sl["ip"]] + r["stages"],
+           f"pipeline stage {sl['stage']} ({sl['ip']}) takes {ratio:.2f}x the median stage time: the other stages "
+           f"idle {pct(bub)} of the steady state (bubbles); rebalance layers across stages or check that host",
+           {"stage": sl["stage"], "compute_ratio": ratio, "bubble_fraction": bub,
+            "fill_drain_bubble": r.get("fill_drain_bubble"), "stage_compute_fwd_s": r.get("stage_compute_fwd_s"),
+            "link_idle_fraction": r.get("link_idle_fraction")}, flows=flows, group=gi)
+
+
+DETECTORS = [
+    Detector(
+        "pipeline", pipeline, needs=frozenset({"flows", "records", "groups"}), stage=20,
+        doc="pipeline groups: the slowest stage's compute time and the bubbles it causes",
+        kinds=(Kind("pipeline_bubbles",
+                    fires='pipeline: slowest stage compute / median ≥ `warning` 1.5 (critical 3.0) and `bubble_fraction` ≥ `min_bubble` (0.1)',
+                    blames='the slow stage, then the stages',
+                    thresholds=(Threshold("warning", 1.5, "ratio", "slowest stage compute / the median stage: warning"),
+                                Threshold("critical", 3.0, "ratio", "slowest stage compute / the median stage: critical"),
+                                Threshold("min_bubble", 0.1, "fraction", "steady-state idle share of the other stages, at least"))),)),
+]

@@ -1,0 +1,310 @@
+"""The detector registry: every finding kind, its thresholds and the detector that emits it,
+declared once.
+
+A family module (alltoall.py, rings.py, ...) declares `DETECTORS = [Detector(...)]` (and
+`PARAMETERS = [Parameters(...)]` for analysis parameters that are not findings); the
+package registers them in FAMILIES order (detectors/__init__.py); everything else is
+derived from REGISTRY:
+
+* `detect()` / the fleet's `analyze_matrix()` run the detectors of their scope in `stage`
+  order (ties: registration order);
+* the live per-interval subset (`analysis.live_metrics`) runs the entries with live=True;
+* `resolve_thresholds()` / `resolve_checks()` (`--threshold`, `--check`), `DEFAULTS`,
+  `KINDS`, `diagnose --list-checks` and the tables in docs/metrics.md "Findings"
+  (`markdown_tables()`, checked by tests/unit/test_detector_registry.py).
+
+Adding a finding kind = one `Kind` in one module's `Detector(...)` (plus the code that emits it).
+
+A finding (`Finding.to_dict()`, the `report --json` / `diagnose --json` / `cluster --json`
+contract): {"kind", "severity" (info|warning|critical), "entities" {"ips", "qps", "flows":
+[[src, dst, dest_qp], ...]}, "evidence" {numbers}, "message" (one line), "group" (index into
+"collectives" or null)}. entities.ips lists the node(s) the finding blames first (the hot
+node, the slow sender, the paused receiver), then the others involved.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from skewscope.core.errors import EXIT_NOT_RUN, SkewscopeError
+
+SEVERITIES = ("info", "warning", "critical")
+SEV_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+#: what a detector reads: "flows" (the flow table's counters), "records" (message records:
+#: rates over active time, stalls), "groups" (collective classification + group metrics),
+#: "fleet" (Prometheus node-pair series, `skewscope cluster`)
+NEEDS = ("flows", "records", "groups", "fleet")
+SCOPES = ("node", "fleet")
+
+
+class ThresholdError(SkewscopeError):
+    """Unknown check or threshold name, or a bad value (one line for the user). diagnose
+    documents exit 3 (could not run) for it."""
+
+    def __init__(self, msg: str, code: int = EXIT_NOT_RUN):
+        super().__init__(msg, code)
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """One overridable number: `--threshold SECTION.NAME=VALUE` (SECTION = the finding kind
+    or parameter section it belongs to)."""
+    name: str
+    default: float
+    unit: str            # "ratio", "fraction", "bytes", "s", "count", "1/s", "Gb/s", "MADs"
+    meaning: str
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A finding kind: its thresholds and its line in docs/metrics.md "Findings"."""
+    name: str
+    fires: str           # "fires when (defaults)"
+    blames: str          # what entities.ips lists first
+    thresholds: tuple[Threshold, ...] = ()
+
+
+@dataclass(frozen=True)
+class Detector:
+    """fn(inputs, emitter) emits Findings through the emitter (node scope: Emitter.add;
+    fleet: Emitter.add_fleet). `kinds` are declared here; `emits` are kinds declared by
+    another detector that this one also emits (e.g. slow_link by stalls). `extra`:
+    thresholds this detector adds to a kind declared elsewhere (SECTION, Threshold) --
+    the fleet detectors' own numbers for the single-node kinds."""
+    name: str
+    fn: Callable[[Any, Any], None]
+    kinds: tuple[Kind, ...] = ()
+    emits: tuple[str, ...] = ()
+    needs: frozenset = frozenset({"flows"})
+    live: bool = False
+    stage: int = 50
+    doc: str = ""
+    extra: tuple[tuple[str, Threshold], ...] = ()
+
+    @property
+    def scope(self) -> str:
+        return "fleet" if "fleet" in self.needs else "node"
+
+    @property
+    def all_kinds(self) -> tuple[str, ...]:
+        return tuple(k.name for k in self.kinds) + tuple(self.emits)
+
+
+@dataclass(frozen=True)
+class Parameters:
+    """Analysis parameters that are not findings (overridable the same way)."""
+    section: str
+    thresholds: tuple[Threshold, ...]
+    doc: str = ""
+
+
+REGISTRY: list[Detector] = []
+PARAMETERS: list[Parameters] = []
+
+
+def register(d: Detector) -> Detector:
+    bad = set(d.needs) - set(NEEDS)
+    if bad:
+        raise ValueError(f"detector {d.name}: unknown needs {sorted(bad)}")
+    declared = {k.name for det in REGISTRY for k in det.kinds}
+    for k in d.kinds:
+        if k.name in declared:
+            raise ValueError(f"kind {k.name} declared twice")
+    keys = {(s, t.name) for s, t in all_thresholds()}
+    for s, t in [(k.name, t) for k in d.kinds for t in k.thresholds] + list(d.extra):
+        if (s, t.name) in keys:
+            raise ValueError(f"threshold {s}.{t.name} declared twice")
+        keys.add((s, t.name))
+    if any(x.name == d.name for x in REGISTRY):
+        raise ValueError(f"detector {d.name} registered twice")
+    REGISTRY.append(d)
+    return d
+
+
+def parameters(p: Parameters) -> Parameters:
+    PARAMETERS.append(p)
+    return p
+
+
+def all_thresholds():
+    """Every (section, Threshold) declared, both scopes and the parameters."""
+    for det in REGISTRY:
+        for k in det.kinds:
+            for t in k.thresholds:
+                yield k.name, t
+        yield from det.extra
+    for p in PARAMETERS:
+        for t in p.thresholds:
+            yield p.section, t
+
+
+def detectors(scope: str = "node", live: bool | None = None) -> list[Detector]:
+    """The detectors of a scope in run order (stage, then registration)."""
+    out = [d for d in REGISTRY if d.scope == scope and (live is None or d.live == live)]
+    return sorted(out, key=lambda d: d.stage)            # stable: registration order on ties
+
+
+def kinds(scope: str = "node") -> tuple[str, ...]:
+    """Declared finding kinds (declaration order) that the detectors of a scope emit."""
+    emitted = {k for d in REGISTRY if d.scope == scope for k in d.all_kinds}
+    return tuple(k.name for d in REGISTRY for k in d.kinds if k.name in emitted)
+
+
+def kind(name: str) -> Kind:
+    for d in REGISTRY:
+        for k in d.kinds:
+            if k.name == name:
+                return k
+    raise KeyError(name)
+
+
+def thresholds(scope: str = "node") -> dict[str, dict[str, Threshold]]:
+    """{section: {name: Threshold}}: the kinds' (declaration order), then (node scope) the
+    parameter sections. The fleet scope also has the single-node thresholds: where a fleet
+    detector asks the same question it reads the same number."""
+    out: dict[str, dict[str, Threshold]] = {}
+    for det in REGISTRY:
+        for k in det.kinds:
+            if det.scope == "node":
+                out[k.name] = {t.name: t for t in k.thresholds}
+    if scope == "node":
+        for p in PARAMETERS:
+            out[p.section] = {t.name: t for t in p.thresholds}
+        return out
+    for det in REGISTRY:
+        if det.scope == "fleet":
+            for s, t in det.extra:
+                out.setdefault(s, {})[t.name] = t
+    return out
+
+
+def defaults(scope: str = "node") -> dict[str, dict[str, float]]:
+    return {s: {n: t.default for n, t in ts.items()} for s, ts in thresholds(scope).items()}
+
+
+def param_sections() -> tuple[str, ...]:
+    return tuple(p.section for p in PARAMETERS)
+
+
+def resolve_thresholds(over=None, scope: str = "node") -> dict:
+    """The defaults of a scope with overrides: {"KIND.NAME": value} or {"KIND": {"NAME":
+    value}}. Raises ThresholdError on an unknown name or a bad value."""
+    base = defaults(scope)
+    th = copy.deepcopy(base)
+    if not over:
+        return th
+    items = []
+    for k, v in over.items():
+        if isinstance(v, dict):
+            items += [(f"{k}.{n}", x) for n, x in v.items()]
+        else:
+            items.append((k, v))
+    for key, val in items:
+        if "." not in key:
+            raise ThresholdError(f"threshold {key!r}: use KIND.NAME=VALUE")
+        kind_, name = key.split(".", 1)
+        if kind_ not in th:
+            raise ThresholdError(f"unknown finding kind {kind_!r} in threshold {key!r} (kinds: {', '.join(base)})")
+        if name not in th[kind_]:
+            names = ", ".join(th[kind_]) or "none"
+            raise ThresholdError(f"unknown threshold {name!r} for {kind_} (known: {names})")
+        try:
+            fv = float(val)
+        except (TypeError, ValueError):
+            raise ThresholdError(f"threshold {key}: not a number: {val!r}") from None
+        if not math.isfinite(fv) or fv < 0:
+            raise ThresholdError(f"threshold {key}: must be a finite number >= 0")
+        th[kind_][name] = fv
+    return th
+
+
+def resolve_checks(checks, scope: str = "node") -> set:
+    ks = kinds(scope)
+    if not checks:
+        return set(ks)
+    out = set()
+    for c in checks:
+        for part in str(c).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if part not in ks:
+                raise ThresholdError(f"unknown check {part!r} (kinds: {', '.join(ks)})")
+            out.add(part)
+    return out
+
+
+# ---- the finding ---------------------------------------------------------------------------
+@dataclass
+class Entities:
+    ips: list = field(default_factory=list)       # IP strings, the blamed node(s) first
+    qps: list = field(default_factory=list)       # QP numbers
+    flows: list = field(default_factory=list)     # [src, dst, dest_qp] as in the document's flows[]
+
+    def to_dict(self) -> dict:
+        return {"ips": list(self.ips), "qps": list(self.qps), "flows": list(self.flows)}
+
+
+@dataclass
+class Finding:
+    kind: str
+    severity: str
+    entities: Entities
+    evidence: dict
+    message: str
+    group: int | None = None
+
+    def to_dict(self) -> dict:
+        """The JSON object (key order is part of the contract)."""
+        return {"kind": self.kind, "severity": self.severity, "entities": self.entities.to_dict(),
+                "evidence": self.evidence, "message": self.message, "group": self.group}
+
+
+# ---- documentation -------------------------------------------------------------------------
+def _num(v: float, unit: str) -> str:
+    if unit == "s" and 0 < v < 1:
+        return f"{v * 1e6:g} µs" if v < 1e-3 else f"{v * 1e3:g} ms"
+    if float(v).is_integer() and v >= 1 << 20 and int(v) % (1 << 20) == 0:
+        return f"{int(v) >> 20} MiB"
+    if float(v).is_integer():
+        return f"{int(v):,}"
+    return f"{v:g}"
+
+
+def markdown_tables() -> str:
+    """The tables of docs/metrics.md "Findings" (between the generated-table markers)."""
+    lines = ["| kind | fires when (defaults) | blames | thresholds |", "|---|---|---|---|"]
+    for det in REGISTRY:
+        if det.scope != "node":
+            continue
+        for k in det.kinds:
+            th = ", ".join(f"`{k.name}.{t.name}`" for t in k.thresholds) or "(none)"
+            lines.append(f"| `{k.name}` | {k.fires} | {k.blames} | {th} |")
+    lines += ["", "| threshold | default | unit | scope | meaning |", "|---|---|---|---|---|"]
+    for scope in SCOPES:
+        seen = set()
+        rows = [(k.name, t) for det in REGISTRY if det.scope == scope for k in det.kinds for t in k.thresholds]
+        rows += [x for det in REGISTRY if det.scope == scope for x in det.extra]
+        if scope == "node":
+            rows += [(p.section, t) for p in PARAMETERS for t in p.thresholds]
+        for s, t in rows:
+            if (s, t.name) in seen:
+                continue
+            seen.add((s, t.name))
+            where = "parameter" if s in param_sections() else scope
+            lines.append(f"| `{s}.{t.name}` | {_num(t.default, t.unit)} | {t.unit} | {where} | {t.meaning} |")
+    return "\n".join(lines) + "\n"
+
+
+def list_checks_lines() -> list[str]:
+    """`diagnose --list-checks`: every check and parameter section, then each threshold."""
+    out = []
+    for s, ts in thresholds("node").items():
+        names = ", ".join(f"{n}={t.default:g}" for n, t in ts.items()) or "-"
+        out.append(f"{s:28s} {'(parameters) ' if s in param_sections() else ''}{names}")
+        for n, t in ts.items():
+            out.append(f"    {n:16s} {t.default!r:<10} {t.unit:9s} {t.meaning}")
+    return out

@@ -1,0 +1,218 @@
+"""Per-member rates and start lags of ring / tree / all-to-all groups: slow_link (mode slow,
+flapping), ring_straggler, straggler, slow_receiver. One detector for the four kinds: a
+member is blamed for at most one of them, in this order (a slow link first, then a flap, a
+slow or late sender, a slow receiver), so the decisions share their state."""
+from __future__ import annotations
+
+import numpy as np
+
+from skewscope.analysis.detectors.common import ce_explained, few, gbps, irregular, lag_outliers, sev, split_by, us
+from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+
+#: a member's rate is judged only when its links' messages have >= this many packets (median):
+#: a rate over 1-2 packets is the capture's timestamp granularity, not the link
+MIN_PKTS_PER_MSG = 3
+#: a flap needs the member late both ways in at least this many iterations
+MIN_LATE_ITERATIONS = 2
+#: slow_receiver is withheld when at least this share of its senders are blamed stragglers
+#: (their slowness explains its low receive rate)
+BLAMED_SENDERS_SHARE = 0.5
+
+
+def _lag_thresholds(what):
+    return (Threshold("warning", 0.8, "ratio", f"{what} send rate / the median: warning at or below"),
+            Threshold("critical", 0.5, "ratio", f"{what} send rate / the median: critical at or below"),
+            Threshold("min_lag_s", 5e-6, "s", "start lag floor: a member starting each step this late or later"),
+            Threshold("lag_mad", 4.0, "MADs", "a late one: later than the others' median + this many MADs"))
+
+
+def rates_and_lags(inp, em):
+    """slow_link (both directions slow, or silent both ways = flaps), ring_straggler /
+    straggler (a slow or late sender), slow_receiver (all-to-all: slow ingress), per group.
+
+    Rates: ring -> the median-message rate of its in/out links / the ring's median link
+    (robust to a few stalled messages); other kinds -> the member's send/receive throughput
+    over active time / the members' median (independent of how a collective splits a
+    sender's bandwidth). Slowness explained by CE marks is left to ecn_congestion; a link
+    into a node that is slow both ways is not blamed on its sender."""
+    ctx, th = inp.ctx, inp.th
+    ips = ctx.nodes.ips
+    tl = th["slow_link"]
+    blamed = set()
+    for gi, g, r, ev in inp.groups:
+        if g.kind not in ("ring_allreduce", "tree_allreduce", "all_to_all"):
+            continue                     # pipeline stages / p2p are staggered by design
+        # start lags compare members doing the same thing at the same time: not in a
+        # one-host view, where each peer's first message to the hub comes at its own turn
+        symmetric = g.kind in ("ring_allreduce", "all_to_all") and "hub" not in g.extra
+        mem = list(g.members)
+        nm = len(mem)
+        links = ev.links
+        ring = g.kind == "ring_allreduce"
+        kind = "ring_straggler" if ring else "straggler"
+        t = th[kind]
+        sr = np.full(nm, np.nan)
+        rr = np.full(nm, np.nan)
+        reliable = np.zeros(nm, dtype=bool)
+        if links is not None and len(links):
+            ratio = links["rate_ratio"]
+            for i, m in enumerate(mem):
+                o = (links["src"] == m) & np.isfinite(ratio)
+                n_ = (links["dst"] == m) & np.isfinite(ratio)
+                if ring:
+                    sr[i] = ratio[o].min() if o.any() else np.nan
+                    rr[i] = ratio[n_].min() if n_.any() else np.nan
+                rel = (links["src"] == m) | (links["dst"] == m)
+                reliable[i] = bool(rel.any()) and float(np.median(links["pkts_per_msg"][rel])) >= MIN_PKTS_PER_MSG
+        if g.pattern == "tree_node":
+            continue                     # one tree node's links differ by role: nothing to compare
+        hub = g.extra.get("hub") if g.pattern == "alltoall_star" else None
+        if hub is not None and links is not None and len(links):
+            # one-host view: each peer's link to / from the hub against the other peers'
+            into = links["dst"] == hub
+            outo = links["src"] == hub
+            for i, m in enumerate(mem):
+                if m == hub:
+                    continue
+                a = into & (links["src"] == m)
+                b = outo & (links["dst"] == m)
+                ri = links["rate_med_bps"]
+                if a.any() and np.isfinite(ri[into]).any():
+                    sr[i] = float(ri[a][0]) / float(np.nanmedian(ri[into]))
+                if b.any() and np.isfinite(ri[outo]).any():
+                    rr[i] = float(ri[b][0]) / float(np.nanmedian(ri[outo]))
+        elif not ring:
+            nt = ev.node_tp
+            if nt is not None:
+                sr = nt["send_ratio"]
+                rr = nt["recv_ratio"]
+        gf = np.asarray(g.flows, dtype=np.int64)
+        out_flows = split_by(gf, ctx.nodes.src[gf], mem)
+        in_flows = split_by(gf, ctx.nodes.dst[gf], mem)
+        # a tree node receives from its children and its parent at different rates by role:
+        # its receive side counts as slow only at the critical ratio
+        rthr = tl["warning"] if g.kind != "tree_allreduce" else tl["critical"]
+        # 1. slow both ways: the node's own link
+        both = set()
+        for i, m in enumerate(mem):
+            if not reliable[i] or not (sr[i] <= tl["warning"] and rr[i] <= rthr):
+                continue
+            if ce_explained(inp, in_flows[m]) or m in blamed:
+                continue
+            both.add(m)
+            worst = float(max(sr[i], rr[i]))
+            rate = [float(x) for x in (links["rate_bps"][(links["src"] == m) | (links["dst"] == m)] if links is not None else [])
+                    if np.isfinite(x)]
+            em.add("slow_link", sev(worst, tl["warning"], tl["critical"], higher_is_worse=False), [m],
+                   f"{ips[m]}'s link is slow both ways: it sends at {sr[i]:.2f}x and receives at {rr[i]:.2f}x its "
+                   f"peers' rate{(' (' + gbps(float(np.median(rate))) + ' per QP)') if rate else ''}: check its port "
+                   "speed, cable/optics, FEC errors and NIC link state",
+                   {"send_ratio": float(sr[i]), "recv_ratio": float(rr[i]), "mode": "slow"},
+                   flows=out_flows[m] + in_flows[m], group=gi)
+        # 2. silent both ways in some iterations: flaps
+        sd, rd = ev.send_dev_ns, ev.recv_dev_ns
+        late = set()
+        if symmetric and sd is not None and rd is not None and len(sd):
+            late_ns = tl["min_late_s"] * 1e9
+            cand = []
+            for i, m in enumerate(mem):
+                if m in both or m in blamed:
+                    continue
+                bl = (sd[:, i] >= late_ns) & (rd[:, i] >= late_ns)
+                if bl.sum() >= MIN_LATE_ITERATIONS and float(bl.mean()) >= tl["late_share"]:
+                    cand.append((i, m, bl))
+            if inp.stall_culprits.irregular:
+                pass                       # the capture's timing, not a link (see stalls.py)
+            elif few(len(cand), nm):
+                for i, m, bl in cand:
+                    late.add(m)
+                    worst = float(np.nanmax(np.minimum(sd[:, i], rd[:, i])))
+                    em.add("slow_link", "warning", [m],
+                           f"{ips[m]} goes silent in both directions for up to {us(worst)} in {int(bl.sum())} of "
+                           f"{len(bl)} iterations while its peers proceed: a flapping link or port; check link "
+                           "down/up events and error counters",
+                           {"late_iterations": int(bl.sum()), "iterations": int(len(bl)), "max_delay_s": worst / 1e9,
+                            "mode": "flapping"}, flows=out_flows[m] + in_flows[m], group=gi)
+            elif cand:
+                irregular(em, f"{len(cand)} of {nm} members of a {g.kind} are late both ways in the same "
+                          "iterations", gi)
+        skip = both | late | blamed
+        # 3. slow senders
+        lag = ev.start_lag_ns if symmetric and not r.get("decode") else None
+        lagged = dict(lag_outliers(lag, t["lag_mad"], t["min_lag_s"] * 1e9))
+        succ_both = {}
+        if ring and links is not None:
+            for k in range(len(links)):
+                succ_both.setdefault(int(links["src"][k]), set()).add(int(links["dst"][k]))
+        for i, m in enumerate(mem):
+            if m in skip:
+                continue
+            slow = reliable[i] and sr[i] <= t["warning"]
+            if slow and ring and succ_both.get(m, set()) & both:
+                slow = False                       # its successor's port is the slow one
+            if slow and ce_explained(inp, out_flows[m]):
+                slow = False
+            lag_ns = lagged.get(i)
+            if not slow and lag_ns is None:
+                continue
+            severity = sev(float(sr[i]), t["warning"], t["critical"], higher_is_worse=False) if slow else "warning"
+            parts = []
+            if slow:
+                parts.append(f"sends at {sr[i]:.2f}x the {'median link rate' if ring else 'median member'}"
+                             + (f" ({gbps(float(ev.node_tp['send'][i]))} while sending)" if not ring and ev.node_tp else ""))
+            if lag_ns is not None:
+                parts.append(f"starts each step {us(lag_ns)} late")
+            dsts = sorted({int(ctx.nodes.dst[f]) for f in out_flows[m]})
+            what = "ring" if ring else g.kind
+            em.add(kind, severity, [m] + dsts,
+                   f"{what} straggler {ips[m]}: " + " and ".join(parts)
+                   + "; every rank waits for it: check that host's GPU/NIC (clocks, PCIe, thermal) or its uplink",
+                   {"send_ratio": None if not np.isfinite(sr[i]) else float(sr[i]),
+                    "start_lag_s": None if lag_ns is None else lag_ns / 1e9},
+                   flows=out_flows[m], group=gi)
+            blamed.add(m)
+        # 4. slow receivers (all-to-all: every sender slows down towards one node)
+        if g.kind == "all_to_all":
+            for i, m in enumerate(mem):
+                if m in skip or m in blamed or not reliable[i] or not rr[i] <= t["warning"]:
+                    continue
+                if ce_explained(inp, in_flows[m]):
+                    continue
+                srcs = {int(ctx.nodes.src[f]) for f in in_flows[m]}
+                if len(srcs & blamed) >= BLAMED_SENDERS_SHARE * len(srcs):
+                    continue
+                em.add("slow_receiver", sev(float(rr[i]), t["warning"], t["critical"], higher_is_worse=False),
+                       [m] + sorted(srcs),
+                       f"every sender slows down towards {ips[m]} ({rr[i]:.2f}x the median receive rate) without CE "
+                       "marks: its ingress is the bottleneck (PFC-paused port, receiver NIC/PCIe, ECN disabled?)",
+                       {"recv_ratio": float(rr[i])}, flows=in_flows[m], group=gi)
+
+
+DETECTORS = [
+    Detector(
+        "rates_and_lags", rates_and_lags, needs=frozenset({"flows", "records", "groups"}), stage=10,
+        doc="ring/tree/all-to-all members: rate ratios and start lags -> the slow link, the straggler, the slow receiver",
+        kinds=(
+            Kind("ring_straggler",
+                 fires="ring: a member's out-link median-message rate / ring median ≤ `warning` (0.8) (≤ `critical` 0.5), or its start lag ≥ max(`min_lag_s` 5 µs, median + `lag_mad` (4) × MAD of the others). Not when its successor is slow both ways (slow_link), nor when its flows are CE-marked (ecn_congestion)",
+                 blames='the sender, then its successor',
+                 thresholds=_lag_thresholds("ring link (fleet: link rate over active time)")),
+            Kind("straggler",
+                 fires="tree/all-to-all: a member's send throughput over active time / members' median ≤ `warning` 0.8 (critical 0.5), or start lag as above (all-to-all)",
+                 blames='the sender, then its receivers',
+                 thresholds=_lag_thresholds("member")),
+            Kind("slow_receiver",
+                 fires="all-to-all: a member's receive throughput ratio ≤ `warning` 0.8 (critical 0.5), not CE-marked, not explained by slow senders",
+                 blames='the receiver, then its senders',
+                 thresholds=(Threshold("warning", 0.8, "ratio", "receive throughput / the members' median: warning at or below"),
+                             Threshold("critical", 0.5, "ratio", "receive throughput / the members' median: critical at or below"))),
+            Kind("slow_link",
+                 fires="a node slow both ways: send and receive ratio ≤ `warning` 0.8 (critical 0.5) (`mode: slow`); or late ≥ `min_late_s` (50 µs) both as sender and receiver in ≥ 2 and ≥ `late_share` (30 %) of the iterations (`mode: flapping`); or the stalled data flows (a message ≥ 2× its flow's typical time, by ≥ `min_stall_s` = 50 µs) concentrate on it — ≥ 80 % of them touch it, in both directions (`mode: stalls`). Flaps and stalls are node faults only as outliers: when they spread over more than a quarter of the nodes, one `sampling` info says the capture's timing is irregular instead",
+                 blames='the node',
+                 thresholds=(Threshold("warning", 0.8, "ratio", "send and receive rate / the median, both: warning at or below"),
+                             Threshold("critical", 0.5, "ratio", "send and receive rate / the median: critical at or below (tree: the receive side's bar)"),
+                             Threshold("min_stall_s", 50e-6, "s", "a stalled message's excess over its flow's typical time"),
+                             Threshold("min_late_s", 50e-6, "s", "lateness both as sender and receiver in an iteration (flap)"),
+                             Threshold("late_share", 0.3, "fraction", "a flap: late both ways in at least this share of the iterations"))),
+        )),
+]
