@@ -1,8 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * skewscope.bpf.c -- RoCE parser and per-QP accounting, one source for XDP and TC.
+ * skewscope.bpf.c -- the data plane program: maps, per-QP accounting and the entry points
+ * skewscope_xdp / skewscope_tc, one source for XDP and TC. Three files:
+ *   skewscope.h   the ABI: constants, map key/value structs, message record, global counter
+ *                 indices, opcode table layout (mirrored by skewscope/core/layout.py)
+ *   parse.h       the packet parser (header-only: no maps, no helpers; also built with the
+ *                 host C compiler by tests/unit/test_parse_host.py)
+ *   this file     maps, accounting, entry points
  *
- * Compiled by bcc (skewscope/dataplane.py) with these -D settings (all numeric, validated
+ * Compiled by bcc (skewscope/bpf/loader.py, with -I of this directory) with these -D settings (all numeric, validated
  * in Python before they become flags):
  *   SS_MAX_FLOWS    flows LRU hash size (default 65536)
  *   SS_NCPUS        possible CPUs (message-record regions)
@@ -14,8 +20,8 @@
  *
  * Invariants: the program never changes or drops a packet (XDP_PASS / TC_ACT_OK always);
  * every frame is counted in exactly one category of skewscope.h's SS_G_* list; headers are
- * only used after a bounds check; only UAPI headers are used (we declare the wire headers
- * here ourselves), so any kernel's headers let bcc build it.
+ * only used after a bounds check; only UAPI headers are used (parse.h declares the wire
+ * headers itself), so any kernel's headers let bcc build it.
  */
 #include <uapi/linux/bpf.h>
 #include "skewscope.h"
@@ -45,8 +51,8 @@ static __u64 (*ss_xdp_get_buff_len)(struct xdp_md *ctx) = (void *)188;
  * kernel's struct xdp_buff reached through two kfuncs that the verifier turns into plain
  * register moves (bpf_cast_to_kern_ctx, Linux 6.2; bpf_rdonly_cast, 6.3). bcc cannot emit
  * kfunc calls, so the source calls two out-of-range helper numbers that user space
- * (dataplane.Dataplane.prog_fd) rewrites into the kfunc calls, by BTF id; offsets and ids
- * come from the running kernel's BTF as -D flags (dataplane.xdp_kctx_layout), and user
+ * (skewscope/bpf/loader.py: Dataplane._load_xdp) rewrites into the kfunc calls, by BTF id; offsets and ids
+ * come from the running kernel's BTF as -D flags (loader.xdp_kctx_layout), and user
  * space checks the result against bpf_xdp_get_buff_len once at load (skewscope_lenprobe)
  * and builds without this when anything is missing or differs. */
 static void *(*ss_cast_to_kern_ctx)(void *ctx) = (void *)SS_KF_CAST_KCTX;
@@ -93,20 +99,6 @@ int skewscope_lenprobe(struct xdp_md *ctx)
 #define SS_XDP_PASS 2
 #define SS_TC_ACT_OK 0
 
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-#define ss_ntohs(x) __builtin_bswap16(x)
-#define ss_ntohl(x) __builtin_bswap32(x)
-#else
-#define ss_ntohs(x) (x)
-#define ss_ntohl(x) (x)
-#endif
-
-/* Bounds check against both the real end of the packet and, in replay, the end of the
- * captured bytes (a snaplen-cut record is padded back to its original length so that
- * lengths are right, but the padding must never be parsed as headers). Live, cap_end ==
- * data_end and the compiler folds the two tests into one. */
-#define OOB(p) ((void *)(p) > data_end || (void *)(p) > cap_end)
-
 /* "now" for the packet being accounted: the capture's timestamp in replay builds (set in
  * the clock map by user space), else CLOCK_MONOTONIC. */
 #ifdef SS_REPLAY_CLOCK
@@ -114,37 +106,6 @@ int skewscope_lenprobe(struct xdp_md *ctx)
 #else
 #define SS_NOW(rts) bpf_ktime_get_ns()
 #endif
-
-/* Longest header chain the parser reads: Ethernet, 2 VLAN tags, IPv4 with 40 bytes of
- * options, UDP, BTH, the longest extension headers (XRCETH + AtomicETH), behind at most one
- * encapsulation. The TC entry pulls
- * this much into the linear part of a non-linear skb when a header was cut there. */
-#define SS_HDR_MAX_PLAIN (14 + 4 * SS_MAX_VLAN + 60 + 8 + 12 + 32)
-/* + an encapsulation in front: outer Ethernet, 2 tags, IPv4 with options, GRE with C/K/S,
- * ERSPAN III with its platform subheader (VXLAN and IPv6 outers are shorter) */
-#define SS_HDR_MAX (14 + 4 * SS_MAX_VLAN + 60 + 16 + 20 + SS_HDR_MAX_PLAIN)
-
-/* Wire headers, declared here so only UAPI headers are needed. Not packed: every field is
- * naturally aligned within its header, so clang emits whole-word loads (packed structs cost
- * byte-by-byte loads); the headers themselves may sit at 2-byte-aligned packet offsets,
- * which the verifier allows on architectures with efficient unaligned access (x86-64,
- * arm64), where XDP/TC programs like this one run. */
-struct ss_eth { __u8 dst[6]; __u8 src[6]; __be16 proto; };
-struct ss_vlan { __be16 tci; __be16 proto; };
-struct ss_ipv4 {
-	__u8 ver_ihl; __u8 tos; __be16 tot_len; __be16 id; __be16 frag_off;
-	__u8 ttl; __u8 protocol; __be16 check; __u8 saddr[4]; __u8 daddr[4];
-};
-struct ss_ipv6 {  /* also the RoCEv1 GRH: same layout, next header 0x1B */
-	__be32 vtcfl; __be16 payload_len; __u8 nexthdr; __u8 hop_limit;
-	__u8 saddr[16]; __u8 daddr[16];
-};
-struct ss_udp { __be16 source; __be16 dest; __be16 len; __be16 check; };
-struct ss_bth {
-	__u8 opcode; __u8 se_m_pad_tver; __be16 pkey; __u8 fb_resv; __u8 dqpn[3];
-	__u8 ack_resv; __u8 psn[3];
-};
-struct ss_macctl { __be16 opcode; __be16 class_enable; __be16 time[8]; };
 
 BPF_TABLE("lru_hash", struct ss_flow_key, struct ss_flow_stats, flows, SS_MAX_FLOWS);
 BPF_PERCPU_ARRAY(globals, __u64, SS_G_N);
@@ -162,6 +123,16 @@ static __always_inline void gcount(__u32 idx, __u64 n)
 	if (v)
 		*v += n;  /* per-CPU: no atomics needed */
 }
+
+/* The parser (parse.h) reaches the opcode table and the global counters only through these
+ * two hooks. */
+static __always_inline __u32 *ss_opinfo(__u32 *op)
+{
+	return op_table.lookup(op);
+}
+#define SS_PARSE_OPINFO(opp) ss_opinfo(opp)
+#define SS_PARSE_COUNT(idx, n) gcount((idx), (n))
+#include "parse.h"
 
 /* floor(log2(v)) for v > 0 (branch-free, as in libbpf-tools bits.bpf.h) */
 static __always_inline __u32 ss_log2(__u32 v)
@@ -210,7 +181,7 @@ static __always_inline void emit_record(struct ss_flow_key *key, __u64 start, __
 	r = msg_events.lookup(&idx);
 	if (!r)
 		return;
-	/* seqlock-style slot protocol (user space: dataplane.read_new_records): seq = 0, record,
+	/* seqlock-style slot protocol (user space: loader.Dataplane.read_new_records): seq = 0, record,
 	 * seq = sequence + 1. */
 	SS_SEQ_STORE(r->seq, 0);
 	__builtin_memcpy(&r->key, key, sizeof(*key));
@@ -222,22 +193,6 @@ static __always_inline void emit_record(struct ss_flow_key *key, __u64 start, __
 	*head = seq + 1;
 #endif
 }
-
-/* Everything the parser learned about one RoCE packet. */
-struct ss_pkt {
-	__u64 wire_len;
-	__u64 payload;
-	__u32 opinfo;
-	__u32 dest_qp;
-	__u32 psn;
-	__u32 reth_len;
-	__u16 sport;
-	__u8  opcode;
-	__u8  tclass;
-	__u8  ecn_valid;
-	__u8  fb;        /* BTH byte 4: FECN bit 7, BECN bit 6 */
-	__u8  syndrome;
-};
 
 /* Account one parsed RoCE packet to its flow. Returns the frame's category: accounted,
  * sampled_out or no_flow_slot. The clock is read only here, after the flow lookup: frames
@@ -388,357 +343,17 @@ static __always_inline __u32 account(struct ss_flow_key *key, struct ss_pkt *p, 
 	return SS_G_ACCOUNTED;
 }
 
-/* Parse BTH + extension headers at bth; fills p. Returns a category (SS_G_ACCOUNTED
- * when the packet is good to account). avail = bytes the transport may span (UDP length
- * - 8 for RoCEv2, GRH payload length for RoCEv1). */
-static __always_inline __u32 parse_bth(void *bth_p, void *data_end, void *cap_end, __u32 avail,
-					 struct ss_pkt *p)
-{
-	struct ss_bth *bth = bth_p;
-	__u32 *oi, op, ext, prefix, pad, need;
-
-	if (OOB(bth + 1))
-		return SS_G_TRUNC_BTH;
-	op = bth->opcode;
-	oi = op_table.lookup(&op);
-	if (!oi || !(*oi & SS_OPT_VALID))
-		return SS_G_UNKNOWN_OPCODE;
-	p->opinfo = *oi;
-	p->opcode = op;
-	p->reth_len = 0;
-	p->syndrome = 0;
-	ext = p->opinfo & SS_OPT_EXTLEN_MASK;
-	prefix = (p->opinfo & SS_OPT_PREFIX_MASK) >> SS_OPT_PREFIX_SHIFT;
-	pad = (bth->se_m_pad_tver >> 4) & 3;
-	need = sizeof(*bth) + ext + pad + 4;  /* + ICRC */
-	if (avail < need)
-		return SS_G_BAD_LENGTH;
-	p->payload = avail - need;
-	p->fb = bth->fb_resv;
-	p->dest_qp = ((__u32)bth->dqpn[0] << 16) | ((__u32)bth->dqpn[1] << 8) | bth->dqpn[2];
-	p->psn = ((__u32)bth->psn[0] << 16) | ((__u32)bth->psn[1] << 8) | bth->psn[2];
-	if (OOB((void *)(bth + 1) + ext))
-		return SS_G_TRUNC_EXT;
-	if (p->opinfo & SS_OPT_RETH) {
-		__u8 *r = (__u8 *)(bth + 1) + (prefix & 0xF);
-		if (OOB(r + 16))
-			return SS_G_TRUNC_EXT;
-		p->reth_len = ((__u32)r[12] << 24) | ((__u32)r[13] << 16) | ((__u32)r[14] << 8) | r[15];
-	}
-	if (p->opinfo & SS_OPT_AETH) {
-		__u8 *a = (__u8 *)(bth + 1) + (prefix & 0xF);
-		if (OOB(a + 4))
-			return SS_G_TRUNC_EXT;
-		p->syndrome = a[0];
-	}
-	return SS_G_ACCOUNTED;
-}
-
-static __always_inline __u32 handle_macctl(void *cur, void *data_end, void *cap_end)
-{
-	struct ss_macctl *m = cur;
-	__u16 opc, en;
-
-	if (OOB(m + 1)) {
-		/* a global pause needs only opcode + 1 time */
-		if (!OOB((void *)m + 4) && ss_ntohs(m->opcode) == SS_MACCTL_PAUSE)
-			return SS_G_PAUSE;
-		return SS_G_TRUNC_MACCTL;
-	}
-	opc = ss_ntohs(m->opcode);
-	if (opc == SS_MACCTL_PAUSE)
-		return SS_G_PAUSE;
-	if (opc != SS_MACCTL_PFC)
-		return SS_G_NON_ROCE;
-	en = ss_ntohs(m->class_enable);
-#pragma unroll
-	for (int i = 0; i < 8; i++) {
-		if (en & (1 << i)) {
-			__u16 t = ss_ntohs(m->time[i]);
-			if (t) {
-				gcount(SS_G_PFC_PAUSE + i, 1);
-				gcount(SS_G_PFC_QUANTA + i, t);
-			} else {
-				gcount(SS_G_PFC_XON + i, 1);
-			}
-		}
-	}
-	return SS_G_PFC;
-}
-
-/* Ethernet header + up to SS_MAX_VLAN tags at *curp; on success (SS_G_ACCOUNTED) *curp is the
- * L3 header and *protop its EtherType. pre_tags: VLAN tags already taken out of the frame
- * into skb metadata (TC; they count against SS_MAX_VLAN). Used for the outer and the inner
- * (decapsulated) frame alike. */
-static __always_inline __u32 parse_l2(void **curp, __u16 *protop, void *data_end, void *cap_end,
-				      __u32 pre_tags)
-{
-	struct ss_eth *eth = *curp;
-	void *cur;
-	__u16 proto;
-
-	if (OOB(eth + 1))
-		return SS_G_TRUNC_ETH;
-	cur = eth + 1;
-	proto = ss_ntohs(eth->proto);
-#pragma unroll
-	for (int i = 0; i < SS_MAX_VLAN; i++) {
-		if (proto != 0x8100 && proto != 0x88A8)
-			break;
-		if (i + pre_tags >= SS_MAX_VLAN)
-			return SS_G_VLAN_DEPTH;
-		struct ss_vlan *v = cur;
-		if (OOB(v + 1))
-			return SS_G_TRUNC_VLAN;
-		proto = ss_ntohs(v->proto);
-		cur = v + 1;
-	}
-	if (proto == 0x8100 || proto == 0x88A8)
-		return SS_G_VLAN_DEPTH;
-	*curp = cur;
-	*protop = proto;
-	return SS_G_ACCOUNTED;
-}
-
-/* internal result of parse_l3 on an outer frame: an encapsulation was found (never a
- * category: the inner frame is parsed and lands in one) */
-#define SS_DECAP 0xFF
-
-/* GRE header (RFC 2784/2890) at g, inside an outer IP packet; on success the inner frame
- * starts at *inner: an Ethernet header (*iproto = 0: TEB, ERSPAN I/II/III) or an IP header
- * (*iproto = its EtherType). Cut inside GRE/ERSPAN headers, or the routing bit (obsolete
- * RFC 1701 source routes, which receivers must discard): truncated_ip, like the IP header
- * that carries it. GRE version != 0 (PPTP) and other protocols: non_roce. */
-static __always_inline __u32 parse_gre(void *g, void *data_end, void *cap_end, void **inner,
-				       __u16 *iproto)
-{
-	__u16 flags, gp;
-	void *cur;
-
-	if (OOB(g + 4))
-		return SS_G_TRUNC_IP;
-	flags = ss_ntohs(*(__be16 *)g);
-	gp = ss_ntohs(*(__be16 *)(g + 2));
-	if (flags & 0x0007)
-		return SS_G_NON_ROCE;
-	if (flags & 0x4000)
-		return SS_G_TRUNC_IP;
-	/* C, K, S: checksum(+reserved), key, sequence number: 4 bytes each */
-	cur = g + 4 + ((flags >> 13) & 4) + ((flags >> 11) & 4) + ((flags >> 10) & 4);
-	*iproto = 0;
-	if (gp == SS_GRE_P_TEB) {
-	} else if (gp == SS_GRE_P_ERSPAN2) {
-		if (flags & 0x1000)        /* type II; type I (no sequence) has no header */
-			cur += 8;
-	} else if (gp == SS_GRE_P_ERSPAN3) {
-		__u8 *e = cur;
-		if (OOB(e + 12))
-			return SS_G_TRUNC_IP;
-		cur += (e[11] & 1) ? 20 : 12;  /* O bit: 8-byte platform-specific subheader */
-	} else if (gp == 0x0800 || gp == 0x86DD) {
-		*iproto = gp;
-	} else {
-		return SS_G_NON_ROCE;
-	}
-	if (OOB(cur))
-		return SS_G_TRUNC_IP;
-	*inner = cur;
-	return SS_DECAP;
-}
-
-/* L3 (IPv4/IPv6 + UDP, RoCEv1 GRH, MAC control) at cur with EtherType proto, then the BTH;
- * fills key and p. l3off = where cur is on the wire (relative to the frame's Ethernet
- * header); *l3end = where the IP/GRH length says it ends. outer: the top-level frame, where
- * GRE and VXLAN are recognised (SS_DECAP, *inner / *iproto as parse_gre); the inner frame
- * is parsed with outer = 0, so an encapsulation inside it is non_roce (one level only). */
-static __always_inline __u32 parse_l3(void *cur, __u16 proto, void *data_end, void *cap_end,
-				      __u64 l3off, const int outer, struct ss_flow_key *key,
-				      struct ss_pkt *p, __u64 *l3end, void **inner, __u16 *iproto)
-{
-	if (proto == 0x0800) {
-		struct ss_ipv4 *ip = cur;
-		struct ss_udp *udp;
-		__u32 ihl, tot, ulen;
-
-		if (OOB(ip + 1))
-			return SS_G_TRUNC_IP;
-		ihl = (ip->ver_ihl & 0xF) * 4;
-		if ((ip->ver_ihl >> 4) != 4 || ihl < 20)
-			return SS_G_TRUNC_IP;
-		if (ss_ntohs(ip->frag_off) & 0x3FFF)
-			return SS_G_FRAGMENT;
-		if (ip->protocol != 17) {
-			if (outer && ip->protocol == SS_IPPROTO_GRE) {
-				*l3end = l3off + ss_ntohs(ip->tot_len);
-				return parse_gre((void *)ip + ihl, data_end, cap_end, inner, iproto);
-			}
-			return SS_G_NON_ROCE;
-		}
-		udp = (void *)ip + ihl;
-		if (OOB(udp + 1)) {
-			/* options may push the UDP header out of a short capture */
-			return OOB((void *)ip + ihl) ? SS_G_TRUNC_IP : SS_G_TRUNC_UDP;
-		}
-		if (ss_ntohs(udp->dest) != SS_ROCE_UDP_PORT) {
-			if (outer && ss_ntohs(udp->dest) == SS_VXLAN_UDP_PORT) {
-				if (OOB((void *)(udp + 1) + 8))
-					return SS_G_TRUNC_UDP;
-				*l3end = l3off + ss_ntohs(ip->tot_len);
-				*inner = (void *)(udp + 1) + 8;
-				*iproto = 0;
-				return SS_DECAP;
-			}
-			return SS_G_NON_ROCE;
-		}
-		tot = ss_ntohs(ip->tot_len);
-		ulen = ss_ntohs(udp->len);
-		if (ulen < 8 || tot < ihl + ulen)
-			return SS_G_BAD_LENGTH;
-		key->src[10] = 0xff; key->src[11] = 0xff;
-		key->dst[10] = 0xff; key->dst[11] = 0xff;
-		__builtin_memcpy(&key->src[12], ip->saddr, 4);
-		__builtin_memcpy(&key->dst[12], ip->daddr, 4);
-		key->ipver = 4;
-		key->roce = 2;
-		p->tclass = ip->tos;
-		p->ecn_valid = 1;
-		p->sport = ss_ntohs(udp->source);
-		*l3end = l3off + tot;
-		return parse_bth(udp + 1, data_end, cap_end, ulen - 8, p);
-	} else if (proto == 0x86DD) {
-		struct ss_ipv6 *ip6 = cur;
-		struct ss_udp *udp;
-		__u32 plen, ulen, vtcfl;
-
-		if (OOB(ip6 + 1))
-			return SS_G_TRUNC_IP;
-		vtcfl = ss_ntohl(ip6->vtcfl);
-		if ((vtcfl >> 28) != 6)
-			return SS_G_TRUNC_IP;
-		if (ip6->nexthdr == 44)
-			return SS_G_FRAGMENT;
-		if (ip6->nexthdr != 17) {
-			if (outer && ip6->nexthdr == SS_IPPROTO_GRE) {
-				*l3end = l3off + sizeof(*ip6) + ss_ntohs(ip6->payload_len);
-				return parse_gre(ip6 + 1, data_end, cap_end, inner, iproto);
-			}
-			return SS_G_NON_ROCE;
-		}
-		udp = (void *)(ip6 + 1);
-		if (OOB(udp + 1))
-			return SS_G_TRUNC_UDP;
-		if (ss_ntohs(udp->dest) != SS_ROCE_UDP_PORT) {
-			if (outer && ss_ntohs(udp->dest) == SS_VXLAN_UDP_PORT) {
-				if (OOB((void *)(udp + 1) + 8))
-					return SS_G_TRUNC_UDP;
-				*l3end = l3off + sizeof(*ip6) + ss_ntohs(ip6->payload_len);
-				*inner = (void *)(udp + 1) + 8;
-				*iproto = 0;
-				return SS_DECAP;
-			}
-			return SS_G_NON_ROCE;
-		}
-		plen = ss_ntohs(ip6->payload_len);
-		ulen = ss_ntohs(udp->len);
-		if (ulen < 8 || plen < ulen)
-			return SS_G_BAD_LENGTH;
-		__builtin_memcpy(key->src, ip6->saddr, 16);
-		__builtin_memcpy(key->dst, ip6->daddr, 16);
-		key->ipver = 6;
-		key->roce = 2;
-		p->tclass = (vtcfl >> 20) & 0xFF;
-		p->ecn_valid = 1;
-		p->sport = ss_ntohs(udp->source);
-		*l3end = l3off + sizeof(*ip6) + plen;
-		return parse_bth(udp + 1, data_end, cap_end, ulen - 8, p);
-	} else if (proto == SS_ETH_P_ROCEV1) {
-		struct ss_ipv6 *grh = cur;
-		__u32 vtcfl;
-
-		if (OOB(grh + 1))
-			return SS_G_TRUNC_GRH;
-		vtcfl = ss_ntohl(grh->vtcfl);
-		if ((vtcfl >> 28) != 6)
-			return SS_G_TRUNC_GRH;
-		__builtin_memcpy(key->src, grh->saddr, 16);
-		__builtin_memcpy(key->dst, grh->daddr, 16);
-		key->ipver = 6;
-		key->roce = 1;
-		p->tclass = (vtcfl >> 20) & 0xFF;
-		p->ecn_valid = 0;
-		p->sport = 0;
-		*l3end = l3off + sizeof(*grh) + ss_ntohs(grh->payload_len);
-		return parse_bth(grh + 1, data_end, cap_end, ss_ntohs(grh->payload_len), p);
-	} else if (proto == SS_ETH_P_MACCTL) {
-		return handle_macctl(cur, data_end, cap_end);
-	}
-	return SS_G_NON_ROCE;
-}
-
-/* Parse one frame [data, data_end) whose full wire length is wire_len and account it;
- * returns its category (the caller counts it). pre_tags: VLAN tags already taken out of
- * the frame into skb metadata (TC; they count against SS_MAX_VLAN and are in wire_len).
- * rts: the replay timestamp (replay builds).
- *
- * One level of decapsulation: when the outer frame is GRE (ERSPAN, TEB, IP) or VXLAN, the
- * inner frame is parsed exactly like a top-level one (its own VLAN tags, the same
- * categories) and accounted with the inner addresses; its bytes are the inner Ethernet
- * frame's: the wire length minus everything before the inner Ethernet header (GRE carrying
- * IP directly: + 14 for a synthesised Ethernet header, as for raw-IP captures). */
+/* Parse one frame (parse.h: ss_parse) and account it; returns its category (the caller
+ * counts it). rts: the replay timestamp (replay builds). */
 static __always_inline __u32 process(void *data, void *data_end, void *cap_end, __u64 wire_len,
 				     __u32 pre_tags, __u64 rts)
 {
 	struct ss_flow_key key = {};
 	struct ss_pkt p;  /* every field is set by the parser before it is used */
-	void *cur = data, *inner = data;
-	__u16 proto = 0, iproto = 0;
-	__u32 cat;
-	__u64 l3end = 0;
+	__u32 cat = ss_parse(data, data_end, cap_end, wire_len, pre_tags, &key, &p);
 
-	cat = parse_l2(&cur, &proto, data_end, cap_end, pre_tags);
 	if (cat != SS_G_ACCOUNTED)
 		return cat;
-	/* where L3 starts on the wire (an accelerated tag is in wire_len, not in data);
-	 * l3end = where its length field says it ends (checked last) */
-	cat = parse_l3(cur, proto, data_end, cap_end, cur - data + 4 * pre_tags, 1, &key, &p,
-		       &l3end, &inner, &iproto);
-	if (__builtin_expect(cat == SS_DECAP, 0)) {
-		__u64 outer_end = l3end, frame_len = wire_len, ioff = inner - data, l3off = 14;
-
-		/* keep clang from folding the pointer difference into scalar arithmetic the
-		 * verifier refuses (scalar - pointer) */
-		asm volatile("" : "+r"(ioff));
-		ioff += 4 * pre_tags;
-
-		gcount(SS_G_DECAP, 1);
-		wire_len = wire_len > ioff ? wire_len - ioff : 0;
-		cur = inner;
-		if (iproto) {
-			wire_len += 14;  /* GRE carrying IP: synthesised Ethernet header */
-			proto = iproto;
-		} else {
-			cat = parse_l2(&cur, &proto, data_end, cap_end, 0);
-			if (cat != SS_G_ACCOUNTED)
-				return cat;
-			l3off = cur - inner;
-			asm volatile("" : "+r"(l3off));
-		}
-		cat = parse_l3(cur, proto, data_end, cap_end, l3off, 0, &key, &p, &l3end, &inner,
-			       &iproto);
-		/* the outer IP length lies about the frame: as for a plain frame */
-		if (cat == SS_G_ACCOUNTED && outer_end > frame_len)
-			cat = SS_G_BAD_LENGTH;
-	}
-	/* Headers all present, but the IP/GRH length claims more bytes than the frame has: a
-	 * length lie (Linux's ip_rcv drops these as truncated). Accounting it would add up to
-	 * 64 KiB of payload that never existed. Checked after the header parse so a frame cut
-	 * inside a header still counts as truncated_<that header>. */
-	if (cat == SS_G_ACCOUNTED && l3end > wire_len)
-		cat = SS_G_BAD_LENGTH;
-	if (cat != SS_G_ACCOUNTED)
-		return cat;
-	p.wire_len = wire_len;
-	key.dest_qp = p.dest_qp;
 	return account(&key, &p, rts);
 }
 
