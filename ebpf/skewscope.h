@@ -2,9 +2,11 @@
 /*
  * skewscope.h -- the single source of truth for what the data plane records.
  *
- * Shared by ebpf/skewscope.bpf.c (kernel side) and mirrored by skewscope/layout.py
- * (user side: numpy dtypes, constants). tests/unit/test_layout.py parses this file and
- * fails when the two drift (names, sizes, offsets, constant values).
+ * The ABI of the data plane: used by ebpf/parse.h (the parser) and ebpf/skewscope.bpf.c
+ * (maps, accounting, entry points), mirrored by skewscope/core/layout.py (user side: numpy
+ * dtypes, constants). tests/unit/test_layout.py parses this file and fails when the two
+ * drift (names, sizes, offsets, constant values). Parser-internal definitions (wire
+ * headers, struct ss_pkt) live in parse.h, not here.
  *
  * Rules for editing: every struct field is explicitly sized and naturally aligned; no
  * implicit padding (add _pad fields); histogram arrays go last; bump SS_LAYOUT_VERSION
