@@ -1,4 +1,4 @@
-"""`gen`: the generator's command (mounted as `skewscope gen`, or `python -m skewgen`)."""
+"""`gen`: the generator's command (mounted as `skewscope gen`, or `python -m skewscope.gen`)."""
 from __future__ import annotations
 
 import os

@@ -255,7 +255,7 @@ def observer(fab: VethPair, mode: str | None, max_flows: int = 65536):
 def trivial_xdp(fab: VethPair, native: bool = True):
     """An XDP program that only returns XDP_PASS, attached to if_b: what any XDP program costs
     on this interface (veth switches to NAPI + a 256-slot ring when one is attached)."""
-    from bcc import BPF
+    from bcc import BPF  # optional (python3-bpfcc): only for the trivial reference program
     b = BPF(text="int ssr_trivial(struct xdp_md *ctx) { return XDP_PASS; }")
     fn = b.load_func("ssr_trivial", BPF.XDP)
     flags = 1 << 2 if native else 1 << 1

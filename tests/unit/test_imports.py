@@ -1,0 +1,125 @@
+"""The package's import rules (docs/architecture.md):
+- no import cycle among skewscope's modules, imports inside functions included;
+- an import inside a function is there only for a heavy or optional dependency, and says so
+  in a comment on its line (or the line above);
+- `import skewscope.cli` (what `skewscope --help` costs) loads no numba, rich, pyroute2, bcc
+  or prometheus_client;
+- every module imports cleanly and opens with a docstring (one line saying what it is for).
+The graph is read from the source with ast, independently of the import machinery."""
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[2] / "skewscope"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PKG.rglob("*.py")):
+        parts = list(p.relative_to(PKG.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+MODS = _modules()
+
+
+def _resolve(node: ast.ImportFrom, mod: str, is_pkg: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports():
+    """(module, lineno, target modules, inside a function?, commented?) for every import."""
+    for mod, p in MODS.items():
+        src = p.read_text()
+        lines = src.splitlines()
+        tree = ast.parse(src)
+        funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        inner = {id(x) for f in funcs for x in ast.walk(f)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                m = _resolve(node, mod, p.name == "__init__.py")
+                subs = [f"{m}.{a.name}" for a in node.names if f"{m}.{a.name}" in MODS]
+                targets = subs or [m]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            ln = lines[node.lineno - 1]
+            above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+            yield mod, node.lineno, targets, id(node) in inner, "#" in ln or above.startswith("#")
+
+
+def test_no_import_cycles():
+    graph: dict[str, set] = {m: set() for m in MODS}
+    for mod, _, targets, _, _ in _imports():
+        graph[mod] |= {t for t in targets if t in MODS and t != mod}
+    # Tarjan's strongly connected components
+    index, low, stack, on, cycles, n = {}, {}, [], set(), [], [0]
+    sys.setrecursionlimit(10000)
+
+    def visit(v):
+        index[v] = low[v] = n[0]
+        n[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert cycles == [], f"import cycles: {cycles}"
+
+
+def test_function_level_imports_say_why():
+    bad = [f"{m}:{ln} imports {t}" for m, ln, t, inner, commented in _imports() if inner and not commented]
+    assert bad == [], "imports inside functions without a comment saying why (heavy/optional):\n" + "\n".join(bad)
+
+
+def test_cli_import_is_light():
+    code = ("import sys, skewscope.cli; heavy = [m for m in ('numba', 'rich', 'pyroute2', 'bcc', "
+            "'prometheus_client', 'yaml', 'scapy') if m in sys.modules]; print(','.join(heavy))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "", f"`import skewscope.cli` loads {r.stdout.strip()}"
+
+
+@pytest.mark.parametrize("mod", sorted(m for m in MODS if not m.endswith("__main__")))
+def test_every_module_imports_and_says_what_it_is_for(mod):
+    importlib.import_module(mod)
+    doc = ast.get_docstring(ast.parse(MODS[mod].read_text()))
+    assert doc and doc.strip(), f"{mod} has no docstring"
+
+
+def test_every_command_is_listed():
+    """cli.COMMANDS is the one list; main has exactly those commands."""
+    from skewscope import cli
+    assert sorted(c.name for c in cli.COMMANDS) == sorted(cli.main.commands)
+    assert {"report", "replay", "detach", "top", "capture", "diagnose", "export", "cluster", "mirror",
+            "demo", "gen"} <= set(cli.main.commands)
