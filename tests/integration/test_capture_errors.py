@@ -1,5 +1,6 @@
 """Environment errors of the live commands, on real interfaces: a stale skewscope program
-left by a killed run (refused with the `detach` hint, removed with --force-detach), a
+left by a killed run (refused with the `detach` hint, removed with --force-detach; only a
+netlink attach outlives its process, so those runs force SKEWSCOPE_ATTACH=netlink), a
 program that is not ours (refused, never touched, --tc still works), a driver without
 native XDP (exit 8 with the hint). Each is one line on stderr and a documented exit code."""
 from __future__ import annotations
@@ -15,20 +16,25 @@ from skewscope.sources import live
 SKEWSCOPE = str(Path(sys.executable).with_name("skewscope"))
 
 
-def run_in(ns, *args, timeout=90):
+def run_in(ns, *args, timeout=90, env=None):
     return subprocess.run(["ip", "netns", "exec", ns, *args], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, env=env)
+
+
+NETLINK = dict(os.environ, SKEWSCOPE_ATTACH="netlink")   # the attach a SIGKILL leaves behind
 
 
 def leave_stale_program(ns, ifname):
-    """A process attaches skewscope's XDP program and is killed (SIGKILL: nothing can clean)."""
+    """A process attaches skewscope's XDP program by netlink and is killed (SIGKILL: nothing
+    can clean; a bpf_link attach would go with the process)."""
     code = textwrap.dedent(f"""
         import os, signal
         from skewscope.sources.live import LiveSession
         s = LiveSession({ifname!r}, xdp_mode="generic").open()
+        assert s.attached_via == "netlink"
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    p = run_in(ns, sys.executable, "-c", code)
+    p = run_in(ns, sys.executable, "-c", code, env=NETLINK)
     assert p.returncode == -9, p.stderr
 
 
@@ -119,9 +125,10 @@ def test_tc_program_in_use_is_never_taken_over_but_a_stale_one_is(netns_pair, tm
         import os, signal
         from skewscope.sources.live import LiveSession
         s = LiveSession({p.if_b!r}, mode="tc").open()
+        assert s.attached_via == "netlink"
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    assert run_in(p.ns_b, sys.executable, "-c", code).returncode == -9
+    assert run_in(p.ns_b, sys.executable, "-c", code, env=NETLINK).returncode == -9
     r = run_in(p.ns_b, SKEWSCOPE, "capture", "-i", p.if_b, "--tc", "-d", "1", "-o", str(tmp_path / "x.snap"))
     assert r.returncode == 7 and "stale" in r.stderr and "TC ingress program id" in r.stderr
     r = run_in(p.ns_b, SKEWSCOPE, "capture", "-i", p.if_b, "--tc", "-d", "0.5", "-o", str(tmp_path / "x.snap"),
