@@ -11,34 +11,55 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
-def keyed_busy(ev_key, start, end, nkeys):
-    """Union length of [start, end] per key (events in start order; key < 0 skipped).
-    Returns (busy_ns[nkeys], first_start[nkeys], last_end[nkeys])."""
-    busy = np.zeros(nkeys)
-    cs = np.full(nkeys, -1.0)
-    ce = np.full(nkeys, -1.0)
-    first = np.full(nkeys, np.nan)
-    last = np.full(nkeys, np.nan)
+def union_kernel(ev_key, start, end, floor, busy, first, last):
+    """The one interval-union kernel. Records in start order per key (key < 0 skipped); each
+    [start, end] is first clipped to start no earlier than floor[key] (what an earlier batch
+    already counted: the exporter's carry across reads; -inf or 0 for none). Adds the length
+    of the union per key to busy[key], sets first[key] (first start, unclipped, if unset) and
+    last[key] (end of the union), and advances floor[key] to that end. Works on float or
+    integer times (the exporter keeps integer ns, the analysis float ns)."""
+    nkeys = busy.shape[0]
+    cs = floor.copy()
+    ce = floor.copy()
+    seen = np.zeros(nkeys, dtype=np.bool_)
     for i in range(ev_key.shape[0]):
         k = ev_key[i]
         if k < 0:
             continue
         s = start[i]
         e = end[i]
-        if cs[k] < 0:
-            cs[k] = s
-            ce[k] = e
+        if not seen[k]:
+            seen[k] = True
             first[k] = s
-        elif s > ce[k]:
+            if s < floor[k]:
+                s = floor[k]
+            cs[k] = s
+            ce[k] = e if e > s else s
+            continue
+        if s < floor[k]:
+            s = floor[k]
+        if s > ce[k]:
             busy[k] += ce[k] - cs[k]
             cs[k] = s
-            ce[k] = e
+            ce[k] = e if e > s else s   # a record wholly under the floor adds nothing
         elif e > ce[k]:
             ce[k] = e
     for k in range(nkeys):
-        if cs[k] >= 0:
+        if seen[k]:
             busy[k] += ce[k] - cs[k]
             last[k] = ce[k]
+            if ce[k] > floor[k]:
+                floor[k] = ce[k]
+
+
+def keyed_busy(ev_key, start, end, nkeys):
+    """Union length of [start, end] per key (events in start order; key < 0 skipped).
+    Returns (busy_ns[nkeys], first_start[nkeys], last_end[nkeys]) as float64 (NaN: no record)."""
+    busy = np.zeros(nkeys)
+    first = np.full(nkeys, np.nan)
+    last = np.full(nkeys, np.nan)
+    union_kernel(ev_key, np.asarray(start, np.float64), np.asarray(end, np.float64), np.full(nkeys, -np.inf),
+                 busy, first, last)
     return busy, first, last
 
 

@@ -30,7 +30,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from numba import njit
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest, start_http_server
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
@@ -38,6 +37,7 @@ from prometheus_client.utils import floatToGoString
 from skewscope import __version__
 from skewscope.analysis.fleet import BULK_MIN_MESSAGE, CTS_MAX_BYTES
 from skewscope.analysis.flows import flow_event_stats
+from skewscope.analysis.intervals import union_kernel
 from skewscope.core import layout as L
 from skewscope.core.snapshot import Snapshot, flow_key_words, ip_str, match_rows
 from skewscope.outputs import metrics as M
@@ -142,43 +142,6 @@ def dst_ids(flows: np.ndarray) -> np.ndarray:
     return _rows_u64(k)
 
 
-@njit(cache=True)
-def _busy_kernel(peer, start, end, carry_end, busy):
-    """Events sorted by (peer, start). Adds to busy[p] the length of the union of the
-    [start, end] intervals of peer p not already covered up to carry_end[p] (the end of
-    the union seen in earlier reads), and advances carry_end."""
-    n = peer.shape[0]
-    i = 0
-    while i < n:
-        p = peer[i]
-        cur_s = start[i]
-        cur_e = end[i]
-        if cur_s < carry_end[p]:
-            cur_s = carry_end[p]
-        total = 0
-        j = i + 1
-        while j < n and peer[j] == p:
-            s = start[j]
-            e = end[j]
-            if s < carry_end[p]:
-                s = carry_end[p]
-            if s <= cur_e:
-                if e > cur_e:
-                    cur_e = e
-            else:
-                if cur_e > cur_s:
-                    total += cur_e - cur_s
-                cur_s = s
-                cur_e = e
-            j += 1
-        if cur_e > cur_s:
-            total += cur_e - cur_s
-        busy[p] += total
-        if cur_e > carry_end[p]:
-            carry_end[p] = cur_e
-        i = j
-
-
 def message_timing(flows: np.ndarray, events: np.ndarray) -> np.ndarray:
     """Per-flow message timing of one interval, by the analysis package's definitions
     (analysis.flows.flow_event_stats: multi-packet message bytes, their on-wire time,
@@ -207,7 +170,8 @@ def busy_ns_per_peer(events: np.ndarray, flow_peer: np.ndarray, npeers: int,
     if pkt_ns is not None:
         e = e + np.nan_to_num(pkt_ns[ev["flow"]], nan=0.0).astype(np.int64)
     order = np.lexsort((s, p))
-    _busy_kernel(p[order], s[order], e[order], carry, busy)
+    scratch = np.zeros(npeers, dtype=np.int64)  # first/last of union_kernel (not needed here)
+    union_kernel(p[order], s[order], e[order], carry, busy, scratch, scratch.copy())
     return busy, carry
 
 

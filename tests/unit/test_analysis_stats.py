@@ -95,3 +95,40 @@ def test_weighted_median():
     out = grouped_weighted_median(key, np.array([5.0, 1.0, 7.0, 3.0, np.nan]), np.ones(5), 4)
     assert out[0] in (1.0, 3.0) and out[1] in (5.0, 7.0)
     assert np.isnan(out[2]) and np.isnan(out[3])
+
+
+# ---- the one interval-union kernel (analysis.intervals.union_kernel) -----------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as hst  # noqa: E402
+
+
+def _brute_union(iv):
+    tot, cs, ce = 0, None, None
+    for s, e in sorted(iv):
+        if cs is None or s > ce:
+            if cs is not None:
+                tot += ce - cs
+            cs, ce = s, e
+        else:
+            ce = max(ce, e)
+    return tot + (ce - cs if cs is not None else 0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(hst.lists(hst.tuples(hst.integers(-1, 3), hst.integers(0, 1000), hst.integers(0, 300)), max_size=60))
+def test_keyed_busy_is_the_union_per_key(recs):
+    """keyed_busy (float times, records in start order) = the brute-force union per key, with the
+    first start and the union's end; key -1 is skipped."""
+    from skewscope.analysis.intervals import keyed_busy
+    recs = sorted(recs, key=lambda r: r[1])
+    k = np.array([r[0] for r in recs], dtype=np.int64)
+    s = np.array([r[1] for r in recs], dtype=np.float64)
+    e = s + np.array([r[2] for r in recs], dtype=np.float64)
+    busy, first, last = keyed_busy(k, s, e, 4)
+    for key in range(4):
+        iv = [(int(a), int(b)) for kk, a, b in zip(k, s, e) if kk == key]
+        assert busy[key] == _brute_union(iv)
+        if iv:
+            assert first[key] == min(a for a, _ in iv) and last[key] == max(b for _, b in iv)
+        else:
+            assert np.isnan(first[key]) and np.isnan(last[key])
