@@ -83,6 +83,9 @@ class EgressQueue:
                 q = max(0.0, q + slope * dt)
             tt.append(ts[i + 1])
             qq.append(q)
+        if q > 0:  # after the last burst ends the queue drains at the link rate
+            tt.append(ts[-1] + q / link_bps * 1e9)
+            qq.append(0.0)
         self.t = np.array(tt)
         self.q = np.array(qq) / link_bps * 1e9  # bits -> ns of waiting
 
