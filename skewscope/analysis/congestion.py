@@ -33,10 +33,6 @@ CONG_DTYPE = np.dtype([
 ])
 
 
-def _span_s(fl, i):
-    return max(0.0, float(fl["last_ts"][i]) - float(fl["first_ts"][i])) / 1e9
-
-
 def flow_congestion(snap, active_time: bool = True) -> np.ndarray:
     """Per-flow congestion/loss indicators (CONG_DTYPE), counters scaled by the sampling
     denominator. active_time=False: CNP rates over the flow's first..last span (no message

@@ -56,14 +56,6 @@ class Context:
     def fstat(self) -> np.ndarray:
         return self._fstat[0]
 
-    @property
-    def ev_order(self) -> np.ndarray:
-        return self._fstat[1]
-
-    @property
-    def ev_off(self) -> np.ndarray:
-        return self._fstat[2]
-
     @cached_property
     def volume(self) -> np.ndarray:
         """Bytes a flow moves for the job: payload bytes of data flows, 0 for the others."""

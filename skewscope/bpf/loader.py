@@ -8,7 +8,6 @@ import io
 import mmap
 import os
 import struct
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -384,7 +383,4 @@ class Dataplane:
         })
         return Snapshot(flows=flows, events=events, globals=glob, meta=m)
 
-
-def wait_ms(ms: float) -> None:
-    time.sleep(ms / 1000.0)
 

@@ -85,7 +85,7 @@ def _attach_options(f):
     return f
 
 
-def _check_attach_args(use_tc, direction, xdp_mode_given):
+def _check_attach_args(use_tc, direction):
     if not use_tc and direction != "ingress":
         fail("--direction needs --tc (XDP sees ingress only)", EXIT_USAGE)
 
@@ -142,7 +142,7 @@ def top(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, e
     if ebpf:
         _print_ebpf(sample_n, max_flows)
         return
-    _check_attach_args(use_tc, direction, None)
+    _check_attach_args(use_tc, direction)
     st = V.ViewState()
     st.sort = {"rate": 0, "pps": 1, "ce": 2, "cnp": 3, "retx": 4, "nak": 5, "src": 6, "dst": 7}[sort]
     st.filter = ip_filter or ""
@@ -197,7 +197,7 @@ def capture(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detac
     if ebpf:
         _print_ebpf(sample_n, max_flows)
         return
-    _check_attach_args(use_tc, direction, None)
+    _check_attach_args(use_tc, direction)
     for path, what in ((output, "-o"), (pcap_out, "--pcap-out")):
         if path:
             d = os.path.dirname(os.path.abspath(path))

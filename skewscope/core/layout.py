@@ -249,16 +249,3 @@ def _build_opcode_table():
 OPCODE_TABLE, OPCODE_NAMES = _build_opcode_table()
 
 
-def opinfo_fields(op: int) -> dict:
-    v = int(OPCODE_TABLE[op])
-    return {
-        "valid": bool(v & OPT_VALID),
-        "ext_len": v & OPT_EXTLEN_MASK,
-        "class": (v & OPT_CLASS_MASK) >> OPT_CLASS_SHIFT,
-        "request": bool(v & OPT_REQUEST),
-        "first": bool(v & OPT_FIRST),
-        "last": bool(v & OPT_LAST),
-        "reth": bool(v & OPT_RETH),
-        "aeth": bool(v & OPT_AETH),
-        "prefix": (v & OPT_PREFIX_MASK) >> OPT_PREFIX_SHIFT,
-    }
