@@ -1,7 +1,9 @@
 """Faults (issue 8): what an observer leaves behind when things go wrong.
 
-- SIGKILL while attached (XDP and TC): the program stays on the interface (nothing in the
-  process can run); the next capture refuses with one line pointing at `skewscope detach`
+- SIGKILL while attached by netlink (XDP and TC; forced with SKEWSCOPE_ATTACH=netlink: a
+  bpf_link attach, the default, goes with the process, see test_attach_link.py): the program
+  stays on the interface (nothing in the process can run); the next capture refuses with one
+  line pointing at `skewscope detach`
   (exit 7); `skewscope detach -i` then leaves the interface exactly as before (XDP, qdiscs,
   TC filters compared with `ip -d link` / `tc`); or the next capture with --force-detach cleans
   it and leaves it as before when it exits.
@@ -43,10 +45,10 @@ def fab():
         f.destroy()
 
 
-def spawn_capture(fab, *args, duration="60s", ns=None):
+def spawn_capture(fab, *args, duration="60s", ns=None, env=None):
     return subprocess.Popen(["ip", "netns", "exec", ns or fab.ns_b, *CLI, "capture", "-i", fab.if_b,
                              "--duration", duration, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def attached(st):
@@ -73,7 +75,7 @@ def one_line(err: str) -> str:
 
 def kill9(fab, extra, tmp_path):
     before = R.iface_state(fab.ns_b, fab.if_b)
-    p = spawn_capture(fab, *extra, "-o", str(tmp_path / "k.snap"))
+    p = spawn_capture(fab, *extra, "-o", str(tmp_path / "k.snap"), env=dict(os.environ, SKEWSCOPE_ATTACH="netlink"))
     try:
         wait_attached(fab, p)
         p.send_signal(signal.SIGKILL)

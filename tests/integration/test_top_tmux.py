@@ -170,7 +170,8 @@ def test_stale_program_prompt_on_a_terminal(netns_pair, tmp_path):
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     for answer, want_rc in (("n", 7), ("y", 0)):
-        r = subprocess.run(["ip", "netns", "exec", p.ns_b, sys.executable, "-c", code], capture_output=True)
+        r = subprocess.run(["ip", "netns", "exec", p.ns_b, sys.executable, "-c", code], capture_output=True,
+                           env=dict(os.environ, SKEWSCOPE_ATTACH="netlink"))   # netlink: SIGKILL leaves it
         assert r.returncode == -9
         t = Tmux(f"ssu-stale{answer}-{os.getpid()}",
                  f"ip netns exec {p.ns_b} {SKEWSCOPE} top -i {p.if_b} --xdp-mode generic --no-analysis 1", tmp_path)
