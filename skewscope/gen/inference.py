@@ -158,7 +158,7 @@ def _tp_tokens(job, wl, mem, sizes, lag, queues, jit, emit=None):
 
 
 def _period(starts):
-    return float(np.mean(np.diff(starts))) / 1e9 if len(starts) > 1 else None
+    return round(float(np.mean(np.diff(starts))) / 1e9, 9) if len(starts) > 1 else None
 
 
 def decode_tp(job, wl):
@@ -194,8 +194,10 @@ def decode_tp(job, wl):
             job.cts_lead_ns = keep
 
     starts, ends = _tp_tokens(job, wl, mem, sizes, lag, queues, jit, emit)
-    healthy, _ = _tp_tokens(job, wl, mem, sizes, {}, {}, jit)
-    quiet, _ = _tp_tokens(job, wl, mem, sizes, lag, {}, jit)
+    # counterfactuals (not emitted): without the slow shard and the KV queues / without
+    # the KV queues only
+    healthy = _tp_tokens(job, wl, mem, sizes, {}, {}, jit)[0] if lag or queues else starts
+    quiet = _tp_tokens(job, wl, mem, sizes, lag, {}, jit)[0] if queues else starts
     steps = 2 * (n - 1)
     colls = int(wl["layers"]) * int(wl["allreduces_per_layer"])
     det = {

@@ -98,8 +98,8 @@ def group(truth, kind):
 
 # ------------------------------------------------------------------ TP decode
 def tp_sc(nodes=4, mtu=4096, hidden=8192, batch=1, layers=4, arpl=2, tokens=4, lag=None,
-          shard=2, gap_us=1000, channels=1, protocol="ll"):
-    sc = {"nodes": nodes, "mtu": mtu,
+          shard=2, gap_us=1000, channels=1, protocol="ll", jitter=0.0):
+    sc = {"nodes": nodes, "mtu": mtu, "jitter": jitter,
           "workloads": [dict(TPD, hidden=hidden, batch=batch, layers=layers,
                              allreduces_per_layer=arpl, tokens=tokens, compute_gap_us=gap_us,
                              channels=channels, protocol=protocol)]}
@@ -112,7 +112,7 @@ TP_CASES = [
     ("tp-decode-healthy", 4, 8192, 1, 4096, 16, 2, 6, None, None, 1),
     ("tp-decode-slow-shard", 4, 8192, 1, 4096, 16, 2, 6, 20, 2, 1),
     (tp_sc(nodes=8, mtu=1024, hidden=4096, batch=2, layers=3, arpl=2, lag=15, shard=5), 8, 4096, 2, 1024, 3, 2, 4, 15, 5, 1),
-    (tp_sc(nodes=3, mtu=2048, hidden=7168, batch=1, layers=4, arpl=3, lag=None), 3, 7168, 1, 2048, 4, 3, 4, None, None, 1),
+    (tp_sc(nodes=3, mtu=2048, hidden=7168, batch=1, layers=4, arpl=3, lag=None, jitter=0.1), 3, 7168, 1, 2048, 4, 3, 4, None, None, 1),
     (tp_sc(nodes=4, mtu=4096, hidden=16384, batch=4, layers=2, arpl=1, lag=40, shard=0, channels=2), 4, 16384, 4, 4096, 2, 1, 4, 40, 0, 2),
 ]
 
@@ -151,7 +151,12 @@ def test_tp_decode_sizes_counts_tokens(case, seed):
     period = (starts[-1] - starts[0]) / (tokens - 1) / 1e9
     assert period == pytest.approx(truth["period_s"], rel=0.005)
     assert period == pytest.approx(truth["inference"]["token_period_s"], rel=0.005)
-    assert min(toks[i + 1][0] - toks[i][-1] for i in range(tokens - 1)) >= gap * 0.95
+    gaps = [toks[i + 1][0] - toks[i][-1] for i in range(tokens - 1)]
+    if truth["scenario"]["jitter"]:
+        assert max(gaps) - min(gaps) > 0.02 * gap      # jittered compute gaps
+    else:
+        assert min(gaps) >= gap * 0.95
+        assert max(gaps) - min(gaps) < 0.01 * gap
     exp = truth["inference"]["expected_kinds"]
     assert exp == ([] if lag is None else ["slow_tp_shard"])
     assert ("slow_tp_shard" in truth["inference"]["absent_kinds"]) == (lag is None)
@@ -219,8 +224,8 @@ def test_tp_slow_shard_lag_on_the_wire(case, seed):
 
 # ------------------------------------------------------------------ EP decode
 def ep_sc(nodes=8, mtu=4096, b="2KiB", layers=2, tokens=4, hot=None, factor=4.0, drift=0,
-          drift_to=None):
-    sc = {"nodes": nodes, "mtu": mtu,
+          drift_to=None, jitter=0.0):
+    sc = {"nodes": nodes, "mtu": mtu, "jitter": jitter,
           "workloads": [dict(EPD, bytes_per_dest=b, layers=layers, tokens=tokens,
                              compute_gap_us=1000)]}
     if hot is not None:
@@ -233,7 +238,7 @@ EP_CASES = [  # sc, nodes, bytes per dest, layers, tokens, [(hot node per token)
     ("ep-decode-healthy", 8, 2048, 4, 6, [None] * 6, 1.0),
     ("ep-decode-hot-expert", 8, 2048, 4, 6, [5] * 6, 4.0),
     ("ep-decode-hot-drift", 8, 2048, 4, 9, [5] * 3 + [2] * 3 + [6] * 3, 4.0),
-    (ep_sc(nodes=4, mtu=1024, b=1536, layers=3, tokens=5, hot=1, factor=3.0, drift=2),
+    (ep_sc(nodes=4, mtu=1024, b=1536, layers=3, tokens=5, hot=1, factor=3.0, drift=2, jitter=0.1),
      4, 1536, 3, 5, [1, 1, 2, 2, 3], 3.0),
     (ep_sc(nodes=6, mtu=2048, b="4KiB", layers=2, tokens=4, hot=0, factor=6.0), 6, 4096, 2, 4,
      [0] * 4, 6.0),
