@@ -40,9 +40,9 @@ NEEDS = ("flows", "records", "groups", "fleet")
 SCOPES = ("node", "fleet")
 
 
-class ThresholdError(SkewscopeError):
+class ThresholdError(SkewscopeError, ValueError):
     """Unknown check or threshold name, or a bad value (one line for the user). diagnose
-    documents exit 3 (could not run) for it."""
+    documents exit 3 (could not run) for it; still a ValueError for API callers."""
 
     def __init__(self, msg: str, code: int = EXIT_NOT_RUN):
         super().__init__(msg, code)
