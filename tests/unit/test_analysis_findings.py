@@ -15,7 +15,7 @@ import genlib  # noqa: E402
 from skewscope.analysis import DEFAULTS, KINDS, ThresholdError, analyze
 from skewscope.cli import main
 
-FINDING_KEYS = {"kind", "severity", "entities", "evidence", "message", "group"}
+FINDING_KEYS = {"kind", "severity", "entities", "evidence", "message", "group", "impact"}
 
 
 def test_json_contract():

@@ -165,7 +165,7 @@ def test_fleet_findings_have_the_single_node_schema():
     assert "NaN" not in text
     by = {}
     for f in doc["findings"]:
-        assert list(f) == ["kind", "severity", "entities", "evidence", "message", "group"]
+        assert list(f) == ["kind", "severity", "entities", "evidence", "message", "group", "impact"]
         assert list(f["entities"]) == ["ips", "qps", "flows"] and f["entities"]["qps"] == [] and f["group"] is None
         for src, dst, qp in f["entities"]["flows"]:
             assert src in ips and dst in ips and qp is None

@@ -25,7 +25,7 @@ from skewscope.analysis.detectors import (
     rings,
     stalls,
 )
-from skewscope.analysis.detectors.common import Emitter
+from skewscope.analysis.detectors.common import Emitter, impact_key
 from skewscope.analysis.detectors.evidence import GroupEvidence, GroupInput, Inputs
 from skewscope.analysis.detectors.registry import (  # noqa: F401 (the public names)
     PARAMETERS,
@@ -64,7 +64,8 @@ for _m in FAMILIES:
 def _run(dets, inp, em) -> list[dict]:
     for d in dets:
         d.fn(inp, em)
-    em.out.sort(key=lambda f: (-SEV_RANK[f.severity], f.kind))
+    # severity, then the estimated time lost (impact), then kind
+    em.out.sort(key=lambda f: (-SEV_RANK[f.severity], -impact_key(f), f.kind))
     return [f.to_dict() for f in em.out]
 
 

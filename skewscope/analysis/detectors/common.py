@@ -27,9 +27,9 @@ class Emitter:
         v = int(f["ipver"])
         return [ip_str(f["src"], v), ip_str(f["dst"], v), int(f["dest_qp"])]
 
-    def add(self, kind, severity, ips, message, evidence, flows=(), qps=None, group=None):
+    def add(self, kind, severity, ips, message, evidence, flows=(), qps=None, group=None, impact=None):
         """ips: node indices or IP strings (the blamed first; duplicates dropped); flows:
-        flow indices; qps: default = the flows' dest QPs."""
+        flow indices; qps: default = the flows' dest QPs; impact: impact_of(...) or None."""
         if kind not in self.checks or severity is None:
             return
         ips_out = []
@@ -41,18 +41,40 @@ class Emitter:
         if qps is None:
             qps = sorted({k[2] for k in fl})
         self.out.append(Finding(kind, severity, Entities(ips_out, [int(q) for q in qps], fl), evidence, message,
-                                group))
+                                group, impact))
 
-    def add_fleet(self, kind, severity, ips, message, evidence, pairs=()):
+    def add_fleet(self, kind, severity, ips, message, evidence, pairs=(), impact=None):
         """A fleet finding: ips as strings; pairs: (src, dst) node pairs, entities.flows
         [src, dst, null] as the cluster document's flows[] rows."""
         if kind not in self.checks or severity is None:
             return
         self.out.append(Finding(kind, severity, Entities(list(ips), [], [[a, b, None] for a, b in pairs]),
-                                evidence, message, None))
+                                evidence, message, None, impact))
 
     def has(self, kind, pred=lambda f: True) -> bool:
         return any(f.kind == kind and pred(f) for f in self.out)
+
+
+# ---- impact -------------------------------------------------------------------------------
+def impact_of(seconds_per_iter, period_s) -> dict | None:
+    """A finding's `impact`: the estimated time lost per iteration / token (s) and its share
+    of the period (lost / period, null when the period is unknown); None when the loss
+    cannot be estimated (None, NaN or negative). docs/metrics.md "Impact" defines it per kind."""
+    if seconds_per_iter is None:
+        return None
+    s = float(seconds_per_iter)
+    if not np.isfinite(s) or s < 0:
+        return None
+    share = None
+    if period_s is not None and np.isfinite(float(period_s)) and float(period_s) > 0:
+        share = min(1.0, s / float(period_s))
+    return {"seconds": s, "share": share}
+
+
+def impact_key(f) -> float:
+    """Sort key helper: a Finding's (or finding dict's) impact seconds, 0 when null."""
+    imp = f.impact if hasattr(f, "impact") else f.get("impact")
+    return float(imp["seconds"]) if imp and imp.get("seconds") is not None else 0.0
 
 
 # ---- message formatting --------------------------------------------------------------------

@@ -18,7 +18,9 @@ Adding a finding kind = one `Kind` in one module's `Detector(...)` (plus the cod
 A finding (`Finding.to_dict()`, the `report --json` / `diagnose --json` / `cluster --json`
 contract): {"kind", "severity" (info|warning|critical), "entities" {"ips", "qps", "flows":
 [[src, dst, dest_qp], ...]}, "evidence" {numbers}, "message" (one line), "group" (index into
-"collectives" or null)}. entities.ips lists the node(s) the finding blames first (the hot
+"collectives" or null), "impact" ({"seconds", "share"}: the estimated time lost per
+iteration / token and its share of the period, common.impact_of; null where it cannot be
+estimated; per kind in docs/metrics.md "Impact")}. entities.ips lists the node(s) the finding blames first (the hot
 node, the slow sender, the paused receiver), then the others involved.
 """
 from __future__ import annotations
@@ -256,11 +258,12 @@ class Finding:
     evidence: dict
     message: str
     group: int | None = None
+    impact: dict | None = None        # common.impact_of(): {"seconds", "share"} or None
 
     def to_dict(self) -> dict:
         """The JSON object (key order is part of the contract)."""
         return {"kind": self.kind, "severity": self.severity, "entities": self.entities.to_dict(),
-                "evidence": self.evidence, "message": self.message, "group": self.group}
+                "evidence": self.evidence, "message": self.message, "group": self.group, "impact": self.impact}
 
 
 # ---- documentation -------------------------------------------------------------------------
