@@ -302,12 +302,17 @@ def markdown_tables() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _exact(v) -> str:
+    """Short but exact (1048576, not 1.04858e+06)."""
+    return f"{v:g}" if float(f"{v:g}") == v else repr(v)
+
+
 def list_checks_lines() -> list[str]:
     """`diagnose --list-checks`: every check and parameter section, then each threshold."""
     out = []
     for s, ts in thresholds("node").items():
-        names = ", ".join(f"{n}={t.default:g}" for n, t in ts.items()) or "-"
+        names = ", ".join(f"{n}={_exact(t.default)}" for n, t in ts.items()) or "-"
         out.append(f"{s:28s} {'(parameters) ' if s in param_sections() else ''}{names}")
         for n, t in ts.items():
-            out.append(f"    {n:16s} {t.default!r:<10} {t.unit:9s} {t.meaning}")
+            out.append(f"    {n:16s} {_exact(t.default):<10} {t.unit:9s} {t.meaning}")
     return out
