@@ -180,3 +180,33 @@ def test_fleet_findings_have_the_single_node_schema():
     doc2 = analyze_matrix(_Fm(ips, bulk, chunk, rate), thresholds={"ring_straggler.critical": 0.2})
     assert [f["severity"] for f in doc2["findings"] if f["kind"] == "ring_straggler"] == ["warning"]
     assert {f["kind"] for f in doc["findings"]} <= set(D.kinds("fleet"))
+
+
+def test_a_new_kind_is_one_declaration(monkeypatch):
+    """What the follow-up work relies on: one Detector with one Kind, and analyze(), --check,
+    --threshold, the live subset and the docs table all know it."""
+    from skewscope.analysis.detectors import registry as R
+
+    def members_of_rings(inp, em):
+        t = inp.th["x_ring_members"]
+        for gi, g, r, ev in inp.groups:
+            if g.kind == "ring_allreduce" and len(g.members) >= t["min_members"]:
+                em.add("x_ring_members", "info", g.members, f"a ring of {len(g.members)}", {"n": len(g.members)},
+                       group=gi)
+
+    det = R.Detector("x_rings", members_of_rings, needs=frozenset({"flows", "groups"}), stage=99,
+                     kinds=(R.Kind("x_ring_members", fires="a ring", blames="its members",
+                                   thresholds=(R.Threshold("min_members", 3, "count", "ring members, at least"),)),))
+    monkeypatch.setattr(R, "REGISTRY", list(R.REGISTRY))
+    R.register(det)
+    truth, snap = genlib.get("ring-straggler")
+    ring = next(g for g in truth["groups"] if g["kind"] == "ring_allreduce")
+    got = [f for f in analyze(snap)["findings"] if f["kind"] == "x_ring_members"]
+    assert len(got) == 1 and set(got[0]["entities"]["ips"]) == set(ring["members"])
+    assert analyze(snap, checks=["x_ring_members"])["findings"] == got
+    assert not [f for f in analyze(snap, thresholds={"x_ring_members.min_members": len(ring["members"]) + 1})["findings"]
+                if f["kind"] == "x_ring_members"]
+    assert "x_ring_members" in D.resolve_checks(None) and "`x_ring_members.min_members`" in R.markdown_tables()
+    assert det not in D.detectors("node", live=True)
+    with pytest.raises(ValueError):
+        R.register(det)                                    # a kind is declared once
