@@ -714,6 +714,9 @@ def _attach_label(session) -> str:
         s = f"XDP {session.xdp_mode}"
     else:
         s = f"TC {session.direction}"
+    via = getattr(session, "attached_via", "")      # bpf_link, or netlink (survives a SIGKILL)
+    if via:
+        s += f" ({via})"
     if session.config.sample_n > 1:
         s += f", 1/{session.config.sample_n} sampled"
     return s
