@@ -268,6 +268,7 @@ def alltoall_metrics(snap, g, tinfo) -> dict:
     offdiag = ~np.eye(n, dtype=bool)
     out = {"matrix_whole": whole.tolist()}
     mats = []
+    cells = None
     coverage = None
     if K >= 2:
         # phase of a message = ordinal of its transfer on its own flow inside the iteration
@@ -282,10 +283,16 @@ def alltoall_metrics(snap, g, tinfo) -> dict:
             idx = rec_ord[good] * n * n + si[good] * n + di[good]
             m3 = np.bincount(idx, weights=by[good], minlength=K * n * n).reshape(K, n, n)
             mats = [m3[k] for k in range(K)]
+            cells = _iteration_cells(ctx, ok, good, rec_ord, si, di, by, tinfo["bursts_start"], K, n)
     out["phases_per_iteration"] = K if mats else 1
     out["phase_coverage"] = coverage
     if not mats:
         mats = [whole]
+        cells = None
+    if cells is None:
+        cells = {"mats": whole[None, None], "start_ns": np.zeros(1), "end_ns": np.full(1, float(ctx.duration_ns))}
+    cells["hub"] = mem.index(g.extra["hub"]) if g.pattern == "alltoall_star" and g.extra.get("hub") is not None else None
+    out["_a2a_cells"] = cells
     total = sum(float(m.sum()) for m in mats) or 1.0
     per_phase = []
     best = None
@@ -341,6 +348,36 @@ def alltoall_metrics(snap, g, tinfo) -> dict:
 
 def _sk(a):
     return _to_dict(a)
+
+
+#: per-iteration cells kept for the detectors, at most this many matrix entries
+#: (iterations x phases x n x n); beyond it the iterations are pooled in chunks
+MAX_CELL_ENTRIES = 1 << 22
+
+
+def _iteration_cells(ctx, ok, good, rec_ord, si, di, by, bs, K, n):
+    """The volume matrix of each (iteration, phase) cell: the evidence the repetition-based
+    all-to-all detectors count (how often the same destination is the hottest). Iteration
+    of a record = the burst its start falls in. Returns {"mats": [I, K, n, n] bytes,
+    "start_ns", "end_ns": [I] the iterations' first/last record} or None."""
+    st = ctx.ev_start[ok][good]
+    en = ctx.ev_end[ok][good]
+    it = np.searchsorted(bs, st, side="right") - 1
+    sel = it >= 0
+    if not sel.any():
+        return None
+    it = it[sel]
+    nI = int(it.max()) + 1
+    chunk = max(1, -(-nI * K * n * n // MAX_CELL_ENTRIES))
+    it = it // chunk
+    nI = int(it.max()) + 1
+    idx = ((it * K + rec_ord[good][sel]) * n + si[good][sel]) * n + di[good][sel]
+    mats = np.bincount(idx, weights=by[good][sel], minlength=nI * K * n * n).reshape(nI, K, n, n)
+    s0 = np.full(nI, np.inf)
+    e0 = np.full(nI, -np.inf)
+    np.minimum.at(s0, it, st[sel])
+    np.maximum.at(e0, it, en[sel])
+    return {"mats": mats, "start_ns": s0, "end_ns": e0}
 
 
 # ---- p2p / pipeline -----------------------------------------------------------------------

@@ -25,6 +25,8 @@ class GroupEvidence:
     send_dev_ns: np.ndarray | None = None     # [burst, member] lateness as a sender
     recv_dev_ns: np.ndarray | None = None     # [burst, member] lateness as a receiver
     decode_start_lag_ns: np.ndarray | None = None   # decode groups: collective-level start lag per member
+    a2a_cells: dict | None = None             # all-to-all: per (iteration, phase) volume matrices (group_metrics._iteration_cells)
+    kv: dict | None = None                    # kv_transfer: per-transfer arrays (analysis.kv.kv_metrics)
 
     @classmethod
     def of(cls, r: dict) -> "GroupEvidence":
@@ -32,7 +34,7 @@ class GroupEvidence:
         tinfo = (r.get("decode") or {}).get("_tinfo") or {}
         return cls(links=r.get("_links"), node_tp=r.get("_node_tp"), start_lag_ns=r.get("_start_lag_ns"),
                    send_dev_ns=r.get("_send_dev_ns"), recv_dev_ns=r.get("_recv_dev_ns"),
-                   decode_start_lag_ns=tinfo.get("start_lag_ns"))
+                   decode_start_lag_ns=tinfo.get("start_lag_ns"), a2a_cells=r.get("_a2a_cells"), kv=r.get("_kv"))
 
     @classmethod
     def split(cls, r: dict) -> "GroupEvidence":
@@ -42,7 +44,8 @@ class GroupEvidence:
         r.pop("_mats", None)
         return cls(links=r.pop("_links", None), node_tp=r.pop("_node_tp", None),
                    start_lag_ns=r.pop("_start_lag_ns", None), send_dev_ns=r.pop("_send_dev_ns", None),
-                   recv_dev_ns=r.pop("_recv_dev_ns", None), decode_start_lag_ns=tinfo.get("start_lag_ns"))
+                   recv_dev_ns=r.pop("_recv_dev_ns", None), decode_start_lag_ns=tinfo.get("start_lag_ns"),
+                   a2a_cells=r.pop("_a2a_cells", None), kv=r.pop("_kv", None))
 
 
 class GroupInput(NamedTuple):
