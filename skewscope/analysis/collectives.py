@@ -21,6 +21,9 @@ Patterns (n nodes, E directed data edges, U the undirected edges):
                      n-1 < |U| <= 2(n-1) (a double binary tree) or a tree that is not a path
     p2p              a path with data both ways (pipeline stages), a one-way chain, a star
                      (many_to_one / one_to_many) or a single pair
+    kv_transfer      one way from >= 2 senders (prefill) into >= 2 receivers (decode), no node
+                     both sends and receives (pattern prefill_decode; KV-cache blocks of P/D
+                     disaggregation); one-way pairs/stars consistent with it merge into it
 
 One-host views (a DPU or mirror sees one host's port: every data edge touches that host,
 the "hub"): k predecessors -> hub -> k successors is a ring segment (ring_allreduce,
@@ -44,7 +47,7 @@ from skewscope.analysis.context import context
 from skewscope.analysis.hashing import build_u64
 from skewscope.core import layout as L
 
-KINDS = ("all_to_all", "ring_allreduce", "tree_allreduce", "p2p", "unknown")
+KINDS = ("all_to_all", "ring_allreduce", "tree_allreduce", "p2p", "kv_transfer", "unknown")
 KiB = 1024
 MiB = 1 << 20
 P2P_CHUNKS = (32 * KiB, 64 * KiB, 128 * KiB)
@@ -296,6 +299,15 @@ def match_pattern(ctx, flows: np.ndarray) -> Group:
                          "(double) binary tree, max degree " + str(max(len(a) for a in adj.values())))
     if full >= 0.9 and n >= 3:
         return G("all_to_all", V, full * 0.9, "all_to_all", why=f"{full:.0%} of ordered pairs carry data")
+    # prefill/decode disaggregation: one-way bulk transfers from >= 2 senders into >= 2
+    # receivers, no node both sends and receives, no data back (KV-cache blocks)
+    S = [v for v in V if outd[v] and not ind[v]]
+    R = [v for v in V if ind[v] and not outd[v]]
+    if bid == 0 and len(S) >= 2 and len(R) >= 2 and len(S) + len(R) == n:
+        return G("kv_transfer", S + R, 0.9 if not hints["p2p_chunks"] else 0.8, "prefill_decode",
+                 {"prefill": S, "decode": R},
+                 why=f"{len(S)} senders -> {len(R)} receivers one way, nothing back: KV-cache transfers "
+                     "(prefill -> decode)")
     # stars
     for c in V:
         if len(ind[c]) == n - 1 and m == n - 1:
@@ -416,6 +428,40 @@ def _decompose(ctx, flows) -> list[Group]:
     return groups
 
 
+_ONE_WAY = ("many_to_one", "one_to_many")
+
+
+def _merge_kv(groups: list[Group]) -> list[Group]:
+    """One kv_transfer group per capture: the kv_transfer groups and the one-way pairs and
+    stars whose senders only send and receivers only receive (a router's sparse pairs form
+    several components) merge into one; kept apart when no kv_transfer group exists."""
+    kv = [g for g in groups if g.kind == "kv_transfer"]
+    if not kv:
+        return groups
+    snd = {v for g in kv for v in g.extra["prefill"]}
+    rcv = {v for g in kv for v in g.extra["decode"]}
+    take = list(kv)
+    for g in groups:
+        if g.kind != "p2p" or not (g.pattern in _ONE_WAY or (g.pattern == "pair" and "one direction only" in g.evidence[-1])):
+            continue
+        c = g.members[0]
+        s_, r_ = ([c], g.members[1:]) if g.pattern in ("one_to_many", "pair") else (g.members[1:], [c])
+        if snd.isdisjoint(r_) and rcv.isdisjoint(s_):
+            take.append(g)
+            snd |= set(s_)
+            rcv |= set(r_)
+    if len(take) == 1:
+        return groups
+    ids = {id(g) for g in take}
+    flows = np.concatenate([np.asarray(g.flows) for g in take])
+    S, R = sorted(snd), sorted(rcv)
+    m = Group("kv_transfer", S + R, min(g.confidence for g in kv), list(kv[0].evidence), "prefill_decode",
+              dict(kv[0].extra, prefill=S, decode=R))
+    m.extra.pop("_hints", None)
+    m.evidence.append(f"merged from {len(take)} one-way components")
+    return [g for g in groups if id(g) not in ids] + [m]
+
+
 def discover(snap) -> list[Group]:
     """All collective groups of a Snapshot (cached on its Context), largest first."""
     ctx = context(snap)
@@ -454,6 +500,7 @@ def discover(snap) -> list[Group]:
                     groups.extend(dec)
                     continue
             groups.append(g)
+    groups = _merge_kv(groups)
     vol = ctx.volume
     groups.sort(key=lambda g: -float(vol[g.flows].sum()))
     ctx._groups = groups

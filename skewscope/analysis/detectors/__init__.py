@@ -6,7 +6,7 @@ threshold declared once in the registry (registry.py; docs/metrics.md "Findings"
     analyze_matrix(fm, thresholds) (fleet.py)                                     skewscope cluster
 
 Families (FAMILIES: the kinds' declaration order = DEFAULTS / docs order): alltoall, incast,
-rings (rates_and_lags), stalls, pipeline, congestion, loss, pfc, periods, decode, caveats;
+rings (rates_and_lags), stalls, pipeline, congestion, loss, pfc, periods, decode, kv, caveats;
 fleet (needs="fleet"). Run order: Detector.stage (ties: that order).
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from skewscope.analysis.detectors import (
     decode,
     fleet,
     incast,
+    kv,
     loss,
     periods,
     pfc,
@@ -53,7 +54,7 @@ from skewscope.analysis.detectors.registry import (  # noqa: F401 (the public na
 
 #: the family modules, in the kinds' declaration order (DEFAULTS, docs/metrics.md,
 #: --list-checks); each declares DETECTORS (and PARAMETERS); a new family adds one entry
-FAMILIES = (alltoall, incast, rings, stalls, pipeline, congestion, loss, pfc, periods, decode, caveats, fleet)
+FAMILIES = (alltoall, incast, rings, stalls, pipeline, congestion, loss, pfc, periods, decode, kv, caveats, fleet)
 for _m in FAMILIES:
     for _d in getattr(_m, "DETECTORS", ()):
         register(_d)

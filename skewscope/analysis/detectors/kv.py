@@ -1,0 +1,96 @@
+"""Prefill/decode disaggregation (kv_transfer groups, analysis.kv): pd_imbalance (a decode
+node receiving well above its fair share of the KV bytes), kv_transfer_slow (a prefill ->
+decode link whose throughput is well below the median link's). Evidence counts
+repetitions (transfers, messages) and ratios, never bytes."""
+from __future__ import annotations
+
+import numpy as np
+
+from skewscope.analysis.detectors.common import gbps, impact_of, pct, sev, us
+from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+
+
+def kv(inp, em):
+    for gi, g, r, _ in inp.groups:
+        if g.kind == "kv_transfer" and r.get("per_decode"):
+            _imbalance(em, inp.ctx, g, r, inp.th["pd_imbalance"], gi)
+            _slow(em, inp.ctx, g, r, inp.th["kv_transfer_slow"], gi)
+
+
+def _flows(ctx, g, src=None, dst=None):
+    ips = ctx.nodes.ips
+    return [int(f) for f in g.flows if (src is None or ips[ctx.nodes.src[f]] == src)
+            and (dst is None or ips[ctx.nodes.dst[f]] == dst)]
+
+
+def _imbalance(em, ctx, g, r, t, gi):
+    pd = r["per_decode"]
+    if len(pd) < 2:
+        return
+    fair = 1.0 / len(pd)
+    for ip, d in sorted(pd.items(), key=lambda kv: -kv[1]["share"]):
+        ratio = d["share"] / fair
+        if ratio < t["warning"] or d["transfers"] < t["min_transfers"]:
+            continue
+        others = [x["transfer_time_p50_s"] for k, x in pd.items() if k != ip and x["transfer_time_p50_s"] is not None]
+        lost = None
+        if others and d["transfer_time_p50_s"] is not None:
+            lost = max(0.0, d["transfer_time_p50_s"] - float(np.median(others)))
+        em.add("pd_imbalance", sev(ratio, t["warning"], t["critical"]), [ip] + list(r["prefill_nodes"]),
+               f"decode node {ip} receives {pct(d['share'])} of the KV-cache bytes ({d['transfers']} transfers, "
+               f"{ratio:.2f}x its fair share {pct(fair)} of {len(pd)} decode nodes); its transfers take "
+               f"{us((d['transfer_time_p50_s'] or 0) * 1e9)} p50: the router overloads it; check the P/D router's "
+               "load balancing (KV-cache / session affinity)",
+               {"share": d["share"], "fair_share": round(fair, 4), "share_over_fair": round(ratio, 4),
+                "transfers": d["transfers"], "messages": d["messages"], "bytes": d["bytes"],
+                "transfer_time_p50_s": d["transfer_time_p50_s"], "transfer_time_p99_s": d["transfer_time_p99_s"],
+                "others_transfer_time_p50_s": float(np.median(others)) if others else None,
+                "per_decode_share": {k: x["share"] for k, x in pd.items()}},
+               flows=_flows(ctx, g, dst=ip), group=gi, impact=impact_of(lost, None))
+
+
+def _slow(em, ctx, g, r, t, gi):
+    links = r.get("kv_links") or []
+    med = r.get("link_rate_median_bps")
+    if len(links) < 3 or not med:
+        return
+    for x in sorted(links, key=lambda x: x["rate_ratio"] or 1.0):
+        q, qd = x["rate_ratio"], x["rate_ratio_same_decode"]
+        if q is None or q > t["warning"] or (qd is not None and qd > t["warning"]) or x["messages"] < t["min_messages"]:
+            continue
+        per_t = x["bytes"] / max(1, x["transfers"])
+        lost = per_t * 8 * (1 / x["rate_bps"] - 1 / med) if x["rate_bps"] > 0 else None
+        em.add("kv_transfer_slow", sev(q, t["warning"], t["critical"], higher_is_worse=False), [x["src"], x["dst"]],
+               f"KV-cache link {x['src']} -> {x['dst']} moves data at {gbps(x['rate_bps'])}, {q:.2f}x the median "
+               f"link ({gbps(med)}) over {x['messages']} messages: each transfer on it takes "
+               f"{us((x['transfer_time_p50_s'] or 0) * 1e9)}; check that link's port speed, cabling, errors and "
+               "the NIC's rate limiter",
+               {"link": f"{x['src']}->{x['dst']}", "src": x["src"], "dst": x["dst"], "rate_bps": x["rate_bps"],
+                "median_rate_bps": med, "rate_ratio": q, "rate_ratio_same_decode": qd,
+                "transfers": x["transfers"], "messages": x["messages"], "bytes": x["bytes"],
+                "transfer_time_p50_s": x["transfer_time_p50_s"]},
+               flows=_flows(ctx, g, src=x["src"], dst=x["dst"]), group=gi, impact=impact_of(lost, None))
+
+
+DETECTORS = [
+    Detector(
+        "kv", kv, needs=frozenset({"flows", "records", "groups"}), stage=20,
+        doc="kv_transfer groups (prefill -> decode KV-cache transfers): decode-node share, link throughput",
+        kinds=(
+            Kind("pd_imbalance",
+                 fires='kv_transfer group with ≥ 2 decode nodes: a decode node\'s share of the KV bytes / its fair share '
+                       '(1 / decode nodes) ≥ `warning` (1.5), ≥ `critical` (2.5), over ≥ `min_transfers` (3) transfers',
+                 blames='the decode node, then the prefill nodes',
+                 thresholds=(Threshold("warning", 1.5, "ratio", "a decode node's KV byte share / fair share: warning"),
+                             Threshold("critical", 2.5, "ratio", "a decode node's KV byte share / fair share: critical"),
+                             Threshold("min_transfers", 3, "count", "KV transfers into the decode node, at least"))),
+            Kind("kv_transfer_slow",
+                 fires='kv_transfer group with ≥ 3 links: a prefill → decode link\'s throughput / the median link\'s ≤ '
+                       '`warning` (0.5) (≤ `critical` 0.25) and / the median of the other links into the same decode node '
+                       '≤ `warning` (a shared downlink slows them all alike), over ≥ `min_messages` (4) messages',
+                 blames='the prefill node, the decode node; the link\'s flows',
+                 thresholds=(Threshold("warning", 0.5, "ratio", "link throughput / median link throughput, at most: warning"),
+                             Threshold("critical", 0.25, "ratio", "link throughput / median link throughput, at most: critical"),
+                             Threshold("min_messages", 4, "count", "KV messages (block writes) on the link, at least"))),
+        )),
+]
