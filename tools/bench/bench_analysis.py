@@ -3,6 +3,12 @@
 implementation of the same metrics, on the same synthetic Snapshot, in the same run.
 
     .venv/bin/python tools/bench/bench_analysis.py [--flows 65536] [--records 10000000] [--rounds 3]
+    .venv/bin/python tools/bench/bench_analysis.py --decode [--tokens 700] [--rounds 3]
+
+--decode: instead of the synthetic training Snapshot, a real decode capture: the generator's
+4-node TP decode (16 layers x 2 ring all-reduces of one LL message per link per step, 2 ms
+compute gap, one slow shard) with enough tokens for >= 1 M message records, written as a
+headers-only pcap and read by the offline parser; the same rows are timed on it.
 
 The Snapshot: a 128-node all-to-all with 2 channels (32,512 data flows, 32,512 CTS flows,
 512 ACK-only flows = 65,536 flows) and 10 M message records (80 % 64 KiB data writes of 16
@@ -245,6 +251,22 @@ def numpy_baseline(snap):
 CPU = {}
 
 
+def decode_snapshot(tokens: int, seed: int = 1):
+    """A TP-decode capture from the generator (>= 1 M message records at 700 tokens), parsed."""
+    import tempfile
+
+    from skewscope import gen
+    from skewscope.gen.presets import PRESETS
+    from skewscope.sources.offline import parse_file
+    sc = dict(PRESETS["tp-decode-slow-shard"])
+    sc["workloads"] = [dict(w, tokens=tokens) for w in sc["workloads"]]
+    cap = gen.generate(sc, seed=seed)
+    with tempfile.TemporaryDirectory(prefix="bench-decode-") as d:
+        path = f"{d}/decode.pcap"
+        cap.write_pcap(path, snaplen=128)
+        return parse_file(path, max_flows=65536)
+
+
 def timed(fn, rounds):
     """Median wall time over rounds (also records the median CPU time of this process,
     which the other users of a shared machine do not inflate)."""
@@ -265,6 +287,8 @@ def main():
     ap.add_argument("--flows", type=int, default=65536)
     ap.add_argument("--records", type=int, default=10_000_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--decode", action="store_true", help="a generated TP-decode capture instead of the synthetic one")
+    ap.add_argument("--tokens", type=int, default=700, help="--decode: tokens in the capture")
     a = ap.parse_args()
     from skewscope.analysis import analyze, live_metrics
     from skewscope.analysis.context import context
@@ -275,8 +299,13 @@ def main():
     live_metrics(fresh(small), records=True)
     numpy_baseline(small)
     t0 = time.perf_counter()
-    snap = synthetic(n_flows=a.flows, n_records=a.records)
-    print(f"synthetic snapshot: {len(snap.flows):,} flows, {len(snap.events):,} message records "
+    if a.decode:
+        snap = decode_snapshot(a.tokens)
+        what = f"TP-decode capture ({a.tokens} tokens, generator -> pcap -> offline parser)"
+    else:
+        snap = synthetic(n_flows=a.flows, n_records=a.records)
+        what = "synthetic snapshot"
+    print(f"{what}: {len(snap.flows):,} flows, {len(snap.events):,} message records "
           f"({time.perf_counter() - t0:.1f} s to build)")
     rows = []
     f_live = lambda: live_metrics(fresh(snap))  # noqa: E731
