@@ -25,12 +25,11 @@ import sys
 import click
 
 from skewscope.cli.common import fail, load_source
-from skewscope.core.errors import EXIT_CRITICAL, EXIT_NOT_RUN, EXIT_OK, EXIT_WARNING, DataplaneError
+from skewscope.core.errors import EXIT_CRITICAL, EXIT_NOT_RUN, EXIT_OK, EXIT_WARNING, DataplaneError, PcapError
 from skewscope.core.snapshot import SnapshotError
 from skewscope.outputs import report as R
 from skewscope.outputs.report import analysis_lines
 from skewscope.sources import live
-from skewscope.sources.pcapfile import PcapError
 
 DIAGNOSE_VERSION = 1
 _DUR = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min|h)?\s*$")

@@ -62,6 +62,8 @@ def replay(file, output, entry, max_flows, as_json):
     if not os.path.isdir(d):  # before the replay, not after it (and not the temp file's name)
         fail(f"-o {output}: directory {d} does not exist", EXIT_USAGE)
     snap = run(file, entry=entry, max_flows=max_flows)
+    for w in snap.meta.get("warnings", []):   # e.g. packets skipped on an unsupported link type
+        click.echo(f"skewscope: warning: {w}", err=True)
     snap.save(output)
     if as_json:
         from skewscope.analysis import analyze  # heavy (numba)

@@ -28,3 +28,8 @@ class SkewscopeError(Exception):
 
 class DataplaneError(SkewscopeError):
     """The data plane could not be compiled, loaded, attached or read."""
+
+
+class PcapError(SkewscopeError):
+    """A capture file that cannot be read: not a capture, unsupported link type, unreadable
+    (one-line message)."""

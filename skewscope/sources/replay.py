@@ -15,9 +15,15 @@ The TC entry's test run builds an skb from one page (frames must stay below ~3.7
 `--entry tc`, frames longer than TC_CUT bytes are handed over cut to TC_CUT bytes with their
 original length in the clock map's wire_len (headers are < 140 bytes, so nothing the parser
 reads is lost). XDP runs take up to 64 KiB (the tail becomes XDP fragments).
+
+The capture is read by the offline path's reader (offline.read_frames: the same formats,
+link-type conventions, errors and warnings as `skewscope report FILE.pcap`, in meta["warnings"]
+when there are any), strictly: a capture damaged part-way (cut short, corrupt) is refused
+with one PcapError line, since a replay is for comparing the kernel's view of a whole file.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import time
 
@@ -28,14 +34,18 @@ from skewscope.bpf.loader import Config, Dataplane
 from skewscope.core import layout as L
 from skewscope.core.errors import EXIT_KERNEL, DataplaneError
 from skewscope.core.snapshot import Snapshot
-from skewscope.sources.pcapfile import read_records
 
 MAX_TEST_RUN_FRAME = 65535
 TC_CUT = 2048
+U64 = (1 << 64) - 1
 
 
 def replay(path: str, entry: str = "xdp", max_flows: int = 65536, progress=None,
            ev_per_cpu: int = 1 << 16) -> Snapshot:
+    from skewscope.sources import offline  # heavy (numba): the capture reader
+    reader = offline.read_frames(path, strict=True)
+    batches = iter(reader)
+    first = next(batches, None)   # an unreadable capture fails here, before the compile
     cfg = Config(max_flows=max_flows, replay_clock=True, ev_per_cpu=ev_per_cpu)
     # Pin to one CPU: all message records land in one region, read in order.
     try:
@@ -50,37 +60,46 @@ def replay(path: str, entry: str = "xdp", max_flows: int = 65536, progress=None,
         frames = padded = too_short = 0
         first_ts = last_ts = None
         flush_every = max(1, ev_per_cpu // 2)
+        pad = np.zeros(MAX_TEST_RUN_FRAME, np.uint8)   # a snaplen-cut frame, zero-padded
+        tc = entry == "tc"
+        set_replay, test_run = dp.set_replay, bpfsys.prog_test_run
         t0 = time.monotonic()
-        for r in read_records(path):
-            frames += 1
-            if first_ts is None:
-                first_ts = r.ts_ns
-            last_ts = r.ts_ns
-            data = r.data
-            caplen = len(data)
-            if caplen < 14:
-                too_short += 1
+        for batch in itertools.chain([first] if first is not None else [], batches):
+            if not len(batch):
                 continue
-            want = min(max(r.orig_len, caplen), MAX_TEST_RUN_FRAME)
-            if want > caplen:
-                padded += 1
-            data = data[:want]
-            wire = 0
-            if entry == "tc" and want > TC_CUT:
-                wire, want = want, TC_CUT
-                data = data[:TC_CUT]
-            if want > len(data):
-                data = data + bytes(want - len(data))
-            dp.set_replay(r.ts_ns, min(caplen, want), wire)
-            try:
-                bpfsys.prog_test_run(fd, data)
-            except bpfsys.BPFError as e:
-                raise DataplaneError(f"{path}: the kernel refused to run record {frames} ({len(data)} bytes) "
-                                     f"through {entry}: {e.strerror}", EXIT_KERNEL) from None
-            if frames % flush_every == 0:
-                recs.append(dp.read_new_records())
-                if progress:
-                    progress(frames)
+            buf = batch.data
+            if first_ts is None:
+                first_ts = int(batch.ts[0])
+            last_ts = int(batch.ts[-1])
+            for ts, orig, caplen, o in zip(batch.ts.tolist(), batch.orig_len.tolist(), batch.caplen.tolist(),
+                                           batch.offset.tolist()):
+                frames += 1
+                if caplen < 14:
+                    too_short += 1
+                    continue
+                want = min(max(orig, caplen), MAX_TEST_RUN_FRAME)
+                if want > caplen:
+                    padded += 1
+                wire = 0
+                if tc and want > TC_CUT:
+                    wire, want = want, TC_CUT
+                n = min(caplen, want)
+                if n == want:
+                    data = buf[o:o + want]
+                else:
+                    pad[:n] = buf[o:o + n]
+                    pad[n:want] = 0
+                    data = pad[:want]
+                set_replay(ts & U64, n, wire)
+                try:
+                    test_run(fd, data)
+                except bpfsys.BPFError as e:
+                    raise DataplaneError(f"{path}: the kernel refused to run record {frames} ({want} bytes) "
+                                         f"through {entry}: {e.strerror}", EXIT_KERNEL) from None
+                if frames % flush_every == 0:
+                    recs.append(dp.read_new_records())
+                    if progress:
+                        progress(frames)
         recs.append(dp.read_new_records())
         meta = {
             "source": "replay",
@@ -95,6 +114,8 @@ def replay(path: str, entry: str = "xdp", max_flows: int = 65536, progress=None,
             "duration_s": ((last_ts - first_ts) / 1e9) if first_ts is not None else 0.0,
             "replay_seconds": time.monotonic() - t0,
         }
+        if reader.warnings:
+            meta["warnings"] = list(reader.warnings)
         snap = dp.snapshot(meta, records=np.concatenate(recs) if recs else None)
         if too_short:
             snap.globals[L.G_FRAMES] += too_short

@@ -8,7 +8,7 @@ message record, every global counter, and the meta both define. Captures:
 - every skewgen preset (whatever PRESETS holds), headers-only (snaplen 128), plus full
   frames for the small ones;
 - every file in ../shared/data/real (the ERF one must be refused by both);
-- container/link-type variants of one preset rebuilt from pcapfile's records: pcapng with a
+- container/link-type variants of one preset rebuilt from its records: pcapng with a
   cooked-v2 and a raw-IP interface, gzip;
 - a flow table too small for the traffic: there the kernel's LRU (an approximation that
   frees in batches) and the offline exact LRU may keep different flows; the test checks
@@ -100,8 +100,8 @@ def test_preset_full_frames(tmp_path, preset):
 @pytest.mark.parametrize("path", REAL_FILES, ids=[p.name for p in REAL_FILES])
 @pytest.mark.parametrize("entry", ["xdp", "tc"])
 def test_real_captures(path, entry):
+    from skewscope.core.errors import PcapError
     from skewscope.sources import offline
-    from skewscope.sources.pcapfile import PcapError
     from skewscope.sources.replay import replay
     if "ERF" in path.name:
         with pytest.raises(PcapError, match="link type 197"):
@@ -114,10 +114,10 @@ def test_real_captures(path, entry):
 
 
 def _variants(src: Path, out: Path):
-    """Rebuild `src` (Ethernet pcap) from pcapfile's records as: a pcapng whose IPv4 frames
+    """Rebuild `src` (Ethernet pcap, read with scapy) as: a pcapng whose IPv4 frames
     alternate between a Linux-cooked-v2 and a raw-IP interface (others on Ethernet), each
     interface with its own if_tsresol; and a gzip of the pcap."""
-    from skewscope.sources.pcapfile import read_records
+    RawPcapReader = pytest.importorskip("scapy.utils", reason="scapy rebuilds the variants").RawPcapReader
 
     def blk(t, body):
         body += b"\0" * (-len(body) % 4)
@@ -127,15 +127,17 @@ def _variants(src: Path, out: Path):
         return blk(1, struct.pack("<HHI", lt, 0, 0) + struct.pack("<HHB3x", 9, 1, res) + b"\0\0\0\0")
 
     parts = [blk(0x0A0D0D0A, struct.pack("<IHHq", 0x1A2B3C4D, 1, 0, -1)), idb(1, 9), idb(276, 9), idb(101, 9)]
-    for i, r in enumerate(read_records(str(src))):
-        d, orig, iface = r.data, r.orig_len, 0
+    reader = RawPcapReader(str(src))
+    for i, (d, m) in enumerate(reader):
+        ts_ns = m.sec * 1_000_000_000 + m.usec * (1 if reader.nano else 1000)
+        orig, iface = m.wirelen, 0
         if d[12:14] == b"\x08\x00" and len(d) > 34:
             if i % 2:
                 d = struct.pack(">HHIHBB8s", 0x0800, 0, 2, 1, 0, 6, d[6:12] + b"\0\0") + d[14:]
                 orig, iface = orig - 14 + 20, 1
             else:
                 d, orig, iface = d[14:], orig - 14, 2
-        parts.append(blk(6, struct.pack("<IIIII", iface, r.ts_ns >> 32, r.ts_ns & 0xFFFFFFFF, len(d), orig) + d))
+        parts.append(blk(6, struct.pack("<IIIII", iface, ts_ns >> 32, ts_ns & 0xFFFFFFFF, len(d), orig) + d))
     ng = out / "v.pcapng"
     ng.write_bytes(b"".join(parts))
     gz = out / "v.pcap.gz"

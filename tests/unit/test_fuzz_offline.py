@@ -8,10 +8,11 @@
    is tests/kernel/test_fuzz_kernel.py.)
 2. The capture readers under hypothesis, for a bounded number of examples each: random
    bytes, pcap and pcapng files built from random (often lying) headers, block lengths and
-   records, then cut or bit-flipped, gzip too. skewscope.sources.pcapfile.read_records and
-   skewscope.sources.offline.parse_file may only return/yield or raise PcapError (the documented
-   error); a file damaged part-way gives a Snapshot whose counters still add up. pytest's
-   timeout fails the test if either ever hangs.
+   records, then cut or bit-flipped, gzip too. skewscope.sources.offline.read_frames (the
+   reader of `skewscope replay`) and offline.parse_file may only return/yield or raise
+   PcapError (the documented error); a file damaged part-way gives a Snapshot whose counters
+   still add up, and read_frames yields exactly the records parse_file counted, with the same
+   warnings. pytest's timeout fails the test if either ever hangs.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fuzzcorpus as fc  # noqa: E402
 
 from skewscope.core import layout as L  # noqa: E402
-from skewscope.sources.pcapfile import PcapError, read_records  # noqa: E402
+from skewscope.core.errors import PcapError  # noqa: E402
 
 try:
     from skewscope.sources import offline
@@ -188,34 +189,14 @@ FUZZ = settings(max_examples=400, deadline=5000, derandomize=False, database=Non
 
 _SHB = struct.pack("<II", 0x0A0D0D0A, 28) + struct.pack("<IHHq", 0x1A2B3C4D, 1, 0, -1) + struct.pack("<I", 28)
 _IDB = struct.pack("<II", 1, 20) + struct.pack("<HHI", 1, 0, 0) + struct.pack("<I", 20)
-# found by this test: struct.error from pcapfile on a short IDB / SPB, EOFError on a cut gzip
+# found by this test (in the former pure-Python reader): struct.error on a short IDB / SPB,
+# EOFError on a cut gzip
 REGRESSIONS = [
     _SHB + struct.pack("<III", 1, 12, 12),                    # IDB with an empty body
     _SHB + _IDB + struct.pack("<III", 3, 12, 12),             # SPB with an empty body
     gzip.compress(_SHB + _IDB)[:20],                          # gzip stream cut short
     b"\x1f\x8b" + bytes(30),                                  # not really gzip
 ]
-
-
-@pytest.mark.timeout(300)
-@FUZZ
-@given(blob=capture_files())
-@example(blob=REGRESSIONS[0])
-@example(blob=REGRESSIONS[1])
-@example(blob=REGRESSIONS[2])
-@example(blob=REGRESSIONS[3])
-def test_pcapfile_reader_raises_only_pcaperror(tmp_path, blob):
-    p = tmp_path / "f.pcap"
-    p.write_bytes(blob)
-    try:
-        n = 0
-        for r in read_records(str(p)):
-            n += 1
-            assert isinstance(r.data, bytes) and r.orig_len >= 0 and r.ts_ns >= 0
-            assert n < 100000
-    except PcapError as e:
-        msg = str(e)
-        assert msg and "\n" not in msg
 
 
 @pytest.fixture(scope="module")
@@ -234,6 +215,9 @@ def warm_offline(tmp_path_factory):
     offline.parse_file(str(d / "w.pcapng"))
     (d / "w.pcap.gz").write_bytes(gzip.compress(ng))
     offline.parse_file(str(d / "w.pcap.gz"))
+    for f in ("w.pcap", "w.pcapng", "w.pcap.gz"):   # mapped (read-only) and gunzipped buffers
+        list(offline.read_frames(d / f))
+        offline.dissect(d / f)
 
 
 @needs_offline
@@ -257,3 +241,53 @@ def test_offline_reader_raises_only_pcaperror(warm_offline, tmp_path, blob):
     assert int(g[:L.G_NCAT].sum()) == int(g[L.G_FRAMES])
     assert int(snap.flows["packets"].sum()) == int(g[L.G_ACCOUNTED])
     assert (snap.flows["payload_bytes"] <= snap.flows["bytes"]).all()
+
+
+@needs_offline
+@pytest.mark.timeout(400)
+@FUZZ
+@given(blob=capture_files())
+@example(blob=REGRESSIONS[0])
+@example(blob=REGRESSIONS[1])
+@example(blob=REGRESSIONS[2])
+@example(blob=REGRESSIONS[3])
+def test_frame_reader_raises_only_pcaperror(warm_offline, tmp_path, blob):
+    """offline.read_frames (the record API `skewscope replay` reads captures with) yields
+    batches or raises PcapError with one line, exactly when parse_file does; the batches are
+    well formed (0 <= caplen <= orig_len, frames back to back in data) and hold every record
+    parse_file counted, with dissect's timestamps and Ethernet-frame lengths and parse_file's
+    damage warnings (strict: a PcapError instead, exactly for damage)."""
+    p = tmp_path / "f.pcap"
+    p.write_bytes(blob)
+    try:
+        reader = offline.read_frames(p)
+        batches = list(reader)
+    except PcapError as e:
+        msg = str(e)
+        assert msg and "\n" not in msg
+        with pytest.raises(PcapError):
+            offline.parse_file(p)
+        return
+    ts, wire = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for b in batches:
+        assert len(b) > 0
+        for a in (b.ts, b.orig_len, b.caplen, b.offset):
+            assert a.dtype == np.int64 and len(a) == len(b)
+        assert (b.caplen >= 0).all() and (b.caplen <= b.orig_len).all()
+        assert np.array_equal(b.offset, np.cumsum(b.caplen) - b.caplen)
+        assert b.data.dtype == np.uint8 and len(b.data) == int(b.caplen.sum())
+        ts.append(b.ts)
+        wire.append(b.orig_len)
+    snap = offline.parse_file(p)
+    rows = offline.dissect(p)
+    n = sum(len(b) for b in batches)
+    assert n == int(snap.globals[L.G_FRAMES]) == len(rows)
+    assert np.array_equal(np.concatenate(ts), rows["ts"]) and np.array_equal(np.concatenate(wire), rows["wire_len"])
+    assert all(w and "\n" not in w for w in reader.warnings)
+    assert reader.warnings == snap.meta["warnings"]
+    # strict (replay's mode): the damage warning becomes the one PcapError line, nothing else
+    damaged = any("records before it" in w for w in reader.warnings)
+    try:
+        assert sum(len(b) for b in offline.read_frames(p, strict=True)) == n and not damaged
+    except PcapError as e:
+        assert damaged and str(e) and "\n" not in str(e)

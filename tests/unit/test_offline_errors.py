@@ -28,8 +28,8 @@ from test_offline_formats import ng_block, ng_epb, ng_idb, ng_shb, pcap_bytes, r
 
 from skewscope.cli import main
 from skewscope.core import layout as L
+from skewscope.core.errors import PcapError
 from skewscope.sources import offline
-from skewscope.sources.pcapfile import PcapError
 
 pytestmark = pytest.mark.timeout(300)
 REAL = Path(__file__).resolve().parents[2].parent / "shared/data/real"

@@ -438,13 +438,17 @@ def test_cooked_and_raw_link_types(ref, tmp_path, conv, lt):
 
 def test_link_header_short_records_are_truncated_eth(tmp_path):
     """A cooked/raw record too short for its own link header is a frame cut before its
-    Ethernet header: truncated_eth (counted, never dropped), as pcapfile.py does."""
+    Ethernet header: truncated_eth (counted, never dropped); read_frames (replay's reader)
+    hands it on as an empty frame of that Ethernet length (Ethernet: its bytes as they are)."""
     for lt, data, wire in ((113, b"\0" * 15, 98), (276, b"\0" * 19, 94), (101, b"", 114), (1, b"\0" * 13, 100)):
         p = write(tmp_path / f"s{lt}.pcap", pcap_bytes([(1, data, 100)], linktype=lt))
         snap = offline.parse_file(p)
         assert int(snap.globals[L.G_FRAMES]) == 1 and int(snap.globals[L.G_TRUNC_ETH]) == 1, lt
-        # the Ethernet-frame length of pcapfile.py's conversion (what replay hands the kernel)
+        # the Ethernet-frame length of the link-type conversion (what replay hands the kernel)
         assert int(offline.dissect(p)["wire_len"][0]) == wire
+        (batch,) = offline.read_frames(p)
+        assert (len(batch), int(batch.orig_len[0]), int(batch.ts[0])) == (1, wire, 1)
+        assert batch.frame(0).tobytes() == (data if lt == 1 else b"")
 
 
 def test_chunk_boundaries_and_oversized_records(ref, ref_snap, tmp_path):

@@ -1,21 +1,27 @@
-"""Offline path: a capture file -> the Snapshot the kernel data plane would have produced.
+"""Offline path: a capture file -> the Snapshot the kernel data plane would have produced;
+and the one reader of capture files (`skewscope replay` reads its frames here too).
 
-    from skewscope import offline
+    from skewscope.sources import offline
     snap = offline.parse_file("trace.pcap.gz")        # Snapshot(source="offline")
     pkts = offline.dissect("trace.pcap", limit=1000)  # per-packet parse (debugging, tests)
+    for batch in offline.read_frames("trace.pcap"):   # the records as Ethernet frames
+        batch.ts, batch.orig_len, batch.frame(0)
 
-The file is streamed in chunks through numba kernels (skewscope/offline/kernel.py): a record
-scanner for pcap (µs/ns magic, either byte order) or pcapng (SHB, IDB, EPB, SPB, the obsolete
-PB; several interfaces, each with its own link type and if_tsresol), then a line-by-line
-mirror of ebpf/skewscope.bpf.c's parser and accounting. Link types and length conventions
-are those of skewscope/pcapfile.py (the reader of `skewscope replay`). gzip is read
-transparently. Memory is bounded by the chunk buffer, the flow table (max_flows) and the
-message records (one per message). See docs/offline.md.
+The file is streamed in chunks through numba kernels (skewscope/offline/kernel.py): one
+record walk for pcap (µs/ns magic, either byte order) or pcapng (SHB, IDB, EPB, SPB, the
+obsolete PB; several interfaces, each with its own link type and if_tsresol), then either a
+line-by-line mirror of ebpf/skewscope.bpf.c's parser and accounting (parse_file, dissect) or
+a copy of each record as an Ethernet frame (read_frames). Link-type conventions (kernel.py
+link_view): Ethernet (1) as is; Linux cooked v1 (113) / v2 (276) and raw IP (101, and
+DLT_RAW 12/14) become an Ethernet frame with a synthesised 14-byte header (zero MACs, the
+packet's EtherType), original lengths adjusted by the same difference; timestamps in ns.
+gzip is read transparently. Memory is bounded by the chunk buffer, the flow table
+(max_flows) and the message records (one per message). See docs/offline.md.
 
-Bad input: a file that is not a capture, or of an unsupported link type, raises
-pcapfile.PcapError (one line; the CLI prints it and exits 3). A capture that is damaged
-part-way (cut short by a killed tcpdump, a corrupt record length, a broken gzip stream)
-gives the Snapshot of everything before the damage, with the reason in meta["warnings"].
+Bad input: a file that is not a capture, or of an unsupported link type, raises PcapError
+(one line; the CLI prints it and exits 3). A capture that is damaged part-way (cut short by
+a killed tcpdump, a corrupt record length, a broken gzip stream) is read up to the damage,
+with the reason in meta["warnings"] (read_frames: FrameReader.warnings).
 """
 from __future__ import annotations
 
@@ -31,21 +37,31 @@ from pathlib import Path
 import numpy as np
 
 from skewscope.core import layout as L
+from skewscope.core.errors import PcapError
 from skewscope.core.snapshot import Snapshot, flow_key_matrix, flows_from_raw
 from skewscope.sources.offline import kernel as K
-from skewscope.sources.pcapfile import (
-    DLT_RAW_ALIASES,
-    LINKTYPE_ETHERNET,
-    LINKTYPE_LINUX_SLL,
-    LINKTYPE_LINUX_SLL2,
-    LINKTYPE_NAMES,
-    LINKTYPE_RAW,
-    PCAP_MAGIC_NS,
-    PCAP_MAGIC_US,
-    PCAPNG_SHB,
-    PcapError,
-    _check_linktype,
-)
+
+LINKTYPE_ETHERNET = 1
+LINKTYPE_RAW = 101
+LINKTYPE_LINUX_SLL = 113
+LINKTYPE_LINUX_SLL2 = 276
+LINKTYPE_ERF = 197
+DLT_RAW_ALIASES = (12, 14)
+SUPPORTED_LINKTYPES = {LINKTYPE_ETHERNET: "Ethernet", LINKTYPE_RAW: "raw IP", 12: "raw IP", 14: "raw IP",
+                       LINKTYPE_LINUX_SLL: "Linux cooked v1", LINKTYPE_LINUX_SLL2: "Linux cooked v2"}
+LINKTYPE_NAMES = {LINKTYPE_ERF: "ERF (native InfiniBand/DAG)", 247: "InfiniBand", 105: "802.11",
+                  127: "802.11 radiotap", 0: "BSD loopback", 113: "Linux cooked v1"}
+
+PCAP_MAGIC_US = 0xA1B2C3D4
+PCAP_MAGIC_NS = 0xA1B23C4D
+PCAPNG_SHB = 0x0A0D0D0A
+
+
+def _check_linktype(path: str, lt: int) -> None:
+    if lt not in SUPPORTED_LINKTYPES:
+        name = LINKTYPE_NAMES.get(lt, f"link type {lt}")
+        raise PcapError(f"{path}: unsupported link type {lt} ({name}); skewscope reads Ethernet, "
+                        "Linux cooked (v1/v2) and raw IP captures of RoCE")
 
 
 def _purge_stale_numba_cache() -> None:
@@ -83,7 +99,7 @@ def _purge_stale_numba_cache() -> None:
 
 _purge_stale_numba_cache()
 
-__all__ = ["parse_file", "dissect", "PcapError", "DEFAULT_CHUNK"]
+__all__ = ["parse_file", "dissect", "read_frames", "FrameReader", "FrameBatch", "PcapError", "DEFAULT_CHUNK"]
 
 DEFAULT_CHUNK = 16 << 20
 DEFAULT_MAX_EVENTS = 1 << 23   # ~1 GB at peak in the worst case (one message per packet)
@@ -446,9 +462,16 @@ class _Run:
     """One pass over one file."""
 
     def __init__(self, path: str, max_flows: int, chunk: int, packets: int, progress: bool,
-                 max_events: int = 1 << 23):
+                 max_events: int = 1 << 23, frames: int = 0):
         self.path = path
-        self.t = _Tables(max_flows, packets, max_events)
+        # frames > 0: copy records out as Ethernet frames, batches of at most `frames`
+        # (read_frames); else parse and account them into the tables
+        self.frames = frames
+        self.strict = False   # damage part-way: PcapError instead of a warning
+        self.t = None if frames else _Tables(max_flows, packets, max_events)
+        self.st = np.zeros(K.ST_N, np.int64) if frames else self.t.st
+        if frames:
+            self._new_batch(FRAME_BYTES)
         self.warnings: list[str] = []
         self.fmt = None
         self.linktypes: set[int] = set()
@@ -461,6 +484,12 @@ class _Run:
 
     # -- driver ------------------------------------------------------------------------
     def run(self) -> None:
+        for _ in self.walk():
+            pass
+
+    def walk(self):
+        """Read the file; in frames mode, yield FrameBatch-es (the last one after the
+        damage warning, if any, is recorded)."""
         src = _Source(self.path)
         self.src = src
         bar = None
@@ -488,12 +517,18 @@ class _Run:
                 self.bar = None
             try:
                 if self.fmt == "pcap":
-                    self._run_pcap()
+                    yield from self._run_pcap()
                 else:
-                    self._run_pcapng()
+                    yield from self._run_pcapng()
             except _Stop as e:
+                if self.strict:
+                    raise PcapError(f"{self.path}: capture truncated or damaged: {e} (replay needs the whole "
+                                    "capture; `skewscope report` reads up to the damage)") from None
                 self.warnings.append(f"{self.path}: {e}; the report covers the "
-                                     f"{int(self.t.st[K.ST_RECORDS])} records before it")
+                                     f"{int(self.st[K.ST_RECORDS])} records before it")
+            if self.frames and self.n:
+                yield self._take()
+            self._finish()
         finally:
             if bar is not None:
                 bar.close()
@@ -534,18 +569,48 @@ class _Run:
         self.kind = _KIND[lt]
         b.pos = 24
 
-    def _run_pcap(self) -> None:
-        b, t = self.b, self.t
+    def _scan(self, fmt: int, ts_mult: int, kind: int, if_kind, if_res, if_snap, n_if: int) -> int:
+        """One scanner call from b.pos (the accounting one, or the frame copier in frames
+        mode); grows the tables / hands over a full batch as needed. Returns the status."""
+        b = self.b
+        if self.frames:
+            pos, status, n, o = K.scan_frames(b.buf, b.pos, b.fill, fmt, self.big, ts_mult, kind, if_kind, if_res,
+                                              if_snap, n_if, self.st, self.rec, self.n, self.out, self.o)
+            self.n, self.o = int(n), int(o)
+        else:
+            pos, status = K.scan(b.buf, b.pos, b.fill, fmt, self.big, ts_mult, kind, if_kind, if_res, if_snap, n_if,
+                                 *self.t.args())
+        b.pos = int(pos)
+        if status == K.S_GROW:
+            self.t.grow()
+        elif status == K.S_FULL and self.n == 0:   # one frame larger than the batch buffer
+            self._new_batch(2 * len(self.out))
+        return int(status)
+
+    def _new_batch(self, nbytes: int) -> None:
+        self.rec = np.empty((self.frames, 4), np.int64)
+        self.out = np.empty(nbytes, np.uint8)
+        self.n = self.o = 0
+
+    def _take(self) -> FrameBatch:
+        rec = self.rec[:self.n]
+        batch = FrameBatch(rec[:, 0], rec[:, 1], rec[:, 2], rec[:, 3], self.out[:self.o])
+        self._new_batch(max(FRAME_BYTES, len(self.out)))
+        return batch
+
+    def _run_pcap(self):
+        b = self.b
         while True:
-            pos, status = K.scan(b.buf, b.pos, b.fill, K.FMT_PCAP, self.big, self.ts_mult, self.kind, _NO_IF,
-                                 _NO_IF, _NO_IF, 0, *t.args())
-            b.pos = int(pos)
+            status = self._scan(K.FMT_PCAP, self.ts_mult, self.kind, _NO_IF, _NO_IF, _NO_IF, 0)
             if status == K.S_GROW:
-                t.grow()
+                continue
+            if status == K.S_FULL:
+                if self.n:
+                    yield self._take()
                 continue
             if status == K.S_BAD_RECLEN:
                 incl = _u32(b.buf, b.pos + 8, self.big)
-                raise _Stop(f"record {int(t.st[K.ST_RECORDS]) + 1} (file offset {b.base + b.pos}) claims "
+                raise _Stop(f"record {int(self.st[K.ST_RECORDS]) + 1} (file offset {b.base + b.pos}) claims "
                             f"{incl} captured bytes, more than any capture holds: the file is corrupt there")
             # need data
             self._tick()
@@ -553,7 +618,7 @@ class _Run:
                 if b.error is not None:
                     raise b.error
                 if b.avail():
-                    raise _Stop(f"the file ends inside record {int(t.st[K.ST_RECORDS]) + 1} "
+                    raise _Stop(f"the file ends inside record {int(self.st[K.ST_RECORDS]) + 1} "
                                 f"({b.avail()} bytes of it present; capture cut short?)")
                 return
             need = 16
@@ -562,17 +627,18 @@ class _Run:
             b.refill(need)
 
     # -- pcapng --------------------------------------------------------------------------
-    def _run_pcapng(self) -> None:
-        b, t = self.b, self.t
+    def _run_pcapng(self):
+        b = self.b
         self.big = False
         self.ifaces: list[tuple[int, int, int, int]] = []  # (link type, kind, tsresol, snaplen)
         self._if_arrays()
         while True:
-            pos, status = K.scan(b.buf, b.pos, b.fill, K.FMT_PCAPNG, self.big, 1, 0, self.if_kind, self.if_res,
-                                 self.if_snap, len(self.ifaces), *t.args())
-            b.pos = int(pos)
+            status = self._scan(K.FMT_PCAPNG, 1, 0, self.if_kind, self.if_res, self.if_snap, len(self.ifaces))
             if status == K.S_GROW:
-                t.grow()
+                continue
+            if status == K.S_FULL:
+                if self.n:
+                    yield self._take()
                 continue
             if status == K.S_PYBLOCK:
                 self._py_block()
@@ -581,7 +647,7 @@ class _Run:
                 raise _Stop(f"corrupt pcapng block at file offset {b.base + b.pos}")
             if status == K.S_BAD_IFACE:
                 raise _Stop(f"packet block at file offset {b.base + b.pos} refers to interface "
-                            f"{int(t.st[K.ST_STOP_IF])}, which the file never declared: corrupt")
+                            f"{int(self.st[K.ST_STOP_IF])}, which the file never declared: corrupt")
             self._tick()
             if b.eof:
                 if b.error is not None:
@@ -663,9 +729,10 @@ class _Run:
         b.pos = o + blen
 
     # -- result --------------------------------------------------------------------------
-    def snapshot(self, seconds: float) -> Snapshot:
-        t = self.t
-        st, g = t.st, t.g
+    def _finish(self) -> None:
+        """At the end of the file: refuse a file whose only packets are on interfaces of an
+        unsupported link type; warn about skipped packets and unknown blocks."""
+        st = self.st
         skipped = int(st[K.ST_SKIP_LT])
         if skipped:
             names = ", ".join(f"{lt} ({LINKTYPE_NAMES.get(lt, 'link type %d' % lt)})" for lt in sorted(self.unsupported))
@@ -677,6 +744,11 @@ class _Run:
         if st[K.ST_UNKNOWN_BLOCKS]:
             self.warnings.append(f"{self.path}: skipped {int(st[K.ST_UNKNOWN_BLOCKS])} pcapng blocks of unknown type "
                                  f"(last: 0x{int(st[K.ST_UNKNOWN_TYPE]):08x})")
+
+    def snapshot(self, seconds: float) -> Snapshot:
+        t = self.t
+        st, g = t.st, t.g
+        skipped = int(st[K.ST_SKIP_LT])
         lost = int(st[K.ST_EVLOST])
         if lost:
             self.warnings.append(f"{self.path}: kept the first {int(st[K.ST_EVMAX])} message records, "
@@ -837,3 +909,76 @@ def dissect(path, limit: int | None = None, max_flows: int = 65536) -> np.ndarra
     out["src"][roce] = addr[roce, :16]
     out["dst"][roce] = addr[roce, 16:]
     return out
+
+
+FRAME_BATCH = 8192           # records per FrameBatch at most
+FRAME_BYTES = 4 << 20        # and frame bytes per batch (grows for a larger single frame)
+
+
+class FrameBatch:
+    """Consecutive records of a capture as Ethernet frames (read_frames): numpy int64 arrays
+    ts (ns), orig_len (the Ethernet frame's length on the wire, >= caplen), caplen (bytes
+    captured) and offset (of each frame in data, uint8, the frames back to back). A record
+    too short for its link-layer header is an empty frame (a too short Ethernet record keeps
+    its bytes); every record is there, none dropped."""
+
+    __slots__ = ("ts", "orig_len", "caplen", "offset", "data")
+
+    def __init__(self, ts, orig_len, caplen, offset, data):
+        self.ts, self.orig_len, self.caplen, self.offset, self.data = ts, orig_len, caplen, offset, data
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def frame(self, i: int) -> np.ndarray:
+        """The captured bytes of record i (a view into data)."""
+        o = int(self.offset[i])
+        return self.data[o:o + int(self.caplen[i])]
+
+    def __iter__(self):
+        """(ts_ns, orig_len, frame bytes) per record: convenient, not fast."""
+        for i, (ts, orig) in enumerate(zip(self.ts.tolist(), self.orig_len.tolist())):
+            yield ts, orig, self.frame(i).tobytes()
+
+
+class FrameReader:
+    """Iterating yields FrameBatch-es in file order (one pass). Raises PcapError (one line)
+    for a file that cannot be read as a capture; damage part-way ends the iteration after
+    the records before it, with the reason in `warnings` (strict: raises PcapError there,
+    after the batches before it). After the iteration: warnings, format ("pcap"/"pcapng"),
+    linktypes, compressed ("gzip" or None)."""
+
+    def __init__(self, path, batch: int = FRAME_BATCH, strict: bool = False, chunk_bytes: int = DEFAULT_CHUNK):
+        self.path = os.fspath(path)
+        self._run = _Run(self.path, 1, max(1 << 16, int(chunk_bytes)), 0, False, 1, frames=max(1, int(batch)))
+        self._run.strict = bool(strict)
+        self.warnings = self._run.warnings
+        self._used = False
+
+    def __iter__(self):
+        if self._used:
+            raise RuntimeError("a FrameReader reads its file once")
+        self._used = True
+        yield from self._run.walk()
+
+    @property
+    def format(self) -> str | None:
+        return self._run.fmt
+
+    @property
+    def linktypes(self) -> list[int]:
+        return sorted(self._run.linktypes)
+
+    @property
+    def compressed(self) -> str | None:
+        src = getattr(self._run, "src", None)
+        return "gzip" if src is not None and src.gzip else None
+
+
+def read_frames(path, batch: int = FRAME_BATCH, strict: bool = False) -> FrameReader:
+    """The records of a pcap/pcapng capture (optionally gzip-compressed) as Ethernet frames,
+    in batches (FrameBatch) of at most `batch` records: what `skewscope replay` hands the
+    kernel. The same reader as parse_file: same formats, link-type conventions, errors and
+    warnings (FrameReader.warnings); strict: a capture damaged part-way raises PcapError
+    (after the batches before the damage) instead of a warning."""
+    return FrameReader(path, batch, strict)

@@ -189,11 +189,13 @@ S_PYBLOCK = 2      # pcapng SHB/IDB at pos: Python parses it
 S_BAD_RECLEN = 3   # pcap record length implausible
 S_BAD_BLOCK = 4    # pcapng block length invalid / trailer mismatch / EPB overruns block
 S_BAD_IFACE = 5    # pcapng packet for an interface not declared
+S_FULL = 6         # scan_frames: no room in the output for the record at pos
+S_RECORD = -1      # next_record: a complete record at pos
 
-MAX_RECORD = 262144 * 4   # as skewscope/pcapfile.py: larger is a corrupt file
+MAX_RECORD = 262144 * 4   # a pcap record claiming more is a corrupt file
 MAX_BLOCK = 64 * 1024 * 1024
 
-# link-layer kinds (pcapfile.py conventions)
+# link-layer kinds (link_view: the conventions)
 K_UNSUPPORTED = -1
 K_ETHERNET = 0
 K_RAW = 1
@@ -796,18 +798,60 @@ def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opt
 
 
 @njit(cache=True, inline="always")
+def link_view(b, off, incl, orig, kind):
+    """The Ethernet view of one capture record of link-layer `kind` at b[off:off+incl],
+    original length `orig` (the link-type conventions, docs/offline.md): Ethernet as is;
+    Linux cooked v1/v2 and raw IP become an Ethernet frame with a synthesised 14-byte
+    header (zero MACs, the packet's EtherType), the original length adjusted by the same
+    difference. Returns (ok, proto, cur, wire): ok False when the record is too short for
+    its link-layer header (counted as truncated_eth, never dropped); proto the EtherType,
+    cur the first byte after the link-layer header, wire the Ethernet frame's length on the
+    wire (at least its captured length)."""
+    wire = orig if orig > incl else incl
+    ok = True
+    proto = 0
+    cur = off
+    if kind == K_ETHERNET:
+        if incl < 14:
+            ok = False
+        else:
+            proto = be16(b, off + 12)
+            cur = off + 14
+    elif kind == K_RAW:
+        wire += 14
+        if incl < 1:
+            ok = False
+        else:
+            v = b[off] >> 4
+            proto = 0x0800 if v == 4 else (0x86DD if v == 6 else 0)
+    elif kind == K_SLL:
+        wire = wire - 2 if wire > 2 else 0
+        if incl < 16:
+            ok = False
+        else:
+            proto = be16(b, off + 14)
+            cur = off + 16
+    else:  # K_SLL2
+        wire = wire - 6 if wire > 6 else 0
+        if incl < 20:
+            ok = False
+        else:
+            proto = be16(b, off)
+            cur = off + 20
+    return ok, proto, cur, wire
+
+
+@njit(cache=True, inline="always")
 def record(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
            b, off, incl, orig, kind, ts):
-    """One capture record of link-layer `kind` at b[off:off+incl], original length `orig`.
-    Link-layer conventions as skewscope/pcapfile.py: cooked/raw records become an Ethernet
-    frame with a synthesised 14-byte header; one too short for its link header counts as
+    """One capture record of link-layer `kind` at b[off:off+incl], original length `orig`,
+    seen as an Ethernet frame (link_view); one too short for its link header counts as
     truncated_eth."""
     if st[ST_FIRST_TS] < 0:
         st[ST_FIRST_TS] = ts
     st[ST_LAST_TS] = ts
     st[ST_RECORDS] += 1
     g[G_FRAMES] += 1
-    wire = orig if orig > incl else incl
     if orig > incl:
         st[ST_CUT] += 1
     if st[ST_PKCAP] > 0:
@@ -815,37 +859,8 @@ def record(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opta
         for c in range(PK_N):
             pk[n, c] = -1
         pk[n, PK_TS] = ts
-    # the Ethernet view of the record: EtherType, first byte after the L2 header, end
-    cat = G_ACCOUNTED
-    proto = 0
-    cur = off
-    if kind == K_ETHERNET:
-        if incl < 14:
-            cat = G_TRUNC_ETH
-        else:
-            proto = be16(b, off + 12)
-            cur = off + 14
-    elif kind == K_RAW:
-        wire += 14
-        if incl < 1:
-            cat = G_TRUNC_ETH
-        else:
-            v = b[off] >> 4
-            proto = 0x0800 if v == 4 else (0x86DD if v == 6 else 0)
-    elif kind == K_SLL:
-        wire = wire - 2 if wire > 2 else 0
-        if incl < 16:
-            cat = G_TRUNC_ETH
-        else:
-            proto = be16(b, off + 14)
-            cur = off + 16
-    else:  # K_SLL2
-        wire = wire - 6 if wire > 6 else 0
-        if incl < 20:
-            cat = G_TRUNC_ETH
-        else:
-            proto = be16(b, off)
-            cur = off + 20
+    ok, proto, cur, wire = link_view(b, off, incl, orig, kind)
+    cat = G_ACCOUNTED if ok else G_TRUNC_ETH
     if cat == G_ACCOUNTED:
         cat = process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
                       b, proto, cur, off + incl, wire, ts)
@@ -861,7 +876,7 @@ def record(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opta
 # ---- record scanner -----------------------------------------------------------------------
 @njit(cache=True)
 def pcapng_ts(ticks, res):
-    """if_tsresol -> ns, exactly (pcapfile.py does the same with Python integers)."""
+    """if_tsresol -> ns, exactly (integer arithmetic, no float rounding at ns)."""
     if res & 0x80:
         return mulshift(ticks, 1000000000, res & 0x7F)
     if res <= 9:
@@ -879,14 +894,93 @@ FMT_PCAP = 0
 FMT_PCAPNG = 1
 
 
+@njit(cache=True, inline="always")
+def next_record(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, n_if, st):
+    """The record walk: the one place that reads the capture formats' record framing (both
+    scanners below inline it). From b[pos:end], classic pcap (fmt FMT_PCAP: byte order
+    `big`, ts_mult 1 (ns) or 1000 (us), link-layer `kind`) or pcapng (FMT_PCAPNG: blocks of
+    byte order `big`; n_if interfaces with link-layer kind / if_tsresol / snaplen in if_*).
+    Skips (and counts in st) pcapng blocks that carry no packet and packets on interfaces of
+    an unsupported link type. Returns (status, pos, nxt, data, incl, orig, kind, ts):
+    status S_RECORD for a complete record at pos (its bytes b[data:data+incl], the next
+    record at nxt), else the reason to stop at pos (S_NEED_DATA, S_PYBLOCK, S_BAD_*)."""
+    while True:
+        if fmt == FMT_PCAP:
+            if pos + 16 > end:
+                return S_NEED_DATA, pos, pos, 0, 0, 0, 0, 0
+            incl = rd32(b, pos + 8, big)
+            if incl > MAX_RECORD:
+                return S_BAD_RECLEN, pos, pos, 0, 0, 0, 0, 0
+            nxt = pos + 16 + incl
+            if nxt > end:
+                return S_NEED_DATA, pos, pos, 0, 0, 0, 0, 0
+            orig = rd32(b, pos + 12, big)
+            ts = rd32(b, pos, big) * 1000000000 + rd32(b, pos + 4, big) * ts_mult
+            return S_RECORD, pos, nxt, pos + 16, incl, orig, kind, ts
+        if pos + 12 > end:
+            return S_NEED_DATA, pos, pos, 0, 0, 0, 0, 0
+        btype = rd32(b, pos, big)
+        if btype == 0x0A0D0D0A or btype == 1:
+            return S_PYBLOCK, pos, pos, 0, 0, 0, 0, 0
+        blen = rd32(b, pos + 4, big)
+        if blen < 12 or (blen & 3) or blen > MAX_BLOCK:
+            return S_BAD_BLOCK, pos, pos, 0, 0, 0, 0, 0
+        nxt = pos + blen
+        if nxt > end:
+            return S_NEED_DATA, pos, pos, 0, 0, 0, 0, 0
+        if rd32(b, nxt - 4, big) != blen:
+            return S_BAD_BLOCK, pos, pos, 0, 0, 0, 0, 0
+        body = pos + 8
+        blim = nxt - 4
+        if btype != 6 and btype != 3 and btype != 2:
+            if not (btype == 4 or btype == 5 or btype == 7 or btype == 8 or btype == 9
+                    or btype == 10 or btype == 0xBAD or btype == 0x40000BAD):
+                # NRB, ISB, IRIG, AFDX, systemd journal, DSB and custom blocks are
+                # known and irrelevant; anything else is skipped too (the spec says so)
+                # but reported
+                st[ST_UNKNOWN_BLOCKS] += 1
+                st[ST_UNKNOWN_TYPE] = btype
+            pos = nxt
+            continue
+        if btype == 3:      # SPB: interface 0, no timestamp
+            if body + 4 > blim:
+                return S_BAD_BLOCK, pos, pos, 0, 0, 0, 0, 0
+            iid = 0
+            ticks = 0
+            orig = rd32(b, body, big)
+            data = body + 4
+            incl = blim - data
+            if orig < incl:
+                incl = orig
+            if n_if > 0 and if_snap[0] > 0 and if_snap[0] < incl:
+                incl = if_snap[0]
+        else:               # EPB (6) or the obsolete Packet Block (2)
+            if body + 20 > blim:
+                return S_BAD_BLOCK, pos, pos, 0, 0, 0, 0, 0
+            iid = rd32(b, body, big) if btype == 6 else rd16(b, body, big)
+            ticks = (rd32(b, body + 4, big) << 32) | rd32(b, body + 8, big)
+            incl = rd32(b, body + 12, big)
+            orig = rd32(b, body + 16, big)
+            data = body + 20
+            if data + incl > blim:
+                return S_BAD_BLOCK, pos, pos, 0, 0, 0, 0, 0
+        if iid >= n_if:
+            st[ST_STOP_IF] = iid
+            return S_BAD_IFACE, pos, pos, 0, 0, 0, 0, 0
+        k = if_kind[iid]
+        if k == K_UNSUPPORTED:
+            st[ST_SKIP_LT] += 1
+            pos = nxt
+            continue
+        return S_RECORD, pos, nxt, data, incl, orig, k, pcapng_ts(ticks, if_res[iid])
+
+
 @njit(cache=True)
 def scan(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, n_if,
          g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab):
-    """Process the records in b[pos:end]: classic pcap (fmt FMT_PCAP: byte order `big`,
-    ts_mult 1 (ns) or 1000 (us), link-layer `kind`) or pcapng (FMT_PCAPNG: blocks of byte
-    order `big`; n_if interfaces with link-layer kind / if_tsresol / snaplen in if_*).
-    Stops at the first record or block that is incomplete, that Python must handle (pcapng
-    SHB/IDB), that needs a table to grow, or that is corrupt. Returns (pos, status).
+    """Parse and account the records in b[pos:end] (the walk: next_record). Stops at the
+    first record or block that is incomplete, that Python must handle (pcapng SHB/IDB), that
+    needs a table to grow, or that is corrupt. Returns (pos, status).
 
     One call site of `record` (everything is inlined into this function: compiled once).
     The arrays are `borrow`ed: without that, numba's reference counting of the many array
@@ -909,80 +1003,61 @@ def scan(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, n_if,
     pk = borrow(pk)
     optab = borrow(optab)
     while True:
-        if fmt == FMT_PCAP:
-            if pos + 16 > end:
-                return pos, S_NEED_DATA
-            incl = rd32(b, pos + 8, big)
-            if incl > MAX_RECORD:
-                return pos, S_BAD_RECLEN
-            nxt = pos + 16 + incl
-            if nxt > end:
-                return pos, S_NEED_DATA
-            if needs_grow(st):
-                return pos, S_GROW
-            orig = rd32(b, pos + 12, big)
-            ts = rd32(b, pos, big) * 1000000000 + rd32(b, pos + 4, big) * ts_mult
-            data = pos + 16
-            k = kind
-        else:
-            if pos + 12 > end:
-                return pos, S_NEED_DATA
-            btype = rd32(b, pos, big)
-            if btype == 0x0A0D0D0A or btype == 1:
-                return pos, S_PYBLOCK
-            blen = rd32(b, pos + 4, big)
-            if blen < 12 or (blen & 3) or blen > MAX_BLOCK:
-                return pos, S_BAD_BLOCK
-            nxt = pos + blen
-            if nxt > end:
-                return pos, S_NEED_DATA
-            if rd32(b, nxt - 4, big) != blen:
-                return pos, S_BAD_BLOCK
-            body = pos + 8
-            blim = nxt - 4
-            if btype != 6 and btype != 3 and btype != 2:
-                if not (btype == 4 or btype == 5 or btype == 7 or btype == 8 or btype == 9
-                        or btype == 10 or btype == 0xBAD or btype == 0x40000BAD):
-                    # NRB, ISB, IRIG, AFDX, systemd journal, DSB and custom blocks are
-                    # known and irrelevant; anything else is skipped too (the spec says so)
-                    # but reported
-                    st[ST_UNKNOWN_BLOCKS] += 1
-                    st[ST_UNKNOWN_TYPE] = btype
-                pos = nxt
-                continue
-            if needs_grow(st):
-                return pos, S_GROW
-            if btype == 3:      # SPB: interface 0, no timestamp
-                if body + 4 > blim:
-                    return pos, S_BAD_BLOCK
-                iid = 0
-                ticks = 0
-                orig = rd32(b, body, big)
-                data = body + 4
-                incl = blim - data
-                if orig < incl:
-                    incl = orig
-                if n_if > 0 and if_snap[0] > 0 and if_snap[0] < incl:
-                    incl = if_snap[0]
-            else:               # EPB (6) or the obsolete Packet Block (2)
-                if body + 20 > blim:
-                    return pos, S_BAD_BLOCK
-                iid = rd32(b, body, big) if btype == 6 else rd16(b, body, big)
-                ticks = (rd32(b, body + 4, big) << 32) | rd32(b, body + 8, big)
-                incl = rd32(b, body + 12, big)
-                orig = rd32(b, body + 16, big)
-                data = body + 20
-                if data + incl > blim:
-                    return pos, S_BAD_BLOCK
-            if iid >= n_if:
-                st[ST_STOP_IF] = iid
-                return pos, S_BAD_IFACE
-            k = if_kind[iid]
-            if k == K_UNSUPPORTED:
-                st[ST_SKIP_LT] += 1
-                pos = nxt
-                continue
-            ts = pcapng_ts(ticks, if_res[iid])
+        status, pos, nxt, data, incl, orig, k, ts = next_record(b, pos, end, fmt, big, ts_mult, kind, if_kind,
+                                                                if_res, if_snap, n_if, st)
+        if status != S_RECORD:
+            return pos, status
+        if needs_grow(st):
+            return pos, S_GROW
         record(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
                b, data, incl, orig, k, ts)
+        pos = nxt
+
+
+@njit(cache=True)
+def scan_frames(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, n_if, st, rec, n, out, o):
+    """Copy the records in b[pos:end] out as Ethernet frames (the walk: next_record; the
+    link-type conventions: link_view), for readers that need the frames themselves
+    (`skewscope replay`). Row n of rec (int64[cap, 4]) gets [ts ns, original length, captured
+    length, offset in out] of the frame written to out[o:] (uint8). A record too short for
+    its link-layer header becomes an empty frame (Ethernet ones keep their bytes). Counts
+    records in st[ST_RECORDS]. Returns (pos, status, n, o): S_FULL when rec or out has no
+    room for the record at pos, else as scan."""
+    b = borrow(b)
+    if_kind = borrow(if_kind)
+    if_res = borrow(if_res)
+    if_snap = borrow(if_snap)
+    st = borrow(st)
+    rec = borrow(rec)
+    out = borrow(out)
+    cap = rec.shape[0]
+    room = out.shape[0]
+    while True:
+        status, pos, nxt, data, incl, orig, k, ts = next_record(b, pos, end, fmt, big, ts_mult, kind, if_kind,
+                                                                if_res, if_snap, n_if, st)
+        if status != S_RECORD:
+            return pos, status, n, o
+        ok, proto, cur, wire = link_view(b, data, incl, orig, k)
+        if k == K_ETHERNET:
+            flen = incl
+        elif ok:
+            flen = 14 + data + incl - cur
+        else:
+            flen = 0
+        if n >= cap or o + flen > room:
+            return pos, S_FULL, n, o
+        if k == K_ETHERNET:
+            out[o:o + flen] = b[data:data + flen]
+        elif ok:
+            out[o:o + 12] = 0
+            out[o + 12] = proto >> 8
+            out[o + 13] = proto & 0xFF
+            out[o + 14:o + flen] = b[cur:data + incl]
+        rec[n, 0] = ts
+        rec[n, 1] = wire
+        rec[n, 2] = flen
+        rec[n, 3] = o
+        st[ST_RECORDS] += 1
+        n += 1
+        o += flen
         pos = nxt
