@@ -202,13 +202,17 @@ class Dataplane:
         for op in np.nonzero(L.OPCODE_TABLE)[0]:
             t[ctypes.c_int(int(op))] = ctypes.c_uint(int(L.OPCODE_TABLE[op]))
 
-    def _load_xdp(self, name: str) -> int:
+    def _function(self, name: str) -> tuple[int, int, bytes]:
+        """(address, size, license) of a compiled BPF function, for our own BPF_PROG_LOAD."""
         bname = name.encode()
         start = self._lib.bpf_function_start(self.bpf.module, bname)
         size = self._lib.bpf_function_size(self.bpf.module, bname)
-        lic = ctypes.string_at(self._lib.bpf_module_license(self.bpf.module)) or b"GPL"
         if not start:
             raise DataplaneError(f"BPF function {name} missing from the compiled object", EXIT_KERNEL)
+        return start, size, ctypes.string_at(self._lib.bpf_module_license(self.bpf.module)) or b"GPL"
+
+    def _load_xdp(self, name: str) -> int:
+        start, size, lic = self._function(name)
         flags = bpfsys.BPF_F_XDP_HAS_FRAGS if self.config.xdp_frags else 0
         if self.config.xdp_kctx is not False and xdp_kctx_layout() is not None:
             buf = ctypes.create_string_buffer(patch_kfunc_calls(ctypes.string_at(start, size)), size)
@@ -240,16 +244,11 @@ class Dataplane:
         if kind in self.prog_fds:
             return self.prog_fds[kind]
         name = PROG_XDP if kind == "xdp" else PROG_TC
-        bname = name.encode()
-        start = self._lib.bpf_function_start(self.bpf.module, bname)
-        size = self._lib.bpf_function_size(self.bpf.module, bname)
-        lic = ctypes.string_at(self._lib.bpf_module_license(self.bpf.module)) or b"GPL"
-        if not start:
-            raise DataplaneError(f"BPF function {name} missing from the compiled object", EXIT_KERNEL)
         try:
             if kind == "xdp":
                 fd = self._load_xdp(name)
             else:
+                start, size, lic = self._function(name)
                 fd = bpfsys.prog_load(bpfsys.BPF_PROG_TYPE_SCHED_CLS, start, size, name, lic)
         except bpfsys.BPFError as e:
             if e.errno == errno.EPERM:

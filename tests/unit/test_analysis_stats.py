@@ -100,18 +100,7 @@ def test_weighted_median():
 # ---- the one interval-union kernel (analysis.intervals.union_kernel) -----------------------
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as hst  # noqa: E402
-
-
-def _brute_union(iv):
-    tot, cs, ce = 0, None, None
-    for s, e in sorted(iv):
-        if cs is None or s > ce:
-            if cs is not None:
-                tot += ce - cs
-            cs, ce = s, e
-        else:
-            ce = max(ce, e)
-    return tot + (ce - cs if cs is not None else 0)
+from test_exporter import brute_busy as _brute_union  # noqa: E402  (one brute-force union for the tests)
 
 
 @settings(max_examples=80, deadline=None)
