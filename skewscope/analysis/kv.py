@@ -6,17 +6,22 @@ A transfer = the messages of one (prefill, decode) flow merged across gaps below
 natural break of the group's inter-message gaps (one request's blocks go back to back;
 requests are separated by the router's spacing). Per decode node: transfers, messages,
 bytes, share of the group's bytes, transfer time p50/p99, its senders. Per link (prefill ->
-decode): transfers, messages, bytes, throughput = bytes x 8 / the summed wire time of its
-messages (each message from its first packet to its last + one packet time), and that
-throughput / the median link's (rate_ratio) and / the median of the other links into the
-same decode node (rate_ratio_same_decode: a decode node whose downlink is shared by
-concurrent transfers slows all its links alike, a slow link alone)."""
+decode): transfers, messages, bytes, throughput_bps = bytes x 8 / the summed wire time of
+its messages (each from its first packet to its last + one packet time), rate_bps = the
+90th percentile of its messages' rates (what the link reaches when its messages do not
+share the decode node's downlink with concurrent transfers), and rate_bps / the median
+link's (rate_ratio) and / the median of the other links into the same decode node
+(rate_ratio_same_decode: a shared downlink slows all its links alike, a slow link alone)."""
 from __future__ import annotations
 
 import numpy as np
 
 from skewscope.analysis.context import context
 from skewscope.analysis.intervals import natural_break
+
+#: a link's rate = this percentile of its messages' rates (bytes x 8 / wire time): the
+#: rate the link reaches when its messages do not share the decode node's downlink
+RATE_PCT = 90
 
 #: gaps inside one transfer are at most this floor when no break is found (ns)
 MIN_BREAK_NS = 2_000.0
@@ -78,11 +83,13 @@ def kv_metrics(snap, g) -> dict:
     links = []
     for s, d in pairs:
         sel = (m_src == s) & (m_dst == d)
-        wire = float(np.maximum(en[sel] - st[sel], 1.0).sum())
+        w = np.maximum(en[sel] - st[sel], 1.0)
+        wire = float(w.sum())
         b = float(by[sel].sum())
         tsel = (t_src == s) & (t_dst == d)
         links.append({"src": ips[s], "dst": ips[d], "transfers": int(tsel.sum()), "messages": int(sel.sum()),
-                      "bytes": b * sc, "rate_bps": b * 8 / (wire / 1e9), "wire_s": wire / 1e9,
+                      "bytes": b * sc, "rate_bps": float(np.percentile(by[sel] * 8 / (w / 1e9), RATE_PCT)),
+                      "throughput_bps": b * 8 / (wire / 1e9), "wire_s": wire / 1e9,
                       "transfer_time_p50_s": _pct(t_dur[tsel] / 1e9, 50)})
     rates = np.array([x["rate_bps"] for x in links])
     med = float(np.median(rates)) if len(rates) else None

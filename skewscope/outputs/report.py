@@ -186,6 +186,20 @@ def human(snap: Snapshot, analysis: dict | None = None, top: int = 20, console=N
             con.print(f"[{color}]{fd['severity'].upper():8s}[/{color}] {fd['kind']}: {fd['message']}")
 
 
+def _kv_lines(m: dict) -> list[str]:
+    """A kv_transfer group: its roles and one line per decode node."""
+    if not m.get("per_decode"):
+        return []
+    out = [f"    prefill {', '.join(m.get('prefill_nodes') or [])} -> decode {', '.join(m.get('decode_nodes') or [])}: "
+           f"{m.get('transfers', 0)} transfers, {fmt_bytes(m.get('kv_bytes') or 0)}"]
+    for ip, d in m["per_decode"].items():
+        p50, p99 = d.get("transfer_time_p50_s"), d.get("transfer_time_p99_s")
+        t = f"p50 {p50 * 1e6:.0f} us, p99 {p99 * 1e6:.0f} us" if p50 is not None else "no transfer time"
+        out.append(f"    decode {ip}: {d['transfers']} transfers, {fmt_bytes(d['bytes'])} "
+                   f"({100 * d['share']:.0f}% of the KV bytes), transfer time {t}")
+    return out
+
+
 def analysis_lines(analysis: dict) -> list[str]:
     """The detected collectives and the timing, one line each (report and diagnose)."""
     out = []
@@ -194,6 +208,8 @@ def analysis_lines(analysis: dict) -> list[str]:
         pat = c.get("pattern") or (c.get("metrics") or {}).get("pattern") or "?"
         out.append(f"  {c['kind']} ({pat}, confidence {c['confidence']:.2f}): "
                    + ", ".join(mem[:8]) + (f" ... ({len(mem)} nodes)" if len(mem) > 8 else ""))
+        if c["kind"] == "kv_transfer":
+            out.extend(_kv_lines(c.get("metrics") or {}))
     tm = analysis.get("timing")
     if tm and tm.get("period_s"):
         jit = f", jitter {tm['period_jitter_s'] * 1e6:.0f} us" if tm.get("period_jitter_s") is not None else ""

@@ -56,7 +56,7 @@ def _slow(em, ctx, g, r, t, gi):
         return
     for x in sorted(links, key=lambda x: x["rate_ratio"] or 1.0):
         q, qd = x["rate_ratio"], x["rate_ratio_same_decode"]
-        if q is None or q > t["warning"] or (qd is not None and qd > t["warning"]) or x["messages"] < t["min_messages"]:
+        if q is None or q > t["warning"] or x["messages"] < t["min_messages"]:
             continue
         per_t = x["bytes"] / max(1, x["transfers"])
         lost = per_t * 8 * (1 / x["rate_bps"] - 1 / med) if x["rate_bps"] > 0 else None
@@ -85,12 +85,12 @@ DETECTORS = [
                              Threshold("critical", 2.5, "ratio", "a decode node's KV byte share / fair share: critical"),
                              Threshold("min_transfers", 3, "count", "KV transfers into the decode node, at least"))),
             Kind("kv_transfer_slow",
-                 fires='kv_transfer group with ≥ 3 links: a prefill → decode link\'s throughput / the median link\'s ≤ '
-                       '`warning` (0.5) (≤ `critical` 0.25) and / the median of the other links into the same decode node '
-                       '≤ `warning` (a shared downlink slows them all alike), over ≥ `min_messages` (4) messages',
+                 fires='kv_transfer group with ≥ 3 links: a prefill → decode link\'s rate (90th percentile of its '
+                       'messages\' rates: uncontended) / the median link\'s ≤ `warning` (0.5), ≤ `critical` (0.25), '
+                       'over ≥ `min_messages` (4) messages',
                  blames='the prefill node, the decode node; the link\'s flows',
-                 thresholds=(Threshold("warning", 0.5, "ratio", "link throughput / median link throughput, at most: warning"),
-                             Threshold("critical", 0.25, "ratio", "link throughput / median link throughput, at most: critical"),
+                 thresholds=(Threshold("warning", 0.5, "ratio", "link rate / median link rate, at most: warning"),
+                             Threshold("critical", 0.25, "ratio", "link rate / median link rate, at most: critical"),
                              Threshold("min_messages", 4, "count", "KV messages (block writes) on the link, at least"))),
         )),
 ]
