@@ -18,7 +18,7 @@
  *                   user space only when the kernel supports it (probed, Linux >= 5.18)
  *   SS_REPLAY_CLOCK time comes from the clock map (BPF_PROG_TEST_RUN replay), not ktime
  *
- * Invariants: the program never changes or drops a packet (XDP_PASS / TC_ACT_OK always);
+ * Invariants: the program never changes or drops a packet (XDP_PASS / TC_ACT_UNSPEC always);
  * every frame is counted in exactly one category of skewscope.h's SS_G_* list; headers are
  * only used after a bounds check; only UAPI headers are used (parse.h declares the wire
  * headers itself), so any kernel's headers let bcc build it.
@@ -97,7 +97,10 @@ int skewscope_lenprobe(struct xdp_md *ctx)
 #endif
 
 #define SS_XDP_PASS 2
-#define SS_TC_ACT_OK 0
+/* TC: TC_ACT_UNSPEC (-1), which for a tcx link is TCX_NEXT: "go on". TC_ACT_OK would end the
+ * hook: through tcx it skips every classic tc filter on the device (a firewall's drop, a
+ * mirred mirror, OVS's tc rules), and as a cls_bpf filter the filters after ours. */
+#define SS_TC_VERDICT (-1)
 
 /* "now" for the packet being accounted: the capture's timestamp in replay builds (set in
  * the clock map by user space), else CLOCK_MONOTONIC. */
@@ -422,7 +425,7 @@ int skewscope_tc(struct __sk_buff *skb)
 	__u32 tags = skb->vlan_present ? 1 : 0;
 	__u64 len = skb->len + 4 * tags;
 	__u32 cat;
-	SS_REPLAY_PROLOGUE(len, SS_TC_ACT_OK)
+	SS_REPLAY_PROLOGUE(len, SS_TC_VERDICT)
 
 	gcount(SS_G_FRAMES, 1);
 	cat = process(data, data_end, SS_CAP_END(data, data_end), len, tags, rts);
@@ -438,5 +441,5 @@ int skewscope_tc(struct __sk_buff *skb)
 		}
 	}
 	gcount(cat, 1);
-	return SS_TC_ACT_OK;
+	return SS_TC_VERDICT;
 }

@@ -9,7 +9,8 @@ and is killed with SIGKILL, which nothing in the process can catch:
 - forced to the netlink fallback (SKEWSCOPE_ATTACH=netlink), the program stays (the kernel
   shows it) and `skewscope detach -i` removes it.
 The startup line says which was used. A link held by a running capture is "in use": a
-second capture and `detach` (without --force) refuse, `detach --force` takes it.
+second capture and `detach` (without --force) refuse, `detach --force` takes it. Classic tc
+filters beside our TC program (tcx or cls_bpf) still run: its verdict lets the hook go on.
 In-process: in auto mode a kernel that refuses BPF_LINK_CREATE (EINVAL) gets the netlink
 attach; any other refusal is an error.
 """
@@ -287,3 +288,47 @@ def test_auto_falls_back_to_netlink_when_the_kernel_refuses_links(netns_pair, mo
             assert clean(interface_state(netns_pair))
     finally:
         dp.close()
+
+
+@pytest.mark.parametrize("api", ["bpf_link", "netlink"])
+def test_classic_tc_filters_still_run_beside_ours(netns_pair, api):
+    """The TC program's verdict lets the hook go on (TC_ACT_UNSPEC = TCX_NEXT): a classic tc
+    filter on the same device (here one that drops everything, after ours: a firewall, a
+    mirred mirror, OVS's rules would be the same) still runs, through tcx and after our
+    cls_bpf filter. Ground truth: ping through the device fails while the drop filter is
+    there, and works once it is removed, with our program counting all along."""
+    import ctypes
+
+    from pyroute2 import IPRoute
+
+    from skewscope.bpf import syscalls as bpfsys
+    from skewscope.core import layout as L
+    from skewscope.sources.live import LiveSession
+    pair = netns_pair
+    insns = (ctypes.c_uint8 * 16).from_buffer_copy(bytes.fromhex("b700000002000000" "9500000000000000"))
+    shot = bpfsys.prog_load(bpfsys.BPF_PROG_TYPE_SCHED_CLS, ctypes.addressof(insns), 16, "sslk_drop")  # TC_ACT_SHOT
+
+    def ping() -> bool:
+        return pair.run("a", "ping", "-c", "3", "-i", "0.2", "-W", "1", pair.ip_b, check=False).returncode == 0
+
+    with pair.enter("b"):
+        sess = LiveSession(pair.if_b, mode="tc", attach_api=api).open()
+    try:
+        assert sess.attached_via == api
+        assert ping()                                            # ours alone passes everything
+        with pair.enter("b"), IPRoute() as ipr:
+            idx = ipr.link_lookup(ifname=pair.if_b)[0]
+            if api == "bpf_link":
+                ipr.tc("add", "clsact", idx)
+            ipr.tc("add-filter", "bpf", idx, ":1", fd=shot, name="sslk_drop", parent=0xFFFFFFF2, classid=1,
+                   direct_action=True, prio=0xC0DF)               # after ours (0xC0DE) in the netlink case
+        frames0 = int(sess.dp.read_globals()[L.G_FRAMES])
+        assert not ping(), "a classic tc drop filter beside ours must still run"
+        assert int(sess.dp.read_globals()[L.G_FRAMES]) >= frames0 + 3   # ours ran first and saw the 3 requests
+        with pair.enter("b"), IPRoute() as ipr:
+            ipr.tc("del-filter", "bpf", idx, parent=0xFFFFFFF2, prio=0xC0DF)
+        assert ping()
+    finally:
+        with pair.enter("b"):
+            sess.close()
+        os.close(shot)

@@ -5,7 +5,7 @@ One replay-clock build (time and captured length come from the per-CPU `clock` m
 timestamps in the maps are exactly the ones a test chose) is compiled per session and reset
 between tests. `kernel.run(frames, entry=...)` feeds frames through the XDP or TC entry and
 returns a Result with the Snapshot tables; every run also checks the verdict (XDP_PASS /
-TC_ACT_OK: the observer never drops).
+TC_ACT_UNSPEC = TCX_NEXT: the observer never drops, nor ends the hook for what comes after).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import frames as F
 import numpy as np
 
-XDP_PASS, TC_ACT_OK = 2, 0
+XDP_PASS, TC_ACT_UNSPEC = 2, 0xFFFFFFFF   # TC: -1 as BPF_PROG_TEST_RUN's u32 retval
 T0 = 1_000_000_000_000  # 1000 s, in ns
 DT = 1_000              # 1 µs between frames unless a test says otherwise
 TC_MAX_FRAME = 3500     # BPF_PROG_TEST_RUN for skb programs takes < PAGE_SIZE - overhead
@@ -95,7 +95,7 @@ class Kernel:
                 assert len(data) <= TC_MAX_FRAME, "TC test runs take frames up to ~3.5 KB"
             self.dp.set_replay(t, cap)
             ret, _ = self.bpfsys.prog_test_run(fd, data)
-            assert ret == (XDP_PASS if entry == "xdp" else TC_ACT_OK), f"verdict {ret}: the observer must pass"
+            assert ret == (XDP_PASS if entry == "xdp" else TC_ACT_UNSPEC), f"verdict {ret}: the observer must pass"
             times.append(t)
         return Result(self.dp.snapshot({"source": "test"}), times)
 

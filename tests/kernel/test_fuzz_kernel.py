@@ -4,7 +4,7 @@ One mutation corpus (tests/fuzzcorpus.py: random bytes + valid RoCE frames mutat
 header field and length) goes through the XDP and the TC entry point, with the global
 counters read after every frame. Invariants:
 
-- the verdict is always pass (XDP_PASS = 2, TC_ACT_OK = 0);
+- the verdict is always pass (XDP_PASS = 2; TC_ACT_UNSPEC = -1, u32 0xFFFFFFFF: TCX_NEXT);
 - every frame moves exactly one category by one and FRAMES by one, so at the end the
   categories add up to FRAMES and to the frames sent;
 - only accounted frames create flows; a malformed (any not-accounted) frame never creates or
@@ -126,7 +126,7 @@ def test_tc_fuzz_verdict_and_categories(corpus, xdp_run):
     et = _ethertype(corpus)
     refused = ((et == 0x0800) & (corpus.length < 34)) | ((et == 0x86DD) & (corpus.length < 54))
     assert (run.verdict[run.verdict < 0] == -22).all()
-    assert (run.verdict[run.verdict >= 0] == 0).all(), f"verdicts seen: {np.unique(run.verdict)}"
+    assert (run.verdict[run.verdict >= 0] == 0xFFFFFFFF).all(), f"verdicts seen: {np.unique(run.verdict)}"
     _check_run(corpus, run, glob, flows, refused_ok=refused)
     # XDP and TC put every frame both ran in the same category
     xrun = xdp_run[0]
