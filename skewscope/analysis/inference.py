@@ -17,6 +17,10 @@ interference, the slow tensor-parallel shard. Definitions: docs/metrics.md "Infe
   null (token boundaries are not visible on the wire when the per-layer collectives are
   evenly spaced).
 * decode_jitter_ratio: p99 / p50 of the intervals.
+* inter-token latency (token_source "iterations"): the spacings of the token starts, p50 /
+  p99 / max (itl_*_s); token_comm_share: median over tokens of (the token's first to last
+  message of the group) / its spacing: the share of the token spent in its collectives
+  (layer compute between them included), the rest is the compute gap.
 * prefill interference: intervals > 1.5 x p50 during which prefill messages are on the wire
   between the same ranks; stall_s sums (interval - p50) over them; stall_share divides by the
   decode span.
@@ -116,6 +120,15 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
         out["token_jitter_s"] = tm_it.get("period_jitter_s")
         out["collectives_per_token"] = round(len(bs) / len(its), 2)
     out["token_source"] = tok_src
+    # inter-token latency and the share of each token spent communicating (token bursts)
+    out["itl_p50_s"] = out["itl_p99_s"] = out["itl_max_s"] = out["token_comm_share"] = None
+    if tok_src == "iterations" and len(its) >= 3:
+        ite = ti_it["bursts_end"]
+        itl = np.diff(its)
+        out["itl_p50_s"] = float(np.percentile(itl, 50)) / 1e9
+        out["itl_p99_s"] = float(np.percentile(itl, 99)) / 1e9
+        out["itl_max_s"] = float(itl.max()) / 1e9
+        out["token_comm_share"] = float(np.median(np.minimum(1.0, (ite[:-1] - its[:-1]) / itl)))
     # prefill interference
     if big is not None:
         f = ctx.ev_flow
@@ -149,5 +162,7 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
         if np.isfinite(lags).any():
             k = int(np.nanargmax(lags))
             out["slowest_shard"] = {"ip": ips[g.members[k]], "start_lag_s": float(lags[k]) / 1e9}
+    tinfo["iter_starts"] = its if tok_src == "iterations" else None
+    tinfo["ev_mask"] = dmask
     out["_tinfo"] = tinfo
     return out

@@ -218,4 +218,41 @@ def analysis_lines(analysis: dict) -> list[str]:
         out.append(f"  decode: a collective every {tm['collective_interval_p50_s'] * 1e6:.0f} us (p50), "
                    f"p99 {tm['collective_interval_p99_s'] * 1e6:.0f} us"
                    + (f", {tm['tokens_per_s']:.1f} tokens/s" if tm.get("tokens_per_s") else ""))
+    out += timing_lines(tm)
+    return out
+
+
+def _dur(s) -> str:
+    if s is None:
+        return "?"
+    return f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
+
+
+def timing_lines(tm: dict | None) -> list[str]:
+    """The timing at every scale (step -> collective -> iteration/token) and, for decode,
+    the token period, tokens/s, inter-token latency and the share spent communicating
+    (report, diagnose and top)."""
+    out = []
+    if not tm:
+        return out
+    if tm.get("workload") == "decode" and tm.get("token_interval_s"):
+        line = (f"  token: every {_dur(tm['token_interval_s'])} ({tm['tokens_per_s']:.1f} tokens/s)")
+        if tm.get("itl_p50_s") is not None:
+            line += (f", ITL p50 {_dur(tm['itl_p50_s'])} p99 {_dur(tm['itl_p99_s'])} "
+                     f"max {_dur(tm['itl_max_s'])}")
+        if tm.get("token_comm_share") is not None:
+            line += f", {100 * tm['token_comm_share']:.0f}% of each token communicating"
+        out.append(line)
+    h = tm.get("hierarchy")
+    if h:
+        top = "token" if tm.get("workload") == "decode" and tm.get("token_interval_s") else "iteration"
+        parts = []
+        for name, key in (("step", "step"), ("collective", "collective"), (top, "iteration")):
+            lv = h.get(key) or {}
+            if not lv.get("count"):
+                continue
+            jit = f" ±{_dur(lv['jitter_s'])}" if lv.get("jitter_s") is not None else ""
+            parts.append(f"{name} {_dur(lv.get('period_s'))}{jit} x{lv['count']}")
+        if parts:
+            out.append("  timing: " + " -> ".join(parts))
     return out

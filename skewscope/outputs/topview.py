@@ -26,6 +26,7 @@ import numpy as np
 
 from skewscope.core import layout as L
 from skewscope.core.snapshot import Snapshot, ip_str
+from skewscope.outputs import report as R
 from skewscope.sources.live import Window, flow_rates
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -421,9 +422,15 @@ class AnalysisRunner:
 
 
 def findings_sorted(analysis: dict | None) -> list[dict]:
+    """By severity, then impact (estimated time lost per iteration/token; null last)."""
     fs = list((analysis or {}).get("findings") or [])
     return sorted(fs, key=lambda d: (SEVERITY_ORDER.get(str(d.get("severity", "info")), 3),
-                                     -float(d.get("score", 0) or 0)))
+                                     -float(((d.get("impact") or {}).get("seconds")) or 0)))
+
+
+def timing_lines(analysis: dict | None) -> list[str]:
+    """The capture's timing (token period, ITL, step -> collective -> iteration), as report."""
+    return [x.strip() for x in R.timing_lines((analysis or {}).get("timing"))]
 
 
 def collective_lines(analysis: dict | None, limit: int = 8) -> list[str]:
@@ -501,6 +508,7 @@ def plain_lines(m: Model, max_findings: int = 5) -> list[str]:
     out += [plain_row(r) for r in m.rows]
     if m.nflows_shown > len(m.rows):
         out.append(f"  ... {m.nflows_shown - len(m.rows)} more flows")
+    out += ["  " + x for x in timing_lines(m.analysis)]
     fs = findings_sorted(m.analysis)
     for fd in fs[:max_findings]:
         sev = SEV_SHORT.get(str(fd.get("severity")), str(fd.get("severity", "?"))[:4].upper())
@@ -594,7 +602,7 @@ def render_rich(m: Model, height: int = 40, width: int = 120, banner: str = ""):
         left = Panel(ht, title=f"sizes {m.hist_label}, {'interval' if m.cumulative else 'since start'}",
                      title_align="left")
     else:
-        cl = collective_lines(m.analysis)
+        cl = collective_lines(m.analysis) + timing_lines(m.analysis)
         ct = Text("\n".join(cl) if cl else ("none detected" if m.analysis is not None else "…"))
         left = Panel(ct, title="collectives", title_align="left")
     grid = Table.grid(expand=True)

@@ -27,7 +27,7 @@ HEALTHY = ["ring-healthy", "tree-healthy", "alltoall-healthy", "pipeline-healthy
            "ipv6-ring", "vlan-alltoall", "alltoall-16"]
 PATHOLOGICAL = ["ring-straggler", "moe-hot-expert", "incast", "congestion", "loss", "pfc", "pipeline-bubbles",
                 "slow-link", "flapping-link", "demo-mix", "mixed", "ring-32-straggler", "tree-straggler",
-                "tp-decode-slow-shard", "ipv6-vlan-hot-expert"]
+                "tp-decode-slow-shard-legacy", "ipv6-vlan-hot-expert"]
 OTHER = ["tp-decode-prefill", "moe-decode", "ring-jitter"]
 ALL = HEALTHY + PATHOLOGICAL + OTHER
 # every scenario with three seeds: QP numbers, PSNs, Zipf rankings, jitter and random

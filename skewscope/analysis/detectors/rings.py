@@ -6,8 +6,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from skewscope.analysis.detectors.common import ce_explained, few, gbps, irregular, lag_outliers, sev, split_by, us
+from skewscope.analysis.detectors.common import (
+    ce_explained,
+    few,
+    gbps,
+    impact_of,
+    irregular,
+    lag_outliers,
+    pct,
+    sev,
+    split_by,
+    us,
+)
 from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.steps import member_summary, persistent
 
 #: a member's rate is judged only when its links' messages have >= this many packets (median):
 #: a rate over 1-2 packets is the capture's timestamp granularity, not the link
@@ -140,6 +152,12 @@ def rates_and_lags(inp, em):
         # 3. slow senders
         lag = ev.start_lag_ns if symmetric and not r.get("decode") else None
         lagged = dict(lag_outliers(lag, t["lag_mad"], t["min_lag_s"] * 1e9))
+        steps = r.get("_steps") if ring else None
+        if steps is not None and not r.get("decode"):
+            # the member last to send in most ring steps (analysis.steps), at any volume
+            hit = persistent(steps, t, nm)
+            if hit is not None and hit[0] not in lagged:
+                lagged[hit[0]] = hit[1]["lag_ns"]
         succ_both = {}
         if ring and links is not None:
             for k in range(len(links)):
@@ -164,12 +182,26 @@ def rates_and_lags(inp, em):
                 parts.append(f"starts each step {us(lag_ns)} late")
             dsts = sorted({int(ctx.nodes.dst[f]) for f in out_flows[m]})
             what = "ring" if ring else g.kind
+            evd = {"send_ratio": None if not np.isfinite(sr[i]) else float(sr[i]),
+                   "start_lag_s": None if lag_ns is None else lag_ns / 1e9}
+            imp = None
+            if steps is not None:
+                ms = member_summary(steps, i)
+                imp = impact_of(ms["lost_per_iteration_ns"] / 1e9, r.get("period_s"))
+                evd.update(lag_per_step_s=ms["lag_ns"] / 1e9, last_steps=ms["last_steps"],
+                           last_share=ms["last_share"], lost_per_iteration_s=ms["lost_per_iteration_ns"] / 1e9,
+                           gated_iterations=ms["gated"], iterations=int(len(steps["iterations"])))
+                if ms["last_steps"]:
+                    parts.append(f"is the last to send in {ms['last_steps']} of {ms['steps_with_last']} steps "
+                                 f"({us(ms['lag_ns'])} each)")
+            cost = ""
+            if imp is not None and imp["seconds"] > 0:
+                cost = f"; each iteration waits {us(imp['seconds'] * 1e9)} for it" + (
+                    f" ({pct(imp['share'])} of the period)" if imp["share"] is not None else "")
             em.add(kind, severity, [m] + dsts,
-                   f"{what} straggler {ips[m]}: " + " and ".join(parts)
+                   f"{what} straggler {ips[m]}: " + " and ".join(parts) + cost
                    + "; every rank waits for it: check that host's GPU/NIC (clocks, PCIe, thermal) or its uplink",
-                   {"send_ratio": None if not np.isfinite(sr[i]) else float(sr[i]),
-                    "start_lag_s": None if lag_ns is None else lag_ns / 1e9},
-                   flows=out_flows[m], group=gi)
+                   evd, flows=out_flows[m], group=gi, impact=imp)
             blamed.add(m)
         # 4. slow receivers (all-to-all: every sender slows down towards one node)
         if g.kind == "all_to_all":
@@ -188,15 +220,62 @@ def rates_and_lags(inp, em):
                        {"recv_ratio": float(rr[i])}, flows=in_flows[m], group=gi)
 
 
+def rotating(inp, em):
+    """rotating_straggler: per iteration (token) the member that gated it
+    (analysis.steps); the gate moving between members, none gating most iterations."""
+    ips = inp.ctx.nodes.ips
+    t = inp.th["rotating_straggler"]
+    for gi, g, r, _ in inp.groups:
+        steps = r.get("_steps")
+        if steps is None or g.kind != "ring_allreduce":
+            continue
+        gates = steps["gates"]
+        n_it = len(gates)
+        lost = steps["lost_ns"]
+        ok = np.array([x >= 0 and lost[k, x] >= t["min_lag_s"] * 1e9 for k, x in enumerate(gates)], dtype=bool)
+        gated = gates[ok]
+        if len(gated) < t["min_iterations"] or len(gated) < t["gated_share"] * n_it:
+            continue
+        cnt = np.bincount(gated, minlength=len(g.members))
+        if cnt.max() > t["persistent_share"] * len(gated) or (cnt > 0).sum() < 2:
+            continue                           # one member gates most: a persistent straggler
+        if em.has("ring_straggler", lambda f: f.group == gi) or em.has("slow_tp_shard", lambda f: f.group == gi):
+            continue
+        order = [int(x) for x in np.argsort(-cnt, kind="stable") if cnt[x] > 0]
+        per_gate = np.array([lost[k, x] for k, x in enumerate(gates) if ok[k]])
+        dec = r.get("decode")
+        period = (dec or {}).get("token_interval_s") or r.get("period_s")
+        loss = float(np.median(per_gate)) / 1e9
+        imp = impact_of(loss * len(gated) / n_it, period)
+        unit = "token" if dec else "iteration"
+        shares = {ips[g.members[x]]: float(cnt[x]) / n_it for x in order}
+        top = ", ".join(f"{ip} {100 * v:.0f}%" for ip, v in list(shares.items())[:4])
+        em.add("rotating_straggler", "warning", [g.members[x] for x in order],
+               f"{len(gated)} of {n_it} {unit}s of a {len(g.members)}-rank ring wait on one late rank "
+               f"({us(loss * 1e9)} each, median), but a different one each time ({len(order)} ranks: {top}): "
+               "no faulty node; this is data-dependent load imbalance (uneven sequence lengths or batch "
+               "composition per rank): pack or bucket sequences by length. A faulty node would be late in "
+               f"most {unit}s (ring_straggler / slow_tp_shard)",
+               {"gated_iterations": int(len(gated)), "iterations": int(n_it), "distinct_gates": len(order),
+                "gate_share": shares, "max_share": float(cnt.max()) / n_it,
+                "lost_per_gated_iteration_s": loss,
+                "gating_rank_per_iteration": [ips[g.members[int(x)]] if ok[k] else None for k, x in enumerate(gates)],
+                "period_s": period},
+               flows=g.flows, group=gi, impact=imp)
+
+
 DETECTORS = [
     Detector(
         "rates_and_lags", rates_and_lags, needs=frozenset({"flows", "records", "groups"}), stage=10,
         doc="ring/tree/all-to-all members: rate ratios and start lags -> the slow link, the straggler, the slow receiver",
         kinds=(
             Kind("ring_straggler",
-                 fires="ring: a member's out-link median-message rate / ring median ≤ `warning` (0.8) (≤ `critical` 0.5), or its start lag ≥ max(`min_lag_s` 5 µs, median + `lag_mad` (4) × MAD of the others). Not when its successor is slow both ways (slow_link), nor when its flows are CE-marked (ecn_congestion)",
+                 fires="ring: a member's out-link median-message rate / ring median ≤ `warning` (0.8) (≤ `critical` 0.5), or its start lag ≥ max(`min_lag_s` 5 µs, median + `lag_mad` (4) × MAD of the others), or it is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps by a median lag ≥ max(`min_lag_s`, `lag_jitter` (4) × the step jitter). Not when its successor is slow both ways (slow_link), nor when its flows are CE-marked (ecn_congestion)",
                  blames='the sender, then its successor',
-                 thresholds=_lag_thresholds("ring link (fleet: link rate over active time)")),
+                 thresholds=_lag_thresholds("ring link (fleet: link rate over active time)") + (
+                     Threshold("last_share", 0.5, "fraction", "steps: last to send in at least this share of the steps that have a last member"),
+                     Threshold("min_steps", 8, "count", "steps: steps it was last in, at least"),
+                     Threshold("lag_jitter", 4.0, "ratio", "steps: its median lag per step / the step jitter, at least"))),
             Kind("straggler",
                  fires="tree/all-to-all: a member's send throughput over active time / members' median ≤ `warning` 0.8 (critical 0.5), or start lag as above (all-to-all)",
                  blames='the sender, then its receivers',
@@ -214,5 +293,17 @@ DETECTORS = [
                              Threshold("min_stall_s", 50e-6, "s", "a stalled message's excess over its flow's typical time"),
                              Threshold("min_late_s", 50e-6, "s", "lateness both as sender and receiver in an iteration (flap)"),
                              Threshold("late_share", 0.3, "fraction", "a flap: late both ways in at least this share of the iterations"))),
+        )),
+    Detector(
+        "rotating_straggler", rotating, needs=frozenset({"flows", "records", "groups"}), stage=25,
+        doc="ring groups: the member that gated each iteration (token) moves between members",
+        kinds=(
+            Kind("rotating_straggler",
+                 fires="ring: ≥ `min_iterations` (3) and ≥ `gated_share` (50 %) of the iterations (tokens) have a gate — a member whose own step lags in it total ≥ max(`min_lag_s` 5 µs, 4 × the step jitter) and ≥ 2× any other member's (docs: \"Steps and gates\") — with ≥ 2 distinct gates and none gating more than `persistent_share` (50 %) of them (that is ring_straggler / slow_tp_shard)",
+                 blames='the gating members, most iterations first',
+                 thresholds=(Threshold("min_iterations", 3, "count", "iterations with a gate, at least"),
+                             Threshold("gated_share", 0.5, "fraction", "share of the iterations with a gate, at least"),
+                             Threshold("persistent_share", 0.5, "fraction", "one member gating more than this share of the gated iterations: persistent, not rotating"),
+                             Threshold("min_lag_s", 5e-6, "s", "a gate's lost time in its iteration, at least"))),
         )),
 ]
