@@ -66,6 +66,7 @@ from skewscope.analysis.inference import decode_metrics
 from skewscope.analysis.kv import kv_metrics
 from skewscope.analysis.matrix import incast_degree, link_counters, link_rates, node_matrix, node_volumes
 from skewscope.analysis.stats import skew_stats
+from skewscope.analysis.steps import group_steps
 from skewscope.analysis.timing import group_timing, timing
 from skewscope.core import layout as L
 
@@ -138,6 +139,7 @@ def _group_result(ctx, g, th) -> dict:
         if dec is not None:
             r["decode"] = dec
             r["workload"] = "decode"
+        r["_steps"] = group_steps(ctx, g, r, tinfo)       # hierarchy, gates (analysis.steps)
     r.setdefault("workload", "training" if r.get("period_s") else None)
     return r, GroupEvidence.split(r)
 
@@ -236,7 +238,9 @@ def analyze(snap, thresholds=None, checks=None) -> dict:
             if dec:
                 tim.update({k: dec.get(k) for k in ("collectives_per_s", "collective_interval_p50_s",
                                                     "collective_interval_p99_s", "decode_jitter_ratio",
-                                                    "token_interval_s", "tokens_per_s")})
+                                                    "token_interval_s", "tokens_per_s", "itl_p50_s", "itl_p99_s",
+                                                    "itl_max_s", "token_comm_share")})
+            tim["hierarchy"] = r.get("hierarchy")
             break
     doc = {"analysis_version": JSON_VERSION, "collectives": coll, "timing": tim, "findings": findings,
            "metrics": _capture_metrics(ctx, extra), "thresholds": th}
