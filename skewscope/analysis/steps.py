@@ -69,14 +69,19 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
     dst_m = pos[ctx.nodes.dst[ctx.ev_flow[idx]]]
     its = np.asarray(iter_starts, dtype=np.float64)
     it_all = np.searchsorted(its, st, side="right") - 1
+    # one sort per side: messages grouped by (iteration, member), start order kept
+    nk = len(its) * nm
+    groups = []
+    for side in (src_m, dst_m):
+        key = np.where((it_all >= 0) & (side >= 0), it_all * nm + side, nk)
+        o = np.argsort(key, kind="stable")
+        bounds_ = np.searchsorted(key[o], np.arange(nk + 1))
+        groups.append((o, bounds_))
+    (so, sb), (ro, rb) = groups
     lag_cols, start_cols, it_of_col, bound_cols = [], [], [], []
     for i in range(len(its)):
-        sends, recvs = [], []
-        for m in range(nm):
-            o = np.nonzero((it_all == i) & (src_m == m))[0]
-            r = np.nonzero((it_all == i) & (dst_m == m))[0]
-            sends.append(o)
-            recvs.append(r)
+        sends = [so[sb[i * nm + m]:sb[i * nm + m + 1]] for m in range(nm)]
+        recvs = [ro[rb[i * nm + m]:rb[i * nm + m + 1]] for m in range(nm)]
         cnt = {len(x) for x in sends} | {len(x) for x in recvs}
         if len(cnt) != 1 or 0 in cnt:
             continue
@@ -99,8 +104,8 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
             typical = float(np.median(med[1:]))
             bound[1:] = least[1:] > max(BOUNDARY_FACTOR * typical, typical + STEP_FLOOR_NS)
             if bound[1:].any():
-                sb = S[:, bound]
-                raw[:, bound] = sb - sb.min(axis=0)[None, :]
+                s_b = S[:, bound]
+                raw[:, bound] = s_b - s_b.min(axis=0)[None, :]
                 med = np.median(raw, axis=0)
         lag_cols.append(raw - med[None, :])
         start_cols.append(S.min(axis=0))
@@ -120,11 +125,11 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
     bar = max(STEP_FLOOR_NS, GATE_JITTER * max(jitter, start_jitter))
     iters = np.unique(col_it)
     lost = np.zeros((len(iters), nm))
-    for k, i in enumerate(iters):
-        c = col_it == i
-        for m in range(nm):
-            w = c & (last == m)
-            lost[k, m] = float(np.maximum(lag[m, w], 0).sum())
+    has = last >= 0
+    if has.any():
+        cols = np.nonzero(has)[0]
+        k_of = np.searchsorted(iters, col_it[cols])
+        np.add.at(lost, (k_of, last[cols]), np.maximum(lag[last[cols], cols], 0.0))
     gates = []
     for k in range(len(iters)):
         o = np.argsort(-lost[k])
