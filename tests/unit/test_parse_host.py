@@ -313,18 +313,29 @@ def _presets():
     return list(skewgen.PRESETS)
 
 
-def _capped(src: Path, dst: Path, cap: int) -> np.ndarray:
-    """At most `cap` records of `src`, evenly spread over it, written to `dst`; returns their
-    indices in `src`."""
-    b, recs = pcap_records(src)
-    idx = np.arange(len(recs))
-    if len(recs) > cap:
-        idx = np.unique(np.linspace(0, len(recs) - 1, cap).astype(np.int64))
+def _capped(cap, src: Path, dst: Path, limit: int) -> np.ndarray:
+    """At most `limit` records of `src` (the capture `cap` written with snaplen SNAPLEN),
+    evenly spread over it, written to `dst`; returns their indices. Record offsets come from
+    the capture's frame lengths (caplen = min(length, snaplen)); every record taken is
+    checked against its header."""
+    lens = np.asarray(cap.frame_lengths(), np.int64)
+    incl = np.minimum(lens, SNAPLEN)
+    roff = np.zeros(len(lens), np.int64)
+    roff[1:] = np.cumsum(16 + incl)[:-1]
+    roff += 24
+    b = np.memmap(src, np.uint8, "r")
+    assert len(b) == 24 + int((16 + incl).sum()), f"{src.name}: not the records expected"
+    idx = np.arange(len(lens))
+    if len(lens) > limit:
+        idx = np.unique(np.linspace(0, len(lens) - 1, limit).astype(np.int64))
     with open(dst, "wb") as fh:
         fh.write(bytes(b[:24]))
         for i in idx:
-            pos, end = recs[int(i)]
-            fh.write(bytes(b[pos:end]))
+            pos = int(roff[i])
+            rec = bytes(b[pos:pos + 16 + int(incl[i])])
+            assert struct.unpack_from("<II", rec, 8) == (incl[i], lens[i]), (src.name, int(i))
+            fh.write(rec)
+    del b
     return idx
 
 
@@ -336,9 +347,10 @@ def test_presets_host_vs_offline(host_parser, tmp_path):
     seen = set()
     for preset in presets:
         full = tmp_path / f"{preset}.full.pcap"
-        skewgen.write(preset, full, seed=5, snaplen=SNAPLEN)
+        cap = skewgen.generate(preset, seed=5)
+        cap.write_pcap(full, snaplen=SNAPLEN)
         p = tmp_path / f"{preset}.pcap"
-        idx = _capped(full, p, CAP_PER_PRESET)
+        idx = _capped(cap, full, p, CAP_PER_PRESET)
         full.unlink()
         h = host_parser(p)
         hf = host_fields(h)
