@@ -15,7 +15,10 @@ per iteration, so within an iteration the j-th message of every member is the sa
   the delay it adds to the step on its own (a lag handed on by the ring is not counted
   again downstream: the next member's ready time already includes it).
 * the step's last member: the one with the largest lag, when that lag is >= the floor
-  (STEP_FLOOR_NS); steps where nobody stands out have no last member.
+  (STEP_FLOOR_NS); steps where nobody stands out have no last member. A member's share
+  of last places counts over the waited steps (a last member, or any member waiting
+  >= the floor): messages that every member sends back to back (the later pieces of a
+  large step) are not steps of their own.
 * lost per iteration of a member: the sum of its lags over the steps it was last in.
 * jitter: 1.4826 x MAD of all the members' step lags (the spread of a healthy step);
   start jitter: the same over the collective-start steps only.
@@ -78,7 +81,7 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
         bounds_ = np.searchsorted(key[o], np.arange(nk + 1))
         groups.append((o, bounds_))
     (so, sb), (ro, rb) = groups
-    lag_cols, start_cols, it_of_col, bound_cols = [], [], [], []
+    lag_cols, start_cols, it_of_col, bound_cols, wait_cols = [], [], [], [], []
     for i in range(len(its)):
         sends = [so[sb[i * nm + m]:sb[i * nm + m + 1]] for m in range(nm)]
         recvs = [ro[rb[i * nm + m]:rb[i * nm + m + 1]] for m in range(nm)]
@@ -111,12 +114,14 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
         start_cols.append(S.min(axis=0))
         it_of_col.append(np.full(k, i))
         bound_cols.append(bound)
+        wait_cols.append(raw.max(axis=0) >= STEP_FLOOR_NS)
     if not lag_cols:
         return None
     lag = np.hstack(lag_cols)
     col_t = np.hstack(start_cols)
     col_it = np.hstack(it_of_col)
     bounds = np.hstack(bound_cols)
+    waited = np.hstack(wait_cols)
     last = np.argmax(lag, axis=0)
     top = lag[last, np.arange(lag.shape[1])]
     last = np.where(top >= STEP_FLOOR_NS, last, -1)
@@ -136,7 +141,7 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
         a, b = lost[k, o[0]], lost[k, o[1]]
         gates.append(int(o[0]) if a >= bar and a >= GATE_RATIO * b else -1)
     return {"lag_ns": lag, "last": last, "col_start_ns": col_t, "col_iteration": col_it,
-            "collective_start": bounds, "iterations": iters, "lost_ns": lost,
+            "collective_start": bounds, "waited": waited, "iterations": iters, "lost_ns": lost,
             "gates": np.asarray(gates, dtype=np.int64), "jitter_ns": jitter, "start_jitter_ns": start_jitter,
             "steps": int(lag.shape[1])}
 
@@ -150,12 +155,13 @@ def _spread(x) -> float:
 
 
 def member_summary(steps: dict, m: int) -> dict:
-    """A member's step numbers: steps it was last in (count, share of the steps with a last
-    member), its median lag in them (ns), its lost time per iteration (ns, median over the
+    """A member's step numbers: steps it was last in (count, share of the waited steps:
+    those with a last member or where any member waited >= 1 us; continuation messages
+    sent back to back by everyone are not steps of their own), its median lag in them (ns), its lost time per iteration (ns, median over the
     aligned iterations) and the iterations it gated."""
     last = steps["last"]
     mine = last == m
-    with_last = int((last >= 0).sum())
+    with_last = int(((last >= 0) | steps["waited"]).sum())
     lag = steps["lag_ns"][m, mine]
     return {"last_steps": int(mine.sum()), "steps_with_last": with_last,
             "last_share": float(mine.sum()) / with_last if with_last else 0.0,

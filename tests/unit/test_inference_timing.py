@@ -96,8 +96,9 @@ def check_slow_shard(truth, an):
     return f
 
 
-def test_preset_slow_shard():
-    truth, an, _ = run("tp-decode-slow-shard")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_preset_slow_shard(seed):
+    truth, an, _ = run("tp-decode-slow-shard", seed)
     check_slow_shard(truth, an)
 
 
@@ -129,7 +130,8 @@ def test_variant_slow_shard(kw):
 # ---- healthy: quiet ----------------------------------------------------------------------
 @pytest.mark.parametrize("sc", ["tp-decode-healthy", "ring-healthy", "tree-healthy", "alltoall-healthy",
                                 "pipeline-healthy", "tp-decode", "ring-ll128",
-                                "J:tp-decode-healthy-jitter", "J:tp3-jitter", "J:tp8-small"])
+                                "J:tp-decode-healthy-jitter", "J:tp3-jitter", "J:tp8-small",
+                                "J:ring-noise"])
 def test_healthy_raises_no_warning(sc):
     if sc == "J:tp-decode-healthy-jitter":
         from skewscope.gen.presets import PRESETS
@@ -139,6 +141,9 @@ def test_healthy_raises_no_warning(sc):
         sc = tp(nodes=3, jitter=0.2, compute_gap_us=800)
     elif sc == "J:tp8-small":
         sc = tp(nodes=8, hidden=1024, mtu=1024)
+    elif sc == "J:ring-noise":
+        # every rank a little late by chance each iteration (<= 5 us): no gate, no finding
+        sc = rotating(nodes=8, lag_us=0, noise_us=5)
     else:
         sc = genlib.scenario_path(sc)
     truth, an, _ = run(sc)
@@ -147,6 +152,13 @@ def test_healthy_raises_no_warning(sc):
     if inf.get("token_period_s"):
         assert an["timing"]["period_s"] == pytest.approx(inf["token_period_s"], rel=0.02)
         assert an["timing"]["tokens_per_s"] == pytest.approx(1 / inf["token_period_s"], rel=0.02)
+
+
+def test_iteration_jitter_blames_no_rank():
+    # iteration starts jitter by 10 % (the whole ring at once): period_jitter, no straggler of any kind
+    truth, an, _ = run(genlib.scenario_path("ring-jitter"))
+    for k in ("ring_straggler", "rotating_straggler", "slow_tp_shard", "straggler"):
+        assert not warn(an, k), [f["message"] for f in warn(an, k)]
 
 
 # ---- persistent vs rotating --------------------------------------------------------------
@@ -173,8 +185,9 @@ def check_rotating(truth, an):
     return f
 
 
-def test_preset_rotating_straggler():
-    truth, an, _ = run("ring-rotating-straggler")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_preset_rotating_straggler(seed):
+    truth, an, _ = run("ring-rotating-straggler", seed)
     f = check_rotating(truth, an)
     # every iteration waits the late rank's lag
     assert f["evidence"]["lost_per_gated_iteration_s"] == pytest.approx(

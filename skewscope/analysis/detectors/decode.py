@@ -35,7 +35,8 @@ def _one(em, ctx, g, dec, ev, th, gi, r):
                f"({pre['bursts']} bursts of >= {pre['threshold_bytes'] // 1024} KiB messages): decode stalled "
                f"{pct(pre['stall_share'])} of the time; use chunked prefill or separate prefill/decode instances",
                {k: pre[k] for k in ("interfered_intervals", "stall_s", "stall_share", "bursts", "bytes",
-                                    "max_interval_s", "threshold_bytes")}, flows=g.flows, group=gi)
+                                    "max_interval_s", "threshold_bytes")}, flows=g.flows, group=gi,
+               impact=_prefill_impact(dec, r, pre))
     t = th["slow_tp_shard"]
     steps = r.get("_steps")
     if steps is not None:
@@ -50,6 +51,14 @@ def _one(em, ctx, g, dec, ev, th, gi, r):
                f"(collective takes {us(busy)} p50): every token waits for it; check that GPU/host",
                {"start_lag_s": v / 1e9, "collective_busy_p50_s": busy / 1e9},
                flows=[f for f in g.flows if ctx.nodes.src[f] == m], group=gi)
+
+
+def _prefill_impact(dec, r, pre):
+    """The stalled share of the decode span times the token (else iteration) period."""
+    period = dec.get("token_interval_s") or r.get("period_s")
+    if not period:
+        return None
+    return impact_of(pre["stall_share"] * period, period)
 
 
 def _steps_shard(em, ctx, g, dec, r, steps, t, gi):
