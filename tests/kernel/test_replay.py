@@ -182,3 +182,40 @@ def test_cli_replay_bad_input_is_one_line(tmp_path, content, needle):
 def test_cli_replay_missing_file(tmp_path):
     r = _cli("replay", str(tmp_path / "nope.pcap"), "-o", str(tmp_path / "o.snap"))
     assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_pcapng_with_an_unsupported_interface_is_replayed_with_a_warning(tmp_path):
+    """A pcapng mixing an Ethernet and an ERF (197) interface: the ERF interface's packets
+    are skipped with one warning line (as `skewscope report` does: the same reader), the
+    Ethernet ones replayed; a damaged capture is still refused (exit 3, one line)."""
+    def block(btype, body):
+        body += bytes((-len(body)) % 4)
+        n = 12 + len(body)
+        return struct.pack("<II", btype, n) + body + struct.pack("<I", n)
+
+    def epb(iface, ts, frame):
+        return block(6, struct.pack("<IIIII", iface, ts >> 32, ts & 0xFFFFFFFF, len(frame), len(frame)) + frame)
+
+    built = [F.roce(0x0A, payload=100, dma_len=100, psn=i, qp=0x45) for i in range(3)]
+    parts = [block(0x0A0D0D0A, struct.pack("<IHHq", 0x1A2B3C4D, 1, 0, -1)),
+             block(1, struct.pack("<HHI", 1, 0, 0)), block(1, struct.pack("<HHI", 197, 0, 0))]
+    for i, b in enumerate(built):
+        parts += [epb(0, 1000 + i, b.frame), epb(1, 2000 + i, bytes(40))]
+    p = tmp_path / "mixed.pcapng"
+    p.write_bytes(b"".join(parts))
+    out = tmp_path / "m.snap"
+    r = _cli("replay", str(p), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "replayed 3 frames" in r.stdout
+    (line,) = r.stderr.strip().splitlines()
+    assert "warning" in line and "skipped 3 packets" in line and "197" in line, line
+    r = _cli("report", str(out), "--json")
+    doc = json.loads(r.stdout)
+    (fl,) = doc["flows"]
+    assert (fl["packets"], fl["payload_bytes"], fl["dest_qp"]) == (3, 300, 0x45)
+    assert doc["meta"]["warnings"] == [line.split("warning: ", 1)[1]]
+    cut = tmp_path / "cut.pcapng"
+    cut.write_bytes(p.read_bytes()[:-10])
+    r = _cli("replay", str(cut), "-o", str(tmp_path / "c.snap"))
+    assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 1 and "truncated" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "c.snap").exists()
