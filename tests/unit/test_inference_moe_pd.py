@@ -81,7 +81,7 @@ def ep(nodes, node, factor=4.0, mtu=4096, tokens=6, **wl):
 EP_CASES = [
     ("ep-decode-hot-expert", 0),
     ("ep-decode-hot-expert", 3),
-    (ep(4, 1, 4.0, bytes_per_dest="2KiB"), 0),         # the 4-node symptom
+    (ep(4, 1, 4.0, bytes_per_dest="2KiB", tokens=12), 0),   # the 4-node symptom: 96 all-to-alls
     (ep(4, 2, 4.0, bytes_per_dest="1KiB", mtu=1024), 1),
     (ep(8, 3, 2.0, bytes_per_dest="8KiB", mtu=2048), 2),
     (ep(12, 7, 2.0, bytes_per_dest="4KiB"), 0),
