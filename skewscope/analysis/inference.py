@@ -7,6 +7,9 @@ interference, the slow tensor-parallel shard. Definitions: docs/metrics.md "Infe
   <= decode.max_duty (0.8) x the median interval; back-to-back bursts are the steps of one
   large collective), and small messages (median <= decode.max_message_bytes, 64 KiB: LL
   sizes; larger ones are training steps).
+* collectives: when the lowest break is the tokens' own (every gap inside a token alike)
+  and leaves too few collectives, the wire's bursts at gaps >= 1 us instead (collective_source "wire_bursts", else
+  "breaks"); the cadence is then the wire's, not the collectives' (decode_jitter skips it).
 * prefill messages: messages >= max(64 KiB, 8 x the group's median message size) in a group
   that also has small ones; the decode cadence is measured on the other messages only.
 * cadence: intervals between consecutive decode collectives (burst starts) inside the
@@ -33,7 +36,7 @@ import numpy as np
 
 from skewscope.analysis.context import context
 from skewscope.analysis.intervals import merge_sorted
-from skewscope.analysis.timing import group_timing
+from skewscope.analysis.timing import MIN_GAP_NS, group_timing
 
 KiB = 1024
 
@@ -76,11 +79,18 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
         return None
     tm, tinfo = group_timing(ctx, fm, members=g.members, ev_mask=dmask, level="collective")
     bs, be = tinfo["bursts_start"], tinfo["bursts_end"]
-    if len(bs) < int(th["min_collectives"]):
-        return None
     # iterations (tokens, or prefill cycles) above the collective level, when there are any
     tm_it, ti_it = group_timing(ctx, fm, ev_mask=dmask)
     its = ti_it["bursts_start"]
+    src = "breaks"
+    if len(bs) <= len(its) and len(bs) < int(th["min_collectives"]) and len(tinfo["activity"][0]):
+        src = "wire_bursts"
+        # no break below the tokens (a late shard's waits as long as the layer compute
+        # make every gap inside a token alike): the wire's own bursts (gaps >= 1 us)
+        a_s, a_e = tinfo["activity"]
+        bs, be, _ = merge_sorted(np.ascontiguousarray(a_s), np.ascontiguousarray(a_e), MIN_GAP_NS)
+    if len(bs) < int(th["min_collectives"]):
+        return None
     d_all = np.diff(bs)
     if 2 <= len(its) < len(bs):
         it_of = np.searchsorted(its, bs, side="right") - 1
@@ -98,7 +108,7 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
     if float(np.median(be - bs)) > float(th["max_duty"]) * p50:
         return None
     p99 = float(np.percentile(d, 99))
-    out = {"workload": "decode", "collectives": int(len(bs)),
+    out = {"workload": "decode", "collectives": int(len(bs)), "collective_source": src,
            "collectives_per_s": 1e9 / p50,
            "collective_interval_p50_s": p50 / 1e9, "collective_interval_p99_s": p99 / 1e9,
            "collective_interval_max_s": float(d.max()) / 1e9,

@@ -19,6 +19,8 @@ def _one(em, ctx, g, dec, ev, th, gi, r):
     t = th["decode_jitter"]
     ratio = dec["decode_jitter_ratio"]
     pre = dec.get("prefill")
+    if dec.get("collective_source") == "wire_bursts":
+        ratio = 0.0                 # no collective cadence to judge (analysis.inference)
     em.add("decode_jitter", sev(ratio, t["warning"], t["critical"]), g.members,
            f"decode collectives every {us(dec['collective_interval_p50_s'] * 1e9)} (p50) but p99 "
            f"{us(dec['collective_interval_p99_s'] * 1e9)} ({ratio:.1f}x): token latency tail"
