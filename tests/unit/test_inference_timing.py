@@ -137,7 +137,7 @@ def test_variant_slow_shard(kw):
 @pytest.mark.parametrize("sc", ["tp-decode-healthy", "ring-healthy", "tree-healthy", "alltoall-healthy",
                                 "pipeline-healthy", "tp-decode", "ring-ll128",
                                 "J:tp-decode-healthy-jitter", "J:tp3-jitter", "J:tp8-small",
-                                "J:ring-noise"])
+                                "J:ring-noise", "J:ring-jitter-small", "J:tree-jitter-small"])
 def test_healthy_raises_no_warning(sc):
     if sc == "J:tp-decode-healthy-jitter":
         from skewscope.gen.presets import PRESETS
@@ -147,6 +147,11 @@ def test_healthy_raises_no_warning(sc):
         sc = tp(nodes=3, jitter=0.2, compute_gap_us=800)
     elif sc == "J:tp8-small":
         sc = tp(nodes=8, hidden=1024, mtu=1024)
+    elif sc in ("J:ring-jitter-small", "J:tree-jitter-small"):
+        # iteration starts jitter by 2 % of the period (below period_jitter's 5 %)
+        from skewscope.gen.presets import PRESETS
+        sc = copy.deepcopy(PRESETS["ring-healthy" if sc == "J:ring-jitter-small" else "tree-healthy"])
+        sc["jitter"] = 0.02
     elif sc == "J:ring-noise":
         # every rank a little late by chance each iteration (<= 5 us): no gate, no finding
         sc = rotating(nodes=8, lag_us=0, noise_us=5)
