@@ -10,7 +10,7 @@ JSON (`--json`, stable; docs/metrics.md "diagnose --json"):
 {"diagnose_version": 1, "source": str, "status": "healthy"|"warning"|"critical",
  "exit_code": 0|1|2, "counts": {"critical", "warning", "info"},
  "findings": [{"kind", "severity", "entities": {"ips", "qps", "flows"}, "evidence",
-               "message", "group"}],
+               "message", "group", "impact": {"seconds", "share"} | null}]  (severity, then impact),
  "collectives": [{"kind", "pattern", "members", "confidence"}],
  "timing": {...} | null, "checks": [kinds run], "thresholds": {kind: {name: value}},
  "capture": {"packets", "roce_packets", "flows", "message_records", "duration_s",
