@@ -3,8 +3,9 @@ transfers of KV-cache blocks from prefill nodes to decode nodes (docs/metrics.md
 "KV-cache transfers").
 
 A transfer = the messages of one (prefill, decode) flow merged across gaps below the
-natural break of the group's inter-message gaps (one request's blocks go back to back;
-requests are separated by the router's spacing). Per decode node: transfers, messages,
+lowest natural break (above MIN_BREAK_NS) of the group's inter-message gaps (one
+request's blocks go back to back; requests on a pair are separated by the router's
+spacing). Per decode node: transfers, messages,
 bytes, share of the group's bytes, transfer time p50/p99, its senders. Per link (prefill ->
 decode): transfers, messages, bytes, throughput_bps = bytes x 8 / the summed wire time of
 its messages (each from its first packet to its last + one packet time), rate_bps = the
@@ -17,13 +18,14 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.analysis.context import context
-from skewscope.analysis.intervals import natural_break
+from skewscope.analysis.intervals import break_candidates
 
 #: a link's rate = this percentile of its messages' rates (bytes x 8 / wire time): the
 #: rate the link reaches when its messages do not share the decode node's downlink
 RATE_PCT = 90
 
-#: gaps inside one transfer are at most this floor when no break is found (ns)
+#: gaps inside one transfer: below this floor (ns) a gap is packet spacing, never a break
+#: between two requests (the physics floor: a few packet times at 100-400 Gb/s)
 MIN_BREAK_NS = 2_000.0
 
 
@@ -50,7 +52,10 @@ def kv_metrics(snap, g) -> dict:
     rf, st, en, by = rf[o], st[o], en[o], by[o]
     same = rf[1:] == rf[:-1]
     gaps = (st[1:] - en[:-1])[same]
-    thr = natural_break(gaps, min_ratio=3.0, floor=MIN_BREAK_NS) if len(gaps) else np.inf
+    # the lowest natural break: a request's blocks go back to back (gaps of a packet time),
+    # anything clearly longer than the floor is the next request on the same pair
+    cand = break_candidates(gaps, min_ratio=3.0, floor=MIN_BREAK_NS) if len(gaps) else []
+    thr = min(cand) if cand else np.inf
     new = np.ones(len(rf), dtype=bool)
     if len(rf) > 1:
         new[1:] = ~same | ((st[1:] - en[:-1]) > thr)

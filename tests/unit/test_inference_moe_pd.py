@@ -164,6 +164,13 @@ def check_group(truth, an):
     assert m["prefill_nodes"] == tg["prefill"] and m["decode_nodes"] == tg["decode"]
     roles = {ip: r for ip, r in truth["inference"]["roles"].items() if r in ("prefill", "decode")}
     assert m["roles"] == roles
+    # one transfer per request, except requests back to back on the same pair (one burst
+    # on the wire): at most the truth's requests per decode node, at least 80 % overall
+    reqs = {ip: 0 for ip in tg["decode"]}
+    for rq in truth["groups"][tg["group"]]["details"]["requests"]:
+        reqs[rq["decode"]] += 1
+    assert all(1 <= m["per_decode"][ip]["transfers"] <= n for ip, n in reqs.items() if n)
+    assert m["transfers"] >= 0.8 * sum(reqs.values())
     for ip, share in tg["decode_share"].items():
         assert m["per_decode"][ip]["share"] == pytest.approx(share, abs=0.01)
         d = m["per_decode"][ip]
@@ -242,4 +249,6 @@ def test_report_shows_kv_group():
         m = re.search(r"(\d+) transfers, .* \((\d+)% of the KV bytes\), transfer time p50 (\d+) us, p99 (\d+) us", row[0])
         assert m, row[0]
         assert abs(int(m.group(2)) - 100 * share) <= 1
-        assert int(m.group(1)) >= 1 and int(m.group(3)) <= int(m.group(4))
+        assert int(m.group(3)) <= int(m.group(4))
+        # the preset's requests never go back to back on a pair: one transfer per request
+        assert int(m.group(1)) == path_of(truth, "pd_imbalance")["magnitude"]["per_decode_requests"][ip]

@@ -30,7 +30,10 @@ def _imbalance(em, ctx, g, r, t, gi):
     fair = 1.0 / len(pd)
     for ip, d in sorted(pd.items(), key=lambda kv: -kv[1]["share"]):
         ratio = d["share"] / fair
-        if ratio < t["warning"] or d["transfers"] < t["min_transfers"]:
+        n = sum(x["transfers"] for x in pd.values())
+        # chance: a router spreading n transfers evenly at random gives a node n/D +- sd
+        z = (d["transfers"] - n * fair) / max(1e-9, float(np.sqrt(n * fair * (1 - fair))))
+        if ratio < t["warning"] or d["transfers"] < t["min_transfers"] or z < t["min_z"]:
             continue
         others = [x["transfer_time_p50_s"] for k, x in pd.items() if k != ip and x["transfer_time_p50_s"] is not None]
         lost = None
@@ -42,6 +45,7 @@ def _imbalance(em, ctx, g, r, t, gi):
                f"{us((d['transfer_time_p50_s'] or 0) * 1e9)} p50: the router overloads it; check the P/D router's "
                "load balancing (KV-cache / session affinity)",
                {"share": d["share"], "fair_share": round(fair, 4), "share_over_fair": round(ratio, 4),
+                "transfers_z": round(z, 3), "transfers_total": n,
                 "transfers": d["transfers"], "messages": d["messages"], "bytes": d["bytes"],
                 "transfer_time_p50_s": d["transfer_time_p50_s"], "transfer_time_p99_s": d["transfer_time_p99_s"],
                 "others_transfer_time_p50_s": float(np.median(others)) if others else None,
@@ -79,11 +83,13 @@ DETECTORS = [
         kinds=(
             Kind("pd_imbalance",
                  fires='kv_transfer group with ≥ 2 decode nodes: a decode node\'s share of the KV bytes / its fair share '
-                       '(1 / decode nodes) ≥ `warning` (1.5), ≥ `critical` (2.5), over ≥ `min_transfers` (3) transfers',
+                       '(1 / decode nodes) ≥ `warning` (1.5), ≥ `critical` (2.5), over ≥ `min_transfers` (3) transfers, and its transfer '
+                       'count ≥ `min_z` (2) standard deviations above an even random spread (n/D ± √(n·(1/D)(1−1/D))): not chance',
                  blames='the decode node, then the prefill nodes',
                  thresholds=(Threshold("warning", 1.5, "ratio", "a decode node's KV byte share / fair share: warning"),
                              Threshold("critical", 2.5, "ratio", "a decode node's KV byte share / fair share: critical"),
-                             Threshold("min_transfers", 3, "count", "KV transfers into the decode node, at least"))),
+                             Threshold("min_transfers", 3, "count", "KV transfers into the decode node, at least"),
+                             Threshold("min_z", 2.0, "ratio", "(its transfers - the fair count) / the binomial standard deviation, at least"))),
             Kind("kv_transfer_slow",
                  fires='kv_transfer group with ≥ 3 links: a prefill → decode link\'s rate (90th percentile of its '
                        'messages\' rates: uncontended) / the median link\'s ≤ `warning` (0.5), ≤ `critical` (0.25), '
