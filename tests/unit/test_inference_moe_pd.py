@@ -252,3 +252,38 @@ def test_report_shows_kv_group():
         assert int(m.group(3)) <= int(m.group(4))
         # the preset's requests never go back to back on a pair: one transfer per request
         assert int(m.group(1)) == path_of(truth, "pd_imbalance")["magnitude"]["per_decode_requests"][ip]
+
+
+# ---- routing noise: no persistent hot destination, no finding ----------------------------------
+@pytest.mark.parametrize("nodes,tokens_per_source", [(4, 8), (8, 16), (8, 64), (12, 32)])
+def test_random_routing_is_not_hot(nodes, tokens_per_source):
+    """Top-1 routing of each source's tokens to uniformly random experts (numpy's seeded
+    multinomial: no destination favoured, the ground truth): every phase has a hottest
+    destination, often > 1.5x the mean, but a different one each time -- no window passes
+    the repetition rule. The same draws with one expert given 4x the routing weight do."""
+    import numpy as np
+
+    from skewscope.analysis import DEFAULTS
+    from skewscope.analysis.detectors.alltoall import hot_windows
+    t = DEFAULTS["hot_destination"]
+    fired = 0
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        iters, phases = 6, 8
+        for hot in (None, seed % nodes):
+            w = np.ones(nodes)
+            if hot is not None:
+                w[hot] = 4.0
+            m = np.zeros((iters, phases, nodes, nodes))
+            for i in range(iters):
+                for k in range(phases):
+                    for s_ in range(nodes):
+                        p = w.copy()
+                        p[s_] = 0
+                        m[i, k, s_] = rng.multinomial(tokens_per_source, p / p.sum()) * 2048
+            found, _, _ = hot_windows({"mats": m, "hub": None}, t)
+            if hot is None:
+                fired += bool(found)
+            else:
+                assert found and {f["_h"] for f in found} == {hot}, (seed, hot, found)
+    assert fired == 0

@@ -5,7 +5,8 @@ bytes per destination in one (iteration, phase) cell (group_metrics._iteration_c
 one-host view: the hub's sends). An observation is skewed when its hottest destination
 gets >= `warning` x the source's mean per destination. A destination is hot when it is the
 hottest of >= `min_observations` skewed observations and of a majority (> `majority`) of the
-skewed observations of its time window. Windows: maximal runs of iterations whose modal
+skewed observations of its time window, and more often than chance (a binomial z >=
+`min_z` against 1 / (n - 1) of the skewed observations). Windows: maximal runs of iterations whose modal
 hottest destination is the same (a drifting hot expert gives one window per position).
 Persistence: share of the iterations (with traffic) in which the hot destination was the
 hottest. No byte floor: a 1 KiB decode dispatch repeated 24 times is as significant as a
@@ -21,6 +22,8 @@ _MIN_OBS = Threshold("min_observations", 4, "count",
                      "skewed (source, phase) observations naming the same hottest destination, at least")
 _MAJORITY = Threshold("majority", 0.5, "fraction",
                       "share of its window's skewed observations that name the hot destination, more than")
+_MIN_Z = Threshold("min_z", 3.0, "ratio", "(its observations - skewed observations / (n - 1)) / the binomial "
+                   "standard deviation, at least: not chance")
 
 
 def alltoall(inp, em):
@@ -83,43 +86,57 @@ def windows(hot, valid, n):
     return [tuple(r) for r in runs], per_it
 
 
+def hot_windows(cells, t) -> tuple[list[dict], list[int], np.ndarray]:
+    """The hot-destination windows of an all-to-all's cells under thresholds t
+    (hot_destination's): [{"_h": member position, first_iteration, end_iteration,
+    observations, skewed_observations, max_over_mean, per_source_max_over_mean, share,
+    phases, "_excess"}], the per-iteration hottest position (-1: none) and the iterations
+    with traffic."""
+    hot, ratio, excess, valid, dest = observations(cells, t["warning"])
+    n = dest.shape[-1]
+    runs, per_it = windows(hot, valid, n)
+    found = []
+    for a, b, h in runs:
+        hw = hot[a:b]
+        sk = int((hw >= 0).sum())
+        votes = int((hw == h).sum())
+        # not chance: a source's hottest destination is a given one with p0 = 1 / (n - 1)
+        p0 = 1.0 / max(1, n - 1)
+        z = (votes - sk * p0) / max(1e-9, float(np.sqrt(sk * p0 * (1 - p0))))
+        if votes < t["min_observations"] or votes <= t["majority"] * sk or z < t["min_z"]:
+            continue
+        rv = ratio[a:b][hw == h]
+        cells_h = dest[a:b]                                   # [i, K, n] bytes per destination
+        tot = cells_h.sum(axis=2)
+        hot_cell = (hw == h).any(axis=2)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(tot > 0, cells_h[..., h] / tot, np.nan)
+            colr = np.where(tot > 0, cells_h[..., h] / (tot / n), np.nan)[hot_cell]
+        pr = float(np.median(rv))
+        dm = pr if cells.get("hub") is not None or not len(colr) else float(np.nanmedian(colr))
+        found.append({"_h": h, "first_iteration": a, "end_iteration": b,
+                      "observations": votes, "skewed_observations": sk, "z": round(z, 3),
+                      "max_over_mean": dm, "per_source_max_over_mean": pr,
+                      "share": float(np.nanmedian(share[hot_cell])) if hot_cell.any() else None,
+                      "phases": int(hot_cell.sum()),
+                      "_excess": float(excess[a:b][hw == h].sum())})
+    return found, per_it, valid.any(axis=(1, 2))
+
+
 def _one(em, inp, g, r, cells, gi):
     ctx, th = inp.ctx, inp.th
     ips = ctx.nodes.ips
     mem = list(g.members)
     n = len(mem)
     t = th["hot_destination"]
-    hot, ratio, excess, valid, dest = observations(cells, t["warning"])
-    runs, per_it = windows(hot, valid, n)
-    act_it = valid.any(axis=(1, 2))
+    found, per_it, act_it = hot_windows(cells, t)
     n_it = int(act_it.sum()) or 1
     st, en = np.asarray(cells["start_ns"]), np.asarray(cells["end_ns"])
     t0 = float(ctx.t0)
     period = r.get("period_s")
-    found = []
-    for a, b, h in runs:
-        hw = hot[a:b]
-        sk = int((hw >= 0).sum())
-        votes = int((hw == h).sum())
-        if votes < t["min_observations"] or votes <= t["majority"] * sk:
-            continue
-        rv = ratio[a:b][hw == h]
-        cells_h = dest[a:b]                                   # [i, K, n] bytes per destination
-        tot = cells_h.sum(axis=2)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            share = np.where(tot > 0, cells_h[..., h] / tot, np.nan)
-        hot_cell = (hw == h).any(axis=2)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            colr = np.where(tot > 0, cells_h[..., h] / (tot / n), np.nan)[hot_cell]
-        pr = float(np.median(rv))
-        dm = pr if cells.get("hub") is not None or not len(colr) else float(np.nanmedian(colr))
-        found.append({"hot": ips[mem[h]], "_h": h, "first_iteration": a, "end_iteration": b,
-                      "start_s": (float(st[a]) - t0) / 1e9, "end_s": (float(en[b - 1]) - t0) / 1e9,
-                      "observations": votes, "skewed_observations": sk,
-                      "max_over_mean": dm, "per_source_max_over_mean": pr,
-                      "share": float(np.nanmedian(share[hot_cell])) if hot_cell.any() else None,
-                      "phases": int(hot_cell.sum()),
-                      "_excess": float(excess[a:b][hw == h].sum())})
+    for w in found:
+        a, b = w["first_iteration"], w["end_iteration"]
+        w.update(hot=ips[mem[w["_h"]]], start_s=(float(st[a]) - t0) / 1e9, end_s=(float(en[b - 1]) - t0) / 1e9)
     if not found:
         return
     # the blamed destination: the one with the most votes over all its windows
@@ -149,8 +166,8 @@ def _one(em, inp, g, r, cells, gi):
     ev = {"max_over_mean": mom, "share": share, "fair_share": round(1 / n, 4),
           "persistence": persistence[hot_ips[0]], "persistence_by_destination": persistence,
           "observations": sum(w["observations"] for w in mine),
-          "skewed_observations": int((hot >= 0).sum()), "iterations": n_it,
-          "phases_per_iteration": int(hot.shape[1]), "drift": drift, "windows": wins,
+          "skewed_observations": sum(w["skewed_observations"] for w in found), "iterations": n_it,
+          "phases_per_iteration": int(np.asarray(cells["mats"]).shape[1]), "drift": drift, "windows": wins,
           "hot_destinations": hot_ips, "members": [ips[m] for m in mem]}
     ds = r.get("dest_skew") or {}
     for k in ("cv", "gini", "jain"):
@@ -193,12 +210,12 @@ DETECTORS = [
             Kind("hot_destination",
                  fires='all-to-all: one destination is the hottest (≥ `warning` 1.5 × the source\'s mean per destination) '
                        'in ≥ `min_observations` (4) (source, phase) observations and in > `majority` (50 %) of its window\'s '
-                       'skewed observations; severity by its bytes / the mean destination\'s in those phases (median) ≥ `warning` / ≥ `critical` 3.0; no byte floor',
+                       'skewed observations, ≥ `min_z` (3) binomial standard deviations above chance (1 / (n − 1) of them); severity by its bytes / the mean destination\'s in those phases (median) ≥ `warning` / ≥ `critical` 3.0; no byte floor',
                  blames='the hot node (a drifting one: every window\'s, most observations first); flows into it',
                  thresholds=(Threshold("warning", 1.5, "ratio", "a source's bytes to its hottest destination / its mean per "
                                        "destination: an observation counts as skewed (fleet: a typical source's bytes "
                                        "to it / to each other node): warning"),
                              Threshold("critical", 3.0, "ratio", "the hot destination's bytes / the mean destination's (median over its phases): critical"),
-                             _MIN_OBS, _MAJORITY)),
+                             _MIN_OBS, _MAJORITY, _MIN_Z)),
         )),
 ]
