@@ -1,6 +1,12 @@
 """Inference decode groups: decode_jitter, prefill_interference, slow_tp_shard; and the
-decode-group parameters (analysis.inference.decode_metrics)."""
+decode-group parameters (analysis.inference.decode_metrics).
+
+prefill_interference has two causes: prefill messages inside the decode group's own flows,
+and KV-cache transfers of a kv_transfer group (P/D disaggregation) into the decode group's
+members, sharing their links (_kv_interference)."""
 from __future__ import annotations
+
+import numpy as np
 
 from skewscope.analysis.detectors.common import impact_of, lag_outliers, pct, sev, us
 from skewscope.analysis.detectors.registry import Detector, Kind, Parameters, Threshold
@@ -8,13 +14,16 @@ from skewscope.analysis.steps import persistent
 
 
 def decode(inp, em):
+    kvs = [(i, ev.kv) for i, g, _, ev in inp.groups if g.kind == "kv_transfer" and ev.kv is not None]
     for gi, g, r, ev in inp.groups:
         dec = r.get("decode")
         if dec:
-            _one(em, inp.ctx, g, dec, ev, inp.th, gi, r)
+            if not _one(em, inp.ctx, g, dec, ev, inp.th, gi, r):
+                _kv_interference(em, inp.ctx, g, dec, r, kvs, inp.th["prefill_interference"], gi)
 
 
 def _one(em, ctx, g, dec, ev, th, gi, r):
+    """The group's own findings; True when it raised prefill_interference (in-group prefill)."""
     ips = ctx.nodes.ips
     t = th["decode_jitter"]
     ratio = dec["decode_jitter_ratio"]
@@ -39,11 +48,12 @@ def _one(em, ctx, g, dec, ev, th, gi, r):
                {k: pre[k] for k in ("interfered_intervals", "stall_s", "stall_share", "bursts", "bytes",
                                     "max_interval_s", "threshold_bytes")}, flows=g.flows, group=gi,
                impact=_prefill_impact(dec, r, pre))
+    fired = bool(pre and pre["interfered_intervals"] >= th["prefill_interference"]["min_intervals"])
     t = th["slow_tp_shard"]
     steps = r.get("_steps")
     if steps is not None:
         _steps_shard(em, ctx, g, dec, r, steps, t, gi)
-        return
+        return fired
     # no step evidence (not a ring): the collective-level start lag
     busy = dec.get("collective_busy_p50_s", 0) * 1e9
     for i, v in lag_outliers(ev.decode_start_lag_ns, t["lag_mad"], max(t["min_lag_s"] * 1e9, t["lag_fraction"] * busy)):
@@ -53,6 +63,88 @@ def _one(em, ctx, g, dec, ev, th, gi, r):
                f"(collective takes {us(busy)} p50): every token waits for it; check that GPU/host",
                {"start_lag_s": v / 1e9, "collective_busy_p50_s": busy / 1e9},
                flows=[f for f in g.flows if ctx.nodes.src[f] == m], group=gi)
+    return fired
+
+
+def kv_intervals(steps, t_start, t_end):
+    """The decode group's collective spacings (consecutive collective starts of its ring
+    steps) against KV transfers [t_start, t_end) (ns): (spacing ns, crosses a token boundary,
+    overlap with a KV transfer ns: the largest single overlap), or None without steps."""
+    if steps is None:
+        return None
+    cs = steps["col_start_ns"][steps["collective_start"]]
+    ci = steps["col_iteration"][steps["collective_start"]]
+    if len(cs) < 2:
+        return None
+    a, b = cs[:-1].astype(np.float64), cs[1:].astype(np.float64)
+    ov = np.zeros(len(a))
+    if len(t_start):
+        o = np.argsort(t_start)
+        ts, te = np.asarray(t_start, dtype=np.float64)[o], np.asarray(t_end, dtype=np.float64)[o]
+        for i in range(len(a)):
+            k = int(np.searchsorted(ts, b[i], side="left"))      # transfers starting before b
+            if k:
+                ov[i] = max(0.0, float((np.minimum(te[:k], b[i]) - np.maximum(ts[:k], a[i])).max()))
+    return b - a, ci[1:] != ci[:-1], ov
+
+
+def _kv_interference(em, ctx, g, dec, r, kvs, t, gi):
+    """KV transfers into the decode group's members stretch its collective spacings: the
+    spacings a KV transfer covers for at least half their length are >= `kv_ratio` x the
+    others (median vs median, >= `kv_min_intervals` of each, inside tokens). Impact: the
+    spacings a transfer touches, above the clean median of their kind (inside a token /
+    across a token boundary), summed, as a share of the span, x the token period."""
+    ips = ctx.nodes.ips
+    mem = set(int(m) for m in g.members)
+    hit = [(kg, kv, np.isin(kv["t_dst"], list(mem))) for kg, kv in kvs]
+    hit = [(kg, kv, sel) for kg, kv, sel in hit if sel.any()]
+    if not hit:
+        return
+    ts = np.concatenate([kv["t_start_ns"][sel] for _, kv, sel in hit])
+    te = ts + np.concatenate([kv["t_dur_ns"][sel] for _, kv, sel in hit])
+    got = kv_intervals(r.get("_steps"), ts, te)
+    if got is None:
+        return
+    d, bnd, ov = got
+    inner = ~bnd
+    over = inner & (ov >= 0.5 * d)
+    clean = inner & (ov <= 0)
+    n_min = int(t["kv_min_intervals"])
+    if over.sum() < n_min or clean.sum() < n_min:
+        return
+    med_o, med_c = float(np.median(d[over])), float(np.median(d[clean]))
+    ratio = med_o / med_c if med_c > 0 else 0.0
+    if ratio < t["kv_ratio"]:
+        return
+    extra = 0.0
+    for kind in (inner, bnd):
+        ref = d[kind & (ov <= 0)]
+        if len(ref):
+            extra += float(np.maximum(d[kind & (ov > 0)] - np.median(ref), 0.0).sum())
+    span = float(d.sum())
+    share = extra / span if span > 0 else 0.0
+    period = dec.get("token_interval_s") or r.get("period_s")
+    imp = impact_of(share * period, period) if period else None
+    severity = sev(imp["share"] if imp and imp["share"] is not None else share, t["warning"], t["critical"]) or "warning"
+    # the affected members: those receiving the transfers that overlap the stretched spacings
+    recv = sorted({int(x) for _, kv, sel in hit for x in kv["t_dst"][sel]})
+    senders = sorted({ips[int(x)] for _, kv, sel in hit for x in kv["t_src"][sel]})
+    per = "token" if dec.get("token_interval_s") else "iteration"
+    em.add("prefill_interference", severity, [ips[m] for m in recv],
+           f"decode group {', '.join(ips[m] for m in g.members)}: its collective spacings while KV-cache transfers "
+           f"from prefill nodes {', '.join(senders)} arrive at {', '.join(ips[m] for m in recv)} take "
+           f"{us(med_o)} (median of {int(over.sum())}) vs {us(med_c)} without ({int(clean.sum())}), {ratio:.1f}x: "
+           f"each {per} loses about {us(share * (period or 0) * 1e9)}"
+           + (f" ({pct(share)})" if period else "")
+           + "; schedule or rate-limit the KV transfers, or separate prefill traffic from decode "
+           "(another traffic class / priority, disaggregated links)",
+           {"cause": "kv_transfer", "prefill_senders": senders, "kv_receivers": [ips[m] for m in recv],
+            "kv_transfers": int(len(ts)), "overlapping_intervals": int(over.sum()), "clean_intervals": int(clean.sum()),
+            "interval_overlapping_p50_s": med_o / 1e9, "interval_clean_p50_s": med_c / 1e9,
+            "interval_ratio": round(ratio, 4), "stall_s": extra / 1e9, "stall_share": share,
+            "token_interval_s": period, "kv_groups": [int(k) for k, _, _ in hit]},
+           flows=[int(f) for f in g.flows if int(ctx.nodes.src[f]) in recv or int(ctx.nodes.dst[f]) in recv],
+           group=gi, impact=imp)
 
 
 def _prefill_impact(dec, r, pre):
@@ -102,11 +194,16 @@ DETECTORS = [
                  thresholds=(Threshold("warning", 1.5, "ratio", "p99 / p50 of the decode collective spacing: warning"),
                              Threshold("critical", 3.0, "ratio", "p99 / p50 of the decode collective spacing: critical"))),
             Kind("prefill_interference",
-                 fires='decode group with ≥ `min_intervals` (1) interfered spacings; severity by `stall_share` ≥ `warning` (2 %) / `critical` (20 %)',
-                 blames='the members',
+                 fires='decode group with ≥ `min_intervals` (1) interfered spacings (prefill messages in its own flows); '
+                       'else a kv_transfer group sends into its members and its collective spacings that a KV transfer covers '
+                       'for ≥ half their length have a median ≥ `kv_ratio` (1.5) × the median of those no transfer touches, '
+                       'over ≥ `kv_min_intervals` (4) of each; severity by `stall_share` (KV: the impact share) ≥ `warning` (2 %) / `critical` (20 %)',
+                 blames='the members (KV: the members receiving the transfers)',
                  thresholds=(Threshold("warning", 0.02, "fraction", "decode time stalled by prefill traffic: warning"),
                              Threshold("critical", 0.2, "fraction", "decode time stalled by prefill traffic: critical"),
-                             Threshold("min_intervals", 1, "count", "decode spacings with prefill on the wire, at least"))),
+                             Threshold("min_intervals", 1, "count", "decode spacings with prefill on the wire, at least"),
+                             Threshold("kv_ratio", 1.5, "ratio", "KV cause: median spacing of the collectives a KV transfer covers / of those it does not, at least"),
+                             Threshold("kv_min_intervals", 4, "count", "KV cause: collective spacings covered by a KV transfer, and untouched, at least (each)"))),
             Kind("slow_tp_shard",
                  fires="decode ring: a member is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps, by a median lag ≥ max(`min_lag_s` 1 µs, `lag_jitter` (4) × the step jitter) (docs: \"Steps and gates\"); critical when the time it costs is ≥ `critical_share` (50 %) of the token. Decode groups without ring steps: the collective-level start lag ≥ max(`min_lag_s`, `lag_fraction` (0.1) × collective duration, median + `lag_mad` × MAD)",
                  blames='the shard, then the others',

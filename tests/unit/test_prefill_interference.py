@@ -1,0 +1,83 @@
+"""prefill_interference from KV-cache transfers (issue 12): a kv_transfer group (prefill ->
+decode RDMA WRITEs) sending into the members of a tensor-parallel decode group stretches its
+token period. Against the generator's ground truth (skewscope.gen truth `inference` block:
+the kv_transfer group's decode nodes, the decode group's token period with and without the
+KV bursts):
+
+* the preset `prefill-interference` (several seeds) raises prefill_interference naming the
+  decode members that receive the KV transfers (and only those), the prefill senders in
+  its evidence, and an impact close to the truth's token period difference;
+* the same scenario without the kv_transfer workload, `tp-decode-healthy` and `pd-healthy`
+  raise none."""
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
+import genlib  # noqa: E402
+
+from skewscope import gen as skewgen  # noqa: E402
+from skewscope.analysis import analyze  # noqa: E402
+from skewscope.gen.presets import PRESETS  # noqa: E402
+
+_cache: dict = {}
+
+
+def run(sc, seed=0):
+    """(truth, analysis) of a scenario dict written with `seed`."""
+    key = (repr(sc), seed)
+    if key not in _cache:
+        path = os.path.join(genlib._workdir(), f"pi-{len(_cache)}-{seed}.pcap")
+        cap = skewgen.write(copy.deepcopy(sc), path, seed=seed, snaplen=128)
+        snap = genlib.snapshot_of_pcap(path)
+        os.unlink(path)
+        _cache[key] = (cap.truth, analyze(snap))
+    return _cache[key]
+
+
+def pif(an):
+    return [f for f in an["findings"] if f["kind"] == "prefill_interference"]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_preset_names_kv_receivers_and_impact(seed):
+    truth, an = run(PRESETS["prefill-interference"], seed)
+    inf = truth["inference"]
+    assert "prefill_interference" in inf["expected_kinds"]
+    kvg = next(g for g in inf["groups"] if g["kind"] == "kv_transfer")
+    dg = next(g for g in inf["groups"] if g["kind"] == "decode_tp")
+    fs = pif(an)
+    assert len(fs) == 1, [(f["kind"], f["entities"]["ips"]) for f in an["findings"]]
+    f = fs[0]
+    assert f["severity"] in ("warning", "critical")
+    want = sorted(set(kvg["decode"]) & set(dg["members"]))
+    assert sorted(f["entities"]["ips"]) == want
+    assert sorted(f["evidence"]["prefill_senders"]) == sorted(kvg["prefill"])
+    assert f["evidence"]["cause"] == "kv_transfer"
+    lost = dg["token_period_s"] - dg["token_period_without_interference_s"]
+    assert lost > 0
+    assert f["impact"]["seconds"] == pytest.approx(lost, rel=0.3)
+    assert f["impact"]["share"] == pytest.approx(lost / dg["token_period_s"], rel=0.3)
+    assert any(w in f["message"] for w in ("traffic class", "priority", "rate-limit"))
+
+
+def test_without_kv_workload_is_quiet():
+    sc = copy.deepcopy(PRESETS["prefill-interference"])
+    sc["workloads"] = [w for w in sc["workloads"] if w["kind"] != "kv_transfer"]
+    assert len(sc["workloads"]) == 1
+    truth, an = run(sc, 0)
+    assert "prefill_interference" not in (truth.get("inference") or {}).get("expected_kinds", [])
+    assert any((c["metrics"].get("decode") or {}) for c in an["collectives"])     # still a decode group
+    assert pif(an) == []
+
+
+@pytest.mark.parametrize("name", ["tp-decode-healthy", "pd-healthy"])
+def test_healthy_presets_are_quiet(name):
+    truth, an = run(PRESETS[name], 0)
+    assert "prefill_interference" not in (truth.get("inference") or {}).get("expected_kinds", [])
+    assert pif(an) == []
