@@ -23,7 +23,7 @@ import genlib  # noqa: E402
 
 from skewscope import gen as skewgen  # noqa: E402
 from skewscope.analysis import analyze  # noqa: E402
-from skewscope.gen.presets import PRESETS  # noqa: E402
+from skewscope.gen.presets import KV, PRESETS, TPD  # noqa: E402
 
 _cache: dict = {}
 
@@ -44,9 +44,18 @@ def pif(an):
     return [f for f in an["findings"] if f["kind"] == "prefill_interference"]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_preset_names_kv_receivers_and_impact(seed):
-    truth, an = run(PRESETS["prefill-interference"], seed)
+#: a variant of the preset: 5-way TP decode on nodes 3-7, 3 prefill nodes into 3 and 4,
+#: MTU 2048, 5 tokens, hidden 4096
+VARIANT = {"nodes": 8, "mtu": 2048, "workloads": [
+    dict(TPD, members=[3, 4, 5, 6, 7], tokens=5, hidden=4096),
+    dict(KV, prefill=[0, 1, 2], decode=[3, 4], requests=18, interval_us=1200, arrival_batch=3,
+         block_bytes="256KiB", block_bytes_max=None, start_ms=0.2)]}
+CASES = [("preset", PRESETS["prefill-interference"], s) for s in (0, 1, 2)] + [("variant", VARIANT, s) for s in (0, 6)]
+
+
+@pytest.mark.parametrize("label,sc,seed", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+def test_preset_names_kv_receivers_and_impact(label, sc, seed):
+    truth, an = run(sc, seed)
     inf = truth["inference"]
     assert "prefill_interference" in inf["expected_kinds"]
     kvg = next(g for g in inf["groups"] if g["kind"] == "kv_transfer")
