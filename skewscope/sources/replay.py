@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from skewscope.bpf import syscalls as bpfsys
-from skewscope.bpf.loader import Config, Dataplane
+from skewscope.bpf.loader import Config, Dataplane, check_privileges
 from skewscope.core import layout as L
 from skewscope.core.errors import EXIT_KERNEL, DataplaneError
 from skewscope.core.snapshot import Snapshot
@@ -42,6 +42,7 @@ U64 = (1 << 64) - 1
 
 def replay(path: str, entry: str = "xdp", max_flows: int = 65536, progress=None,
            ev_per_cpu: int = 1 << 16) -> Snapshot:
+    check_privileges()   # not root: say so before reading (and compiling) anything
     from skewscope.sources import offline  # heavy (numba): the capture reader
     reader = offline.read_frames(path, strict=True)
     batches = iter(reader)
