@@ -9,7 +9,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import REAL_DATA
+from frames import REAL_DATA
 
 from skewscope.core.snapshot import ip_bytes, ip_str
 from skewscope.sources.offline import parse_file
