@@ -174,7 +174,7 @@ def _one(em, inp, g, r, cells, gi):
         ev[k] = ds.get(k)
     ev["phase"] = r.get("dest_skew_phase")
     ev["dest_bytes"] = r.get("dest_bytes")
-    where = (f"the hottest destination moves: " + " -> ".join(f"{w['hot']} (iterations {w['first_iteration']}-"
+    where = ("the hottest destination moves: " + " -> ".join(f"{w['hot']} (iterations {w['first_iteration']}-"
                                                               f"{w['end_iteration'] - 1})" for w in wins)
              if drift else f"hottest in {pct(persistence[hot_ips[0]])} of {n_it} iteration(s)")
     em.add("hot_destination", sev(mom, t["warning"], t["critical"]), hot_ips,

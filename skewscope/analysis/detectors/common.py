@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from skewscope.analysis.detectors.registry import Entities, Finding
+from skewscope.analysis.detectors.registry import Entities, Finding, Threshold
 from skewscope.core.snapshot import ip_str
 
 #: the MAD floor of an outlier test (ns): a spread of start lags below 1 us is clock noise
@@ -56,6 +56,15 @@ class Emitter:
 
 
 # ---- impact -------------------------------------------------------------------------------
+#: the step-level blame of a persistent straggler (analysis.steps.persistent), shared by
+#: ring_straggler and slow_tp_shard (docs/metrics.md "Steps and gates")
+STEP_THRESHOLDS = (
+    Threshold("last_share", 0.5, "fraction", "steps: last to send in at least this share of the steps that have a last member"),
+    Threshold("min_steps", 8, "count", "steps: steps it was last in, at least"),
+    Threshold("lag_jitter", 4.0, "ratio", "steps: its median lag per step / the step jitter (1.4826 x MAD of all step lags), at least"),
+)
+
+
 def impact_of(seconds_per_iter, period_s) -> dict | None:
     """A finding's `impact`: the estimated time lost per iteration / token (s) and its share
     of the period (lost / period, null when the period is unknown); None when the loss

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from skewscope.analysis.detectors.common import impact_of, lag_outliers, pct, sev, us
+from skewscope.analysis.detectors.common import STEP_THRESHOLDS, impact_of, lag_outliers, pct, sev, us
 from skewscope.analysis.detectors.registry import Detector, Kind, Parameters, Threshold
 from skewscope.analysis.steps import persistent
 
@@ -208,9 +208,7 @@ DETECTORS = [
                  fires="decode ring: a member is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps, by a median lag ≥ max(`min_lag_s` 1 µs, `lag_jitter` (4) × the step jitter) (docs: \"Steps and gates\"); critical when the time it costs is ≥ `critical_share` (50 %) of the token. Decode groups without ring steps: the collective-level start lag ≥ max(`min_lag_s`, `lag_fraction` (0.1) × collective duration, median + `lag_mad` × MAD)",
                  blames='the shard, then the others',
                  thresholds=(Threshold("min_lag_s", 1e-6, "s", "a shard's own lag per step, at least (timestamp resolution / one packet)"),
-                             Threshold("last_share", 0.5, "fraction", "last to send in at least this share of the steps that have a last member"),
-                             Threshold("min_steps", 8, "count", "steps it was last in, at least"),
-                             Threshold("lag_jitter", 4.0, "ratio", "its median lag per step / the step jitter (1.4826 x MAD of all step lags), at least"),
+                             *STEP_THRESHOLDS,
                              Threshold("critical_share", 0.5, "fraction", "time lost per token / the token interval: critical"),
                              Threshold("lag_mad", 4.0, "MADs", "a late one: later than the others' median + this many MADs"),
                              Threshold("lag_fraction", 0.1, "fraction", "a late shard: later than this share of the collective's p50 duration"))),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.analysis.detectors.common import (
+    STEP_THRESHOLDS,
     ce_explained,
     few,
     gbps,
@@ -272,10 +273,7 @@ DETECTORS = [
             Kind("ring_straggler",
                  fires="ring: a member's out-link median-message rate / ring median ≤ `warning` (0.8) (≤ `critical` 0.5), or its start lag ≥ max(`min_lag_s` 5 µs, median + `lag_mad` (4) × MAD of the others), or it is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps by a median lag ≥ max(`min_lag_s`, `lag_jitter` (4) × the step jitter). Not when its successor is slow both ways (slow_link), nor when its flows are CE-marked (ecn_congestion)",
                  blames='the sender, then its successor',
-                 thresholds=_lag_thresholds("ring link (fleet: link rate over active time)") + (
-                     Threshold("last_share", 0.5, "fraction", "steps: last to send in at least this share of the steps that have a last member"),
-                     Threshold("min_steps", 8, "count", "steps: steps it was last in, at least"),
-                     Threshold("lag_jitter", 4.0, "ratio", "steps: its median lag per step / the step jitter, at least"))),
+                 thresholds=_lag_thresholds("ring link (fleet: link rate over active time)") + STEP_THRESHOLDS),
             Kind("straggler",
                  fires="tree/all-to-all: a member's send throughput over active time / members' median ≤ `warning` 0.8 (critical 0.5), or start lag as above (all-to-all)",
                  blames='the sender, then its receivers',
