@@ -203,6 +203,12 @@ PRESETS.update({
         "nodes": 8, "workloads": [dict(KV)],
         "pathologies": [{"kind": "kv_transfer_slow", "src": 0, "dst": 5, "rate_factor": 0.25}],
     },
+    "tp-decode-instances": {
+        "description": "4 serving instances, each 4-way TP decode (nodes 0-3, 4-7, 8-11, 12-15); the router overloads instance 1 (nodes 4-7): batch 4 against 1, 4x the decode bytes per token",
+        "nodes": 16,
+        "workloads": [dict(TPD, members=list(range(4 * i, 4 * i + 4)), batch=4 if i == 1 else 1,
+                           start_ms=0.3 * i) for i in range(4)],
+    },
     "prefill-interference": {
         "description": "TP decode group on nodes 4-7; batches of 4 KV transfers (4 MiB each) from prefill nodes 0-3 into decode nodes 4, 5 queue on their downlinks: the token period stretches",
         "nodes": 8,
