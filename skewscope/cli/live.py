@@ -25,9 +25,11 @@ Examples:
   skewscope top -i eth1 --sample 8         count 1 packet in 8 (rates scaled x8)
   skewscope top -i eth1 5 3                three plain tables, 5 s apart (like bcc tools)
   skewscope top -i eth1 | tee top.log      no terminal: plain periodic tables
+  skewscope top -i eth1 --plain --matrix 5 node x node traffic matrix every 5 s
 \b
 Keys: q quit, s/S sort column, r reverse, / filter by IP, up/down select,
-enter message-size histogram of the selected flow, c interval/cumulative, p pause.
+enter message-size histogram of the selected flow, m node x node matrix (heatmap) / flow
+table, c interval/cumulative, p pause.
 \b
 Exit codes: 0 ok (q, Ctrl-C); 2 usage; 3 could not run; 4 not root; 5 bcc missing; 6 no such
 interface (or it went away); 7 interface busy; 8 kernel refused; 143/129 SIGTERM/SIGHUP.
@@ -130,11 +132,14 @@ def _session(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_deta
 @click.option("--filter", "ip_filter", metavar="IP", help="show only flows whose src or dst contains IP")
 @click.option("--no-analysis", is_flag=True, help="no collectives/findings (lightest)")
 @click.option("--plain", is_flag=True, help="plain periodic tables even on a terminal")
+@click.option("--matrix", "matrix", is_flag=True,
+              help="start in the node x node traffic matrix view (key m toggles); plain output prints "
+                   "the matrix (data bit/s, row = source, column = destination) instead of the flow table")
 @click.argument("interval", type=click.FloatRange(0.1, 3600), default=1.0, required=False)
 @click.argument("count", type=click.IntRange(1), required=False)
 @friendly_errors
 def top(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, ebpf, rows, window, sort, ip_filter,
-        no_analysis, plain, interval, count):
+        no_analysis, plain, matrix, interval, count):
     """Live, top-like view of every RoCE flow (QP) seen on IFACE: rates, message sizes,
     ECN/CNP, retransmits, NAKs, detected collectives and findings. Refreshes every INTERVAL
     seconds (default 1); with COUNT, or when stdout is not a terminal, prints COUNT plain
@@ -146,6 +151,7 @@ def top(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, e
     st = V.ViewState()
     st.sort = {"rate": 0, "pps": 1, "ce": 2, "cnp": 3, "retx": 4, "nak": 5, "src": 6, "dst": 7}[sort]
     st.filter = ip_filter or ""
+    st.matrix = matrix
     tty = sys.stdout.isatty() and sys.stdin.isatty() and count is None and not plain
     analyze = None if no_analysis else "auto"
     sess = _session(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, "live")

@@ -37,7 +37,8 @@ SORTS = (("gbps", "bit/s", True), ("pps", "pkt/s", True), ("ce_pct", "CE%", True
          ("retx", "retx", True), ("naks", "NAK", True), ("src", "src", False), ("dst", "dst", False))
 
 HELP = ("q quit   s/S sort column   r reverse   / filter by IP   esc clear filter   "
-        "up/down (j/k) select   enter/h size histogram   c interval/cumulative   p pause   ? help")
+        "up/down (j/k) select   enter/h size histogram   m node matrix / flows   c interval/cumulative   "
+        "p pause   ? help")
 
 
 # ---- formatting ---------------------------------------------------------------------------
@@ -127,6 +128,7 @@ class Model:
     selected: int = -1
     paused: bool = False
     help: bool = False
+    matrix: "MatrixView | None" = None   # the node x node view (key m / --matrix)
 
 
 class _IpCache:
@@ -173,6 +175,7 @@ def build_model(snap: Snapshot, dt: float, state: "ViewState", *, iface: str = "
     rates = flow_rates(f, dt, sample_n)
     key, desc, _ = _sort_spec(state)
     order = _order(rates, f, key, desc if not state.reverse else not desc)
+    keep = None
     if state.filter:
         src_s = _ips.strings(f["src"], f["ipver"])
         dst_s = _ips.strings(f["dst"], f["ipver"])
@@ -234,7 +237,8 @@ def build_model(snap: Snapshot, dt: float, state: "ViewState", *, iface: str = "
                  events_lost=int(cm.get("events_lost", 0)) + int(cm.get("events_dropped", 0)),
                  hist=hist, hist_label=hist_label, analysis=analysis, analysis_note=analysis_note,
                  sort_title=SORTS[state.sort][1], reverse=state.reverse, filter=state.filter,
-                 editing=state.editing, selected=sel, paused=state.paused, help=state.help)
+                 editing=state.editing, selected=sel, paused=state.paused, help=state.help,
+                 matrix=matrix_view(snap, dt, state.cumulative, keep) if state.matrix else None)
 
 
 def _flow_hist(snap: Snapshot, key: tuple):
@@ -262,6 +266,7 @@ class ViewState:
     cumulative: bool = False
     paused: bool = False
     help: bool = False
+    matrix: bool = False
     quit: bool = False
 
     def key(self, k: str, nrows: int = 0) -> None:
@@ -307,6 +312,8 @@ class ViewState:
             self.show_hist = not self.show_hist
         elif k == "c":
             self.cumulative = not self.cumulative
+        elif k == "m":
+            self.matrix = not self.matrix
         elif k in ("p", " "):
             self.paused = not self.paused
         elif k == "?":
@@ -504,10 +511,14 @@ def counters_line(m: Model) -> str:
 
 
 def plain_lines(m: Model, max_findings: int = 5) -> list[str]:
-    out = [header_line(m)[:PLAIN_WIDTH], ("  " + counters_line(m))[:PLAIN_WIDTH], PLAIN_HEADER]
-    out += [plain_row(r) for r in m.rows]
-    if m.nflows_shown > len(m.rows):
-        out.append(f"  ... {m.nflows_shown - len(m.rows)} more flows")
+    out = [header_line(m)[:PLAIN_WIDTH], ("  " + counters_line(m))[:PLAIN_WIDTH]]
+    if m.matrix is not None:
+        out += matrix_lines(m.matrix, PLAIN_WIDTH)
+    else:
+        out.append(PLAIN_HEADER)
+        out += [plain_row(r) for r in m.rows]
+        if m.nflows_shown > len(m.rows):
+            out.append(f"  ... {m.nflows_shown - len(m.rows)} more flows")
     out += ["  " + x for x in timing_lines(m.analysis)]
     fs = findings_sorted(m.analysis)
     for fd in fs[:max_findings]:
@@ -517,6 +528,313 @@ def plain_lines(m: Model, max_findings: int = 5) -> list[str]:
     if len(fs) > max_findings:
         out.append(f"     ... {len(fs) - max_findings} more findings")
     return out
+
+
+# ---- the node x node matrix (key m, --matrix) -------------------------------------------------
+# A dark-to-bright ramp (matplotlib's "inferno", without its black end so no cell vanishes on a
+# black terminal): cold links dark, hot ones bright. White text on the first HEAT_DARK colours.
+HEAT = ("#1b0c41", "#4a0c6b", "#781c6d", "#a52c60", "#cf4446", "#ed6925", "#fb9b06", "#f7d13d", "#fcffa4")
+HEAT_DARK = 5
+HEAT_DECADES = 6          # the colour scale spans at most this many decades below the hottest cell
+MATRIX_MIN_CELL = 6       # characters per cell: value (<= 4-5 chars) + a marker
+MATRIX_LINES = 7          # title, header, in-row, legend, up to 3 summary/note lines
+CORNER = "SRC\\DST"
+HOT_SHOWN = 1.1           # the hot destination is highlighted when it receives >= this x the mean
+COLD_SHOWN = 0.8          # the summary names the coldest link when it is below this x the median link
+
+
+@dataclass
+class MatrixView:
+    """The traffic matrix of one interval (or since start): analysis.matrix.node_matrix (data
+    payload bytes from node i to node j, data flows only), as bit/s over dt, scaled by the
+    sampling factor like every rate of top."""
+    ips: list
+    bps: np.ndarray
+    dt: float
+    cumulative: bool
+    error: str = ""
+    hot_dst: int = -1             # column with the largest sum (the hot destination)
+    hot_cell: tuple | None = None
+    dest_skew: dict | None = None  # analysis.stats.skew_stats of the column sums
+    cold_link: tuple | None = None  # (i, j, ratio to the median non-zero link) with >= 3 links
+
+    @property
+    def n(self) -> int:
+        return len(self.ips)
+
+
+def matrix_view(snap: Snapshot, dt: float, cumulative: bool = False, flow_mask=None) -> MatrixView:
+    """The matrix of snap over dt seconds; flow_mask (bool per flow: the IP filter) keeps
+    only those flows and the nodes they reach."""
+    try:
+        from skewscope.analysis.matrix import node_matrix  # heavy (numba): only in the matrix view
+        from skewscope.analysis.stats import skew_stats  # heavy (numba): only in the matrix view
+    except ImportError as e:
+        return MatrixView([], np.zeros((0, 0)), dt, cumulative, error=f"the node matrix needs the analysis ({e})")
+    ips, mat = node_matrix(snap, flow_mask)
+    k = float(int(snap.meta.get("sample_n", 1) or 1))
+    bps = np.asarray(mat, dtype=np.float64) * 8.0 * k / max(dt, 1e-9)
+    ips = list(ips)
+    if flow_mask is not None and len(ips):
+        live_n = (bps.sum(axis=0) + bps.sum(axis=1)) > 0
+        ips = [ip for ip, x in zip(ips, live_n) if x]
+        bps = bps[np.ix_(live_n, live_n)]
+    mv = MatrixView(ips, bps, dt, cumulative)
+    if not len(ips) or not (bps > 0).any():
+        return mv
+    col = bps.sum(axis=0)
+    mv.hot_dst = int(np.argmax(col))
+    i, j = np.unravel_index(int(np.argmax(bps)), bps.shape)
+    mv.hot_cell = (int(i), int(j))
+    mv.dest_skew = skew_stats(col[col > 0])
+    off = ~np.eye(len(ips), dtype=bool) & (bps > 0)
+    if off.sum() >= 3:
+        v = np.where(off, bps, np.inf)
+        ci, cj = np.unravel_index(int(np.argmin(v)), v.shape)
+        mv.cold_link = (int(ci), int(cj), float(bps[ci, cj] / np.median(bps[off])))
+    return mv
+
+
+def _common_prefix(ips: list) -> str:
+    """The address prefix all nodes share, cut after a '.' or ':' (10.0.0.), or ''."""
+    if len(ips) < 2:
+        return ""
+    p = os.path.commonprefix(ips)
+    cut = max(p.rfind("."), p.rfind(":"))
+    return p[:cut + 1] if cut >= 0 else ""
+
+
+@dataclass
+class MatrixLayout:
+    nodes: list          # indices of the nodes shown (address order)
+    labels: list         # their labels
+    other: bool          # an "other" row/column sums the nodes not shown
+    prefix: str          # labels are the addresses without this common prefix ('' = full)
+    cell_w: int          # characters per column, the separating space included
+    label_w: int
+
+
+def _fit(labels: list, n: int, width: int, max_rows: int | None):
+    lw = max([len(x) for x in labels] + [len(CORNER)])
+    cw = max(MATRIX_MIN_CELL, max(len(x) for x in labels)) + 1
+    tail = MATRIX_MIN_CELL + 1                      # the OUT column
+    if lw + n * cw + tail <= width and (max_rows is None or n <= max_rows):
+        return n, cw, lw
+    k = (width - lw - cw - tail) // cw              # one column goes to "other"
+    if max_rows is not None:
+        k = min(k, max_rows - 1)
+    return max(1, min(k, n - 1)), cw, lw
+
+
+def matrix_layout(mv: MatrixView, width: int, max_rows: int | None = None) -> MatrixLayout:
+    """Which nodes fit width (and max_rows): all, else the top ones by traffic (in + out),
+    the hot destination and the hottest cell's pair always among them, the rest summed into
+    "other". Labels: full addresses, or without their common prefix when that shows more."""
+    n = mv.n
+    full = [short_ip(ip) for ip in mv.ips]
+    pre = _common_prefix(mv.ips)
+    best = None
+    for labels, prefix in ((full, ""), ([ip[len(pre):] for ip in mv.ips] if pre else None, pre)):
+        if labels is None:
+            continue
+        k, cw, lw = _fit(labels, n, width, max_rows)
+        if best is None or k > best[0]:
+            best = (k, cw, lw, labels, prefix)
+    if best is None:
+        return MatrixLayout([], [], False, "", MATRIX_MIN_CELL + 1, len(CORNER))
+    k, cw, lw, labels, prefix = best
+    if k >= n:
+        nodes = list(range(n))
+    else:
+        must = [x for x in (mv.hot_dst, *(mv.hot_cell or ())) if x >= 0]
+        traffic = mv.bps.sum(axis=0) + mv.bps.sum(axis=1)
+        nodes = list(dict.fromkeys(must))[:k]
+        for x in np.argsort(-traffic, kind="stable"):
+            if len(nodes) >= k:
+                break
+            if int(x) not in nodes:
+                nodes.append(int(x))
+        nodes.sort()
+    return MatrixLayout(nodes, [labels[i] for i in nodes], k < n, prefix, cw, lw)
+
+
+def matrix_grid(mv: MatrixView, lay: MatrixLayout):
+    """(shown matrix, row sums, column sums): the shown nodes' cells, plus an "other" row
+    and column summing the rest when lay.other. Sums are over every node."""
+    ix = np.asarray(lay.nodes, dtype=np.int64)
+    g = mv.bps[np.ix_(ix, ix)]
+    if lay.other:
+        rest = np.setdiff1d(np.arange(mv.n), ix)
+        top = np.hstack([g, mv.bps[np.ix_(ix, rest)].sum(axis=1, keepdims=True)])
+        bot = np.hstack([mv.bps[np.ix_(rest, ix)].sum(axis=0, keepdims=True),
+                         [[mv.bps[np.ix_(rest, rest)].sum()]]])
+        g = np.vstack([top, bot])
+    return g, g.sum(axis=1), g.sum(axis=0)
+
+
+def heat_scale(values: np.ndarray) -> tuple[float, float]:
+    """(log10 low, log10 high) of the colour scale: the hottest value down to the coldest
+    non-zero one, at least one decade and at most HEAT_DECADES."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[v > 0]
+    if not len(v):
+        return 0.0, 1.0
+    hi = float(np.log10(v.max()))
+    lo = float(np.log10(v.min()))
+    return max(min(lo, hi - 1.0), hi - HEAT_DECADES), hi
+
+
+def heat_index(x: float, scale: tuple[float, float]) -> int:
+    """Colour index (0 = coldest) of a value > 0 on the log scale."""
+    lo, hi = scale
+    if x <= 0:
+        return -1
+    f = (np.log10(x) - lo) / max(hi - lo, 1e-12)
+    return int(min(len(HEAT) - 1, max(0, round(f * (len(HEAT) - 1)))))
+
+
+def _marks(mv: MatrixView, lay: MatrixLayout) -> dict:
+    """{(shown row, shown column): 'hot' | 'rowmax'}: the hottest cell and each source's
+    largest destination (over all its destinations; marked when that column is shown)."""
+    pos = {x: p for p, x in enumerate(lay.nodes)}
+    out = {}
+    for p, i in enumerate(lay.nodes):
+        row = mv.bps[i]
+        if row.max() > 0:
+            j = int(np.argmax(row))
+            if j in pos:
+                out[(p, pos[j])] = "rowmax"
+    if mv.hot_cell and mv.hot_cell[0] in pos and mv.hot_cell[1] in pos:
+        out[(pos[mv.hot_cell[0]], pos[mv.hot_cell[1]])] = "hot"
+    return out
+
+
+def _is_hot(mv: MatrixView) -> bool:
+    """The busiest destination stands out (>= HOT_SHOWN x the mean of the receiving nodes)."""
+    ds = mv.dest_skew or {}
+    return mv.hot_dst >= 0 and ds.get("n", 0) > 1 and float(ds.get("max_over_mean") or 0) >= HOT_SHOWN
+
+
+def _matrix_title(mv: MatrixView) -> str:
+    span = f"since start ({mv.dt:.0f} s)" if mv.cumulative else f"last {mv.dt:.2g} s"
+    return f"node matrix, data bit/s, {span} (rows: source, columns: destination)"
+
+
+def matrix_summary(mv: MatrixView, lay: MatrixLayout) -> list[str]:
+    """The hot destination, the hottest cell, the coldest link, and what is not shown."""
+    out = []
+    if mv.hot_dst >= 0:
+        ds = mv.dest_skew or {}
+        if _is_hot(mv):
+            out.append(f"hot destination {mv.ips[mv.hot_dst]}: {100 * float(ds['max_share']):.0f}% of the bytes in, "
+                       f"{float(ds['max_over_mean']):.2f}x the mean")
+        elif ds.get("max_over_mean") is not None:
+            out.append(f"destinations even: the busiest receives {float(ds['max_over_mean']):.2f}x the mean")
+        i, j = mv.hot_cell
+        s = f"hottest cell {mv.ips[i]}->{mv.ips[j]} {fmt_num(mv.bps[i, j])}bit/s"
+        if mv.cold_link is not None and mv.cold_link[2] < COLD_SHOWN:
+            i, j, r = mv.cold_link
+            s += f"; coldest link {mv.ips[i]}->{mv.ips[j]} {r:.2f}x the median"
+        out.append(s)
+    notes = []
+    if lay.prefix:
+        notes.append(f"labels = address after {lay.prefix}")
+    if lay.other:
+        notes.append(f"top {len(lay.nodes)} of {mv.n} nodes by traffic; other = the {mv.n - len(lay.nodes)} "
+                     "others summed")
+    if notes:
+        out.append("; ".join(notes))
+    return out
+
+
+def matrix_lines(mv: MatrixView, width: int = PLAIN_WIDTH, max_rows: int | None = None) -> list[str]:
+    """The matrix as an aligned plain table (bit/s with SI suffixes; '-' = no data; '*' the
+    hottest cell, '+' a source's largest destination), width-bounded."""
+    if mv.error:
+        return [mv.error[:width]]
+    out = [_matrix_title(mv)[:width]]
+    if not mv.n or mv.hot_dst < 0:
+        return out + ["(no data traffic between nodes)"]
+    lay = matrix_layout(mv, width, max_rows)
+    g, rs, cs = matrix_grid(mv, lay)
+    marks = _marks(mv, lay)
+    labels = lay.labels + (["other"] if lay.other else [])
+    c = lay.cell_w
+    out.append(f"{CORNER:<{lay.label_w}}" + "".join(f"{x:>{c}}" for x in labels) + f"{'OUT':>{MATRIX_MIN_CELL + 1}}")
+    for p, lab in enumerate(labels):
+        cells = []
+        for q in range(len(labels)):
+            v = g[p, q]
+            mk = {"hot": "*", "rowmax": "+"}.get(marks.get((p, q)), " ")
+            cells.append(f"{(fmt_num(v) if v > 0 else '-'):>{c - 1}}{mk}")
+        out.append(f"{lab:<{lay.label_w}}" + "".join(cells) + f"{fmt_num(rs[p]):>{MATRIX_MIN_CELL + 1}}")
+    out.append(f"{'IN':<{lay.label_w}}" + "".join(f"{fmt_num(v):>{c - 1}} " for v in cs)
+               + f"{fmt_num(g.sum()):>{MATRIX_MIN_CELL + 1}}")
+    out += [x[:width] for x in ["* hottest cell  + largest destination of its source  - none"]
+            + matrix_summary(mv, lay)]
+    return out
+
+
+def render_matrix(mv: MatrixView, width: int, max_rows: int | None = None):
+    """The matrix as a colour heatmap (rich Text): background = log scale of bit/s, a legend
+    with the scale, the hot destination's column header highlighted, the hottest cell
+    marked ◆ and each source's largest destination •."""
+    from rich.text import Text  # heavy (rich): only when drawing
+
+    t = Text(no_wrap=True, overflow="crop")
+    if mv.error:
+        t.append(mv.error, style="yellow")
+        return t
+    t.append(_matrix_title(mv) + "\n", style="bold")
+    if not mv.n or mv.hot_dst < 0:
+        t.append("(no data traffic between nodes in this view)")
+        return t
+    lay = matrix_layout(mv, width - 1, max_rows)
+    g, rs, cs = matrix_grid(mv, lay)
+    marks = _marks(mv, lay)
+    scale = heat_scale(g)
+    labels = lay.labels + (["other"] if lay.other else [])
+    c = lay.cell_w
+    hot_pos = lay.nodes.index(mv.hot_dst) if (_is_hot(mv) and mv.hot_dst in lay.nodes) else -1
+    t.append(f"{CORNER:<{lay.label_w}}", style="bold")
+    for q, x in enumerate(labels):
+        t.append(" ")
+        t.append(f"{x:>{c - 1}}", style="bold reverse red" if q == hot_pos else "bold")
+    t.append(f"{'OUT':>{MATRIX_MIN_CELL + 1}}\n", style="bold")
+    for p, lab in enumerate(labels):
+        t.append(f"{lab:<{lay.label_w}}", style="bold")
+        for q in range(len(labels)):
+            v = g[p, q]
+            t.append(" ")
+            if v <= 0:
+                t.append(f"{'·':>{c - 1}}", style="dim")
+                continue
+            h = heat_index(v, scale)
+            mk = {"hot": "◆", "rowmax": "•"}.get(marks.get((p, q)), " ")
+            fg = "white" if h < HEAT_DARK else "black"
+            t.append(f"{fmt_num(v):>{c - 2}}{mk}", style=f"{'bold ' if mk == '◆' else ''}{fg} on {HEAT[h]}")
+        t.append(f"{fmt_num(rs[p]):>{MATRIX_MIN_CELL + 1}}\n")
+    t.append(f"{'IN':<{lay.label_w}}", style="bold")
+    for q, v in enumerate(cs):
+        t.append(" ")
+        t.append(f"{fmt_num(v):>{c - 1}}", style="bold red" if q == hot_pos else None)
+    t.append(f"{fmt_num(g.sum()):>{MATRIX_MIN_CELL + 1}}\n")
+    # legend: the colour steps with the bit/s each starts at, as many as fit
+    lead = "log scale, bit/s: "
+    tail = "  ◆ hottest cell  • largest destination of its source"
+    nsw = max(2, min(len(HEAT), (width - 1 - len(lead) - len(tail)) // 7))
+    t.append(lead, style="dim")
+    lo, hi = scale
+    for s in range(nsw):
+        h = round(s * (len(HEAT) - 1) / (nsw - 1))
+        val = 10 ** (lo + (hi - lo) * h / (len(HEAT) - 1))
+        t.append(f"{fmt_num(val):^6}", style=f"{'white' if h < HEAT_DARK else 'black'} on {HEAT[h]}")
+        t.append(" ")
+    t.append(tail[:max(0, width - 1 - len(lead) - 7 * nsw)] + "\n", style="dim")
+    summ = matrix_summary(mv, lay)
+    for k, line in enumerate(summ):
+        t.append(line[:width - 1] + ("\n" if k < len(summ) - 1 else ""), style="yellow" if k == 0 else None)
+    return t
 
 
 # ---- rich rendering ---------------------------------------------------------------------------
@@ -572,7 +890,10 @@ def render_rich(m: Model, height: int = 40, width: int = 120, banner: str = ""):
     if not m.rows:
         tab.add_row("(no RoCE traffic in this interval)" if not m.filter else "(no flow matches the filter)",
                     *[""] * 9)
-    parts.append(tab)
+    if m.matrix is not None:
+        parts.append(render_matrix(m.matrix, width, max_rows=max(3, height - 16 - MATRIX_LINES)))
+    else:
+        parts.append(tab)
 
     # bottom panels: collectives (or the histogram of the selected flow) | findings
     fs = findings_sorted(m.analysis)
@@ -611,7 +932,7 @@ def render_rich(m: Model, height: int = 40, width: int = 120, banner: str = ""):
     grid.add_row(left, fpanel)
     parts.append(grid)
     foot = Text(HELP if m.help else "q quit  s sort  r reverse  / filter  ↑↓ select  enter histogram  "
-                "c cumulative  p pause  ? help", style="dim")
+                f"m {'flows' if m.matrix is not None else 'matrix'}  c cumulative  p pause  ? help", style="dim")
     parts.append(foot)
     return Group(*parts)
 
