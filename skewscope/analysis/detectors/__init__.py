@@ -18,6 +18,7 @@ from skewscope.analysis.detectors import (
     decode,
     fleet,
     incast,
+    instances,
     kv,
     loss,
     periods,
@@ -54,7 +55,7 @@ from skewscope.analysis.detectors.registry import (  # noqa: F401 (the public na
 
 #: the family modules, in the kinds' declaration order (DEFAULTS, docs/metrics.md,
 #: --list-checks); each declares DETECTORS (and PARAMETERS); a new family adds one entry
-FAMILIES = (alltoall, incast, rings, stalls, pipeline, congestion, loss, pfc, periods, decode, kv, caveats, fleet)
+FAMILIES = (alltoall, incast, rings, stalls, pipeline, congestion, loss, pfc, periods, decode, kv, instances, caveats, fleet)
 for _m in FAMILIES:
     for _d in getattr(_m, "DETECTORS", ()):
         register(_d)
