@@ -12,7 +12,7 @@
 #     skewscope because ebpf/ uses only UAPI headers (struct ethhdr/iphdr/ipv6hdr/udphdr and
 #     the bpf helper ABI), which are stable across kernel versions.
 #  3. .venv/ from the system Python 3.11 (/usr/bin/python3), with a .pth that exposes only
-#     the system 'bcc' package (not the rest of dist-packages), then `pip install -e .[test]`.
+#     the system 'bcc' package (not the rest of dist-packages), then `pip install -e .[test,html]`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -72,11 +72,11 @@ if [ -n "$BCCDIR" ]; then
 else
   echo "setup: python3-bpfcc installed but 'import bcc' fails in /usr/bin/python3" >&2; exit 3
 fi
-if ! .venv/bin/python -c 'import skewscope, numba, numpy, pyroute2, click, rich, pytest, scapy, prometheus_client' >/dev/null 2>&1 \
+if ! .venv/bin/python -c 'import skewscope, numba, numpy, pyroute2, click, rich, pytest, scapy, prometheus_client, matplotlib' >/dev/null 2>&1 \
    || [ pyproject.toml -nt .venv/.skewscope-installed ]; then
   log "installing Python dependencies into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[test]'
+  .venv/bin/python -m pip install -q -e '.[test,html]'
   touch .venv/.skewscope-installed
 else
   log "Python dependencies present"
