@@ -510,8 +510,9 @@ class LiveSource:
 
     def __init__(self, iface: str, node: str, top_k: int, max_peers: int, interval: float = 1.0,
                  mode: str = "xdp", xdp_mode: str = "native", direction: str = "ingress",
-                 max_flows: int = 65536, sample_n: int = 1, on_stale="error"):
+                 max_flows: int = 65536, sample_n: int = 1, on_stale="error", on_interval=None):
         self.node, self.top_k, self.interval = node, top_k, float(interval)
+        self.on_interval = on_interval   # f(live.Interval) after each read (outputs.http's analysis window)
         self.acc = Accumulator(max_peers=max_peers)
         self.session = LiveSession(iface, mode=mode, xdp_mode=xdp_mode, direction=direction,
                                    sample_n=sample_n, max_flows=max_flows, on_stale=on_stale,
@@ -540,6 +541,8 @@ class LiveSource:
                             read_seconds=time.monotonic() - t0)
         with self._lock:
             self._state = st
+        if self.on_interval is not None:
+            self.on_interval(iv)
 
     def _run(self) -> None:
         try:
