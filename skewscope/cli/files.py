@@ -10,6 +10,7 @@ from skewscope.bpf.attach import detach_ours, ifindex
 from skewscope.bpf.loader import check_privileges
 from skewscope.cli.common import fail, friendly_errors, load_source
 from skewscope.core.errors import EXIT_BUSY, EXIT_USAGE
+from skewscope.outputs import html as H
 from skewscope.outputs import report as R
 from skewscope.sources.live import find_leftover
 from skewscope.sources.replay import replay as run
@@ -19,11 +20,13 @@ Examples:
   skewscope report trace.pcap                     table of the top flows + findings
   skewscope report trace.pcapng.gz --json         the stable JSON document (README "Counters")
   skewscope report run.snap --top 50              a snapshot from capture/replay
+  skewscope report run.snap --html run.html       + one self-contained page of pictures (docs/html.md)
   tcpdump -i eth1 -s 128 -w - udp port 4791 | skewscope report /dev/stdin
 \b
 Columns: README "Report columns"; real output: docs/examples/report_offline_example.txt.
-Exit codes: 0 ok (a capture damaged part-way too: one warning line); 2 usage; 3 unreadable,
-unsupported or invalid file.
+Exit codes: 0 ok (a capture damaged part-way too: one warning line); 2 usage (e.g. --html in
+a missing directory); 3 unreadable, unsupported or invalid file, the page cannot be written,
+or matplotlib missing for --html.
 """
 
 
@@ -82,12 +85,20 @@ def replay(file, output, entry, max_flows, as_json):
 @click.option("--top", type=click.IntRange(1, 100000), default=20, show_default=True, help="flows in the table")
 @click.option("--max-flows", type=click.IntRange(16, 1 << 24), default=65536, show_default=True,
               help="captures: flow table size (least recently used flows are evicted beyond it)")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False), metavar="OUT.html",
+              help="also write one self-contained HTML page: traffic matrix, link rates over time, timing, "
+                   "message sizes, each finding's evidence drawn, counters (docs/html.md)")
 @friendly_errors
-def report(file, as_json, top, max_flows):
+def report(file, as_json, top, max_flows, html_out):
     """Report on a snapshot (.snap) or a capture (pcap/pcapng, .gz too). No root needed."""
+    if html_out:
+        H.check_output(html_out)      # before reading: a typo costs nothing
     snap = load_source(file, progress=sys.stderr.isatty(), max_flows=max_flows)
     from skewscope.analysis import analyze  # heavy (numba)
     analysis = analyze(snap)
+    if html_out:
+        size = H.write(html_out, snap, analysis)
+        click.echo(f"wrote {html_out} ({size / 1024:.0f} KiB)", err=True)
     if as_json:
         click.echo(R.to_json(snap, analysis))
     else:

@@ -1,0 +1,699 @@
+"""Snapshot + analysis -> one self-contained HTML page (`report --html`, `capture --html`).
+
+The pictures are server-side SVG drawn by matplotlib (docs/html.md says why: no JavaScript,
+no network, the smallest page, printable), inlined in the page; no script, no external
+font, style sheet or image. What is drawn comes from the analysis document (the JSON
+contract of outputs/report.py: collectives, timing, findings with their evidence, metrics)
+and, for time series and histograms, from the Snapshot through the analysis' own functions
+(analysis.matrix.node_matrix / link_rates on the cached Context): nothing is recomputed
+differently here.
+
+Sections: findings (each with its evidence drawn), node x node traffic matrix (bytes and rate
+over active time; the busiest MATRIX_TOP nodes, the rest summed into one "other" row and
+column), per-link rate over time for the largest groups, the timing hierarchy, message-size
+histograms per group, counters.
+"""
+from __future__ import annotations
+
+import html
+import io
+import math
+import os
+import re
+
+import numpy as np
+
+from skewscope.core import layout as L
+from skewscope.core.errors import EXIT_NOT_RUN, EXIT_USAGE, SkewscopeError
+from skewscope.core.files import atomic_write_text
+from skewscope.core.snapshot import Snapshot
+from skewscope.outputs import report as R
+
+#: nodes drawn one by one in the matrix; the others are summed into "other (n)"
+MATRIX_TOP = 32
+#: matrices up to this many nodes get their values written in the cells
+MATRIX_LABELS = 12
+#: groups (collectives) with a rate-over-time plot and a size histogram
+GROUPS_TOP = 4
+#: links drawn per group in the rate-over-time plot
+LINKS_TOP = 8
+#: time bins of the rate-over-time plots
+TIME_BINS = 240
+#: findings drawn (all are listed)
+FINDINGS_DRAWN = 24
+
+SEV_COLOR = {"critical": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
+HOT = "#c62828"
+BASE = "#4c72b0"
+
+
+class HtmlError(SkewscopeError):
+    """The page cannot be written (output path, missing plotting library)."""
+
+
+def check_output(path: str, flag: str = "--html") -> None:
+    """Before any work: the page's directory exists and the path is not a directory."""
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        raise HtmlError(f"{flag} {path}: directory {d} does not exist", EXIT_USAGE)
+    if os.path.isdir(path):
+        raise HtmlError(f"{flag} {path} is a directory", EXIT_USAGE)
+
+
+def _mpl():
+    """matplotlib's Figure class and rc_context (a missing library: one line, exit 3)."""
+    try:
+        import matplotlib  # heavy (plotting): only for --html
+        from matplotlib.figure import Figure  # heavy (plotting): only for --html
+    except ImportError:
+        raise HtmlError("--html needs matplotlib: pip install 'skewscope[html]' (or make setup)",
+                        EXIT_NOT_RUN) from None
+    return Figure, matplotlib.rc_context
+
+
+_RC = {"svg.fonttype": "none", "svg.hashsalt": "skewscope", "font.size": 9, "axes.titlesize": 10,
+       "axes.spines.top": False, "axes.spines.right": False, "figure.dpi": 96}
+
+
+def _svg(fig) -> str:
+    """A figure as inline SVG (no XML prolog, no DOCTYPE, no metadata: nothing that names a URL
+    other than the SVG namespace)."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None, "Format": None,
+                                                                   "Type": None})
+    s = buf.getvalue()
+    s = s[s.index("<svg"):]
+    s = re.sub(r"<metadata>.*?</metadata>", "", s, flags=re.S)
+    return f'<div class="fig">{s}</div>'
+
+
+def _esc(x) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _num(v) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if v == 0 or not math.isfinite(v):
+            return str(v)
+        a = abs(v)
+        return f"{v:.4g}" if 1e-3 <= a < 1e6 else f"{v:.3e}"
+    return str(v)
+
+
+def _si(v: float, unit: str = "") -> str:
+    for k, p in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= p:
+            return f"{v / p:.3g} {k}{unit}"
+    return f"{v:.3g} {unit}".rstrip()
+
+
+def _dur(s) -> str:
+    if s is None:
+        return "?"
+    if s >= 1:
+        return f"{s:.3g} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} us"
+
+
+# ---- data from the Snapshot (through the analysis' functions) ------------------------------------
+def _ctx(snap):
+    from skewscope.analysis.context import context  # heavy (numba)
+    return context(snap)
+
+
+def _matrices(snap):
+    """(ips, bytes matrix, rate matrix in bit/s over active time, NaN where no data)."""
+    from skewscope.analysis.matrix import link_rates, node_matrix  # heavy (numba)
+    ips, m = node_matrix(snap)
+    n = len(ips)
+    rate = np.full((n, n), np.nan)
+    lr = link_rates(snap)
+    if len(lr):
+        rate[lr["src"], lr["dst"]] = lr["rate_bps"]
+    return list(ips), m, rate
+
+
+def _aggregate(ips, m, rate, top=MATRIX_TOP):
+    """The busiest `top` nodes (bytes in + out) one by one, the rest as one "other (k)" node;
+    the aggregated rate is the bytes-weighted mean of its links' rates."""
+    n = len(ips)
+    if n <= top + 1:
+        return ips, m, rate, np.arange(n)
+    load = m.sum(0) + m.sum(1)
+    keep = np.sort(np.argsort(-load, kind="stable")[:top])
+    rest = np.setdiff1d(np.arange(n), keep)
+    grp = np.full(n, top)
+    grp[keep] = np.arange(top)
+    k = top + 1
+    mb = np.zeros((k, k))
+    np.add.at(mb, (grp[:, None], grp[None, :]), m)
+    w = np.where(np.isfinite(rate), m, 0.0)
+    rw = np.zeros((k, k))
+    np.add.at(rw, (grp[:, None], grp[None, :]), np.where(np.isfinite(rate), rate, 0.0) * w)
+    ws = np.zeros((k, k))
+    np.add.at(ws, (grp[:, None], grp[None, :]), w)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rb = np.where(ws > 0, rw / ws, np.nan)
+    names = [ips[i] for i in keep] + [f"other ({len(rest)})"]
+    return names, mb, rb, keep
+
+
+def _link_series(snap, pairs, t0, t1, bins=TIME_BINS):
+    """Per (src node, dst node) pair: data bit/s per time bin (message bytes by start time)."""
+    ctx = _ctx(snap)
+    edges = np.linspace(t0, t1, bins + 1)
+    width = max(1.0, (t1 - t0) / bins) / 1e9
+    out = np.zeros((len(pairs), bins))
+    if not len(pairs) or not len(ctx.events):
+        return edges, out
+    n = max(1, ctx.nodes.n)
+    pid = np.full(n * n, -1, dtype=np.int64)
+    for k, (s, d) in enumerate(pairs):
+        pid[s * n + d] = k
+    f = ctx.ev_flow
+    ok = ctx.ev_data.copy()
+    ff = f[ok]
+    p = pid[ctx.nodes.src[ff] * n + ctx.nodes.dst[ff]]
+    sel = p >= 0
+    st = ctx.ev_start[ok][sel].astype(np.float64)
+    b = ctx.events["bytes"][ok][sel].astype(np.float64)
+    p = p[sel]
+    bi = np.clip(((st - t0) / max(1.0, t1 - t0) * bins).astype(np.int64), 0, bins - 1)
+    np.add.at(out, (p, bi), b * 8.0 * ctx.scale / width)
+    return edges, out
+
+
+def _activity(snap, t0, t1, bins=TIME_BINS):
+    """All data messages: bit/s per time bin."""
+    ctx = _ctx(snap)
+    out = np.zeros(bins)
+    ok = ctx.ev_data
+    if not ok.any():
+        return out
+    st = ctx.ev_start[ok].astype(np.float64)
+    b = ctx.events["bytes"][ok].astype(np.float64)
+    bi = np.clip(((st - t0) / max(1.0, t1 - t0) * bins).astype(np.int64), 0, bins - 1)
+    np.add.at(out, bi, b * 8.0 * ctx.scale / (max(1.0, (t1 - t0) / bins) / 1e9))
+    return out
+
+
+def _group_hist(snap, members_idx):
+    """Summed log2 message-size histogram of the flows with both ends in the group."""
+    ctx = _ctx(snap)
+    n = max(1, ctx.nodes.n)
+    inm = np.zeros(n, dtype=bool)
+    inm[np.asarray(members_idx, dtype=np.int64)] = True
+    sel = inm[ctx.nodes.src] & inm[ctx.nodes.dst]
+    return snap.flows["msg_hist"][sel].sum(axis=0).astype(np.int64)
+
+
+# ---- figures ----------------------------------------------------------------------------------
+def _size_label(b: int) -> str:
+    for u, p in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= p:
+            return f"{b // p} {u}" if b % p == 0 else f"{b / p:.1f} {u}"
+    return f"{b} B"
+
+
+def fig_matrix(Figure, names, m, rate, hot: str | None):
+    k = len(names)
+    side = min(6.2, 2.2 + 0.16 * k)
+    fig = Figure(figsize=(2 * side + 2.4, side + 0.6))
+    axs = fig.subplots(1, 2, gridspec_kw={"wspace": 0.55})
+    for ax, val, title, unit in ((axs[0], m, "bytes (data)", "B"), (axs[1], rate, "rate over active time", "bit/s")):
+        v = np.where(np.isfinite(val) & (val > 0), val, np.nan)
+        # from 0: equal rates look equal (a scale from the minimum would paint 1% as contrast)
+        im = ax.imshow(v, cmap="magma_r", interpolation="nearest", aspect="equal", vmin=0)
+        cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+        cb.ax.yaxis.set_major_formatter(_si_formatter(unit))
+        ax.set_title(title)
+        ax.set_xlabel("destination")
+        ax.set_ylabel("source")
+        step = max(1, k // 34 + 1) if k > 34 else 1
+        ticks = list(range(0, k, step))
+        ax.set_xticks(ticks, [names[i] for i in ticks], rotation=90, fontsize=7 if k > 16 else 8)
+        ax.set_yticks(ticks, [names[i] for i in ticks], fontsize=7 if k > 16 else 8)
+        for lab in ax.get_xticklabels():
+            if hot and lab.get_text() == hot:
+                lab.set_color(HOT)
+                lab.set_fontweight("bold")
+        if hot in names:
+            j = names.index(hot)
+            ax.add_patch(_rect(j - 0.5, -0.5, 1, k, fig))
+        if k <= MATRIX_LABELS:
+            mx = np.nanmax(v) if np.isfinite(v).any() else 0
+            for i in range(k):
+                for j in range(k):
+                    if np.isfinite(v[i, j]):
+                        ax.text(j, i, _si(v[i, j]), ha="center", va="center", fontsize=6.5,
+                                color="white" if v[i, j] > 0.55 * mx else "black")
+    return fig
+
+
+def _rect(x, y, w, h, fig):
+    from matplotlib.patches import Rectangle  # heavy (plotting)
+    return Rectangle((x, y), w, h, fill=False, edgecolor=HOT, linewidth=1.6)
+
+
+def _si_formatter(unit):
+    from matplotlib.ticker import FuncFormatter  # heavy (plotting)
+    return FuncFormatter(lambda v, _p: _si(v, unit))
+
+
+def fig_link_rates(Figure, title, labels, edges, series, t0):
+    fig = Figure(figsize=(10, 2.8))
+    ax = fig.subplots()
+    x = (edges[:-1] - t0) / 1e6
+    for lab, y in zip(labels, series):
+        ax.step(x, y, where="post", linewidth=1.0, label=lab)
+    ax.set_title(title)
+    ax.set_xlabel("time since capture start (ms)")
+    ax.set_ylabel("data rate")
+    ax.yaxis.set_major_formatter(_si_formatter("bit/s"))
+    if labels:
+        ax.legend(fontsize=7, ncol=2, loc="upper right", frameon=False)
+    return fig
+
+
+def fig_timing(Figure, tm, activity, t0, t1):
+    fig = Figure(figsize=(10, 3.4))
+    a1, a2 = fig.subplots(2, 1, gridspec_kw={"height_ratios": [1.1, 1]})
+    x = np.linspace(0, (t1 - t0) / 1e6, len(activity) + 1)[:-1]
+    a1.fill_between(x, activity, step="post", color=BASE, alpha=0.8, linewidth=0)
+    a1.set_ylabel("all data")
+    a1.yaxis.set_major_formatter(_si_formatter("bit/s"))
+    a1.set_xlabel("time since capture start (ms)")
+    a1.set_title("activity over the capture")
+    h = (tm or {}).get("hierarchy") or {}
+    top = "token" if (tm or {}).get("workload") == "decode" and (tm or {}).get("token_interval_s") else "iteration"
+    levels = [(n, h.get(k) or {}) for n, k in (("step", "step"), ("collective", "collective"), (top, "iteration"))]
+    levels = [(n, lv) for n, lv in levels if lv.get("period_s")]
+    if levels:
+        ys = np.arange(len(levels))
+        per = [lv["period_s"] for _, lv in levels]
+        jit = [lv.get("jitter_s") or 0.0 for _, lv in levels]
+        a2.barh(ys, per, xerr=jit, color=["#8172b2", "#55a868", "#c44e52"][:len(levels)], height=0.55)
+        a2.set_xscale("log")
+        a2.set_yticks(ys, [n for n, _ in levels])
+        for y, (n, lv) in zip(ys, levels):
+            j = f" ±{_dur(lv['jitter_s'])}" if lv.get("jitter_s") else ""
+            a2.text(lv["period_s"] * 1.15, y, f"{_dur(lv['period_s'])}{j}  x{lv.get('count', 0)}", va="center",
+                    fontsize=8)
+        a2.set_xlabel("period (log scale, s)")
+        a2.set_title("timing hierarchy: period (±jitter) and count per level")
+        a2.set_xlim(min(per) / 3, max(per) * 30)
+    else:
+        a2.axis("off")
+        a2.text(0.0, 0.5, "no periodic structure found (timing: none)", fontsize=9)
+    fig.subplots_adjust(hspace=0.9)
+    return fig
+
+
+def fig_hists(Figure, groups):
+    """groups: [(title, hist[34])]."""
+    k = len(groups)
+    fig = Figure(figsize=(10, 2.3 * math.ceil(k / 2)))
+    axs = np.atleast_1d(fig.subplots(math.ceil(k / 2), 2 if k > 1 else 1)).ravel()
+    for ax, (title, hist) in zip(axs, groups):
+        nz = np.nonzero(hist)[0]
+        if not len(nz):
+            ax.axis("off")
+            continue
+        lo, hi = int(nz.min()), int(nz.max())
+        xs = np.arange(lo, hi + 1)
+        ax.bar(xs, hist[lo:hi + 1], color=BASE)
+        ax.set_yscale("log")
+        ax.set_xticks(xs, [_size_label(L.slot_lower_bound(int(i))) + "+" for i in xs], rotation=60, fontsize=7)
+        ax.set_title(title, fontsize=9)
+        ax.set_ylabel("messages")
+    for ax in axs[k:]:
+        ax.axis("off")
+    fig.subplots_adjust(hspace=1.1, wspace=0.25)
+    return fig
+
+
+def _bars(ax, labels, values, hot=(), ylabel="", fmt=None):
+    cols = [HOT if lab in hot else BASE for lab in labels]
+    ax.bar(range(len(values)), values, color=cols)
+    ax.set_xticks(range(len(labels)), labels, rotation=60 if len(labels) > 4 else 0, fontsize=7)
+    ax.set_ylabel(ylabel)
+    if fmt:
+        ax.yaxis.set_major_formatter(fmt)
+
+
+def fig_finding(Figure, f, doc, snap) -> object | None:
+    """The evidence of one finding, drawn; None when it has nothing to draw."""
+    ev = f.get("evidence") or {}
+    ents = f.get("entities") or {}
+    ips = ents.get("ips") or []
+    colls = doc.get("collectives") or []
+    g = f.get("group")
+    gm = (colls[g].get("metrics") or {}) if isinstance(g, int) and 0 <= g < len(colls) else {}
+    members = colls[g]["members"] if gm else []
+    panels = []
+    # 1. hot destination / destination skew: bytes per destination, share per phase / window
+    db = ev.get("dest_bytes") or (gm.get("dest_bytes") if "hot_destination" in ev else None)
+    if db and members and len(db) == len(members):
+        hot = ev.get("hot_destinations") or ([ev["hot_destination"]] if ev.get("hot_destination") else ips[:1])
+        panels.append(("bytes received per destination", lambda ax: (
+            _bars(ax, members, db, hot, "bytes", _si_formatter("B")),
+            ax.axhline(sum(db) / len(members), color="gray", ls="--", lw=0.8, label="fair share"),
+            ax.legend(fontsize=7, frameon=False))))
+        phases = gm.get("phases") or []
+        if phases:
+            def draw_phases(ax, phases=phases, hot=hot, ev=ev, members=members):
+                sh = [(p.get("dest_skew") or {}).get("max_share") or 0 for p in phases]
+                hd = [p.get("hot_destination") for p in phases]
+                ax.bar(range(len(sh)), sh, color=[HOT if h in hot else BASE for h in hd])
+                ax.axhline(ev.get("fair_share") or 1 / max(1, len(members)), color="gray", ls="--", lw=0.8,
+                           label="fair share")
+                ax.set_xticks(range(len(sh)), [f"{p.get('phase')}\n{h or ''}" for p, h in zip(phases, hd)],
+                              fontsize=6.5)
+                ax.set_ylabel("hottest destination's share")
+                ax.legend(fontsize=7, frameon=False)
+            panels.append(("hot destination's share per phase", draw_phases))
+        win = ev.get("windows") or []
+        if len(win) > 1:
+            def draw_win(ax, win=win, hot=hot):
+                ax.bar(range(len(win)), [w.get("share") or 0 for w in win],
+                       color=[HOT if w.get("hot") in hot else BASE for w in win])
+                ax.set_xticks(range(len(win)), [f"it {w.get('first_iteration')}-{w.get('end_iteration')}\n"
+                                                f"{w.get('hot')}" for w in win], fontsize=6.5)
+                ax.set_ylabel("share")
+            panels.append(("share per window (drift)", draw_win))
+    # 2. stragglers / slow shards: start lag per member, gating member per iteration
+    if ("lag_per_step_s" in ev or "start_lag_s" in ev) and gm.get("start_lag_s"):
+        lag = gm["start_lag_s"]
+        dec = (gm.get("decode") or {}).get("member_start_lag_s") or {}
+        src = lag if any(v for v in lag.values() if v) else dec
+        labs = list(src)
+        vals = [1e6 * (src[k] or 0.0) for k in labs]
+
+        def draw_lag(ax, labs=labs, vals=vals, ev=ev, hot=ips[:1]):
+            _bars(ax, labs, vals, hot, "start lag (us)")
+            if ev.get("lag_per_step_s"):
+                ax.axhline(1e6 * ev["lag_per_step_s"], color=HOT, ls=":", lw=1,
+                           label=f"{hot[0] if hot else ''} lag per step {_dur(ev['lag_per_step_s'])}")
+                ax.legend(fontsize=7, frameon=False)
+        panels.append(("start lag per member (median over steps)", draw_lag))
+        gates = (gm.get("gates") or {}).get("per_iteration") or []
+        if gates:
+            def draw_gates(ax, gates=gates, members=members, hot=ips[:1]):
+                pos = {m: i for i, m in enumerate(members)}
+                xs = [i for i, x in enumerate(gates) if x in pos]
+                ax.scatter(xs, [pos[gates[i]] for i in xs], c=[HOT if gates[i] in hot else BASE for i in xs],
+                           marker="s", s=18)
+                ax.set_yticks(range(len(members)), members, fontsize=7)
+                ax.set_xlabel("iteration / token")
+                ax.set_ylim(-0.5, len(members) - 0.5)
+                ax.set_xlim(-0.5, len(gates) - 0.5)
+            panels.append(("member that gated each iteration", draw_gates))
+    # 3. any per-entity mapping in the evidence (stage compute, idle fraction per link, ...)
+    for key, val in ev.items():
+        if len(panels) >= 3:
+            break
+        if isinstance(val, dict) and len(val) >= 2 and all(isinstance(v, (int, float)) or v is None
+                                                           for v in val.values()):
+            labs = list(val)
+            panels.append((key.replace("_", " "), lambda ax, labs=labs, val=val: _bars(
+                ax, labs, [val[k] or 0 for k in labs], ips[:1])))
+    # 4. else: the per-link counters of its flows, or the volumes of its nodes
+    if not panels:
+        links = (doc.get("metrics") or {}).get("links") or []
+        fl = {(a, b) for a, b, *_ in (ents.get("flows") or [])}
+        rows = [lk for lk in links if (lk["src"], lk["dst"]) in fl] if fl else []
+        cols = [c for c in ("ce", "cnp", "psn_gaps", "retransmissions", "naks") if any(r.get(c) for r in rows)]
+        if rows and cols:
+            def draw_links(ax, rows=rows, cols=cols):
+                w = 0.8 / len(cols)
+                for k, c in enumerate(cols):
+                    ax.bar(np.arange(len(rows)) + k * w, [r.get(c) or 0 for r in rows], width=w, label=c)
+                ax.set_xticks(np.arange(len(rows)) + 0.4 - w / 2, [f"{r['src']}\n->{r['dst']}" for r in rows],
+                              fontsize=6.5)
+                ax.legend(fontsize=7, frameon=False)
+                ax.set_ylabel("packets")
+            panels.append(("counters of the links involved", draw_links))
+        else:
+            nin = (doc.get("metrics") or {}).get("node_in_bytes") or {}
+            labs = [ip for ip in ips if ip in nin]
+            if len(labs) >= 1:
+                panels.append(("bytes received by the nodes involved", lambda ax, labs=labs: _bars(
+                    ax, labs, [nin[k] for k in labs], ips[:1], "bytes", _si_formatter("B"))))
+    if not panels:
+        return None
+    fig = Figure(figsize=(3.4 * len(panels) + 0.6, 2.7))
+    axs = np.atleast_1d(fig.subplots(1, len(panels)))
+    for ax, (title, draw) in zip(axs, panels):
+        draw(ax)
+        ax.set_title(title, fontsize=9)
+    fig.subplots_adjust(wspace=0.45)
+    return fig
+
+
+# ---- the page -----------------------------------------------------------------------------------
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#222;background:#fafafa}
+main{max-width:1280px;margin:0 auto;padding:12px 20px 40px}
+h1{font-size:20px;margin:8px 0 2px}h2{font-size:17px;margin:26px 0 8px;border-bottom:1px solid #ddd}
+h3{font-size:14px;margin:14px 0 4px}
+nav a{margin-right:12px}.sub{color:#555}
+.fig svg{max-width:100%;height:auto}.fig{overflow-x:auto}
+table{border-collapse:collapse;font-size:12.5px;margin:6px 0}
+td,th{border:1px solid #ddd;padding:2px 7px;text-align:left;vertical-align:top}
+th{background:#f0f0f0}td.n{text-align:right;font-variant-numeric:tabular-nums}
+.card{background:#fff;border:1px solid #ddd;border-left:5px solid #999;padding:6px 12px;margin:10px 0}
+.sev{font-weight:bold;text-transform:uppercase;font-size:12px}
+.critical{border-left-color:#c62828}.warning{border-left-color:#ef6c00}.info{border-left-color:#1565c0}
+.ok{color:#2e7d32;font-weight:bold}
+code{font-size:12px}
+@media print{body{background:#fff;font-size:11px}nav{display:none}main{max-width:none;padding:0}
+ .card,.fig,table{page-break-inside:avoid;break-inside:avoid}h2{page-break-after:avoid;break-after:avoid}}
+"""
+
+
+def _table(rows, head=None) -> str:
+    out = ["<table>"]
+    if head:
+        out.append("<tr>" + "".join(f"<th>{_esc(h)}</th>" for h in head) + "</tr>")
+    for r in rows:
+        out.append("<tr>" + "".join(
+            f'<td class="n">{_esc(_num(c))}</td>' if isinstance(c, (int, float)) and not isinstance(c, bool)
+            else f"<td>{_esc(c)}</td>" for c in r) + "</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def _flat(d: dict, prefix="") -> list:
+    rows = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            rows += _flat(v, f"{prefix}{k}.")
+        elif isinstance(v, list):
+            if v and all(not isinstance(x, (dict, list)) for x in v) and len(v) <= 16:
+                rows.append((prefix + k, ", ".join(_num(x) for x in v)))
+            else:
+                rows.append((prefix + k, f"[{len(v)} items]"))
+        else:
+            rows.append((prefix + k, v))
+    return rows
+
+
+def document(snap: Snapshot, analysis: dict | None) -> dict:
+    """The report's JSON document without the per-flow list (the page does not print flows;
+    building 65,536 flow dicts would be most of its time)."""
+    meta = dict(snap.meta)
+    doc = {"source": meta.get("file") or meta.get("interface") or meta.get("source", "?"), "meta": meta,
+           "totals": R.totals(snap), "pfc": R.pfc(snap)}
+    if analysis:
+        doc.update(analysis)
+    return doc
+
+
+def render(snap: Snapshot, analysis: dict | None) -> str:
+    """The whole page as a string."""
+    Figure, rc_context = _mpl()
+    doc = document(snap, analysis)
+    with rc_context(_RC):
+        return _render(Figure, snap, doc)
+
+
+def _hot_destination(doc, ips, col):
+    """(ip or None, why): the analysis' hot destination (a finding's, else the capture's
+    destination skew when its max/mean reaches hot_destination's warning threshold)."""
+    for f in doc.get("findings") or []:
+        ev = f.get("evidence") or {}
+        h = (ev.get("hot_destinations") or [None])[0] or ev.get("hot_destination")
+        if h in ips:
+            return h, f"finding {f['kind']}"
+    sk = (doc.get("metrics") or {}).get("dest_volume_skew") or {}
+    warn = ((doc.get("thresholds") or {}).get("hot_destination") or {}).get("warning", 1.5)
+    mom = sk.get("max_over_mean")
+    if mom is not None and mom >= warn and col.max() > 0:
+        return ips[int(np.argmax(col))], f"max/mean {mom:.2f} of the bytes received"
+    return None, f"bytes received max/mean {mom:.2f}" if mom is not None else "no data"
+
+
+def _render(Figure, snap, doc) -> str:
+    m = doc["meta"]
+    t = doc["totals"]
+    fs = doc.get("findings")
+    colls = doc.get("collectives") or []
+    mets = doc.get("metrics") or {}
+    parts = []
+    title = f"skewscope report: {os.path.basename(str(doc['source']))}"
+    parts.append(f"<h1>{_esc(title)}</h1>")
+    parts.append(f'<p class="sub">source {_esc(doc["source"])} ({_esc(m.get("source", "?"))}), '
+                 f'{_esc(_dur(float(m.get("duration_s") or 0)))}, {t["packets_seen"]:,} frames, '
+                 f'{t["roce_packets"]:,} RoCE, {len(snap.flows):,} flows, {t["message_records"]:,} message records'
+                 + (f', <b>sampled 1 in {int(m["sample_n"])}</b>' if int(m.get("sample_n", 1) or 1) > 1 else "")
+                 + (f', <b>{t["flows_evicted"]:,} flows evicted</b>' if t["flows_evicted"] else "") + "</p>")
+    parts.append('<nav><a href="#findings">findings</a><a href="#matrix">matrix</a><a href="#rates">link rates</a>'
+                 '<a href="#timing">timing</a><a href="#sizes">message sizes</a><a href="#counters">counters</a></nav>')
+    # collectives summary
+    if colls:
+        rows = []
+        for i, c in enumerate(colls):
+            cm = c.get("metrics") or {}
+            mem = c["members"]
+            rows.append((i, c["kind"], c.get("pattern") or "", f"{c['confidence']:.2f}", len(mem),
+                         ", ".join(mem[:6]) + (f" ... ({len(mem)})" if len(mem) > 6 else ""),
+                         R.fmt_bytes(cm.get("bytes") or 0), cm.get("protocol_hint") or "",
+                         cm.get("workload") or ""))
+        parts.append("<h2>Collectives</h2>" + _table(rows, ("group", "kind", "pattern", "confidence", "nodes",
+                                                              "members", "bytes", "protocol hint", "workload")))
+    # findings
+    parts.append('<h2 id="findings">Findings</h2>')
+    if fs is None:
+        parts.append("<p>no analysis</p>")
+    elif not fs:
+        parts.append('<p class="ok">no findings: traffic looks healthy</p>')
+    else:
+        for k, f in enumerate(fs):
+            sev = f.get("severity", "info")
+            ents = f.get("entities") or {}
+            imp = f.get("impact") or {}
+            ev = f.get("evidence") or {}
+            card = [f'<div class="card {_esc(sev)}"><span class="sev" style="color:{SEV_COLOR.get(sev, "#555")}">'
+                    f'{_esc(sev)}</span> <b>{_esc(f["kind"])}</b>'
+                    + (f' <span class="sub">group {f["group"]}</span>' if f.get("group") is not None else "")
+                    + f"<p>{_esc(f.get('message', ''))}</p>"]
+            if ents.get("ips"):
+                card.append(f"<p>nodes: <b>{_esc(', '.join(ents['ips'][:12]))}</b>"
+                            + (f" ... ({len(ents['ips'])})" if len(ents["ips"]) > 12 else "")
+                            + (f"; QPs: {_esc(', '.join(str(q) for q in ents['qps'][:12]))}" if ents.get("qps")
+                               else "") + "</p>")
+            if imp.get("seconds") is not None:
+                card.append(f"<p>impact: {_esc(_dur(imp['seconds']))} lost"
+                            + (f" ({100 * imp['share']:.1f}% of each iteration/token)"
+                               if imp.get("share") is not None else "") + "</p>")
+            if k < FINDINGS_DRAWN:
+                fig = fig_finding(Figure, f, doc, snap)
+                if fig is not None:
+                    card.append(_svg(fig))
+            scal = [(kk, vv) for kk, vv in _flat(ev)]
+            if scal:
+                card.append("<details><summary>evidence</summary>" + _table(scal[:60], ("evidence", "value"))
+                            + "</details>")
+            card.append("</div>")
+            parts.append("".join(card))
+    # matrix
+    parts.append('<h2 id="matrix">Traffic matrix (node x node)</h2>')
+    ips, mb, rate = _matrices(snap)
+    if len(ips) and mb.sum() > 0:
+        names, am, ar, _keep = _aggregate(ips, mb, rate)
+        col = mb.sum(0)
+        hot, why = _hot_destination(doc, ips, col)
+        share = float(col[ips.index(hot)] / col.sum()) if hot in ips else float(col.max() / col.sum())
+        note = (f", the {len(names) - 1} busiest drawn, the other {len(ips) - len(names) + 1} summed as one"
+                if len(names) < len(ips) else "")
+        parts.append(f"<p>{len(ips)} nodes{note}. "
+                     + (f'Hot destination: <b style="color:{HOT}">{_esc(hot)}</b> ({_esc(why)}; '
+                        f"{100 * share:.1f}% of the data bytes, fair share "
+                        f"{100 / max(1, int((col > 0).sum())):.1f}%), outlined in red. " if hot else
+                        f"No hot destination ({_esc(why)}). ")
+                     + "Rate = payload rate over each link's active time.</p>")
+        parts.append(_svg(fig_matrix(Figure, names, am, ar, hot)))
+    else:
+        parts.append("<p>no data flows</p>")
+    # per-link rate over time
+    parts.append('<h2 id="rates">Per-link rate over time (largest groups)</h2>')
+    t0 = int(m.get("first_ts") or 0)
+    t1 = int(m.get("last_ts") or 0)
+    if len(snap.events) and t1 <= t0:
+        t0, t1 = int(snap.events["start_ts"].min()), int(snap.events["end_ts"].max())
+    pos = {ip: i for i, ip in enumerate(ips)}
+    order = sorted(range(len(colls)), key=lambda i: -((colls[i].get("metrics") or {}).get("bytes") or 0))[:GROUPS_TOP]
+    drawn = 0
+    for gi in order:
+        c = colls[gi]
+        mi = [pos[x] for x in c["members"] if x in pos]
+        if len(mi) < 2 or t1 <= t0:
+            continue
+        sub = mb[np.ix_(mi, mi)]
+        flat = np.argsort(-sub, axis=None, kind="stable")[:LINKS_TOP]
+        pairs = [(mi[int(i) // len(mi)], mi[int(i) % len(mi)]) for i in flat if sub.flat[int(i)] > 0]
+        if not pairs:
+            continue
+        edges, ser = _link_series(snap, pairs, t0, t1)
+        labels = [f"{ips[s]}->{ips[d]}" for s, d in pairs]
+        parts.append(_svg(fig_link_rates(Figure, f"group {gi}: {c['kind']} ({len(c['members'])} nodes), "
+                                                 f"{len(pairs)} busiest links", labels, edges, ser, t0)))
+        drawn += 1
+    if not drawn:
+        parts.append("<p>no group with message records</p>")
+    # timing
+    parts.append('<h2 id="timing">Timing hierarchy (steps / collectives / iterations or tokens)</h2>')
+    tm = doc.get("timing")
+    if tm:
+        parts.append("<p>" + _esc("; ".join(x.strip() for x in R.timing_lines(tm)) or
+                                  f"period {_dur(tm.get('period_s'))}") + "</p>")
+    if t1 > t0:
+        parts.append(_svg(fig_timing(Figure, tm, _activity(snap, t0, t1), t0, t1)))
+    # message sizes
+    parts.append('<h2 id="sizes">Message sizes per group</h2>')
+    hs = []
+    for gi in order:
+        c = colls[gi]
+        mi = [pos[x] for x in c["members"] if x in pos]
+        if mi:
+            h = _group_hist(snap, mi)
+            if h.any():
+                hs.append((f"group {gi}: {c['kind']} ({(c.get('metrics') or {}).get('protocol_hint') or '?'})", h))
+    if not hs and len(snap.flows):
+        hs.append(("all flows", snap.flows["msg_hist"].sum(axis=0).astype(np.int64)))
+    if hs and any(h.any() for _, h in hs):
+        parts.append(_svg(fig_hists(Figure, hs)))
+    else:
+        parts.append("<p>no messages</p>")
+    # counters
+    parts.append('<h2 id="counters">Counters</h2>')
+    rows = [(k, v) for k, v in _flat({kk: vv for kk, vv in t.items() if kk != "not_accounted"})]
+    rows += [(f"not_accounted.{k}", v) for k, v in t["not_accounted"].items() if v]
+    p = doc["pfc"]
+    rows += [(f"pfc.priority{x['priority']}", f"pause {x['pause']}, resume {x['resume']}, quanta {x['quanta']}")
+             for x in p["per_priority"] if x["pause"] or x["resume"]]
+    rows += [(f"congestion.{k}", v) for k, v in (mets.get("congestion") or {}).items()]
+    for k in ("duration_s", "sample_n", "max_flows", "flows_evicted", "events_lost", "clock"):
+        if k in m:
+            rows.append((f"meta.{k}", m[k]))
+    parts.append(_table(rows, ("counter", "value")) + '<p class="sub">Definitions: README "Counters".</p>')
+    body = "\n".join(parts)
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{_esc(title)}</title><style>{CSS}</style></head>\n<body><main>\n{body}\n</main></body></html>\n")
+
+
+def write(path: str, snap: Snapshot, analysis: dict | None) -> int:
+    """Render and write the page atomically (it appears whole or not at all). Returns its size."""
+    page = render(snap, analysis)
+    try:
+        atomic_write_text(path, page)
+    except OSError as e:
+        raise HtmlError(f"--html {path}: {e.strerror or e}", EXIT_NOT_RUN) from None
+    return len(page.encode())
