@@ -11,8 +11,18 @@
                       BlueField SF/VF netdev behind a representor mirror. XDP or TC on obs0
                       sees every node's RoCE traffic, once per frame.
 
-Addresses exist only inside the namespaces. Names: PREFIX + TAG + "-gpu<i>" / "-sw" /
-"-dpu" (PREFIX "ssd-" for the demo, "ssu-" in tests; TAG unique per run). Everything made
+With per_node_dpu=True the switch has one SPAN port per node instead: mon<i> copies both
+directions of port p<i> (its ingress = node i's sends, its egress = what the bridge delivers
+to node i) to DPU namespace dpu<i>, whose obs0 sees exactly node i's traffic, as a real
+DPU in front of one GPU node does. Node MACs are static bridge entries with unicast flooding
+off, so no port's egress carries another node's frames. Each dpu<i> also gets a management
+veth to the root namespace (root side PREFIX+TAG+"m<i>", a /30 out of 10.253.0.0/16 chosen
+free at build time; dpu side mgmt0) on which start_exporters() serves `skewscope export`
+for a Prometheus in the root namespace (scrape_targets()).
+
+Addresses exist only inside the namespaces (and the per-node management /30s).
+Names: PREFIX + TAG + "-gpu<i>" / "-sw" / "-dpu" (or "-dpu<i>" per node) (PREFIX "ssd-"
+for the demo, "ssu-" in tests; TAG unique per run). Everything made
 is recorded as it is made; teardown() deletes exactly that (processes we started first,
 since a process inside a namespace keeps it alive), and a state file under
 /run/skewscope/ lets `skewscope demo --cleanup` remove a fabric whose owner died.
@@ -74,7 +84,7 @@ def list_namespaces() -> list[str]:
 
 class Fabric:
     def __init__(self, nodes: int = 8, prefix: str = "ssd-", tag: str | None = None, mtu: int = 9000,
-                 mirror: bool = True):
+                 mirror: bool = True, per_node_dpu: bool = False):
         if not 2 <= nodes <= 250:
             raise FabricError(f"nodes must be 2..250, not {nodes}")
         self.n = int(nodes)
@@ -83,10 +93,19 @@ class Fabric:
         base = f"{prefix}{self.tag}"
         self.node_ns = [f"{base}-gpu{i}" for i in range(self.n)]
         self.sw_ns = f"{base}-sw"
-        self.obs_ns = f"{base}-dpu"
+        self.per_node_dpu = bool(per_node_dpu)
+        # one observer for the whole fabric (obs_ns), or one per node (dpu_ns[i]; obs_ns None)
+        self.dpu_ns = [f"{base}-dpu{i}" for i in range(self.n)] if self.per_node_dpu else [f"{base}-dpu"]
+        self.obs_ns = None if self.per_node_dpu else self.dpu_ns[0]
         self.node_if = "eth0"
         self.obs_if = "obs0"
         self.mon_if = "mon0"
+        self.mgmt_if = "mgmt0"                 # per_node_dpu: the DPU side of its management veth
+        self.mgmt_root = [f"{base}m{i}" for i in range(self.n)] if self.per_node_dpu else []
+        if any(len(x) > 15 for x in self.mgmt_root):
+            raise FabricError(f"prefix+tag {base!r} too long for interface names (at most {11 - len(str(self.n))} "
+                              "characters with per_node_dpu)")
+        self.mgmt_block = 0                    # first /30 of 10.253.0.0/16 in use (per_node_dpu)
         self.mtu = int(mtu)
         self.mirror = mirror
         self.made: list[str] = []              # namespaces, in creation order
@@ -98,7 +117,26 @@ class Fabric:
         return f"10.0.0.{i + 1}"
 
     def namespaces(self) -> list[str]:
-        return [*self.node_ns, self.sw_ns, self.obs_ns]
+        return [*self.node_ns, self.sw_ns, *self.dpu_ns]
+
+    def mon_ifs(self) -> list[str]:
+        """The switch's SPAN ports: mon0 (one observer) or mon<i> (per node)."""
+        return [f"mon{i}" for i in range(self.n)] if self.per_node_dpu else [self.mon_if]
+
+    def _mgmt_ips(self, i: int) -> tuple[str, str]:
+        """per_node_dpu: (root side, DPU side) addresses of DPU i's management /30."""
+        a = (self.mgmt_block + i) * 4
+        return f"10.253.{a >> 8}.{(a & 255) + 1}", f"10.253.{a >> 8}.{(a & 255) + 2}"
+
+    def dpu_addr(self, i: int) -> str:
+        """per_node_dpu: the address of DPU i reachable from the root namespace."""
+        if not self.per_node_dpu:
+            raise FabricError("dpu_addr() needs a fabric built with per_node_dpu=True")
+        return self._mgmt_ips(i)[1]
+
+    def dpu_node(self, i: int) -> str:
+        """The `node` label start_exporters gives DPU i (it watches node i, 10.0.0.(i+1))."""
+        return f"dpu{i}"
 
     # -- build / teardown -----------------------------------------------------------------
     def _save_state(self) -> None:
@@ -106,6 +144,7 @@ class Fabric:
             STATE_DIR.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.state_file, json.dumps({"pid": os.getpid(), "namespaces": self.made,
                                                            "procs": [p.pid for p in self.procs],
+                                                           "root_links": self.mgmt_root,
                                                            "created": time.time()}))
         except OSError:
             pass
@@ -133,17 +172,64 @@ class Fabric:
                 _run(["ip", "-n", ns, "link", "set", self.node_if, "address", mac, "mtu", str(self.mtu), "up"])
                 _run(["ip", "-n", ns, "addr", "add", f"{self.node_ip(i)}/24", "dev", self.node_if])
                 _run(["ip", "-n", sw, "link", "set", port, "master", "br0", "up"])
-            _run(["ip", "-n", sw, "link", "add", self.mon_if, "mtu", str(self.mtu), "type", "veth", "peer", "name",
-                  self.obs_if, "netns", self.obs_ns])
-            _run(["ip", "-n", sw, "link", "set", self.mon_if, "up"])
-            _run(["ip", "-n", self.obs_ns, "link", "set", self.obs_if, "mtu", str(self.mtu), "up"])
-            if self.mirror:
+            for mon, dpu in zip(self.mon_ifs(), self.dpu_ns):
+                _run(["ip", "-n", sw, "link", "add", mon, "mtu", str(self.mtu), "type", "veth", "peer", "name",
+                      self.obs_if, "netns", dpu])
+                _run(["ip", "-n", sw, "link", "set", mon, "up"])
+                _run(["ip", "-n", dpu, "link", "set", self.obs_if, "mtu", str(self.mtu), "up"])
+            if self.per_node_dpu:
+                self._build_per_node()
+            elif self.mirror:
                 for i in range(self.n):
                     mirror.add(f"p{i}", self.mon_if, "ingress", netns=sw)
         except BaseException:
             self.teardown()
             raise
         return self
+
+    def _build_per_node(self) -> None:
+        sw = self.sw_ns
+        for i in range(self.n):
+            # the switch knows every node's port (a ToR after learning): a frame for node j
+            # leaves through p<j> only, never flooded to another node's port (and its DPU)
+            _run(["bridge", "-n", sw, "fdb", "replace", node_mac(i).hex(":"), "dev", f"p{i}", "master", "static"])
+            _run(["bridge", "-n", sw, "link", "set", "dev", f"p{i}", "flood", "off", "learning", "off"])
+            if self.mirror:
+                mirror.add(f"p{i}", f"mon{i}", "both", netns=sw)
+        self.mgmt_block = _free_mgmt_blocks(self.n)
+        for i, (root_if, dpu) in enumerate(zip(self.mgmt_root, self.dpu_ns)):
+            here, there = self._mgmt_ips(i)
+            _run(["ip", "link", "add", root_if, "type", "veth", "peer", "name", self.mgmt_if, "netns", dpu])
+            _run(["ip", "addr", "add", f"{here}/30", "dev", root_if])
+            _run(["ip", "link", "set", root_if, "up"])
+            _run(["ip", "-n", dpu, "addr", "add", f"{there}/30", "dev", self.mgmt_if])
+            _run(["ip", "-n", dpu, "link", "set", self.mgmt_if, "up"])
+
+    def start_exporters(self, port: int = 9435, interval: float = 0.25, extra: tuple = (), log_dir=None,
+                        xdp_mode: str = "generic") -> list[str]:
+        """per_node_dpu: run `skewscope export -i obs0 --listen <dpu_addr(i)>:port --node dpu<i>`
+        live in every DPU namespace (helper processes: stopped by teardown, detaching as they
+        exit). Output goes to log_dir/export-dpu<i>.log (else discarded). Returns the scrape
+        targets, DPU 0 first."""
+        if not self.per_node_dpu:
+            raise FabricError("start_exporters() needs a fabric built with per_node_dpu=True")
+        for i, dpu in enumerate(self.dpu_ns):
+            log = open(Path(log_dir) / f"export-{self.dpu_node(i)}.log", "w") if log_dir else subprocess.DEVNULL
+            try:
+                self.spawn(["ip", "netns", "exec", dpu, sys.executable, "-m", "skewscope.cli", "export",
+                            "-i", self.obs_if, "--listen", f"{self.dpu_addr(i)}:{port}", "--node", self.dpu_node(i),
+                            "--interval", f"{interval:g}", "--xdp-mode", xdp_mode, *extra],
+                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            finally:
+                if log_dir:
+                    log.close()
+        self._port = port
+        return self.scrape_targets(port)
+
+    def scrape_targets(self, port: int | None = None) -> list[str]:
+        """per_node_dpu: "ADDR:PORT" of every DPU's exporter, DPU 0 first."""
+        port = port or getattr(self, "_port", 9435)
+        return [f"{self.dpu_addr(i)}:{port}" for i in range(self.n)]
 
     def spawn(self, args: list[str], **kw) -> subprocess.Popen:
         """Start a helper process we own (stopped in teardown, before the namespaces go)."""
@@ -177,6 +263,9 @@ class Fabric:
             if p.returncode != 0 and ns in list_namespaces():
                 left.append(ns)
         self.made = left
+        for root_if in self.mgmt_root:        # normally gone with its namespace's end
+            if Path(f"/sys/class/net/{root_if}").exists():
+                _run(["ip", "link", "del", root_if], check=False)
         if not left:
             try:
                 self.state_file.unlink()
@@ -216,11 +305,33 @@ def cleanup_stale(prefix: str = "ssd-") -> list[str]:
         for ns in reversed(st.get("namespaces", [])):
             if ns.startswith(prefix) and _run(["ip", "netns", "del", ns], check=False).returncode == 0:
                 removed.append(ns)
+        for link in st.get("root_links", []):   # per_node_dpu management veths (normally gone with the ns)
+            if link.startswith(prefix) and Path(f"/sys/class/net/{link}").exists():
+                _run(["ip", "link", "del", link], check=False)
         try:
             f.unlink()
         except OSError:
             pass
     return removed
+
+
+def _free_mgmt_blocks(n: int) -> int:
+    """The first of n consecutive /30 blocks of 10.253.0.0/16 with no address of the root
+    namespace in them (other fabrics' management links)."""
+    p = _run(["ip", "-4", "-j", "addr", "show"], check=False)
+    try:
+        used = {int(a["local"].split(".")[2]) * 64 + int(a["local"].split(".")[3]) // 4
+                for ifc in json.loads(p.stdout or "[]") for a in ifc.get("addr_info", [])
+                if a.get("local", "").startswith("10.253.")}
+    except (json.JSONDecodeError, ValueError, IndexError, KeyError):
+        used = set()
+    blocks = 16384
+    start = secrets.randbelow(blocks - n)
+    for k in range(blocks - n):
+        b = (start + k) % (blocks - n)
+        if not any(b + j in used for j in range(n)):
+            return b
+    raise FabricError("no free management addresses left in 10.253.0.0/16")
 
 
 def _alive(pid: int) -> bool:
