@@ -12,6 +12,7 @@ from skewscope.bpf.loader import SOURCE, Config, kernel_at_least
 from skewscope.cli.common import fail, friendly_errors
 from skewscope.core import layout as L
 from skewscope.core.errors import EXIT_NO_IFACE, EXIT_USAGE
+from skewscope.outputs import html as H
 from skewscope.outputs import report as R
 from skewscope.outputs import topview as V
 from skewscope.sources.live import LiveSession, Terminated, terminate_on_signals
@@ -194,9 +195,11 @@ def top(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, e
 @click.option("--top", "top_n", type=click.IntRange(1, 100000), default=20, show_default=True,
               help="flows in the printed report")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar and no report")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False), metavar="OUT.html",
+              help="also write the report as one self-contained HTML page (docs/html.md)")
 @friendly_errors
 def capture(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, ebpf, duration, output, pcap_out,
-            pcap_snaplen, pcap_max_mb, as_json, top_n, quiet):
+            pcap_snaplen, pcap_max_mb, as_json, top_n, quiet, html_out):
     """Capture RoCE accounting on IFACE for DURATION into a snapshot file (written
     atomically), then print the report. Ctrl-C ends the capture early and still saves it.
     `skewscope report FILE.snap` reads it later without root."""
@@ -213,6 +216,8 @@ def capture(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detac
                 fail(f"{what} {path} is a directory", EXIT_USAGE)
     if pcap_out and os.path.abspath(pcap_out) == os.path.abspath(output):
         fail("-o and --pcap-out name the same file", EXIT_USAGE)
+    if html_out:
+        H.check_output(html_out)
 
     show_progress = not quiet and sys.stderr.isatty()
     bar = {}
@@ -286,7 +291,7 @@ def capture(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detac
     if m.get("stopped_early"):
         # what was counted until then is saved above; the run was still cut short
         fail(f"{m['stopped_early']}; saved what was counted until then to {output}", EXIT_NO_IFACE)
-    if quiet:
+    if quiet and not html_out:
         return
     try:
         from skewscope.analysis import analyze  # heavy (numba): only when a report is printed
@@ -294,6 +299,10 @@ def capture(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detac
     except Exception as e:  # the snapshot is saved; a failing analysis must not hide it
         click.echo(f"warning: analysis failed ({type(e).__name__}: {e}); report without findings", err=True)
         analysis = None
+    if html_out:
+        click.echo(f"wrote {html_out} ({H.write(html_out, snap, analysis) / 1024:.0f} KiB)", err=True)
+    if quiet:
+        return
     if as_json:
         click.echo(R.to_json(snap, analysis))
     else:
