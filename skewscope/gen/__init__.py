@@ -7,11 +7,14 @@ truth, or sent on an interface.
     cap.truth            # dict, the ground-truth JSON
     len(cap)             # frames
     for ts_ns, frame in cap.frames_iter(): ...
+    v = cap.view("10.0.0.3")   # the frames one DPU on node 10.0.0.3 sees (a Capture too)
+    cap.views()                # {ip: Capture} for every node
 
 See docs/generator.md.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 
@@ -24,19 +27,29 @@ from skewscope.core.files import atomic_write_text
 from skewscope.gen.presets import PRESETS
 from skewscope.gen.scenario import ScenarioError, load_scenario
 
-__all__ = ["generate", "load_scenario", "PRESETS", "write", "Capture", "ScenarioError"]
+__all__ = ["generate", "load_scenario", "PRESETS", "write", "Capture", "ScenarioError",
+           "VIEW_FILTER"]
+
+VIEW_FILTER = ("frames whose source or destination IP is the node (both directions: its "
+               "sends, its receives, the ACKs/CNPs of either); PFC frames the node sends; "
+               "timestamps of the full capture")
 
 
 class Capture:
-    """A generated capture: the packet table plus everything needed to render frames."""
+    """A generated capture: the packet table plus everything needed to render frames.
 
-    def __init__(self, job, pkts: dict):
+    A *view* (``cap.view(ip)``) is the same kind of object holding only the frames one DPU
+    on that node sees; its truth is the full capture's plus a ``view`` field."""
+
+    def __init__(self, job, pkts: dict, view: dict | None = None, parent=None):
         self.job = job
         self.pkts = pkts
         self.scenario = job.sc
         self.seed = job.seed
         self._truth = None
         self._src = None
+        self.view_info = view
+        self._parent = parent
 
     def __len__(self) -> int:
         return int(self.pkts["ts"].shape[0])
@@ -49,9 +62,69 @@ class Capture:
     @property
     def truth(self) -> dict:
         if self._truth is None:
-            from skewscope.gen import truth as T  # heavy (numba)
-            self._truth = T.compute(self.job, self.pkts)
+            if self._parent is not None:   # a view: the whole job's truth + where it looks
+                self._truth = dict(self._parent.truth, view=dict(self.view_info))
+            else:
+                from skewscope.gen import truth as T  # heavy (numba)
+                self._truth = T.compute(self.job, self.pkts)
         return self._truth
+
+    def node_index(self, node) -> int:
+        """Node index of an IP string (as the truth writes it) or of an int index."""
+        if isinstance(node, int) or (isinstance(node, str) and node.isdigit()):
+            i = int(node)
+            if not 0 <= i < self.job.n:
+                raise ScenarioError(f"node {i} out of range (0..{self.job.n - 1})")
+            return i
+        try:
+            a = ipaddress.ip_address(str(node)).compressed
+        except ValueError:
+            raise ScenarioError(f"not a node IP or index: {node!r}") from None
+        if a not in self.job.ip_str:
+            raise ScenarioError(f"{a} is not a node of this scenario (nodes: "
+                                f"{', '.join(self.job.ip_str)})")
+        return self.job.ip_str.index(a)
+
+    def node_mask(self, i: int) -> np.ndarray:
+        """bool per frame: frame seen by a DPU on node i (VIEW_FILTER)."""
+        from skewscope.gen import frames as F  # heavy (numba)
+        p = self.pkts
+        path = p["path"].astype(np.int64)
+        pa = self.job.path_arrays()
+        ip_frame = p["ftype"] != F.FT_PFC
+        safe = np.where(ip_frame, path, 0)
+        if pa["src"].size:
+            ends = (pa["src"][safe] == i) | (pa["dst"][safe] == i)
+        else:
+            ends = np.zeros(path.shape[0], dtype=bool)
+        return np.where(ip_frame, ends, path == i)
+
+    def clock_offset_ns(self, i: int, skew_us: float) -> int:
+        """The fixed clock offset of node i's DPU for views with clock skew +-skew_us:
+        uniform in [-skew_us, +skew_us], drawn from (seed, node) only."""
+        if not skew_us:
+            return 0
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, 0xC10C, i]))
+        return int(round(rng.uniform(-skew_us, skew_us) * 1e3))
+
+    def view(self, node, clock_skew_us: float = 0.0) -> "Capture":
+        """The frames a DPU on `node` (IP string or index) sees, as a Capture.  With
+        clock_skew_us, its timestamps carry that DPU's fixed clock offset (clock_offset_ns)."""
+        if self._parent is not None:
+            raise ValueError("a view of a view")
+        i = self.node_index(node)
+        m = self.node_mask(i)
+        sub = {k: v[m] for k, v in self.pkts.items()}
+        off = self.clock_offset_ns(i, clock_skew_us)
+        if off:
+            sub["ts"] = sub["ts"] + off
+        info = {"node": self.job.ip_str[i], "index": i, "frames": int(m.sum()),
+                "of_frames": len(self), "filter": VIEW_FILTER, "clock_offset_ns": off}
+        return Capture(self.job, sub, view=info, parent=self)
+
+    def views(self, clock_skew_us: float = 0.0) -> dict:
+        """{node IP: its view} for every node of the scenario, in node order."""
+        return {ip: self.view(i, clock_skew_us) for i, ip in enumerate(self.job.ip_str)}
 
     def _source(self):
         if self._src is None:
@@ -153,3 +226,16 @@ def write(preset_or_file, out_pcap, seed: int = 0, snaplen: int = 0) -> Capture:
     cap.write_pcap(out_pcap, snaplen=snaplen)
     cap.write_truth(truth_path(out_pcap))
     return cap
+
+
+def write_views(cap: Capture, out_dir, snaplen: int = 0, clock_skew_us: float = 0.0) -> list:
+    """One view per node: OUT_DIR/<ip>.pcap + OUT_DIR/<ip>.truth.json (truth with `view`),
+    and OUT_DIR/truth.json (the whole capture's truth).  Returns the pcap paths."""
+    out = []
+    for ip, v in cap.views(clock_skew_us).items():
+        p = os.path.join(os.fspath(out_dir), f"{ip}.pcap")
+        v.write_pcap(p, snaplen=snaplen)
+        v.write_truth(truth_path(p))
+        out.append(p)
+    cap.write_truth(os.path.join(os.fspath(out_dir), "truth.json"))
+    return out
