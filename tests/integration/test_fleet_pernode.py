@@ -1,0 +1,268 @@
+"""One DPU per node, live: the namespace fabric with per_node_dpu=True (node i's switch port
+mirrored in both directions to its own DPU namespace dpu<i>, which runs `skewscope export -i
+obs0` on a management veth), a real Prometheus (Debian's /usr/bin/prometheus on 127.0.0.1,
+scrape every 1 s, the shipped rule files of docs/prometheus loaded) scraping every DPU, the
+generator's traffic played from the node namespaces, and `skewscope cluster --json --window
+all` must name the injected entity -- taken from the generator's ground truth -- for a slow
+TP shard, a ring straggler and a hot expert. Each DPU must have seen exactly its own node's
+traffic: every series it exports involves its node, and its packet count equals the
+generator's frames from or to that node.
+
+No DPU sees another node's view: whatever `cluster` concludes about a ring or a TP group is
+fused from per-node views through Prometheus (docs/fleet.md).
+
+Cases (variants of the presets, so the node counts, the blamed node and the sizes are not
+the presets' own): tp-decode-slow-shard (4-way TP, shard 2 late on every ring send),
+ring-straggler at 6 nodes / 4 MiB / 1 channel (node 4 at 0.4x, 20 us late per step),
+ep-decode-hot-expert at 6 nodes (destination 2 gets 4x). Each case builds its own fabric,
+exporters and Prometheus (fresh counters, so `--window all` is exactly that case's traffic).
+Everything made is named ssn-* and removed in finally blocks.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces, veth, XDP attach"),
+              pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian package prometheus missing "
+                                                                            "(make setup installs it)"),
+              pytest.mark.timeout(420)]
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "docs" / "prometheus"
+SCRAPE_S = 1.0
+FPS = 4000                  # frames/s the whole fabric sends (sets the time stretch)
+EXPORT_INTERVAL = 0.25
+
+
+def _variant(preset: str, **changes) -> dict:
+    from skewscope.gen.presets import PRESETS
+    sc = copy.deepcopy(PRESETS[preset])
+    sc["name"] = f"{preset}-variant"
+    for k, v in changes.items():
+        if k == "node":
+            sc["pathologies"][0]["node"] = v
+        elif k in ("bytes", "channels"):
+            sc["workloads"][0][k] = v
+        else:
+            sc[k] = v
+    return sc
+
+
+#: case -> (scenario, generator seed, the truth's pathology kind, the cluster finding kind)
+CASES = {
+    "hot_expert": (_variant("ep-decode-hot-expert", nodes=6, node=2), 4, "hot_destination", "hot_destination"),
+    "slow_tp_shard": ("tp-decode-slow-shard", 2, "slow_tp_shard", "slow_tp_shard"),
+    "ring_straggler": (_variant("ring-straggler", nodes=6, node=4, bytes="4MiB", channels=1), 3, "straggler",
+                       "ring_straggler"),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_json(url: str, timeout: float = 5.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def wait_until(fn, timeout: float, what: str, step: float = 0.25):
+    end = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < end:
+        try:
+            v = fn()
+            if v:
+                return v
+            last = v
+        except AssertionError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- retried until the deadline
+            last = e
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+class Prom:
+    """A throwaway Prometheus on 127.0.0.1: temporary config and TSDB, the shipped rules
+    (evaluated every second instead of every 30 s)."""
+
+    def __init__(self, workdir: Path, targets: list[str]):
+        self.dir = workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        rules = []
+        for name in ("skewscope-rules.yml", "skewscope-alerts.yml"):
+            p = workdir / name
+            p.write_text((RULES / name).read_text().replace("interval: 30s", "interval: 1s"))
+            rules.append(str(p))
+        cfg = {"global": {"scrape_interval": f"{SCRAPE_S:g}s", "scrape_timeout": f"{SCRAPE_S:g}s",
+                          "evaluation_interval": "1s"},
+               "rule_files": rules,
+               "scrape_configs": [{"job_name": "skewscope", "static_configs": [{"targets": targets}]}]}
+        self.cfg = workdir / "prometheus.yml"
+        self.cfg.write_text(json.dumps(cfg))          # JSON is YAML
+        self.proc = None
+        self.log = None
+
+    def start(self):
+        self.log = open(self.dir / "prometheus.log", "w")
+        self.proc = subprocess.Popen(
+            ["prometheus", f"--config.file={self.cfg}", f"--storage.tsdb.path={self.dir}/data",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h", "--log.level=warn"],
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_until(lambda: urllib.request.urlopen(self.url + "/-/ready", timeout=1).status == 200, 60,
+                   "prometheus ready")
+
+    def query(self, q: str):
+        return http_json(f"{self.url}/api/v1/query?query={urllib.parse.quote(q)}")["data"]["result"]
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        if self.log:
+            self.log.close()
+
+
+def node_views(cap):
+    """Ground truth per node (from the generator): frames from or to it, and its peers."""
+    job = cap.job
+    ps, pd = np.asarray(job.p_src)[cap.pkts["path"]], np.asarray(job.p_dst)[cap.pkts["path"]]
+    out = []
+    for i in range(int(job.n)):
+        mine = (ps == i) | (pd == i)
+        peers = set(np.unique(np.concatenate([pd[ps == i], ps[pd == i]])).tolist())
+        out.append({"frames": int(np.count_nonzero(mine)), "peers": {f"10.0.0.{j + 1}" for j in peers}})
+    return out
+
+
+def cluster(prom_url, *args):
+    r = subprocess.run([sys.executable, "-m", "skewscope.cli", "cluster", "--prometheus", prom_url, "--json", *args],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def fleet(request, tmp_path_factory):
+    from skewscope import gen as skewgen
+    from skewscope.testbed.fabric import Fabric, play
+    case = request.param
+    scenario, seed, truth_kind, finding_kind = CASES[case]
+    cap = skewgen.generate(scenario, seed=seed)
+    truth = cap.truth
+    pat = next(p for p in truth["pathologies"] if p["kind"] == truth_kind)
+    n = int(cap.job.n)
+    views = node_views(cap)
+    assert len(views) == n and all(v["frames"] for v in views)
+    ts = cap.timestamps
+    span = int(ts[-1] - ts[0]) / 1e9
+    stretch = max(1.0, len(cap) / (FPS * span))
+    work = tmp_path_factory.mktemp(f"ssn-{case}")
+    fab = Fabric(nodes=n, prefix="ssn-", per_node_dpu=True)
+    prom = None
+    try:
+        fab.build()
+        targets = fab.start_exporters(port=9435, interval=EXPORT_INTERVAL, log_dir=work)
+        prom = Prom(work, targets)
+        prom.start()
+
+        def ready():
+            for i, p in enumerate(fab.procs):
+                if p.poll() is not None:
+                    log = (work / f"export-{fab.dpu_node(i)}.log").read_text()[-2000:]
+                    raise AssertionError(f"exporter {fab.dpu_node(i)} exited {p.returncode}: {log}")
+            return len(prom.query('skewscope_exporter_info{job="skewscope"}')) == n
+        wait_until(ready, 180, f"{n} exporters attached and scraped")
+        st = play(fab.node_ns, fab.node_if, [cap], stretch, max_seconds=span * stretch + 60, passes=1)
+        assert st["sent"] == len(cap) and st["unknown_source"] == 0, st
+
+        def settled():   # every DPU read its last frames and Prometheus scraped that read
+            got = {r["metric"]["node"]: int(float(r["value"][1]))
+                   for r in prom.query("sum by (node) (skewscope_peer_packets_total)")}
+            return got if all(got.get(fab.dpu_node(i)) == v["frames"] for i, v in enumerate(views)) else None
+        try:
+            wait_until(settled, 30, "per-DPU packet totals = the generator's frames from or to each node")
+        except AssertionError as e:
+            got = prom.query("sum by (node) (skewscope_peer_packets_total)")
+            raise AssertionError(f"{e}; got {[(r['metric']['node'], r['value'][1]) for r in got]}, "
+                                 f"want {[v['frames'] for v in views]}") from None
+        time.sleep(EXPORT_INTERVAL + 2 * SCRAPE_S)   # the timing series of the same last read, rules evaluated
+        doc = cluster(prom.url, "--window", "all")
+        if os.environ.get("SSN_DUMP"):
+            Path(os.environ["SSN_DUMP"], f"{case}.json").write_text(json.dumps(doc, indent=1))
+        series = {i: prom.query(f'{{node="{fab.dpu_node(i)}", __name__=~"skewscope_.+"}}') for i in range(n)}
+        yield {"case": case, "doc": doc, "truth": truth, "pat": pat, "kind": finding_kind, "fab": fab, "n": n,
+               "views": views, "series": series, "stretch": stretch}
+    finally:
+        try:
+            assert not fab.teardown()
+        finally:
+            if prom is not None:
+                prom.stop()
+
+
+def test_each_dpu_sees_exactly_its_own_node(fleet):
+    """Series with addresses on DPU i always involve node i (both ends for a pair, a peer of
+    node i for a single address); the packet totals already matched the truth per node."""
+    n, views = fleet["n"], fleet["views"]
+    for i in range(n):
+        me = f"10.0.0.{i + 1}"
+        ok_peer = views[i]["peers"] | {me}
+        pairs = 0
+        assert fleet["series"][i], f"dpu{i} exported nothing"
+        for s in fleet["series"][i]:
+            m = s["metric"]
+            src, dst = m.get("src"), m.get("dst")
+            if src is not None and dst is not None:
+                pairs += 1
+                assert me in (src, dst) and {src, dst} <= ok_peer, (i, m)
+            for lab in ("src", "dst", "peer"):
+                if lab in m:
+                    assert m[lab] in ok_peer, (i, lab, m)
+        assert pairs, f"dpu{i}: no pair series"
+        # every peer of node i (in the truth) appears in DPU i's pair series, both directions
+        seen = {(s["metric"]["src"], s["metric"]["dst"]) for s in fleet["series"][i]
+                if s["metric"]["__name__"] == "skewscope_peer_packets_total"}
+        want = {(me, p) for p in views[i]["peers"]} | {(p, me) for p in views[i]["peers"]}
+        assert seen == want, (i, sorted(seen ^ want))
+
+
+def test_cluster_names_the_injected_entity(fleet):
+    doc, pat, kind = fleet["doc"], fleet["pat"], fleet["kind"]
+    blamed = pat["entities"]["ips"][0]
+    got = [f for f in doc["findings"] if f["kind"] == kind]
+    assert got, (f"{fleet['case']}: no {kind} finding (want {blamed}); findings: "
+                 f"{[(f['kind'], f['entities']['ips'][:3]) for f in doc['findings']]}")
+    assert got[0]["entities"]["ips"][0] == blamed, got[0]
+    assert sorted(doc["meta"]["dpus"]) == sorted(fleet["fab"].dpu_node(i) for i in range(fleet["n"]))
+    if kind != "hot_destination":
+        # fused from per-node views: the evidence says which DPUs saw it, and each is the
+        # DPU of a member of the blamed node's group
+        members = next(g["members"] for g in fleet["truth"]["groups"] if blamed in g["members"])
+        dpus = {f"dpu{int(ip.split('.')[3]) - 1}" for ip in members}
+        seen = got[0]["evidence"].get("seen_by")
+        assert seen, got[0]
+        assert {o["node"] for o in seen} <= dpus, (seen, dpus)
