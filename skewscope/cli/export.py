@@ -12,12 +12,21 @@ import click
 from skewscope.cli.common import fail, friendly_errors, load_source
 from skewscope.core.errors import EXIT_NOT_RUN, EXIT_USAGE
 from skewscope.outputs import cluster as C
+from skewscope.outputs import http as H
 
 EXPORT_EPILOG = """\b
 Examples:
   skewscope export -i pf0hpf                      live, /metrics on 127.0.0.1:9435
   skewscope export -i pf0hpf --listen 0.0.0.0:9435 --node gpu-17-dpu
   skewscope export --from run.snap --once         print the exposition once and exit
+  skewscope export --from run.pcap                /metrics, /v1/findings, /v1/load of the file
+  skewscope export -i pf0hpf --listen 0.0.0.0:9435 --token-file /etc/skewscope/token
+  curl -H "Authorization: Bearer $(cat token)" http://127.0.0.1:9435/v1/load
+\b
+Endpoints (read-only; docs/fleet.md "Exporter HTTP API"): GET /metrics (Prometheus),
+GET /v1/findings and GET /v1/load (JSON, "version": 1; the last analysis: of the file once,
+or live of the last --analysis-window seconds every --analysis-every reads). 401 without
+the token (with --token-file), 404 other paths, 405 other methods, 503 analysis pending.
 \b
 Cardinality per DPU (docs/fleet.md): 15 series per peer pair (src, dst, traffic class)
 seen, up to --max-peers pairs (later pairs add up in one src="_overflow" pair); 43 per
@@ -47,9 +56,18 @@ Exit codes: 0 ok (--once, or Ctrl-C); 2 usage; 3 unreadable --from FILE or canno
               show_default=True, help="live, with --tc: which direction(s) to watch")
 @click.option("--max-flows", type=click.IntRange(16, 1 << 24), default=65536, show_default=True)
 @click.option("--once", is_flag=True, help="print the exposition to stdout once and exit (no server)")
+@click.option("--token-file", type=click.Path(dir_okay=False),
+              help="require 'Authorization: Bearer TOKEN' (TOKEN = the file's first line) on every endpoint")
+@click.option("--open-metrics", is_flag=True,
+              help="with --token-file: serve /metrics without the token (the /v1 endpoints still need it)")
+@click.option("--analysis-every", type=click.IntRange(1, 100000), default=H.DEFAULT_EVERY, show_default=True,
+              metavar="K", help="live: analyse the recent window every K reads (skipped while one still runs)")
+@click.option("--analysis-window", type=click.FloatRange(0.1, 3600), default=H.DEFAULT_WINDOW_S,
+              show_default=True, metavar="S", help="live: seconds of traffic each analysis covers")
+@click.option("--no-analysis", is_flag=True, help="serve /metrics only (/v1/* answer 503)")
 @friendly_errors
 def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, xdp_mode, direction, max_flows,
-           once):
+           once, token_file, open_metrics, analysis_every, analysis_window, no_analysis):
     """Serve this DPU's view as Prometheus metrics (/metrics): per-peer counters, top-K flows,
     message-size and gap histograms. Scrape every DPU; `skewscope cluster` and the rules in
     docs/prometheus/ turn them into the fleet-wide matrix and skew."""
@@ -63,26 +81,39 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
     node = node if node is not None else E.default_node()
     if not node.strip():
         fail("--node must not be empty", EXIT_USAGE)
+    if open_metrics and not token_file:
+        fail("--open-metrics only makes sense with --token-file", EXIT_USAGE)
+    token = H.read_token(token_file) if token_file else None
+    analyst = None
+    if not once and not no_analysis:
+        analyst = H.Analyst(node, "file" if from_file else "live", every=analysis_every,
+                            window_s=analysis_window)
     if from_file:
         snap = load_source(from_file)
         src = E.StaticSource(snap, node, top_k=top_k, max_peers=max_peers)
     else:
         src = E.LiveSource(iface, node, top_k=top_k, max_peers=max_peers, interval=interval,
                            mode="tc" if use_tc else "xdp", xdp_mode=xdp_mode, direction=direction,
-                           max_flows=max_flows)
+                           max_flows=max_flows, on_interval=analyst.on_interval if analyst else None)
     try:
         reg = E.make_registry(E.SkewscopeCollector(src.get))
         if once:
             click.echo(E.render(reg), nl=False)
             return
         try:
-            server, _ = E.serve(reg, addr, port)
+            server = H.Server(addr, port, reg, analyst=analyst, token=token, open_metrics=open_metrics)
         except OSError as e:
             fail(f"cannot listen on {listen}: {e.strerror or e}", EXIT_NOT_RUN)
+        server.start()
+        if analyst is not None and from_file:
+            analyst.start_once(snap)
         real_port = server.server_address[1]
         what = src.describe() if iface else from_file
+        if token is None and not H.is_loopback(addr):
+            click.echo(f"skewscope export: warning: listening on {_hostport(addr, real_port)} without --token-file: "
+                       "anyone who can reach it can read this node's traffic and findings", err=True)
         click.echo(f"skewscope export: node {node!r}, {what}, serving http://{_hostport(addr, real_port)}/metrics"
-                   f" (Ctrl-C to stop)", err=True)
+                   f" and /v1/findings, /v1/load (Ctrl-C to stop)", err=True)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: stop.set())
@@ -90,7 +121,7 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
             err = getattr(src, "error", None)
             if err is not None:
                 fail(f"reading the data plane failed: {err}; stopping", EXIT_NOT_RUN)
-        server.shutdown()
+        server.stop()
     finally:
         src.close()
 

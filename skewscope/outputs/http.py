@@ -1,0 +1,330 @@
+"""The exporter's HTTP server: GET /metrics (Prometheus), GET /v1/findings and GET /v1/load
+(JSON for controllers: request routers, expert-placement planners, schedulers).
+
+Light to import (the CLI reads its defaults): the analysis and prometheus_client are
+imported where they are used. One stdlib `ThreadingHTTPServer` (daemon threads), read-only: GET and HEAD only (any other
+method is 405), 404 for any other path. Optional bearer token (`Server(token=...)`): a
+request without `Authorization: Bearer <token>` gets 401; /metrics too unless
+`open_metrics` (docs/fleet.md "Exporter HTTP API").
+
+The JSON endpoints serve the last result of an `Analyst`: `analysis.analyze` (what
+`diagnose` runs) on the --from file once, or live on the recent window (`live.Window`)
+every K reads of the data plane, in a background thread. A new analysis is skipped (and
+counted) while the previous one still runs, so the CPU it takes is bounded and /metrics
+never waits on it.
+
+Schemas (version API_VERSION; docs/fleet.md has them with an example):
+
+    /v1/findings {"version", "node", "source", "status", "counts", "analysed_at",
+                  "analysis_seconds", "window": {"first_ts", "last_ts", "duration_s", "clock"},
+                  "analyses": {"runs", "skipped", "every", "window_s"}, "findings": [finding object]}
+    /v1/load     {"version", "node", "source", "analysed_at", "window",
+                  "alltoall": [{"group", "members", "workload", "destinations": [{"ip",
+                                "bytes_per_s", "share", "share_all_phases"}], "hot_destination",
+                                "max_over_mean"}],
+                  "rings": [{"group", "kind", "members", "workload", "lag_s": {ip: s},
+                             "slowest": {"ip", "lag_s"} | null (no member lags), "gate_share": {ip: share}}],
+                  "instances": [instance_loads rows: {"group", "kind", "members", "size",
+                                "bytes", "bytes_per_s", "tokens", "tokens_per_s",
+                                "token_interval_s", "busy_share", "message_size_bytes"}]}
+"""
+from __future__ import annotations
+
+import gzip
+import hmac
+import ipaddress
+import json
+import math
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+from skewscope.core.errors import EXIT_USAGE, SkewscopeError
+from skewscope.sources.live import Window
+
+API_VERSION = 1
+DEFAULT_EVERY = 5          # live: analyse the window every K reads
+DEFAULT_WINDOW_S = 10.0    # live: the analysed window (s)
+JSON_TYPE = "application/json"
+PATHS = ("/metrics", "/v1/findings", "/v1/load")
+
+
+class TokenError(SkewscopeError):
+    """--token-file unreadable or empty."""
+
+    def __init__(self, msg: str):
+        super().__init__(msg, EXIT_USAGE)
+
+
+def read_token(path: str) -> str:
+    """The bearer token: the file's first line, stripped (one line on error)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tok = fh.readline().strip()
+    except OSError as e:
+        raise TokenError(f"--token-file {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise TokenError(f"--token-file {path}: not text") from None
+    if not tok:
+        raise TokenError(f"--token-file {path}: empty (put the token on the first line)")
+    if any(c.isspace() for c in tok):
+        raise TokenError(f"--token-file {path}: the token must not contain spaces")
+    return tok
+
+
+def is_loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+def clean(x):
+    """JSON-safe copy: non-finite floats -> null, numpy scalars -> Python numbers."""
+    if isinstance(x, dict):
+        return {str(k): clean(v) for k, v in x.items() if not str(k).startswith("_")}
+    if isinstance(x, (list, tuple)):
+        return [clean(v) for v in x]
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        return clean(x.item())
+    return x
+
+
+# ---- the analysis ---------------------------------------------------------------------------
+class Analyst:
+    """Runs `analysis.analyze` in a background thread and keeps the last result.
+
+    Static (a file): `start_once(snap)`. Live: pass `on_interval` to the LiveSource; every
+    `every` reads the window's Snapshot is analysed, unless the previous analysis still
+    runs (then that turn is skipped and counted in `skipped`)."""
+
+    def __init__(self, node: str, source: str, every: int = DEFAULT_EVERY, window_s: float = DEFAULT_WINDOW_S,
+                 thresholds: dict | None = None):
+        self.node, self.source = node, source
+        self.every, self.window_s = max(1, int(every)), float(window_s)
+        self.thresholds = thresholds
+        self.window = Window(self.window_s)
+        self._lock = threading.Lock()
+        self._busy = threading.Event()
+        self._result: dict | None = None
+        self.reads = 0
+        self.runs = 0
+        self.skipped = 0
+        self.error: str | None = None
+
+    # live
+    def on_interval(self, iv) -> None:
+        """The LiveSource's callback (its reader thread): add the read to the window and,
+        every `every` reads, start an analysis of the window unless one still runs."""
+        try:
+            self.window.add(iv)
+            self.reads += 1
+            if self.reads % self.every:
+                return
+            if self._busy.is_set():
+                self.skipped += 1
+                return
+            snap = self.window.snapshot(iv)
+            self._start(snap, wall_end=iv.wall)
+        except Exception as e:  # never stop the reader; say it in /v1/findings
+            self.error = f"{type(e).__name__}: {e}"
+
+    # a file
+    def start_once(self, snap) -> threading.Thread:
+        return self._start(snap, wall_end=None)
+
+    def _start(self, snap, wall_end) -> threading.Thread:
+        self._busy.set()
+        t = threading.Thread(target=self._run, args=(snap, wall_end), name="skewscope-analysis", daemon=True)
+        t.start()
+        return t
+
+    def _run(self, snap, wall_end) -> None:
+        try:
+            from skewscope.analysis import analyze  # heavy (numba): the analysis thread only
+            t0 = time.monotonic()
+            a = analyze(snap, thresholds=self.thresholds)
+            took = time.monotonic() - t0
+            m = snap.meta
+            res = {"analysis": a, "analysed_at": time.time(), "analysis_seconds": took,
+                   "window": {"first_ts": m.get("first_ts"), "last_ts": m.get("last_ts"),
+                              "duration_s": float(m.get("duration_s", 0) or 0), "clock": m.get("clock"),
+                              "end_wall": wall_end}}
+            with self._lock:
+                self._result = res
+                self.runs += 1
+                self.error = None
+        except Exception as e:  # keep the last good result; the error is served
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            self._busy.clear()
+
+    def result(self) -> dict | None:
+        with self._lock:
+            return self._result
+
+    # the documents
+    def _head(self, res) -> dict:
+        return {"version": API_VERSION, "node": self.node, "source": self.source,
+                "analysed_at": res["analysed_at"], "analysis_seconds": res["analysis_seconds"],
+                "window": res["window"],
+                "analyses": {"runs": self.runs, "skipped": self.skipped, "every": self.every,
+                             "window_s": self.window_s if self.source == "live" else None,
+                             "error": self.error}}
+
+    def findings_doc(self) -> dict | None:
+        res = self.result()
+        if res is None:
+            return None
+        fs = [finding_object(f) for f in res["analysis"]["findings"]]
+        counts = {s: sum(1 for f in fs if f["severity"] == s) for s in ("critical", "warning", "info")}
+        status = "critical" if counts["critical"] else "warning" if counts["warning"] else "healthy"
+        doc = self._head(res)
+        doc.update({"status": status, "counts": counts, "findings": fs})
+        return clean(doc)
+
+    def load_doc(self) -> dict | None:
+        res = self.result()
+        if res is None:
+            return None
+        doc = self._head(res)
+        doc.update(load_vectors(res["analysis"], res["window"]["duration_s"]))
+        return clean(doc)
+
+
+def finding_object(f: dict) -> dict:
+    """A finding as /v1/findings serves it: kind, severity, entities, message, evidence,
+    impact, group (the analysis' finding, diagnose --json's objects)."""
+    return {k: f.get(k) for k in ("kind", "severity", "entities", "message", "evidence", "impact", "group")}
+
+
+def load_vectors(a: dict, duration_s: float) -> dict:
+    """The load vectors of /v1/load from an analysis document (no recomputation)."""
+    from skewscope.analysis.detectors.instances import instance_loads  # heavy (numba: the analysis package)
+    dur = float(duration_s or 0)
+    a2a, rings = [], []
+    for gi, c in enumerate(a["collectives"]):
+        m, mem = c["metrics"], list(c["members"])
+        if c["kind"] == "all_to_all":
+            phase = m.get("dest_bytes") or []
+            whole = m.get("matrix_whole")
+            col = [sum(row[j] for row in whole) for j in range(len(mem))] if whole else list(phase)
+            tp, tw = float(sum(phase)), float(sum(col))
+            dests = [{"ip": ip,
+                      "bytes_per_s": col[j] / dur if dur > 0 and j < len(col) else None,
+                      "share": phase[j] / tp if tp > 0 and j < len(phase) else None,
+                      "share_all_phases": col[j] / tw if tw > 0 and j < len(col) else None}
+                     for j, ip in enumerate(mem)]
+            a2a.append({"group": gi, "members": mem, "workload": m.get("workload"), "destinations": dests,
+                        "hot_destination": m.get("hot_destination"),
+                        "max_over_mean": (m.get("dest_skew") or {}).get("max_over_mean")})
+        else:
+            lag = m.get("start_lag_s") or (m.get("decode") or {}).get("member_start_lag_s")
+            if not lag:
+                continue
+            lag = {ip: v for ip, v in lag.items() if v is not None}
+            slow = max(lag.items(), key=lambda kv: kv[1]) if lag else None
+            slow = slow if slow and slow[1] > 0 else None    # nobody later than the others
+            rings.append({"group": gi, "kind": c["kind"], "members": mem, "workload": m.get("workload"),
+                          "lag_s": lag, "slowest": {"ip": slow[0], "lag_s": slow[1]} if slow else None,
+                          "gate_share": (m.get("gates") or {}).get("share") or {}})
+    return {"alltoall": a2a, "rings": rings, "instances": instance_loads(a["collectives"], dur)}
+
+
+# ---- the server ---------------------------------------------------------------------------
+class Server(ThreadingHTTPServer):
+    """The exporter's listener (daemon threads; IPv4 or IPv6 by the address)."""
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr: str, port: int, registry, analyst: Analyst | None = None,
+                 token: str | None = None, open_metrics: bool = False):
+        self.address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        self.registry, self.analyst = registry, analyst
+        self.token = token.encode() if token else None
+        self.open_metrics = bool(open_metrics)
+        super().__init__((addr, port), Handler)
+
+    def start(self) -> threading.Thread:
+        t = threading.Thread(target=self.serve_forever, name="skewscope-http", daemon=True)
+        t.start()
+        return t
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "skewscope"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt, *args):  # no access log on stderr
+        pass
+
+    def _send(self, code: int, body: bytes, ctype: str, extra: dict | None = None, head: bool = False):
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def _json(self, code: int, doc: dict, extra: dict | None = None, head: bool = False):
+        self._send(code, json.dumps(doc, allow_nan=False).encode(), JSON_TYPE, extra, head)
+
+    def _error(self, code: int, msg: str, extra: dict | None = None, head: bool = False):
+        self._json(code, {"version": API_VERSION, "error": msg}, extra, head)
+
+    def _authorized(self, path: str) -> bool:
+        tok = self.server.token
+        if tok is None or (path == "/metrics" and self.server.open_metrics):
+            return True
+        h = self.headers.get("Authorization", "")
+        scheme, _, given = h.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), tok)
+
+    def do_GET(self, head: bool = False):
+        path = urlsplit(self.path).path.rstrip("/") or "/"
+        if path not in PATHS:
+            return self._error(404, f"no such endpoint {path}; try {', '.join(PATHS)}", head=head)
+        if not self._authorized(path):
+            return self._error(401, "missing or wrong bearer token", {"WWW-Authenticate": 'Bearer realm="skewscope"'},
+                               head=head)
+        if path == "/metrics":
+            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest  # optional (prometheus_client)
+            body = generate_latest(self.server.registry)
+            extra = {}
+            if "gzip" in self.headers.get("Accept-Encoding", ""):
+                body = gzip.compress(body)
+                extra["Content-Encoding"] = "gzip"
+            return self._send(200, body, CONTENT_TYPE_LATEST, extra, head)
+        an = self.server.analyst
+        doc = None
+        if an is not None:
+            doc = an.findings_doc() if path == "/v1/findings" else an.load_doc()
+        if doc is None:
+            if an is None:
+                why = "no analysis in this exporter"
+            else:
+                why = f"analysis failed: {an.error}" if an.error else "analysis pending"
+            return self._error(503, why, {"Retry-After": "1"}, head=head)
+        return self._json(200, doc, head=head)
+
+    def do_HEAD(self):
+        self.do_GET(head=True)
+
+    def _not_allowed(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        if 0 < n <= 1 << 20:
+            self.rfile.read(n)
+        self.close_connection = True   # a body we did not read must not become the next request
+        self._error(405, "read-only: GET or HEAD", {"Allow": "GET, HEAD", "Connection": "close"})
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
