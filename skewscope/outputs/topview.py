@@ -537,7 +537,7 @@ HEAT = ("#1b0c41", "#4a0c6b", "#781c6d", "#a52c60", "#cf4446", "#ed6925", "#fb9b
 HEAT_DARK = 5
 HEAT_DECADES = 6          # the colour scale spans at most this many decades below the hottest cell
 MATRIX_MIN_CELL = 6       # characters per cell: value (<= 4-5 chars) + a marker
-MATRIX_LINES = 7          # title, header, in-row, legend, up to 3 summary/note lines
+MATRIX_LINES = 8          # title, header, in-row, legend, up to 4 summary/note lines
 CORNER = "SRC\\DST"
 HOT_SHOWN = 1.1           # the hot destination is highlighted when it receives >= this x the mean
 COLD_SHOWN = 0.8          # the summary names the coldest link when it is below this x the median link
@@ -736,14 +736,10 @@ def matrix_summary(mv: MatrixView, lay: MatrixLayout) -> list[str]:
             i, j, r = mv.cold_link
             s += f"; coldest link {mv.ips[i]}->{mv.ips[j]} {r:.2f}x the median"
         out.append(s)
-    notes = []
     if lay.prefix:
-        notes.append(f"labels = address after {lay.prefix}")
+        out.append(f"labels: the address after {lay.prefix}")
     if lay.other:
-        notes.append(f"top {len(lay.nodes)} of {mv.n} nodes by traffic; other = the {mv.n - len(lay.nodes)} "
-                     "others summed")
-    if notes:
-        out.append("; ".join(notes))
+        out.append(f"top {len(lay.nodes)} of {mv.n} nodes by traffic; other = the {mv.n - len(lay.nodes)} others summed")
     return out
 
 
