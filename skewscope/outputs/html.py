@@ -40,7 +40,7 @@ LINKS_TOP = 8
 #: time bins of the rate-over-time plots
 TIME_BINS = 240
 #: findings drawn (all are listed)
-FINDINGS_DRAWN = 24
+FINDINGS_DRAWN = 12
 
 SEV_COLOR = {"critical": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
 HOT = "#c62828"
@@ -79,12 +79,18 @@ def _svg(fig) -> str:
     """A figure as inline SVG (no XML prolog, no DOCTYPE, no metadata: nothing that names a URL
     other than the SVG namespace)."""
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None, "Format": None,
-                                                                   "Type": None})
+    # margins are set per figure in inches (_margins): bbox_inches="tight" would draw twice
+    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
     s = buf.getvalue()
     s = s[s.index("<svg"):]
     s = re.sub(r"<metadata>.*?</metadata>", "", s, flags=re.S)
     return f'<div class="fig">{s}</div>'
+
+
+def _margins(fig, left, bottom, right=0.2, top=0.35, **kw):
+    """subplots_adjust with margins in inches."""
+    w, h = fig.get_size_inches()
+    fig.subplots_adjust(left=left / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h, **kw)
 
 
 def _esc(x) -> str:
@@ -224,8 +230,9 @@ def _size_label(b: int) -> str:
 def fig_matrix(Figure, names, m, rate, hot: str | None):
     k = len(names)
     side = min(6.2, 2.2 + 0.16 * k)
-    fig = Figure(figsize=(2 * side + 2.4, side + 0.6))
-    axs = fig.subplots(1, 2, gridspec_kw={"wspace": 0.55})
+    fig = Figure(figsize=(2 * side + 4.2, side + 1.6))
+    axs = fig.subplots(1, 2)
+    _margins(fig, 1.15, 1.25, right=0.95, top=0.3, wspace=2.2 / side)
     for ax, val, title, unit in ((axs[0], m, "bytes (data)", "B"), (axs[1], rate, "rate over active time", "bit/s")):
         v = np.where(np.isfinite(val) & (val > 0), val, np.nan)
         # from 0: equal rates look equal (a scale from the minimum would paint 1% as contrast)
@@ -276,6 +283,7 @@ def fig_link_rates(Figure, title, labels, edges, series, t0):
     ax.set_xlabel("time since capture start (ms)")
     ax.set_ylabel("data rate")
     ax.yaxis.set_major_formatter(_si_formatter("bit/s"))
+    _margins(fig, 0.95, 0.5)
     if labels:
         ax.legend(fontsize=7, ncol=2, loc="upper right", frameon=False)
     return fig
@@ -311,14 +319,14 @@ def fig_timing(Figure, tm, activity, t0, t1):
     else:
         a2.axis("off")
         a2.text(0.0, 0.5, "no periodic structure found (timing: none)", fontsize=9)
-    fig.subplots_adjust(hspace=0.9)
+    _margins(fig, 0.95, 0.45, right=1.6, hspace=0.9)
     return fig
 
 
 def fig_hists(Figure, groups):
     """groups: [(title, hist[34])]."""
     k = len(groups)
-    fig = Figure(figsize=(10, 2.3 * math.ceil(k / 2)))
+    fig = Figure(figsize=(10, 2.4 * math.ceil(k / 2) + 0.3))
     axs = np.atleast_1d(fig.subplots(math.ceil(k / 2), 2 if k > 1 else 1)).ravel()
     for ax, (title, hist) in zip(axs, groups):
         nz = np.nonzero(hist)[0]
@@ -334,7 +342,7 @@ def fig_hists(Figure, groups):
         ax.set_ylabel("messages")
     for ax in axs[k:]:
         ax.axis("off")
-    fig.subplots_adjust(hspace=1.1, wspace=0.25)
+    _margins(fig, 0.8, 0.75, top=0.3, hspace=1.25, wspace=0.25)
     return fig
 
 
@@ -447,12 +455,12 @@ def fig_finding(Figure, f, doc, snap) -> object | None:
                     ax, labs, [nin[k] for k in labs], ips[:1], "bytes", _si_formatter("B"))))
     if not panels:
         return None
-    fig = Figure(figsize=(3.4 * len(panels) + 0.6, 2.7))
+    fig = Figure(figsize=(3.6 * len(panels) + 0.6, 3.3))
     axs = np.atleast_1d(fig.subplots(1, len(panels)))
     for ax, (title, draw) in zip(axs, panels):
         draw(ax)
         ax.set_title(title, fontsize=9)
-    fig.subplots_adjust(wspace=0.45)
+    _margins(fig, 0.85, 1.0, top=0.3, wspace=0.55)
     return fig
 
 
