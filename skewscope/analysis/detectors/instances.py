@@ -4,8 +4,8 @@ median load of the instances comparable to it -- the signal a request router nee
 An instance is a decode collective group (a tensor-parallel ring or an expert-parallel
 all-to-all whose workload is "decode"); instances are comparable when they have the same
 collective kind and the same number of members (the same model sharded the same way).
-An instance's load is its data bytes per second over the capture window: tokens/s x bytes
-per token, and for instances of one model the bytes per token grow with the batch (more
+An instance's load is its data bytes per second while it serves: tokens/s x data bytes per
+token, and for instances of one model the bytes per token grow with the batch (more
 sequences in each step's activations), so the ratio is the ratio of served tokens. Evidence
 counts repetitions (tokens seen on every compared instance) and ratios, never bytes.
 
@@ -42,8 +42,12 @@ def instance_loads(collectives, duration_s: float) -> list[dict]:
         mode = max(sizes, key=lambda x: (x[1], x[0]))[0] if sizes else None
         b = float(m.get("bytes") or 0.0)
         tokens = m.get("iterations")
+        tps = dec.get("tokens_per_s")
+        # the instance's own rate while it serves: bytes per token x tokens/s (the window's
+        # average when the token rate is unknown)
+        bps = b / tokens * tps if tokens and tps else (b / dur if dur > 0 else None)
         out.append({"group": gi, "kind": kind, "members": list(members), "size": len(members),
-                    "bytes": b, "bytes_per_s": b / dur if dur > 0 else None,
+                    "bytes": b, "bytes_per_s": bps,
                     "tokens": int(tokens) if tokens is not None else None,
                     "tokens_per_s": dec.get("tokens_per_s"),
                     "token_interval_s": dec.get("token_interval_s"),
@@ -62,10 +66,10 @@ def instances(inp, em):
     for x in rows:
         classes.setdefault((x["kind"], x["size"]), []).append(x)
     for (kind, size), xs in classes.items():
-        xs = [x for x in xs if (x["tokens"] or 0) >= t["min_tokens"] and x["bytes"] > 0]
+        xs = [x for x in xs if (x["tokens"] or 0) >= t["min_tokens"] and (x["bytes_per_s"] or 0) > 0]
         if len(xs) < t["min_instances"]:
             continue
-        loads = np.array([x["bytes"] for x in xs], dtype=np.float64)   # one window: bytes/s ratio
+        loads = np.array([x["bytes_per_s"] for x in xs], dtype=np.float64)
         for i, x in enumerate(xs):
             others = np.delete(loads, i)
             med = float(np.median(others))
@@ -93,7 +97,7 @@ def instances(inp, em):
                    f"load of {len(xs)} comparable instances over {x['tokens']} tokens: {why}; the request router "
                    "overloads it: send new requests to the other instances",
                    {"load_ratio": round(ratio, 4), "bytes_per_s": x["bytes_per_s"],
-                    "median_bytes_per_s": med / max(inp.ctx.duration_ns / 1e9, 1e-9),
+                    "median_bytes_per_s": med,
                     "instances": len(xs), "instance_size": size, "collective_kind": kind,
                     "tokens": x["tokens"], "min_tokens_compared": min(y["tokens"] for y in xs),
                     "tokens_per_s": x["tokens_per_s"],
@@ -101,17 +105,17 @@ def instances(inp, em):
                     "message_size_bytes": x["message_size_bytes"],
                     "message_size_ratio": round(msz_ratio, 4) if msz_ratio else None,
                     "busy_share": x["busy_share"],
-                    "per_instance_load_ratio": {y["members"][0]: round(float(y["bytes"] / med), 4) for y in xs}},
+                    "per_instance_load_ratio": {y["members"][0]: round(float(y["bytes_per_s"] / med), 4) for y in xs}},
                    flows=[int(f) for f in flows[x["group"]]], group=x["group"], impact=impact_of(lost, x["token_interval_s"]))
 
 
 DETECTORS = [
     Detector(
         "instances", instances, needs=frozenset({"flows", "records", "groups"}), stage=25,
-        doc="decode groups as serving instances: load (data bytes/s) against comparable instances",
+        doc="decode groups as serving instances: load (tokens/s x data bytes per token) against comparable instances",
         kinds=(Kind("instance_load_imbalance",
                     fires='≥ `min_instances` (3) comparable decode instances (same collective kind and size), each with '
-                          '≥ `min_tokens` (4) tokens: one instance\'s data bytes/s / the median of the others ≥ `warning` '
+                          '≥ `min_tokens` (4) tokens: one instance\'s load (tokens/s × data bytes per token) / the median of the others ≥ `warning` '
                           '(1.5), ≥ `critical` (2.5). Two instances are not enough: either could be the odd one',
                     blames='the instance\'s members',
                     thresholds=(Threshold("warning", 1.5, "ratio", "an instance's load / the median of the comparable others: warning"),
