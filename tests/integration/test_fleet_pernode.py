@@ -266,3 +266,57 @@ def test_cluster_names_the_injected_entity(fleet):
         seen = got[0]["evidence"].get("seen_by")
         assert seen, got[0]
         assert {o["node"] for o in seen} <= dpus, (seen, dpus)
+
+
+CHILD = """
+import json, sys, time
+from skewscope.testbed.fabric import Fabric
+fab = Fabric(nodes=2, prefix="ssd-", tag=sys.argv[1], per_node_dpu=True).build()
+fab.start_exporters(port=9435)
+print(json.dumps({"namespaces": fab.namespaces(), "links": fab.mgmt_root, "procs": [p.pid for p in fab.procs],
+                  "state": str(fab.state_file)}), flush=True)
+time.sleep(120)
+"""
+
+
+def test_demo_cleanup_removes_a_per_node_fabric_whose_owner_was_killed():
+    """SIGKILL the owner of a per-node fabric with its exporters running: `skewscope demo
+    --cleanup` removes its namespaces, its root-side management links, its exporters and its
+    state file."""
+    from skewscope.testbed.fabric import list_namespaces
+    tag = f"n{os.getpid() % 4096:03x}"
+    owner = subprocess.Popen([sys.executable, "-c", CHILD, tag], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    made = None
+    try:
+        made = json.loads(owner.stdout.readline() or "null")
+        assert made and len(made["namespaces"]) == 5 and len(made["procs"]) == 2, made
+        assert all(Path(f"/sys/class/net/{ln}").exists() for ln in made["links"])
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(timeout=10)
+        assert all(_alive(p) for p in made["procs"])          # the exporters outlive their owner
+        skewscope = str(Path(sys.executable).with_name("skewscope"))
+        p = subprocess.run([skewscope, "demo", "--cleanup"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert [n for n in list_namespaces() if n.startswith(f"ssd-{tag}-")] == []
+        assert not any(Path(f"/sys/class/net/{ln}").exists() for ln in made["links"])
+        assert not Path(made["state"]).exists()
+        wait_until(lambda: not any(_alive(p) for p in made["procs"]), 10, "exporters killed")
+    finally:
+        if owner.poll() is None:
+            os.killpg(owner.pid, signal.SIGKILL)
+            owner.wait(timeout=10)
+        for pid in (made or {}).get("procs", []):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        for n in list_namespaces():
+            if n.startswith(f"ssd-{tag}-"):
+                subprocess.run(["ip", "netns", "del", n], capture_output=True)
+
+
+def _alive(pid: int) -> bool:
+    """pid is running (not a zombie: cleanup's SIGKILL leaves the exporters to init)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
