@@ -106,6 +106,7 @@ class Fabric:
             raise FabricError(f"prefix+tag {base!r} too long for interface names (at most {11 - len(str(self.n))} "
                               "characters with per_node_dpu)")
         self.mgmt_block = 0                    # first /30 of 10.253.0.0/16 in use (per_node_dpu)
+        self.exporter_port = 9435              # start_exporters' port
         self.mtu = int(mtu)
         self.mirror = mirror
         self.made: list[str] = []              # namespaces, in creation order
@@ -223,12 +224,12 @@ class Fabric:
             finally:
                 if log_dir:
                     log.close()
-        self._port = port
+        self.exporter_port = port
         return self.scrape_targets(port)
 
     def scrape_targets(self, port: int | None = None) -> list[str]:
         """per_node_dpu: "ADDR:PORT" of every DPU's exporter, DPU 0 first."""
-        port = port or getattr(self, "_port", 9435)
+        port = port or self.exporter_port
         return [f"{self.dpu_addr(i)}:{port}" for i in range(self.n)]
 
     def spawn(self, args: list[str], **kw) -> subprocess.Popen:
