@@ -199,3 +199,57 @@ def test_stale_program_prompt_on_a_terminal(netns_pair, tmp_path):
                 live.detach_ours(p.if_b)
         else:
             assert lo is None                           # removed, then ours detached on q
+
+
+def matrix_in_row(screen: str) -> dict:
+    """The matrix view's column labels -> the IN row's bit/s, read off the screen."""
+    lines = screen.splitlines()
+    head = next(ln for ln in lines if ln.startswith("SRC\\DST")).split()[1:-1]
+    prefix = next((ln.split()[-1] for ln in lines if ln.startswith("labels: the address after")), "")
+    inn = next(ln for ln in lines if ln.startswith("IN ")).split()[1:-1]
+    suffix = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+    vals = [float(x[:-1]) * suffix[x[-1]] if x[-1] in suffix else float(x) for x in inn]
+    assert len(head) == len(vals), screen
+    return {(c if c == "other" else prefix + c): v for c, v in zip(head, vals)}
+
+
+def test_top_matrix_view_shows_the_hot_destination_column_and_m_returns(fabric, tmp_path):
+    """m: the node x node matrix; its largest IN column is the generator's hot expert (read
+    off the screen), in the interval and the cumulative view; m again: the flow table."""
+    t = start_top(fabric, tmp_path, "topm")
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "flows (last interval)" not in t.screen():
+            time.sleep(0.5)
+        assert "flows (last interval)" in t.screen()
+        t.keys("m")
+        deadline = time.monotonic() + 30                          # the first m loads the analysis' matrix code
+        while time.monotonic() < deadline and "node matrix, data bit/s" not in t.screen():
+            time.sleep(0.5)
+        scr = t.screen()
+        assert "node matrix, data bit/s" in scr and "flows (last interval)" not in scr, scr
+        assert "m flows" in scr                                   # the footer says how to go back
+        seen = {"interval": False, "cumulative": False}
+        deadline = time.monotonic() + 10 * REFRESH
+        while time.monotonic() < deadline and not seen["interval"]:
+            time.sleep(REFRESH)
+            scr = t.screen()
+            inn = matrix_in_row(scr)
+            assert len(inn) == 8 and HOT in inn, scr               # 8 nodes fit 200 columns, full addresses
+            seen["interval"] = max(inn, key=inn.get) == HOT and f"hot destination {HOT}:" in scr
+        assert seen["interval"], f"hot column never {HOT}:\n{scr}"
+        t.keys("c")
+        time.sleep(REFRESH + 0.5)
+        scr = t.screen()
+        assert "since start" in scr, scr
+        inn = matrix_in_row(scr)
+        assert max(inn, key=inn.get) == HOT, scr
+        t.keys("m")
+        time.sleep(1.0)
+        scr = t.screen()
+        assert "flows (cumulative average)" in scr and "node matrix" not in scr, scr
+        t.keys("q")
+        assert t.wait_exit() == 0
+        nothing_attached(fabric)
+    finally:
+        t.close()
