@@ -52,12 +52,14 @@ class HtmlError(SkewscopeError):
 
 
 def check_output(path: str, flag: str = "--html") -> None:
-    """Before any work: the page's directory exists and the path is not a directory."""
+    """Before any work: the page's directory exists, the path is not a directory, and the
+    plotting library is there."""
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
         raise HtmlError(f"{flag} {path}: directory {d} does not exist", EXIT_USAGE)
     if os.path.isdir(path):
         raise HtmlError(f"{flag} {path} is a directory", EXIT_USAGE)
+    _mpl()
 
 
 def _mpl():

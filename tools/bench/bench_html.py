@@ -104,20 +104,19 @@ def page_plotly(names, am, ar, groups, hists):
 
 def page_altair(names, am, ar, groups, hists):
     import altair as alt
-    import pandas as pd
     k = len(names)
-    ii, jj = np.meshgrid(range(k), range(k), indexing="ij")
-    df = pd.DataFrame({"src": np.array(names)[ii.ravel()], "dst": np.array(names)[jj.ravel()],
-                       "bytes": am.ravel(), "rate": np.nan_to_num(ar).ravel()})
-    charts = [alt.Chart(df).mark_rect().encode(x="dst:N", y="src:N", color="bytes:Q"),
-              alt.Chart(df).mark_rect().encode(x="dst:N", y="src:N", color="rate:Q")]
+    cells = [{"src": names[i], "dst": names[j], "bytes": float(am[i, j]),
+              "rate": float(ar[i, j]) if np.isfinite(ar[i, j]) else 0.0} for i in range(k) for j in range(k)]
+    charts = [alt.Chart(alt.Data(values=cells)).mark_rect().encode(x="dst:N", y="src:N", color="bytes:Q"),
+              alt.Chart(alt.Data(values=cells)).mark_rect().encode(x="dst:N", y="src:N", color="rate:Q")]
     for labels, x, ser in groups:
-        d = pd.DataFrame({"t": np.tile(x, len(labels)), "rate": np.concatenate(ser),
-                          "link": np.repeat(labels, len(x))})
-        charts.append(alt.Chart(d).mark_line(interpolate="step-after").encode(x="t:Q", y="rate:Q", color="link:N"))
+        pts = [{"t": float(t), "rate": float(v), "link": lab} for lab, y in zip(labels, ser) for t, v in zip(x, y)]
+        charts.append(alt.Chart(alt.Data(values=pts)).mark_line(interpolate="step-after").encode(
+            x="t:Q", y="rate:Q", color="link:N"))
     for h in hists:
         nz = np.nonzero(h)[0]
-        charts.append(alt.Chart(pd.DataFrame({"slot": nz, "n": h[nz]})).mark_bar().encode(x="slot:O", y="n:Q"))
+        charts.append(alt.Chart(alt.Data(values=[{"slot": int(i), "n": int(h[i])} for i in nz])).mark_bar().encode(
+            x="slot:O", y="n:Q"))
     return alt.vconcat(*charts).to_html(inline=True)
 
 
