@@ -17,7 +17,10 @@ Schemas (version API_VERSION; docs/fleet.md has them with an example):
 
     /v1/findings {"version", "node", "source", "status", "counts", "analysed_at",
                   "analysis_seconds", "window": {"first_ts", "last_ts", "duration_s", "clock"},
-                  "analyses": {"runs", "skipped", "every", "window_s"}, "findings": [finding object]}
+                  "analyses": {"runs", "skipped", "every", "window_s", "error"},
+                  "finding_schema": events.SCHEMA,
+                  "findings": [events.finding_object: {"id", "kind", "severity", "entities",
+                               "message", "evidence", "impact", "actions"}]}
     /v1/load     {"version", "node", "source", "analysed_at", "window",
                   "alltoall": [{"group", "members", "workload", "destinations": [{"ip",
                                 "bytes_per_s", "share", "share_all_phases"}], "hot_destination",
@@ -42,6 +45,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from skewscope.core.errors import EXIT_USAGE, SkewscopeError
+from skewscope.outputs.events import SCHEMA as EVENT_SCHEMA
+from skewscope.outputs.events import finding_object
 from skewscope.sources.live import Window
 
 API_VERSION = 1
@@ -184,7 +189,7 @@ class Analyst:
         counts = {s: sum(1 for f in fs if f["severity"] == s) for s in ("critical", "warning", "info")}
         status = "critical" if counts["critical"] else "warning" if counts["warning"] else "healthy"
         doc = self._head(res)
-        doc.update({"status": status, "counts": counts, "findings": fs})
+        doc.update({"status": status, "counts": counts, "finding_schema": EVENT_SCHEMA, "findings": fs})
         return clean(doc)
 
     def load_doc(self) -> dict | None:
@@ -194,12 +199,6 @@ class Analyst:
         doc = self._head(res)
         doc.update(load_vectors(res["analysis"], res["window"]["duration_s"]))
         return clean(doc)
-
-
-def finding_object(f: dict) -> dict:
-    """A finding as /v1/findings serves it: kind, severity, entities, message, evidence,
-    impact, group (the analysis' finding, diagnose --json's objects)."""
-    return {k: f.get(k) for k in ("kind", "severity", "entities", "message", "evidence", "impact", "group")}
 
 
 def load_vectors(a: dict, duration_s: float) -> dict:

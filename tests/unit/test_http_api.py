@@ -112,7 +112,7 @@ def diagnose_json(path):
 
 
 def comparable(f):
-    return {k: f[k] for k in ("kind", "severity", "entities", "message", "evidence", "impact", "group")}
+    return {k: f[k] for k in ("kind", "severity", "entities", "message", "evidence", "impact")}
 
 
 @pytest.mark.parametrize("name,token", [("ep-decode-hot-expert", TOKEN), ("tp-decode-slow-shard", None),
@@ -123,6 +123,8 @@ def test_findings_are_diagnose_findings(servers, name, token):
     assert doc["version"] == 1 and doc["source"] == "file"
     want = diagnose_json(path)
     assert [comparable(f) for f in doc["findings"]] == [comparable(f) for f in want["findings"]]
+    for f in doc["findings"]:        # the event schema's finding objects (outputs.events)
+        assert f["id"].startswith(f["kind"] + ":") and isinstance(f["actions"], list)
     assert doc["status"] == want["status"] and doc["counts"] == want["counts"]
     assert doc["window"]["duration_s"] == pytest.approx(want["capture"]["duration_s"])
     assert doc["analyses"]["runs"] == 1
@@ -196,6 +198,9 @@ def test_load_instances_and_overloaded_instance_finding(servers):
     f = get_json(url + "/v1/findings", TOKEN)["findings"]
     inst = [x for x in f if x["kind"] == "instance_load_imbalance"]
     assert [sorted(x["entities"]["ips"]) for x in inst] == [sorted(hot)]
+    (act,) = inst[0]["actions"]
+    others = [m for m, _, _ in tl if m != hot]
+    assert act["type"] == "reroute_requests" and sorted(act["to"]) == sorted(m[0] for m in others)
 
 
 def test_token_enforced(servers):

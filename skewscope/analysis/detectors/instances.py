@@ -70,6 +70,7 @@ def instances(inp, em):
         if len(xs) < t["min_instances"]:
             continue
         loads = np.array([x["bytes_per_s"] for x in xs], dtype=np.float64)
+        mean = float(loads.mean())   # per_instance_load_ratio: each load / the mean (< 1: room for requests)
         for i, x in enumerate(xs):
             others = np.delete(loads, i)
             med = float(np.median(others))
@@ -105,7 +106,7 @@ def instances(inp, em):
                     "message_size_bytes": x["message_size_bytes"],
                     "message_size_ratio": round(msz_ratio, 4) if msz_ratio else None,
                     "busy_share": x["busy_share"],
-                    "per_instance_load_ratio": {y["members"][0]: round(float(y["bytes_per_s"] / med), 4) for y in xs}},
+                    "per_instance_load_ratio": {y["members"][0]: round(float(y["bytes_per_s"] / mean), 4) for y in xs}},
                    flows=[int(f) for f in flows[x["group"]]], group=x["group"], impact=impact_of(lost, x["token_interval_s"]))
 
 
