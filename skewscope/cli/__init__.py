@@ -13,7 +13,7 @@ import traceback
 import click
 
 from skewscope import __version__
-from skewscope.cli import demo, diagnose, export, files, gen, live, mirror
+from skewscope.cli import demo, diagnose, export, files, gen, live, mirror, watch
 from skewscope.core.errors import EXIT_INTERRUPTED, EXIT_NOT_RUN, EXIT_USAGE
 
 EPILOG = """\b
@@ -78,6 +78,7 @@ COMMANDS = (
     files.report, files.replay, files.detach,      # files: no root for report
     live.top, live.capture,                        # live: attach to an interface
     diagnose.diagnose,                             # runbooks: exit code = worst severity
+    watch.watch,                                   # controllers: finding events, webhooks
     export.export, export.cluster,                 # fleet: Prometheus exporter, fusion
     mirror.mirror,                                 # tc mirred rules that feed a DPU netdev
     demo.demo,                                     # namespace fabric + pathologies + top

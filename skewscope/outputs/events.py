@@ -10,6 +10,7 @@ the exporter's /v1/findings). Schema: docs/feedback.md. Light: no numba, no anal
     Tracker(hold, change)  .update(findings, now) -> [event, ...] at each analysis time
     event(...)             {"schema", "id", "event", "time", "first_seen", "last_seen", "source",
                             "finding"}
+    Webhook(url, token)    .post(event): background POSTs, bounded queue, retries, drop counts
 
 A finding here is the analysis' finding dict (Finding.to_dict(): report/diagnose/cluster
 --json), read only through dict access.
@@ -17,9 +18,16 @@ A finding here is the analysis' finding dict (Finding.to_dict(): report/diagnose
 from __future__ import annotations
 
 import hashlib
+import http.client
 import ipaddress
 import json
 import math
+import queue
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 
 SCHEMA = "skewscope.finding_event/v1"
 STATS_SCHEMA = "skewscope.watch_stats/v1"
@@ -208,11 +216,11 @@ def finding_object(f: dict) -> dict:
             "actions": actions_for(f)}
 
 
-def event(kind: str, obj: dict, first_seen: float, last_seen: float, time: float, source: str | None = None) -> dict:
+def event(kind: str, obj: dict, first_seen: float, last_seen: float, at: float, source: str | None = None) -> dict:
     """One finding event (schema SCHEMA)."""
     if kind not in EVENTS:
         raise ValueError(f"event {kind!r}: one of {EVENTS}")
-    return {"schema": SCHEMA, "id": obj["id"], "event": kind, "time": float(time),
+    return {"schema": SCHEMA, "id": obj["id"], "event": kind, "time": float(at),
             "first_seen": float(first_seen), "last_seen": float(last_seen), "source": source,
             "finding": obj}
 
@@ -300,9 +308,171 @@ class Tracker:
         return out
 
 
-def stats_line(events: int, webhooks: list[dict], time: float, source: str | None = None) -> dict:
+def stats_line(events: int, webhooks: list[dict], at: float, source: str | None = None) -> dict:
     """The final line of `watch --json` (schema STATS_SCHEMA): events emitted, and per
     webhook {"url", "sent", "failed", "retries", "dropped"}."""
-    return {"schema": STATS_SCHEMA, "event": "stats", "time": float(time), "source": source,
+    return {"schema": STATS_SCHEMA, "event": "stats", "time": float(at), "source": source,
             "events": int(events), "webhooks": webhooks,
             "dropped": int(sum(w.get("dropped", 0) for w in webhooks))}
+
+
+# ---- webhooks --------------------------------------------------------------------------------
+class WebhookURLError(ValueError):
+    """A --webhook URL that is not http(s)://HOST[:PORT][/PATH] (one line for the user)."""
+
+
+def check_webhook_url(url: str) -> str:
+    """The URL if it is http(s) with a host and a valid port, else WebhookURLError."""
+    try:
+        u = urllib.parse.urlsplit(str(url))
+        port = u.port                      # raises ValueError on a bad port
+    except ValueError as e:
+        raise WebhookURLError(f"webhook {url!r}: {e}") from None
+    if u.scheme not in ("http", "https"):
+        raise WebhookURLError(f"webhook {url!r}: not an http:// or https:// URL")
+    if not u.hostname:
+        raise WebhookURLError(f"webhook {url!r}: no host")
+    del port
+    return str(url)
+
+
+class Webhook:
+    """POSTs events (JSON, Content-Type application/json, `Authorization: Bearer TOKEN` when a
+    token is given) to one URL from a background thread, through a bounded queue: post()
+    never blocks (a full queue drops the event and counts it). Each event is tried
+    1 + `retries` times, waiting backoff, 2*backoff, ... (capped at max_backoff) between
+    tries; an event that still fails is dropped and counted. A 2xx answer is success; any
+    other status, a refused connection or a timeout is a failure. `log(line)` gets one line
+    at the first failure, the first drop and a recovery (never one per event).
+
+    stats(): {"url", "sent", "failed" (tries that failed), "retries", "dropped", "dropped_queue_full",
+    "dropped_gave_up", "dropped_at_exit", "queued"}."""
+
+    def __init__(self, url: str, token: str | None = None, queue_size: int = 1000, timeout: float = 5.0,
+                 retries: int = 3, backoff: float = 0.5, max_backoff: float = 8.0, log=None):
+        self.url = check_webhook_url(url)
+        self.token, self.timeout = token, float(timeout)
+        self.retries, self.backoff, self.max_backoff = int(retries), float(backoff), float(max_backoff)
+        self.q: queue.Queue = queue.Queue(maxsize=max(1, int(queue_size)))
+        self.log = log or (lambda line: None)
+        self.sent = self.failed = self.retried = 0
+        self.dropped_full = self.dropped_gave_up = self.dropped_exit = 0
+        self._failing = False
+        self._warned_drop = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="skewscope-webhook", daemon=True)
+        self._thread.start()
+
+    def post(self, ev: dict) -> bool:
+        """Queue one event; False (and counted) when the queue is full or the sender closed."""
+        if self._closing:
+            with self._lock:
+                self.dropped_exit += 1
+            return False
+        try:
+            self.q.put_nowait(ev)
+            return True
+        except queue.Full:
+            with self._lock:
+                self.dropped_full += 1
+                first = not self._warned_drop
+                self._warned_drop = True
+            if first:
+                self.log(f"webhook {self.url}: queue full ({self.q.maxsize} events): dropping events "
+                         "(counted in the final summary)")
+            return False
+
+    def _send_once(self, body: bytes) -> str | None:
+        req = urllib.request.Request(self.url, data=body, method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              "User-Agent": "skewscope-watch"})
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                r.read(65536)
+                if 200 <= r.status < 300:
+                    return None
+                return f"HTTP {r.status}"
+        except urllib.error.HTTPError as e:
+            return f"HTTP {e.code} {e.reason}"
+        except urllib.error.URLError as e:
+            return str(getattr(e, "reason", e))
+        except (OSError, ValueError, http.client.HTTPException) as e:   # timeout, reset, bad answer
+            return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+    def _run(self) -> None:
+        while True:
+            try:
+                ev = self.q.get(timeout=0.1)
+            except queue.Empty:
+                if self._stop.is_set():
+                    return
+                continue
+            if self._stop.is_set():
+                with self._lock:
+                    self.dropped_exit += 1
+                self.q.task_done()
+                continue
+            body = json.dumps(ev, separators=(",", ":")).encode()
+            err, wait, first_drop = None, self.backoff, False
+            for attempt in range(1 + self.retries):
+                if attempt:
+                    with self._lock:
+                        self.retried += 1
+                    if self._stop.wait(min(wait, self.max_backoff)):
+                        break
+                    wait *= 2
+                err = self._send_once(body)
+                if err is None:
+                    break
+                with self._lock:
+                    self.failed += 1
+                    first = not self._failing
+                    self._failing = True
+                if first:
+                    self.log(f"webhook {self.url}: {err}; retrying with backoff (the watch goes on)")
+            with self._lock:
+                if err is None:
+                    self.sent += 1
+                    recovered, self._failing = self._failing, False
+                elif self._stop.is_set():
+                    self.dropped_exit += 1
+                    recovered = False
+                else:
+                    self.dropped_gave_up += 1
+                    recovered = False
+                    first_drop = not self._warned_drop
+                    self._warned_drop = True
+            if recovered:
+                self.log(f"webhook {self.url}: delivering again")
+            elif err is not None and not self._stop.is_set() and first_drop:
+                self.log(f"webhook {self.url}: gave up on an event after {1 + self.retries} tries: dropped "
+                         "(counted in the final summary)")
+            self.q.task_done()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop accepting, deliver what is queued for at most `timeout` seconds, then stop
+        (what is still queued or in flight counts as dropped_at_exit)."""
+        self._closing = True
+        deadline = time.monotonic() + max(0.0, timeout)
+        while self.q.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self._stop.set()
+        self._thread.join(max(0.0, deadline - time.monotonic()) + self.timeout + 0.5)
+        while True:
+            try:
+                self.q.get_nowait()
+            except queue.Empty:
+                break
+            with self._lock:
+                self.dropped_exit += 1
+
+    def stats(self) -> dict:
+        with self._lock:
+            d = self.dropped_full + self.dropped_gave_up + self.dropped_exit
+            return {"url": self.url, "sent": self.sent, "failed": self.failed, "retries": self.retried,
+                    "dropped": d, "dropped_queue_full": self.dropped_full, "dropped_gave_up": self.dropped_gave_up,
+                    "dropped_at_exit": self.dropped_exit, "queued": self.q.qsize()}

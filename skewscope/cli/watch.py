@@ -1,0 +1,329 @@
+"""`skewscope watch`: finding events for controllers (opened / updated / resolved), on stdout
+(human lines or NDJSON) and to webhooks. Schema and semantics: docs/feedback.md.
+
+    skewscope watch (-i IFACE | --from FILE | --prometheus URL) [--json] [--webhook URL]...
+                    [--interval S] [--window S] [--hold S] [--token-file F] [--duration D]
+
+--from FILE: diagnose's analysis (cli.diagnose.run), every finding `opened`, diagnose's exit
+code (0 healthy, 1 warning, 2 critical, 3 could not run). -i IFACE: live reads every
+--interval, the last --window seconds analysed in a worker thread (top's AnalysisRunner),
+events from a Tracker, until Ctrl-C / SIGTERM / --duration (detaches). --prometheus URL:
+the fleet findings of `skewscope cluster` every --interval.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+
+import click
+
+from skewscope.cli import diagnose as D
+from skewscope.cli.common import fail, friendly_errors, load_source
+from skewscope.cli.live import Duration, _stale_policy
+from skewscope.core.errors import EXIT_NOT_RUN, DataplaneError, PcapError
+from skewscope.core.snapshot import SnapshotError
+from skewscope.outputs import cluster as C
+from skewscope.outputs import events as E
+from skewscope.outputs.topview import AnalysisRunner, load_analyze
+from skewscope.sources.live import LiveSession, Terminated, Window, terminate_on_signals
+
+EPILOG = """\b
+Examples:
+  skewscope watch --from run.pcap --json            every finding as an `opened` event (NDJSON)
+  skewscope watch -i pf0hpf --hold 30               live: opened / updated / resolved lines
+  skewscope watch -i eth1 --json --webhook http://127.0.0.1:8080/events --token-file tok
+  skewscope watch --prometheus http://127.0.0.1:9090 --interval 30   fleet findings
+  skewscope watch --from run.snap --json | python docs/examples/consumer.py
+\b
+Exit codes: --from: diagnose's (0 healthy, 1 warning, 2 critical, 3 could not run).
+Live/Prometheus: 0 on Ctrl-C or --duration, 143/129 on SIGTERM/SIGHUP, 3 could not run,
+4 not root, 5 bcc missing, 6 no such interface, 7 busy, 8 kernel refused. Bad arguments: 3
+(2 means critical here). Events: docs/feedback.md.
+"""
+
+NOTE = "skewscope watch"
+
+
+class _WatchCommand(click.Command):
+    """Bad arguments are "could not run" (3), as for diagnose: 2 means critical."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.exceptions.UsageError as e:
+            click.echo(f"{NOTE}: {e.format_message()}", err=True)
+            sys.exit(EXIT_NOT_RUN)
+
+
+def _say(line: str) -> None:
+    click.echo(f"{NOTE}: {line}", err=True)
+
+
+def read_token(path: str) -> str:
+    """The bearer token: the file's first line, stripped (one-line error when unreadable/empty)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            tok = fh.readline().strip()
+    except OSError as e:
+        fail(f"--token-file {path}: {e.strerror or e}", EXIT_NOT_RUN)
+    if not tok:
+        fail(f"--token-file {path}: empty (the token is the file's first line)", EXIT_NOT_RUN)
+    return tok
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def action_text(a: dict) -> str:
+    """One action in a few words (the human line)."""
+    t = a.get("type")
+    if t == "rebalance_experts":
+        mv = a.get("move_fraction")
+        return f"rebalance experts off {a.get('hot')}" + (f" (move {mv:.0%} of its traffic)" if mv else "")
+    if t in ("drain", "check_node"):
+        return f"{t.replace('_', ' ')} {a.get('node')}"
+    if t == "check_link":
+        return f"check link {a.get('src') or '*'} -> {a.get('dst') or 'uplink'}"
+    if t == "spread_senders":
+        return f"spread the senders into {a.get('dst')}"
+    if t == "rebalance_batches":
+        return "rebalance batches (pack sequences by length)"
+    if t == "reroute_requests":
+        to = a.get("to") or []
+        return f"reroute requests from {a.get('from')}" + (f" to {', '.join(to[:3])}" if to else "")
+    if t == "isolate_prefill":
+        return "isolate prefill from the decode group"
+    return str(t)
+
+
+def human_line(ev: dict) -> str:
+    f = ev["finding"]
+    acts = "; ".join(action_text(a) for a in f.get("actions") or [])
+    extra = f" ({ev['change']})" if ev.get("change") else ""
+    line = (f"{_iso(ev['time'])} {ev['event'].upper():8s} {str(f.get('severity')).upper():8s} {f.get('kind')} "
+            f"[{ev['id'].split(':', 1)[1]}]{extra}: {f.get('message')}")
+    return line + (f"\n    -> {acts}" if acts and ev["event"] != "resolved" else "")
+
+
+class Emitter:
+    """stdout (human or NDJSON, flushed per event) + the webhooks."""
+
+    def __init__(self, as_json: bool, hooks: list[E.Webhook], source: str):
+        self.as_json, self.hooks, self.source = as_json, hooks, source
+        self.count = 0
+
+    def emit(self, evs) -> None:
+        for ev in evs:
+            self.count += 1
+            if self.as_json:
+                sys.stdout.write(json.dumps(ev, separators=(",", ":")) + "\n")
+            else:
+                sys.stdout.write(human_line(ev) + "\n")
+            sys.stdout.flush()
+            for h in self.hooks:
+                h.post(ev)
+
+    def finish(self, drain_s: float) -> None:
+        """Close the webhooks (bounded), then the summary: stderr line + NDJSON stats line."""
+        for h in self.hooks:
+            h.close(drain_s)
+        st = [h.stats() for h in self.hooks]
+        for s in st:
+            if s["dropped"] or s["failed"]:
+                _say(f"webhook {s['url']}: {s['sent']} sent, {s['dropped']} dropped (queue full "
+                     f"{s['dropped_queue_full']}, gave up {s['dropped_gave_up']}, at exit {s['dropped_at_exit']}), "
+                     f"{s['failed']} failed tries, {s['retries']} retries")
+        if self.as_json:
+            sys.stdout.write(json.dumps(E.stats_line(self.count, st, time.time(), self.source),
+                                        separators=(",", ":")) + "\n")
+            sys.stdout.flush()
+
+
+def _file_times(snap) -> tuple[float, float]:
+    """Source times (unix s) of a file's first and last packet: pcap time, or a live
+    capture's wall start plus its monotonic span."""
+    m = snap.meta
+    f, last = float(m.get("first_ts", 0) or 0), float(m.get("last_ts", 0) or 0)
+    if m.get("clock") == "monotonic":
+        t0 = float(m.get("started_at") or 0) or time.time()
+        return t0, t0 + max(0.0, last - f) / 1e9
+    return f / 1e9, last / 1e9
+
+
+def _from_file(path, em: Emitter, hold: float, drain_s: float) -> int:
+    try:
+        snap = load_source(path)
+        doc, code = D.run(snap)
+    except (DataplaneError, PcapError, SnapshotError) as e:
+        em.finish(drain_s)
+        fail(str(e), EXIT_NOT_RUN)
+    except MemoryError:
+        fail("out of memory while analysing (capture a shorter window)", EXIT_NOT_RUN)
+    first, last = _file_times(snap)
+    tr = E.Tracker(hold=hold, source=em.source)
+    em.emit(tr.update(doc["findings"], now=last, seen=(first, last)))
+    em.finish(drain_s)
+    return code
+
+
+def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, interval, window, hold, duration,
+          em: Emitter, drain_s: float) -> int:
+    analyze = load_analyze()
+    if analyze is None:
+        fail("the analysis package is not importable (numba missing?)", EXIT_NOT_RUN)
+    sess = LiveSession(iface, mode="tc" if use_tc else "xdp", xdp_mode=xdp_mode, direction=direction,
+                       sample_n=sample_n, max_flows=max_flows, on_stale=_stale_policy(force_detach), source="live")
+    runner = AnalysisRunner(analyze)
+    win = Window(window)
+    tr = E.Tracker(hold=hold, source=em.source)
+    code = 0
+    pending = {"wall": None, "span": 0.0}
+    seen_when = 0.0
+    err_said = ""
+    t_end = time.monotonic() + duration if duration else None
+    with terminate_on_signals():
+        try:
+            sess.open()
+            if sess.removed_leftover is not None:
+                _say(f"removed stale {sess.removed_leftover.describe()} from {iface}")
+            _say(sess.startup_line())
+            for iv in sess.intervals(interval, None):
+                win.add(iv)
+                if runner.when != seen_when and pending["wall"] is not None:
+                    seen_when = runner.when
+                    if runner.error and runner.error != err_said:
+                        _say(runner.error)
+                    err_said = runner.error
+                    if not runner.error and runner.result is not None:
+                        end = pending["wall"]
+                        em.emit(tr.update(runner.result["findings"], now=end, seen=(end - pending["span"], end)))
+                if runner.idle():
+                    snap = win.snapshot(iv)
+                    pending = {"wall": iv.wall, "span": float(snap.meta.get("duration_s", 0) or 0)}
+                    runner.submit(snap)
+                if t_end is not None and time.monotonic() >= t_end:
+                    break
+        except Terminated as e:
+            code = 128 + e.signum
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sess.close()
+            if sess.t0_mono_ns:
+                _say(f"detached skewscope from {iface}")
+            em.finish(drain_s)
+    return code
+
+
+def _prometheus(url, interval, window, hold, duration, timeout, em: Emitter, drain_s: float) -> int:
+    tr = E.Tracker(hold=hold, source=em.source)
+    stop = threading.Event()
+    got = {"sig": 0}
+
+    def on_sig(signum, _frame):
+        got["sig"] = signum if signum != signal.SIGINT else 0
+        stop.set()
+    old = {s: signal.signal(s, on_sig) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    t_end = time.monotonic() + duration if duration else None
+    last_err = ""
+    first = True
+    try:
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                doc = C.run(url, window=f"{window:g}s", timeout=timeout)
+            except C.ClusterError as e:
+                if first:
+                    em.finish(drain_s)
+                    fail(str(e), e.code)
+                if str(e) != last_err:
+                    _say(f"{e} (retrying every {interval:g} s)")
+                last_err = str(e)
+            else:
+                if last_err:
+                    _say("Prometheus answers again")
+                last_err, first = "", False
+                now = time.time()
+                em.emit(tr.update(doc.get("findings") or [], now=now, seen=(now - window, now)))
+            if t_end is not None and time.monotonic() >= t_end:
+                break
+            wait = interval - (time.monotonic() - t0)
+            if t_end is not None:
+                wait = min(wait, t_end - time.monotonic())
+            stop.wait(max(0.0, wait))
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        em.finish(drain_s)
+    return 128 + got["sig"] if got["sig"] else 0
+
+
+@click.command(cls=_WatchCommand, epilog=EPILOG)
+@click.option("-i", "--interface", "iface", metavar="IFACE", help="watch live traffic on IFACE (root)")
+@click.option("--from", "from_file", metavar="FILE", type=click.Path(dir_okay=False),
+              help="analyse a .snap/pcap/pcapng once: every finding as an `opened` event, diagnose's exit code")
+@click.option("--prometheus", "prom", metavar="URL", help="fleet findings from Prometheus (as `skewscope cluster`)")
+@click.option("--json", "as_json", is_flag=True, help="NDJSON: one event per line (flushed), a stats line last")
+@click.option("--webhook", "webhooks", multiple=True, metavar="URL",
+              help="POST each event as JSON to URL (repeatable; background, bounded queue, retries)")
+@click.option("--token-file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="send 'Authorization: Bearer TOKEN' (TOKEN = the file's first line) to the webhooks")
+@click.option("--interval", type=click.FloatRange(0.1, 3600), default=None, metavar="S",
+              help="live: seconds between reads (default 1); --prometheus: between queries (default 15)")
+@click.option("--window", type=click.FloatRange(0.5, 86400), default=None, metavar="S",
+              help="seconds of traffic each analysis covers (live default 10; --prometheus default 60)")
+@click.option("--hold", type=click.FloatRange(0, 86400), default=30.0, show_default=True, metavar="S",
+              help="a finding absent from the analyses for S seconds is `resolved`")
+@click.option("--duration", type=Duration(), default=None, help="live/--prometheus: stop after this long")
+@click.option("--webhook-timeout", type=click.FloatRange(0.1, 600), default=5.0, show_default=True, metavar="S",
+              help="seconds per POST")
+@click.option("--webhook-retries", type=click.IntRange(0, 20), default=3, show_default=True, metavar="N",
+              help="retries per event (backoff 0.5 s, doubling, at most 8 s)")
+@click.option("--webhook-queue", type=click.IntRange(1, 1 << 20), default=1000, show_default=True, metavar="N",
+              help="events queued per webhook before new ones are dropped (counted)")
+@click.option("--drain", "drain_s", type=click.FloatRange(0, 600), default=5.0, show_default=True, metavar="S",
+              help="at exit, wait at most S seconds for the webhooks' queued events")
+@click.option("--timeout", type=click.FloatRange(0.1, 600), default=30.0, show_default=True, metavar="S",
+              help="--prometheus: seconds per query")
+@click.option("--tc", "use_tc", is_flag=True, help="live: attach with TC clsact instead of XDP")
+@click.option("--direction", type=click.Choice(["ingress", "egress", "both"]), default="ingress",
+              show_default=True, help="live, with --tc: which direction(s)")
+@click.option("--xdp-mode", type=click.Choice(["native", "generic"]), default="native", show_default=True)
+@click.option("--sample", "sample_n", type=click.IntRange(1, 1 << 20), default=1, show_default=True, metavar="N",
+              help="live: count 1 RoCE packet in N")
+@click.option("--max-flows", type=click.IntRange(16, 1 << 24), default=65536, show_default=True)
+@click.option("--force-detach", is_flag=True, help="live: remove a stale skewscope program left on IFACE")
+@friendly_errors
+def watch(iface, from_file, prom, as_json, webhooks, token_file, interval, window, hold, duration, webhook_timeout,
+          webhook_retries, webhook_queue, drain_s, timeout, use_tc, direction, xdp_mode, sample_n, max_flows,
+          force_detach):
+    """Finding events for controllers and schedulers: each finding `opened`, `updated`
+    (severity or headline evidence changed) and `resolved` (absent for --hold seconds), with a
+    stable id and machine-readable actions; human lines, NDJSON (--json) and webhooks."""
+    if sum(1 for x in (iface, from_file, prom) if x) != 1:
+        fail("watch needs exactly one of -i IFACE, --from FILE or --prometheus URL", EXIT_NOT_RUN)
+    if iface and not use_tc and direction != "ingress":
+        fail("--direction needs --tc (XDP sees ingress only)", EXIT_NOT_RUN)
+    token = read_token(token_file) if token_file else None
+    hooks = []
+    for url in webhooks:
+        try:
+            hooks.append(E.Webhook(url, token=token, queue_size=webhook_queue, timeout=webhook_timeout,
+                                   retries=webhook_retries, log=_say))
+        except E.WebhookURLError as e:
+            _say(f"{e}: ignored (events still go to stdout{' and the other webhooks' if len(webhooks) > 1 else ''})")
+    source = from_file or (f"live:{iface}" if iface else prom)
+    em = Emitter(as_json, hooks, source)
+    if from_file:
+        code = _from_file(from_file, em, hold, drain_s)
+    elif iface:
+        code = _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, interval or 1.0,
+                     window or 10.0, hold, duration, em, drain_s)
+    else:
+        code = _prometheus(prom, interval or 15.0, window or 60.0, hold, duration, timeout, em, drain_s)
+    sys.exit(code)
