@@ -1,0 +1,141 @@
+"""The `report --html` pages in a real browser: headless Chromium (the OS package, installed
+by tools/setup.sh) loads the page of several generator presets with no network at all (a
+fresh network namespace: `unshare --net`), and
+
+* logs no console message (no script error, no failed resource load: the page has neither
+  scripts nor external resources, so any message is a fault) -- a control page with a
+  script error and a missing image proves the check sees both;
+* the DOM after load has the pictures (an <svg> in every section and in each drawn finding);
+* the page names the preset's injected entity (generator truth) in a finding;
+* a screenshot (1400 x 2000) is a valid PNG that is not blank.
+
+Chromium runs with --headless --disable-gpu --no-sandbox and a temporary --user-data-dir."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
+import genlib  # noqa: E402
+
+from skewscope import gen as skewgen  # noqa: E402
+from skewscope.analysis import analyze  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytest.importorskip("matplotlib", reason="the html extra (matplotlib) is not installed: make setup")
+from skewscope.outputs import html as H  # noqa: E402
+
+# preset -> the truth's pathology kind whose entity the page must name (None: healthy)
+PRESETS = {"moe-hot-expert": "hot_expert", "tp-decode-slow-shard": "slow_tp_shard",
+           "ring-straggler": "straggler", "ep-decode-hot-drift": "hot_destination", "pd-imbalanced": None,
+           "congestion": None, "ring-healthy": None}
+SECTIONS = ("findings", "matrix", "rates", "timing", "sizes", "counters")
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    if CHROMIUM is None:
+        pytest.fail("chromium not installed (tools/setup.sh installs the OS package 'chromium')")
+    return CHROMIUM
+
+
+def browse(chromium, page: Path, tmp: Path, *mode: str) -> subprocess.CompletedProcess:
+    """Chromium on a file:// page with no network (own network namespace when we can)."""
+    ud = tmp / f"profile-{os.getpid()}-{len(list(tmp.iterdir()))}"
+    cmd = [chromium, "--headless", "--disable-gpu", "--no-sandbox", f"--user-data-dir={ud}",
+           "--no-first-run", "--no-default-browser-check", "--disable-extensions", "--disable-sync",
+           "--disable-background-networking", "--disable-component-update", "--enable-logging=stderr", "--v=0",
+           *mode, page.resolve().as_uri()]
+    unshare = shutil.which("unshare")
+    if unshare and os.geteuid() == 0:
+        cmd = [unshare, "--net", "--"] + cmd
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp)
+    shutil.rmtree(ud, ignore_errors=True)
+    return r
+
+
+def console(stderr: str) -> list[str]:
+    """Console messages and failed loads in Chromium's log."""
+    return [ln for ln in stderr.splitlines() if ":CONSOLE" in ln or "Failed to load resource" in ln
+            or "net::ERR_" in ln]
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    d = tmp_path_factory.mktemp("htmlb")
+    out = {}
+    for name in PRESETS:
+        pcap = d / f"{name}.pcap"
+        cap = skewgen.write(genlib.scenario_path(name), str(pcap), seed=0, snaplen=128)
+        snap = genlib.snapshot_of_pcap(str(pcap))
+        pcap.unlink()
+        page = d / f"{name}.html"
+        H.write(str(page), snap, analyze(snap))
+        out[name] = (cap.truth, page)
+    return out
+
+
+def test_control_page_errors_are_seen(chromium, tmp_path):
+    """The console check can fail: a script error and a missing image are both reported."""
+    bad = tmp_path / "bad.html"
+    bad.write_text('<!DOCTYPE html><html><body><img src="missing.png"><script>console.error("control-x");'
+                   "nosuchfunction();</script></body></html>")
+    r = browse(chromium, bad, tmp_path, "--dump-dom")
+    msgs = console(r.stderr)
+    assert any("control-x" in m for m in msgs), r.stderr[-2000:]
+    assert any("nosuchfunction" in m for m in msgs), r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_page_in_browser(name, chromium, pages, tmp_path):
+    truth, page = pages[name]
+    r = browse(chromium, page, tmp_path, "--dump-dom")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert console(r.stderr) == [], console(r.stderr)
+    dom = r.stdout
+    assert "</main>" in dom and "skewscope report" in dom
+    secs = {m.group(1): m.group(2) for m in re.finditer(r'<h2 id="([a-z]+)">(.*?)(?=<h2|</main>)', dom, re.S)}
+    assert set(secs) == set(SECTIONS), sorted(secs)
+    for s in ("matrix", "rates", "timing", "sizes"):
+        assert re.search(r"<svg\b[^>]*>", secs[s]), f"{name}: no <svg> in section {s}"
+    kind = PRESETS[name]
+    if kind is None:
+        return
+    (p,) = [x for x in truth["pathologies"] if x["kind"] == kind]
+    ip = p["entities"]["ips"][0]
+    cards = re.findall(r'<div class="card (?:warning|critical)">(.*?)</details>', secs["findings"], re.S)
+    named = [c for c in cards if re.search(rf"nodes: <b>{re.escape(ip)}[,<]", c)]
+    assert named, f"{name}: no finding names {ip}"
+    assert all("<svg" in c for c in named[:H.FINDINGS_DRAWN]), f"{name}: a finding naming {ip} has no picture"
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+@pytest.mark.parametrize("name", ["moe-hot-expert", "tp-decode-slow-shard"])
+def test_screenshot(name, chromium, pages, tmp_path):
+    _, page = pages[name]
+    shot = tmp_path / f"{name}.png"
+    r = browse(chromium, page, tmp_path, f"--screenshot={shot}", "--window-size=1400,2000", "--hide-scrollbars")
+    assert r.returncode == 0 and shot.exists(), r.stderr[-2000:]
+    assert console(r.stderr) == []
+    data = shot.read_bytes()
+    assert png_size(data) == (1400, 2000)
+    from PIL import Image  # heavy (plotting): matplotlib's own image dependency
+    im = Image.open(shot).convert("RGB")
+    im.load()
+    hist = im.getcolors(maxcolors=1 << 20) or []
+    assert len(hist) > 50, "almost no colours: a blank page"
+    bg = max(hist)[0]
+    assert 1 - bg / (1400 * 2000) > 0.05, "under 5% of the screenshot differs from the background"
+    # the highlight colour of the hot/slow entity is on screen
+    red = sum(n for n, c in hist if c[0] > 150 and c[1] < 80 and c[2] < 80)
+    assert red > 200, red
