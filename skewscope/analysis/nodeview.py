@@ -52,6 +52,7 @@ from skewscope.analysis.context import context
 from skewscope.analysis.fleet import BULK_MIN_MESSAGE
 from skewscope.analysis.intervals import merge_sorted
 from skewscope.analysis.timing import split_bursts
+from skewscope.core.errors import EXIT_USAGE, SkewscopeError
 
 #: a wait this many times the node's median forward latency starts a collective
 BOUNDARY_FACTOR = 4.0
@@ -62,8 +63,11 @@ DECODE_MIN_COLLECTIVES = 4
 ROLES = ("ring", "tp_decode", "alltoall", "kv_transfer")
 
 
-class NodeViewError(ValueError):
-    """A given node IP that is not in the capture."""
+class NodeViewError(SkewscopeError):
+    """A given node IP that is not an IP address or not in the capture (exit 2)."""
+
+    def __init__(self, msg: str):
+        super().__init__(msg, EXIT_USAGE)
 
 
 # ---- kernels ---------------------------------------------------------------------------

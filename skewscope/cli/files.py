@@ -88,14 +88,19 @@ def replay(file, output, entry, max_flows, as_json):
 @click.option("--html", "html_out", type=click.Path(dir_okay=False), metavar="OUT.html",
               help="also write one self-contained HTML page: traffic matrix, link rates over time, timing, "
                    "message sizes, each finding's evidence drawn, counters (docs/html.md)")
+@click.option("--node-ip", metavar="IP", help="the node whose DPU took this capture (one DPU per node): its "
+              "own timing in node_timing; default: the IP that is an end of every data flow, if any")
 @friendly_errors
-def report(file, as_json, top, max_flows, html_out):
+def report(file, as_json, top, max_flows, html_out, node_ip):
     """Report on a snapshot (.snap) or a capture (pcap/pcapng, .gz too). No root needed."""
     if html_out:
         H.check_output(html_out)      # before reading: a typo costs nothing
     snap = load_source(file, progress=sys.stderr.isatty(), max_flows=max_flows)
     from skewscope.analysis import analyze  # heavy (numba)
     analysis = analyze(snap)
+    if node_ip:
+        from skewscope.analysis.nodeview import node_timing  # heavy (numba)
+        analysis["node_timing"] = node_timing(snap, node_ip)
     if html_out:
         size = H.write(html_out, snap, analysis)
         click.echo(f"wrote {html_out} ({size / 1024:.0f} KiB)", err=True)

@@ -111,6 +111,9 @@ def to_dict(snap: Snapshot, analysis: dict | None = None) -> dict:
     }
     if analysis:
         doc.update(analysis)
+        if "node_timing" not in doc:  # one DPU per node: the node's own timing, if inferable
+            from skewscope.analysis.nodeview import node_timing  # heavy (numba)
+            doc["node_timing"] = node_timing(snap)
     return doc
 
 
