@@ -5,6 +5,7 @@
 #  1. OS packages (only those missing): python3-bpfcc (bcc's Python bindings; NOT the PyPI
 #     project "bcc", which is unrelated), kernel headers, python3-venv, and the independent
 #     tools the tests compare against: tshark, tcpdump, prometheus/promtool, tmux, iproute2, chromium (headless: the HTML report's browser test).
+#     prometheus-alertmanager: the alert routing chain test (tests/integration/test_alertmanager.py).
 #  2. Kernel headers: bcc compiles our C with the running kernel's headers found under
 #     /lib/modules/$(uname -r)/build. On a DPU (Ubuntu/DOCA) the matching package usually exists
 #     and is installed. When the running kernel has none (as in CI containers/VMs with custom
@@ -20,7 +21,7 @@ log() { printf 'setup: %s\n' "$*"; }
 need_root() { [ "$(id -u)" = 0 ] || { echo "setup: must run as root to install OS packages ($*)" >&2; exit 3; }; }
 
 ARCH=$(dpkg --print-architecture 2>/dev/null || echo amd64)
-PKGS=(python3-bpfcc python3-venv python3-dev "linux-headers-$ARCH" tshark tcpdump prometheus tmux iproute2 gcc iputils-ping chromium)
+PKGS=(python3-bpfcc python3-venv python3-dev "linux-headers-$ARCH" tshark tcpdump prometheus prometheus-alertmanager tmux iproute2 gcc iputils-ping chromium)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
