@@ -803,7 +803,7 @@ def render_matrix(mv: MatrixView, width: int, max_rows: int | None = None):
             v = g[p, q]
             t.append(" ")
             if v <= 0:
-                t.append(f"{'·':>{c - 1}}", style="dim")
+                t.append(f"{'·':>{c - 2}} ", style="dim")
                 continue
             h = heat_index(v, scale)
             mk = {"hot": "◆", "rowmax": "•"}.get(marks.get((p, q)), " ")
@@ -813,7 +813,7 @@ def render_matrix(mv: MatrixView, width: int, max_rows: int | None = None):
     t.append(f"{'IN':<{lay.label_w}}", style="bold")
     for q, v in enumerate(cs):
         t.append(" ")
-        t.append(f"{fmt_num(v):>{c - 1}}", style="bold red" if q == hot_pos else None)
+        t.append(f"{fmt_num(v):>{c - 2}} ", style="bold red" if q == hot_pos else None)
     t.append(f"{fmt_num(g.sum()):>{MATRIX_MIN_CELL + 1}}\n")
     # legend: the colour steps with the bit/s each starts at, as many as fit
     lead = "log scale, bit/s: "
