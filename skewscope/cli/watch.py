@@ -128,8 +128,9 @@ class Emitter:
             for h in self.hooks:
                 h.post(ev)
 
-    def finish(self, drain_s: float) -> None:
-        """Close the webhooks (bounded), then the summary: stderr line + NDJSON stats line."""
+    def finish(self, drain_s: float, summary: bool = True) -> None:
+        """Close the webhooks (bounded), then the summary: stderr line + NDJSON stats line
+        (not after an error that stops the watch: that is one line on stderr only)."""
         for h in self.hooks:
             h.close(drain_s)
         st = [h.stats() for h in self.hooks]
@@ -138,7 +139,7 @@ class Emitter:
                 _say(f"webhook {s['url']}: {s['sent']} sent, {s['dropped']} dropped (queue full "
                      f"{s['dropped_queue_full']}, gave up {s['dropped_gave_up']}, at exit {s['dropped_at_exit']}), "
                      f"{s['failed']} failed tries, {s['retries']} retries")
-        if self.as_json:
+        if self.as_json and summary:
             sys.stdout.write(json.dumps(E.stats_line(self.count, st, time.time(), self.source),
                                         separators=(",", ":")) + "\n")
             sys.stdout.flush()
@@ -160,7 +161,7 @@ def _from_file(path, em: Emitter, hold: float, drain_s: float) -> int:
         snap = load_source(path)
         doc, code = D.run(snap)
     except (DataplaneError, PcapError, SnapshotError) as e:
-        em.finish(drain_s)
+        em.finish(0, summary=False)
         fail(str(e), EXIT_NOT_RUN)
     except MemoryError:
         fail("out of memory while analysing (capture a shorter window)", EXIT_NOT_RUN)
@@ -231,7 +232,7 @@ def _prometheus(url, interval, window, hold, duration, timeout, em: Emitter, dra
     old = {s: signal.signal(s, on_sig) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     t_end = time.monotonic() + duration if duration else None
     last_err = ""
-    first = True
+    first, failed = True, False
     try:
         while not stop.is_set():
             t0 = time.monotonic()
@@ -239,8 +240,8 @@ def _prometheus(url, interval, window, hold, duration, timeout, em: Emitter, dra
                 doc = C.run(url, window=f"{window:g}s", timeout=timeout)
             except C.ClusterError as e:
                 if first:
-                    em.finish(drain_s)
-                    fail(str(e), e.code)
+                    failed = True
+                    raise
                 if str(e) != last_err:
                     _say(f"{e} (retrying every {interval:g} s)")
                 last_err = str(e)
@@ -259,7 +260,7 @@ def _prometheus(url, interval, window, hold, duration, timeout, em: Emitter, dra
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        em.finish(drain_s)
+        em.finish(0 if failed else drain_s, summary=not failed)
     return 128 + got["sig"] if got["sig"] else 0
 
 
