@@ -211,6 +211,34 @@ def _activity(snap, t0, t1, bins=TIME_BINS):
     return out
 
 
+def _step_lags(snap, coll: dict):
+    """(member ips, lag matrix members x steps in seconds) of a ring group, from the analysis'
+    own step matrix (analysis.steps.ring_steps over its ring links and its iterations /
+    tokens), or None."""
+    from skewscope.analysis.steps import ring_steps  # heavy (numba)
+    from skewscope.analysis.timing import group_timing  # heavy (numba)
+    ctx = _ctx(snap)
+    gm = coll.get("metrics") or {}
+    pos = {ip: i for i, ip in enumerate(ctx.nodes.ips)}
+    links = {(pos.get(lk["src"], -1), pos.get(lk["dst"], -1)) for lk in gm.get("links") or []}
+    members = [pos[m] for m in coll["members"] if m in pos]
+    if coll.get("kind") != "ring_allreduce" or len(members) < 3 or not links:
+        return None
+    n = max(1, ctx.nodes.n)
+    want = np.zeros(n * n, dtype=bool)
+    for a, b in links:
+        if a >= 0 and b >= 0:
+            want[a * n + b] = True
+    fm = ctx.data & want[ctx.nodes.src * n + ctx.nodes.dst]
+    if not fm.any():
+        return None
+    _tm, tinfo = group_timing(ctx, fm, members=members)
+    st = ring_steps(ctx, np.nonzero(fm)[0], members, tinfo.get("bursts_start"))
+    if st is None:
+        return None
+    return [ctx.nodes.ips[m] for m in members], st["lag_ns"] / 1e9
+
+
 def _group_hist(snap, members_idx):
     """Summed log2 message-size histogram of the flows with both ends in the group."""
     ctx = _ctx(snap)
@@ -411,7 +439,30 @@ def fig_finding(Figure, f, doc, snap) -> object | None:
                 ax.axhline(1e6 * ev["lag_per_step_s"], color=HOT, ls=":", lw=1,
                            label=f"{hot[0] if hot else ''} lag per step {_dur(ev['lag_per_step_s'])}")
                 ax.legend(fontsize=7, frameon=False)
-        panels.append(("start lag per member (median over steps)", draw_lag))
+        panels.append(("start lag per member", draw_lag))
+        sl = _step_lags(snap, colls[g]) if g is not None and gm else None
+        if sl is not None and ips and ips[0] in sl[0]:
+            def draw_steps(ax, sl=sl, who=ips[0]):
+                names, lag = sl
+                k = names.index(who)
+                c = max(1, lag.shape[1] // 1000)        # long runs: the max of each c steps
+                if c > 1:
+                    w = lag.shape[1] // c * c
+                    lag = np.concatenate([lag[:, :w].reshape(len(names), -1, c).max(2),
+                                          lag[:, :w].reshape(len(names), -1, c).min(2)])
+                    x = np.arange(lag.shape[1]) * c
+                    mine, others = lag[k], np.delete(lag, [k, k + len(names)], axis=0)
+                else:
+                    x = np.arange(lag.shape[1])
+                    mine, others = lag[k], np.delete(lag, k, axis=0)
+                if len(others):
+                    ax.fill_between(x, 1e6 * others.min(0), 1e6 * others.max(0), color="#bbbbbb", step="mid",
+                                    linewidth=0, label="other members (min-max)")
+                ax.plot(x, 1e6 * mine, color=HOT, linewidth=0.8, label=who, drawstyle="steps-mid")
+                ax.set_xlabel("step")
+                ax.set_ylabel("lag (us)")
+                ax.legend(fontsize=7, frameon=False)
+            panels.append(("lag per step (own delay vs the step's median)", draw_steps))
         gates = (gm.get("gates") or {}).get("per_iteration") or []
         if gates:
             def draw_gates(ax, gates=gates, members=members, hot=ips[:1]):

@@ -113,6 +113,10 @@ def test_page_names_injected_entity(case, tmp_path_factory):
         # in the highlight colour (its bar)
         svg = c[c.index("<svg"):]
         assert f">{ip}</text>" in svg and f"fill: {H.HOT}" in svg
+        if path["kind"] in ("slow_tp_shard", "straggler"):
+            assert "lag per step (own delay" in svg and "member that gated each iteration" in svg
+        else:
+            assert "bytes received per destination" in svg and "share per phase" in svg
     if path["kind"] in ("hot_expert", "hot_destination"):
         assert re.search(rf"Hot destination: <b[^>]*>{re.escape(ip)}</b>", sec["matrix"]), sec["matrix"][:300]
     # nobody else is named as the hot destination / the slow member
