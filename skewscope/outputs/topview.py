@@ -634,7 +634,7 @@ def matrix_layout(mv: MatrixView, width: int, max_rows: int | None = None) -> Ma
     full = [short_ip(ip) for ip in mv.ips]
     pre = _common_prefix(mv.ips)
     best = None
-    for labels, prefix in ((full, ""), ([ip[len(pre):] for ip in mv.ips] if pre else None, pre)):
+    for labels, prefix in ((full, ""), ([short_ip(ip[len(pre):]) for ip in mv.ips] if pre else None, pre)):
         if labels is None:
             continue
         k, cw, lw = _fit(labels, n, width, max_rows)

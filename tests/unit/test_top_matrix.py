@@ -276,3 +276,24 @@ def test_cli_help_lists_matrix():
     r = CliRunner().invoke(main, ["top", "--help"])
     assert r.exit_code == 0
     assert "--matrix" in r.output and "m node x node matrix" in r.output
+
+
+@pytest.mark.parametrize("nodes,cold", [(4, (2, 3)), (7, (5, 1))])
+def test_a_cold_link_is_the_darkest_cell_and_named(nodes, cold):
+    """An all-to-all whose one pair carries a quarter of the others' bytes (the generator's
+    explicit volume matrix): that cell gets the coldest colour and the summary names it."""
+    vol = [[0 if i == j else (16384 if (i, j) == cold else 65536) for j in range(nodes)] for i in range(nodes)]
+    sc = {"name": f"a2a-cold-{nodes}", "nodes": nodes, "iterations": 1,
+          "workloads": [{"kind": "all_to_all", "matrix": vol}]}
+    truth, snap = generated(sc)
+    mv = model(snap).matrix
+    a, b = (f"10.0.0.{cold[0] + 1}", f"10.0.0.{cold[1] + 1}")
+    assert truth_matrix(truth)[(a, b)] * 4 == truth_matrix(truth)[(b, a)]
+    i, j = mv.ips.index(a), mv.ips.index(b)
+    scale = V.heat_scale(mv.bps)
+    colours = {(p, q): V.heat_index(mv.bps[p, q], scale) for p in range(nodes) for q in range(nodes) if p != q}
+    assert colours[(i, j)] == min(colours.values()) < max(colours.values())
+    assert sum(c == colours[(i, j)] for c in colours.values()) == 1
+    lines = V.plain_lines(model(snap))
+    assert any(f"coldest link {a}->{b}" in ln for ln in lines), lines
+    assert not any(ln.startswith("hot destination") for ln in lines)     # nobody receives more than the mean
