@@ -3,7 +3,9 @@
 
 Pure parts (unit-tested without root or a kernel): `build_model` turns an interval's
 Snapshot into rows and header numbers; `ViewState.key` applies a key press;
-`render_rich`/`plain_lines` draw a model. `run_tty` and `run_plain` drive a LiveSession.
+`render_rich`/`plain_lines` draw a model. `matrix_view` (analysis.matrix.node_matrix as
+bit/s) with `render_matrix` (rich heatmap) / `matrix_lines` (plain table) is the node x node
+view of key m and --matrix. `run_tty` and `run_plain` drive a LiveSession.
 
 Per interval the work is one map read, one delta (numpy), sort, and formatting of the rows
 shown. Analysis (collectives, findings) runs on a rolling window (`--window`, default 10 s)
