@@ -39,8 +39,11 @@ GROUPS_TOP = 4
 LINKS_TOP = 8
 #: time bins of the rate-over-time plots
 TIME_BINS = 240
-#: findings drawn (all are listed)
-FINDINGS_DRAWN = 12
+#: findings drawn (all are listed), and at most this many of one kind
+FINDINGS_DRAWN = 10
+DRAWN_PER_KIND = 2
+#: bars (links, nodes) in one evidence panel
+PANEL_BARS = 16
 
 SEV_COLOR = {"critical": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
 HOT = "#c62828"
@@ -490,6 +493,7 @@ def fig_finding(Figure, f, doc, snap) -> object | None:
         fl = {(a, b) for a, b, *_ in (ents.get("flows") or [])}
         rows = [lk for lk in links if (lk["src"], lk["dst"]) in fl] if fl else []
         cols = [c for c in ("ce", "cnp", "psn_gaps", "retransmissions", "naks") if any(r.get(c) for r in rows)]
+        rows = sorted(rows, key=lambda r: -sum(r.get(c) or 0 for c in cols))[:PANEL_BARS]
         if rows and cols:
             def draw_links(ax, rows=rows, cols=cols):
                 w = 0.8 / len(cols)
@@ -502,7 +506,7 @@ def fig_finding(Figure, f, doc, snap) -> object | None:
             panels.append(("counters of the links involved", draw_links))
         else:
             nin = (doc.get("metrics") or {}).get("node_in_bytes") or {}
-            labs = [ip for ip in ips if ip in nin]
+            labs = [ip for ip in ips if ip in nin][:PANEL_BARS]
             if len(labs) >= 1:
                 panels.append(("bytes received by the nodes involved", lambda ax, labs=labs: _bars(
                     ax, labs, [nin[k] for k in labs], ips[:1], "bytes", _si_formatter("B"))))
@@ -635,7 +639,11 @@ def _render(Figure, snap, doc) -> str:
     elif not fs:
         parts.append('<p class="ok">no findings: traffic looks healthy</p>')
     else:
-        for k, f in enumerate(fs):
+        per_kind, drawn_f = {}, 0
+        if len(fs) > FINDINGS_DRAWN:
+            parts.append(f'<p class="sub">{len(fs)} findings; the evidence of the first {FINDINGS_DRAWN} (at most '
+                         f"{DRAWN_PER_KIND} of a kind) is drawn, every finding's numbers are listed.</p>")
+        for f in fs:
             sev = f.get("severity", "info")
             ents = f.get("entities") or {}
             imp = f.get("impact") or {}
@@ -653,7 +661,9 @@ def _render(Figure, snap, doc) -> str:
                 card.append(f"<p>impact: {_esc(_dur(imp['seconds']))} lost"
                             + (f" ({100 * imp['share']:.1f}% of each iteration/token)"
                                if imp.get("share") is not None else "") + "</p>")
-            if k < FINDINGS_DRAWN:
+            per_kind[f["kind"]] = per_kind.get(f["kind"], 0) + 1
+            if drawn_f < FINDINGS_DRAWN and per_kind[f["kind"]] <= DRAWN_PER_KIND:
+                drawn_f += 1
                 fig = fig_finding(Figure, f, doc, snap)
                 if fig is not None:
                     card.append(_svg(fig))
