@@ -17,6 +17,8 @@
  *   SS_XDP_FRAGS    XDP program is loaded with BPF_F_XDP_HAS_FRAGS (jumbo frames); set by
  *                   user space only when the kernel supports it (probed, Linux >= 5.18)
  *   SS_REPLAY_CLOCK time comes from the clock map (BPF_PROG_TEST_RUN replay), not ktime
+ *   SS_FC_SLOTS     flow cache slots per CPU (power of two; 0 = no cache, every packet looks
+ *                   up the LRU hash)
  *
  * Invariants: the program never changes or drops a packet (XDP_PASS / TC_ACT_UNSPEC always);
  * every frame is counted in exactly one category of skewscope.h's SS_G_* list; headers are
@@ -37,6 +39,9 @@
 #endif
 #ifndef SS_SAMPLE_N
 #define SS_SAMPLE_N 1
+#endif
+#ifndef SS_FC_SLOTS
+#define SS_FC_SLOTS 0
 #endif
 
 #ifdef SS_XDP_FRAGS
@@ -96,6 +101,10 @@ int skewscope_lenprobe(struct xdp_md *ctx)
 				    asm volatile("" ::: "memory"); } while (0)
 #endif
 
+/* opcode classes whose packets without FIRST/LAST/RETH/AETH are "middle" packets (no clock
+ * read, see account()): SEND, WRITE and READ_RESPONSE MIDDLE */
+#define SS_MID_CLASSES ((1u << SS_OPC_SEND) | (1u << SS_OPC_WRITE) | (1u << SS_OPC_READ_RESP))
+
 #define SS_XDP_PASS 2
 /* TC: TC_ACT_UNSPEC (-1), which for a tcx link is TCX_NEXT: "go on". TC_ACT_OK would end the
  * hook: through tcx it skips every classic tc filter on the device (a firewall's drop, a
@@ -118,6 +127,27 @@ BPF_F_TABLE("array", __u32, struct ss_msg_rec, msg_events, SS_NCPUS * SS_EV_PER_
 BPF_PERCPU_ARRAY(ev_head, __u64, 1);
 #ifdef SS_REPLAY_CLOCK
 BPF_PERCPU_ARRAY(clock, struct ss_replay, 1);
+#endif
+#if SS_FC_SLOTS > 0
+/* The flow cache: SS_FC_SLOTS direct-mapped slots per CPU (CPU c owns entries
+ * c*SS_FC_SLOTS ..), in front of the flows LRU hash. A slot holds the *current* copy of its
+ * flow (key.roce == 0: empty); the LRU entry of a cached flow is stale and names the CPU
+ * holding it (stats.owner = cpu + 1). An array lookup is inlined by the verifier (no helper
+ * call) and a slot is only ever written by its CPU (no atomics). On a miss the slot's flow
+ * is written back into its LRU entry and the new flow's LRU entry copied in (taken over from
+ * another CPU's slot when its owner is another CPU: the flow moved CPUs). Hits refresh the
+ * LRU entry's recency every SS_FC_REFRESH packets (so a hot cached flow is not the LRU's
+ * first victim) and notice there when it was evicted. User space (loader.read_flows) reads
+ * the slots first, then the LRU, and takes a slot's copy for every LRU entry owned by that
+ * slot's CPU. Layout: struct ss_flow_key then struct ss_flow_stats, no padding. */
+struct ss_fc_entry {
+	struct ss_flow_key key;
+	struct ss_flow_stats stats;
+};
+_Static_assert(sizeof(struct ss_fc_entry) == sizeof(struct ss_flow_key) + sizeof(struct ss_flow_stats),
+	       "flow cache entry: key then stats, no padding");
+BPF_ARRAY(fcache, struct ss_fc_entry, SS_NCPUS * SS_FC_SLOTS);
+#define SS_FC_REFRESH 64
 #endif
 
 static __always_inline void gcount(__u32 idx, __u64 n)
@@ -197,45 +227,146 @@ static __always_inline void emit_record(struct ss_flow_key *key, __u64 start, __
 #endif
 }
 
+/* The flow's LRU entry, inserted (zeroed, counted in flows_created) when absent. */
+static __always_inline struct ss_flow_stats *flow_lru(struct ss_flow_key *key)
+{
+	struct ss_flow_stats *f = flows.lookup(key);
+	__u32 z = 0;
+
+	if (!f) {
+		struct ss_flow_stats *zero = zero_stats.lookup(&z);
+		if (zero && flows.insert(key, zero) == 0)
+			gcount(SS_G_FLOWS_CREATED, 1);
+		/* else: insert can race with another CPU inserting the same key: look up again */
+		f = flows.lookup(key);
+	}
+	return f;
+}
+
+#if SS_FC_SLOTS > 0
+static __always_inline int ss_key_eq(const struct ss_flow_key *a, const struct ss_flow_key *b)
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+
+	return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3]) | (x[4] ^ y[4])) == 0;
+}
+
+/* cache slot of a key (0 .. SS_FC_SLOTS-1): multiplicative hash of the folded addresses and QP */
+static __always_inline __u32 ss_fc_slot(const struct ss_flow_key *k)
+{
+	const __u32 *w = (const __u32 *)k;
+	__u32 h = (w[0] ^ w[1] ^ w[2] ^ w[3]) * 0x9E3779B1u;
+
+	h ^= (w[4] ^ w[5] ^ w[6] ^ w[7]) * 0x85EBCA77u;
+	h ^= k->dest_qp * 0xC2B2AE3Du;
+	h ^= h >> 16;
+	return h & (SS_FC_SLOTS - 1);
+}
+
+/* Miss: write the slot's flow back, bring `key`'s flow in. */
+static __always_inline struct ss_flow_stats *fc_fill(struct ss_fc_entry *e, struct ss_flow_key *key,
+						     __u32 cpu, __u32 slot)
+{
+	struct ss_flow_stats *fl;
+
+	if (e->key.roce) {
+		fl = flows.lookup(&e->key);
+		/* still ours: write back (owner 0). Absent (evicted from the LRU while cached) or
+		 * taken over by another CPU: nothing to write. */
+		if (fl && fl->owner == cpu + 1) {
+			e->stats.owner = 0;
+			__builtin_memcpy(fl, &e->stats, sizeof(*fl));
+		}
+		e->key.roce = 0;
+	}
+	fl = flow_lru(key);
+	if (!fl)
+		return 0;
+	if (fl->owner && fl->owner != cpu + 1) {
+		/* another CPU's slot holds the current copy (the flow moved CPUs): take it over */
+		__u32 o = (__u32)(fl->owner - 1) * SS_FC_SLOTS + slot;
+		struct ss_fc_entry *oe = fcache.lookup(&o);
+		if (oe && ss_key_eq(&oe->key, key)) {
+			__builtin_memcpy(fl, &oe->stats, sizeof(*fl));
+			oe->key.roce = 0;
+		}
+	}
+	fl->owner = cpu + 1;
+	__builtin_memcpy(&e->stats, fl, sizeof(*fl));
+	__builtin_memcpy(&e->key, key, sizeof(*key));
+	return &e->stats;
+}
+#endif
+
+/* The flow's current counters: its flow-cache slot, else its LRU entry (NULL: no slot). */
+static __always_inline struct ss_flow_stats *flow_get(struct ss_flow_key *key)
+{
+#if SS_FC_SLOTS > 0
+	__u32 cpu = bpf_get_smp_processor_id(), slot = ss_fc_slot(key), idx;
+	struct ss_fc_entry *e;
+
+	if (cpu >= SS_NCPUS)
+		return 0;
+	idx = cpu * SS_FC_SLOTS + slot;
+	e = fcache.lookup(&idx);
+	if (!e)
+		return 0;
+	if (ss_key_eq(&e->key, key)) {
+		if (__builtin_expect((e->stats.packets & (SS_FC_REFRESH - 1)) == SS_FC_REFRESH - 1, 0)) {
+			/* keep the LRU entry recent; evicted meanwhile: the flow starts again from zero
+			 * in a new entry, as without the cache */
+			struct ss_flow_stats *fl = flows.lookup(key);
+			if (!fl || fl->owner != cpu + 1) {
+				e->key.roce = 0;
+				return fc_fill(e, key, cpu, slot);
+			}
+		}
+		return &e->stats;
+	}
+	return fc_fill(e, key, cpu, slot);
+#else
+	return flow_lru(key);
+#endif
+}
+
 /* Account one parsed RoCE packet to its flow. Returns the frame's category: accounted,
- * sampled_out or no_flow_slot. The clock is read only here, after the flow lookup: frames
- * that are not accounted never pay for it. */
+ * sampled_out or no_flow_slot. The clock is read only here, after the flow lookup, and not
+ * for middle packets: frames that are not accounted never pay for it. */
 static __always_inline __u32 account(struct ss_flow_key *key, struct ss_pkt *p, __u64 rts)
 {
 	struct ss_flow_stats *f;
 	__u32 opinfo = p->opinfo, cls = (opinfo & SS_OPT_CLASS_MASK) >> SS_OPT_CLASS_SHIFT;
-	__u32 z = 0;
 	__u64 ts;
 
 #if SS_SAMPLE_N > 1
 	if (bpf_get_prandom_u32() % SS_SAMPLE_N)
 		return SS_G_SAMPLED_OUT;
 #endif
-	f = flows.lookup(key);
-	if (!f) {
-		struct ss_flow_stats *zero = zero_stats.lookup(&z);
-		if (!zero || flows.insert(key, zero) != 0) {
-			/* insert can race with another CPU inserting the same key: retry lookup */
-			f = flows.lookup(key);
-			if (!f)
-				return SS_G_NO_FLOW_SLOT;
-		} else {
-			gcount(SS_G_FLOWS_CREATED, 1);
-			f = flows.lookup(key);
-			if (!f)
-				return SS_G_NO_FLOW_SLOT;
-		}
+	f = flow_get(key);
+	if (!f)
+		return SS_G_NO_FLOW_SLOT;
+	/* The clock is read only on packets that carry a time we keep: the flow's first packet,
+	 * message boundaries (FIRST/LAST/ONLY, READ_REQUEST) and control packets (ACK, CNP,
+	 * atomics, READ_RESPONSE FIRST/LAST/ONLY, FLUSH). A middle packet (SEND/WRITE/READ_RESPONSE
+	 * MIDDLE: no FIRST/LAST flag, no RETH/AETH) leaves last_ts at the last such packet, so
+	 * last_ts is the time of the flow's last message boundary or control packet (the same
+	 * definition in the offline parser; docs/datapath.md "Time"). */
+	ts = 0;
+	if (f->packets == 0) {
+		ts = SS_NOW(rts);
+		f->first_ts = ts;
+		f->last_ts = ts;
+	} else if ((opinfo & (SS_OPT_FIRST | SS_OPT_LAST | SS_OPT_RETH | SS_OPT_AETH)) ||
+		   !((1u << cls) & SS_MID_CLASSES)) {
+		ts = SS_NOW(rts);
+		f->last_ts = ts;
 	}
-	ts = SS_NOW(rts);
 
 	/* Plain (non-atomic) updates: a flow's packets are processed by one CPU at a time
 	 * (RSS hashes the UDP 5-tuple, constant per QP), see docs/datapath.md. */
-	if (f->packets == 0)
-		f->first_ts = ts;
 	f->packets += 1;
 	f->bytes += p->wire_len;
 	f->payload_bytes += p->payload;
-	f->last_ts = ts;
 	if (cls < SS_N_OPCLASS)
 		f->op[cls & (SS_N_OPCLASS - 1)] += 1;
 	if (p->ecn_valid) {
@@ -351,7 +482,7 @@ static __always_inline __u32 account(struct ss_flow_key *key, struct ss_pkt *p, 
 static __always_inline __u32 process(void *data, void *data_end, void *cap_end, __u64 wire_len,
 				     __u32 pre_tags, __u64 rts)
 {
-	struct ss_flow_key key = {};
+	struct ss_flow_key key __attribute__((aligned(8))) = {};
 	struct ss_pkt p;  /* every field is set by the parser before it is used */
 	__u32 cat = ss_parse(data, data_end, cap_end, wire_len, pre_tags, &key, &p);
 

@@ -15,7 +15,7 @@
 #ifndef SKEWSCOPE_H
 #define SKEWSCOPE_H
 
-#define SS_LAYOUT_VERSION 3
+#define SS_LAYOUT_VERSION 4
 
 /* ---- protocol constants -------------------------------------------------------- */
 #define SS_ROCE_UDP_PORT   4791
@@ -149,7 +149,8 @@ struct ss_flow_stats {
 	__u8  tclass;           /* last IPv4 TOS / IPv6 traffic class (DSCP << 2 | ECN) */
 	__u8  msg_class;        /* in-progress message: SS_OPC_* */
 	__u8  last_opcode;
-	__u8  _pad[6];
+	__u16 owner;            /* flow cache: CPU + 1 whose cache holds the current copy, 0 none */
+	__u8  _pad[4];
 	__u64 msg_hist[SS_MSG_SLOTS];
 	__u64 gap_hist[SS_GAP_SLOTS];
 };

@@ -72,6 +72,9 @@ class Config:
     # load-time check agrees with the helper (Dataplane falls back to the helper otherwise)
     xdp_kctx: bool | None = None
     ncpus: int = field(default_factory=possible_cpus)
+    # flow cache slots per CPU in front of the flows LRU hash (power of two; 0 = off), see
+    # docs/datapath.md "Flow cache"
+    flow_cache: int = 256
 
     def validate(self) -> None:
         # Only integers within these bounds ever become -D flags (no text reaches the C).
@@ -81,6 +84,9 @@ class Config:
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise DataplaneError(f"invalid {name.replace('_', '-')}: {v!r} (must be an integer in {lo}..{hi})",
                                      EXIT_USAGE)
+        fc = self.flow_cache
+        if not isinstance(fc, int) or isinstance(fc, bool) or not (fc == 0 or (_pow2(fc) and fc <= 1 << 16)):
+            raise DataplaneError(f"invalid flow-cache: {fc!r} (must be 0 or a power of two up to 65536)", EXIT_USAGE)
         if not _pow2(self.ev_per_cpu):
             raise DataplaneError(f"invalid ev-per-cpu: {self.ev_per_cpu} (must be a power of two)", EXIT_USAGE)
 
@@ -95,6 +101,7 @@ class Config:
         self.resolve()
         f = [f"-I{EBPF_DIR}", f"-DSS_MAX_FLOWS={int(self.max_flows)}", f"-DSS_NCPUS={int(self.ncpus)}",
              f"-DSS_EV_PER_CPU={int(self.ev_per_cpu)}", f"-DSS_SAMPLE_N={int(self.sample_n)}",
+             f"-DSS_FC_SLOTS={int(self.flow_cache)}",
              "-Wno-unused-function"]
         if self.replay_clock:
             f.append("-DSS_REPLAY_CLOCK=1")
@@ -122,10 +129,13 @@ class Config:
         flows = self.max_flows * elem + _next_pow2(self.max_flows) * HTAB_BUCKET_SIZE
         page = mmap.PAGESIZE
         events = (self.ncpus * self.ev_per_cpu * L.MSG_REC_DTYPE.itemsize + page - 1) // page * page + page
-        return {"flows": flows, "events": events, "total": flows + events,
+        cache = self.ncpus * self.flow_cache * FC_ENTRY_DTYPE.itemsize
+        return {"flows": flows, "events": events, "flow_cache": cache, "total": flows + events + cache,
                 "flow_entry": elem, "event_entry": L.MSG_REC_DTYPE.itemsize}
 
 
+#: a flow-cache slot (skewscope.bpf.c struct ss_fc_entry): the key, then the stats, no padding
+FC_ENTRY_DTYPE = np.dtype([("key", L.FLOW_KEY_DTYPE), ("stats", L.FLOW_STATS_DTYPE)])
 HTAB_ELEM_OVERHEAD = 48  # sizeof(struct htab_elem) on 64-bit kernels (hash node, LRU node, hash)
 HTAB_BUCKET_SIZE = 16    # struct bucket: hlist_nulls_head + lock, padded
 
@@ -291,6 +301,8 @@ class Dataplane:
         """Forget everything counted so far: flows, global counters, message records.
         For tests and replays between runs; not atomic against a program receiving traffic."""
         self.bpf[b"flows"].clear()
+        if self.config.flow_cache:
+            self.bpf[b"fcache"].clear()
         ncpu = self.config.ncpus
         zero = bytes(8 * ncpu)
         gfd = self._fd("globals")
@@ -313,9 +325,27 @@ class Dataplane:
         return vals.view("<u8").reshape(-1, ncpu).sum(axis=1).astype(np.uint64)
 
     def read_flows(self) -> np.ndarray:
+        """The flow table: the LRU entries, each with the current copy from the flow cache
+        slot of the CPU that owns it (stats.owner = cpu + 1). The slots are read first: a slot
+        written back between the two reads is then found in its LRU entry (owner 0), a flow
+        brought into a slot after the first read still has its (older, consistent) LRU copy,
+        so counters never go backwards between reads."""
+        cache = self._read_cache() if self.config.flow_cache else None
         keys, vals = bpfsys.map_lookup_batch(self._fd("flows"), L.FLOW_KEY_DTYPE.itemsize,
                                              L.FLOW_STATS_DTYPE.itemsize, self.config.max_flows)
+        if cache is not None and len(cache[0]):
+            _merge_cache(keys, vals, *cache)
         return flows_from_raw(keys, vals)
+
+    def _read_cache(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The occupied flow-cache slots: (key bytes, stats bytes, cpu + 1 of each)."""
+        n = self.config.ncpus * self.config.flow_cache
+        _, vals = bpfsys.map_lookup_batch(self._fd("fcache"), 4, FC_ENTRY_DTYPE.itemsize, n)
+        ent = vals[:n].view(FC_ENTRY_DTYPE).reshape(-1)
+        used = np.nonzero(ent["key"]["roce"] != 0)[0]
+        raw = vals[used]
+        kz = L.FLOW_KEY_DTYPE.itemsize
+        return raw[:, :kz], raw[:, kz:], (used // self.config.flow_cache + 1).astype(np.uint16)
 
     def _events_view(self) -> np.ndarray:
         if self._ev_map is None:
@@ -383,3 +413,18 @@ class Dataplane:
         return Snapshot(flows=flows, events=events, globals=glob, meta=m)
 
 
+def _merge_cache(keys: np.ndarray, vals: np.ndarray, ckeys: np.ndarray, cvals: np.ndarray,
+                 cowner: np.ndarray) -> None:
+    """In place: each LRU row (keys, vals byte matrices) owned by a CPU whose cache slot holds
+    the same key gets that slot's stats. Slots of flows no longer in the LRU (evicted) or
+    owned by another CPU (taken over) are stale and ignored."""
+    s = vals.view(L.FLOW_STATS_DTYPE).reshape(-1)
+    rows = np.nonzero(s["owner"] != 0)[0]
+    if not len(rows):
+        return
+    want = {(bytes(ckeys[i]), int(cowner[i])): i for i in range(len(ckeys))}
+    owners = s["owner"][rows]
+    for r, o in zip(rows.tolist(), owners.tolist()):
+        i = want.get((bytes(keys[r]), o))
+        if i is not None:
+            vals[r] = cvals[i]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 
 ROCE_UDP_PORT = 4791
 ETH_P_ROCEV1 = 0x8915
@@ -136,7 +136,8 @@ FLOW_STATS_FIELDS = [
     ("tclass", "u1"),
     ("msg_class", "u1"),
     ("last_opcode", "u1"),
-    ("_pad", "u1", (6,)),
+    ("owner", "<u2"),
+    ("_pad", "u1", (4,)),
     ("msg_hist", "<u8", (MSG_SLOTS,)),
     ("gap_hist", "<u8", (GAP_SLOTS,)),
 ]
@@ -159,7 +160,7 @@ REPLAY_FIELDS = [("ts", "<u8"), ("caplen", "<u4"), ("wire_len", "<u4")]
 REPLAY_DTYPE = np.dtype(REPLAY_FIELDS, align=True)
 
 #: The Snapshot's flow table: key fields then stats fields (without padding/private state).
-_PRIVATE = {"_pad", "msg_start_ts", "msg_cur_bytes", "last_msg_ts", "next_psn", "flags", "msg_class"}
+_PRIVATE = {"_pad", "msg_start_ts", "msg_cur_bytes", "last_msg_ts", "next_psn", "flags", "msg_class", "owner"}
 FLOW_DTYPE = np.dtype(
     [f if len(f) == 3 else (f[0], f[1]) for f in FLOW_KEY_FIELDS if f[0] != "_pad"]
     + [f if len(f) == 3 else (f[0], f[1]) for f in FLOW_STATS_FIELDS if f[0] not in _PRIVATE]

@@ -121,7 +121,10 @@ def basic_expectations(built: list, ts: list) -> dict:
         e["fecn"] += b.fecn
         e["becn"] += b.becn
         e["cnp"] += b.opcode == 0x81
-        e["last_ts"] = t
+        # last_ts: the last packet that is not in the middle of a transfer (README "Counters":
+        # SEND/WRITE/READ_RESPONSE MIDDLE packets are not timed), or the first packet
+        if "last_ts" not in e or not F.OPCODE_NAME.get(b.opcode, "").endswith("_MIDDLE"):
+            e["last_ts"] = t
         e["sport"] = b.sport
         e["tclass"] = b.tclass
         e["last_opcode"] = b.opcode

@@ -88,6 +88,8 @@ PSN_HALF = L.PSN_HALF
 OPC_SEND = L.OPC_SEND
 OPC_READ_REQ = L.OPC_READ_REQ
 N_OPCLASS = L.N_OPCLASS
+# classes of "middle" packets (skewscope.bpf.c SS_MID_CLASSES): no clock read, last_ts kept
+MID_CLASSES = (1 << L.OPC_SEND) | (1 << L.OPC_WRITE) | (1 << L.OPC_READ_RESP)
 
 OPT_EXTLEN_MASK = L.OPT_EXTLEN_MASK
 OPT_CLASS_SHIFT = L.OPT_CLASS_SHIFT
@@ -439,12 +441,16 @@ def account(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev,
                               w0, w1, w2, w3, w4)
     g[G_ACCOUNTED] += 1
     f = S[s]
+    # last_ts: the flow's last message boundary or control packet; middle packets (SEND/WRITE/
+    # READ_RESPONSE MIDDLE: no FIRST/LAST, no RETH/AETH) leave it (the kernel reads no clock on them)
     if f[C_PACKETS] == 0:
         f[C_FIRST_TS] = ts
+        f[C_LAST_TS] = ts
+    elif (opinfo & (OPT_FIRST | OPT_LAST | OPT_RETH | OPT_AETH)) or not ((1 << cls) & MID_CLASSES):
+        f[C_LAST_TS] = ts
     f[C_PACKETS] += 1
     f[C_BYTES] += wire_len
     f[C_PAYLOAD] += payload
-    f[C_LAST_TS] = ts
     if cls < N_OPCLASS:
         f[C_OP + (cls & (N_OPCLASS - 1))] += 1
     if ecn_valid:
