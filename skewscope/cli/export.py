@@ -65,9 +65,11 @@ Exit codes: 0 ok (--once, or Ctrl-C); 2 usage; 3 unreadable --from FILE or canno
 @click.option("--analysis-window", type=click.FloatRange(0.1, 3600), default=H.DEFAULT_WINDOW_S,
               show_default=True, metavar="S", help="live: seconds of traffic each analysis covers")
 @click.option("--no-analysis", is_flag=True, help="serve /metrics only (/v1/* answer 503)")
+@click.option("--node-ip", metavar="IP", help="the IP of the node this DPU watches (its per-node timing series, "
+              "label ip); default: the IP that is an end of every data flow, else every node seen (a mirror)")
 @friendly_errors
 def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, xdp_mode, direction, max_flows,
-           once, token_file, open_metrics, analysis_every, analysis_window, no_analysis):
+           once, token_file, open_metrics, analysis_every, analysis_window, no_analysis, node_ip):
     """Serve this DPU's view as Prometheus metrics (/metrics): per-peer counters, top-K flows,
     message-size and gap histograms. Scrape every DPU; `skewscope cluster` and the rules in
     docs/prometheus/ turn them into the fleet-wide matrix and skew."""
@@ -88,13 +90,17 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
     if not once and not no_analysis:
         analyst = H.Analyst(node, "file" if from_file else "live", every=analysis_every,
                             window_s=analysis_window)
+    if node_ip is not None:
+        node_ip = E.check_node_ip(node_ip)
     if from_file:
         snap = load_source(from_file)
-        src = E.StaticSource(snap, node, top_k=top_k, max_peers=max_peers)
+        E.check_node_in(snap, node_ip)
+        src = E.StaticSource(snap, node, top_k=top_k, max_peers=max_peers, node_ip=node_ip)
     else:
         src = E.LiveSource(iface, node, top_k=top_k, max_peers=max_peers, interval=interval,
                            mode="tc" if use_tc else "xdp", xdp_mode=xdp_mode, direction=direction,
-                           max_flows=max_flows, on_interval=analyst.on_interval if analyst else None)
+                           max_flows=max_flows, on_interval=analyst.on_interval if analyst else None,
+                           node_ip=node_ip)
     try:
         reg = E.make_registry(E.SkewscopeCollector(src.get))
         if once:

@@ -23,6 +23,7 @@ The gap histogram has no `_sum` (the data plane keeps none; we do not invent one
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import threading
@@ -35,9 +36,11 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from skewscope import __version__
+from skewscope.analysis.context import context
 from skewscope.analysis.fleet import BULK_MIN_MESSAGE, CTS_MAX_BYTES
 from skewscope.analysis.flows import flow_event_stats
 from skewscope.analysis.intervals import union_kernel
+from skewscope.analysis.nodeview import NodeViewError, per_node_timing, resolve_node
 from skewscope.core import layout as L
 from skewscope.core.snapshot import Snapshot, flow_key_words, ip_str, match_rows
 from skewscope.outputs import metrics as M
@@ -175,6 +178,83 @@ def busy_ns_per_peer(events: np.ndarray, flow_peer: np.ndarray, npeers: int,
     return busy, carry
 
 
+# ---- per-node timing (analysis.nodeview) ---------------------------------------------------
+DUR_LE_STR = [_fmt_le(v) for v in M.DURATION_BUCKETS] + ["+Inf"]
+OFF_LE_STR = [_fmt_le(v) for v in M.OFFSET_BUCKETS] + ["+Inf"]
+
+
+def bucket_counts(samples_ns, bounds_s) -> np.ndarray:
+    """Non-cumulative counts per bucket (x <= le; the last = +Inf) of samples in ns."""
+    x = np.asarray(samples_ns, dtype=np.float64)
+    x = x[np.isfinite(x)] / 1e9
+    idx = np.searchsorted(np.asarray(bounds_s, dtype=np.float64), x, side="left")
+    return np.bincount(idx, minlength=len(bounds_s) + 1).astype(np.float64)
+
+
+class TimingAccumulator:
+    """Cumulative per-node timing histograms and counters: analysis.nodeview results of
+    successive reads (a file = one read) added up; per (ip, role) at most max_peers peers,
+    later ones in peer="_overflow"."""
+
+    def __init__(self, max_peers: int = DEFAULT_MAX_PEERS, max_nodes: int = 64):
+        self.max_peers, self.max_nodes = int(max_peers), int(max_nodes)
+        self.hist: dict = {}      # (spec name, labels minus node) -> [counts, sum_s]
+        self.count: dict = {}     # (spec name, labels minus node) -> value
+        self.peers: dict = {}     # (ip, role) -> set of peers with their own series
+
+    def _h(self, spec, key, samples, bounds):
+        h = self.hist.setdefault((spec.name, key), [np.zeros(len(bounds) + 1), 0.0])
+        x = np.asarray(samples, dtype=np.float64)
+        x = x[np.isfinite(x)]
+        h[0] += bucket_counts(x, bounds)
+        h[1] += float(x.sum()) / 1e9
+
+    def add_results(self, results: list) -> None:
+        for nt in results:
+            ip = nt["node"]
+            for g in nt["groups"]:
+                role, smp = g["role"], g.get("_samples") or {}
+                base = (ip, role)
+                for spec, key, bounds in M.TIMING_HISTOGRAMS:
+                    self._h(spec, base, smp.get(key, ()), bounds)
+                known = self.peers.setdefault(base, set())
+                for spec, key, bounds in M.TIMING_PEER_HISTOGRAMS:
+                    for peer, v in (smp.get(key) or {}).items():
+                        if peer not in known and len(known) >= self.max_peers:
+                            peer = OVERFLOW_LABEL
+                        else:
+                            known.add(peer)
+                        self._h(spec, base + (peer,), v, bounds)
+                for spec, key in M.TIMING_COUNTERS:
+                    k = (spec.name, base)
+                    self.count[k] = self.count.get(k, 0) + int(g.get(key) or 0)
+
+    def add(self, snap: Snapshot, node_ip: str | None = None) -> None:
+        if not len(snap.events):
+            return
+        try:
+            res = per_node_timing(snap, node_ip, max_nodes=self.max_nodes, samples=True)
+        except NodeViewError:  # the node sent and received nothing in this read
+            return
+        self.add_results(res)
+
+    def rows(self) -> list:
+        """[(spec, labels without node, payload)]: histograms (cumulative buckets, sum),
+        counters (value), in table order."""
+        out = []
+        for spec, _, bounds in M.TIMING_HISTOGRAMS + M.TIMING_PEER_HISTOGRAMS:
+            le = DUR_LE_STR if bounds is M.DURATION_BUCKETS else OFF_LE_STR
+            for (name, key), (cnt, sm) in sorted(self.hist.items()):
+                if name == spec.name:
+                    out.append((spec, key, (cumulative_buckets(cnt, le), sm)))
+        for spec, _ in M.TIMING_COUNTERS:
+            for (name, key), v in sorted(self.count.items()):
+                if name == spec.name:
+                    out.append((spec, key, v))
+        order = {m.name: i for i, m in enumerate(M.METRICS)}
+        return sorted(out, key=lambda r: order[r[0].name])
+
+
 # ---- state --------------------------------------------------------------------------------
 @dataclass
 class ExportState:
@@ -199,6 +279,7 @@ class ExportState:
     read_ts: float = 0.0
     read_seconds: float = 0.0
     info: dict = field(default_factory=dict)
+    timing: list = field(default_factory=list)   # TimingAccumulator.rows()
 
 
 class Accumulator:
@@ -207,10 +288,12 @@ class Accumulator:
     monotonic per-peer totals, and the interval's message records into busy time. Pure
     numpy; no kernel needed (unit-testable). A Snapshot from a file is one big delta."""
 
-    def __init__(self, max_peers: int = DEFAULT_MAX_PEERS):
+    def __init__(self, max_peers: int = DEFAULT_MAX_PEERS, node_ip: str | None = None):
         if max_peers < 1:
             raise ValueError("max_peers must be >= 1")
         self.max_peers = int(max_peers)
+        self.node_ip = node_ip                    # per-node timing: this node (None: inferred)
+        self.timing = TimingAccumulator(max_peers=max_peers)
         self.peer_keys = np.zeros((0, 5), dtype=np.uint64)   # known pairs (sticky)
         self.peer_labels: list[tuple[str, str, str]] = []
         self.peer_counts = np.zeros((0, NCOLS), dtype=np.uint64)
@@ -322,6 +405,7 @@ class Accumulator:
                 ev = ev[keep[ev["flow"]]]
                 busy_d, self.dst_carry = busy_ns_per_peer(ev, di, len(self.dst_keys), self.dst_carry, pkt_ns=pkt)
                 self.dst_busy += busy_d
+            self.timing.add(Snapshot(delta, events, np.zeros(L.G_N, np.uint64), {}), self.node_ip)
 
     def qps_per_peer(self) -> np.ndarray:
         """Flows per exported pair in the cumulative table (last entry: overflow)."""
@@ -353,7 +437,8 @@ class Accumulator:
                            hist_msg_sum=float(self.totals[COL["msg_bytes"]]), flows_present=len(self.cum_flows),
                            dst_labels=list(self.dst_labels), dst_busy_ns=self.dst_busy.copy(),
                            globals=np.asarray(globals_).copy(),
-                           meta=m, read_ts=read_ts, read_seconds=read_seconds, info=dict(info or {}))
+                           meta=m, read_ts=read_ts, read_seconds=read_seconds, info=dict(info or {}),
+                           timing=self.timing.rows())
 
 
 def top_flows(flows: np.ndarray, k: int) -> np.ndarray:
@@ -369,8 +454,9 @@ def top_flows(flows: np.ndarray, k: int) -> np.ndarray:
 
 
 def state_from_snapshot(snap: Snapshot, node: str, top_k: int = DEFAULT_TOP_K,
-                        max_peers: int = DEFAULT_MAX_PEERS, info: dict | None = None) -> ExportState:
-    acc = Accumulator(max_peers=max_peers)
+                        max_peers: int = DEFAULT_MAX_PEERS, info: dict | None = None,
+                        node_ip: str | None = None) -> ExportState:
+    acc = Accumulator(max_peers=max_peers, node_ip=node_ip)
     acc.add(snap.flows, snap.events, cum_flows=snap.flows)
     return acc.state(node, snap.globals, snap.meta, top_k, read_ts=time.time(), info=info)
 
@@ -476,6 +562,21 @@ class SkewscopeCollector:
         info.add_metric([node, __version__, str(m.get("source", "?")),
                          str(m.get("interface") or m.get("file") or "")], 1)
         yield info
+        # per-node timing: one family per table row, even when empty (no node, no groups)
+        fams = {}
+        for spec in M.METRICS[M.METRICS.index(M.NODE_FORWARD_LATENCY):]:
+            fams[spec.name] = M.family(spec)
+        for spec, key, payload in st.timing:
+            if spec.type == M.HISTOGRAM:
+                lab = (node,) + tuple(key)
+                fam = fams[spec.name]
+                fam.add_metric(lab, payload[0], payload[1])
+                if float(payload[0][0][0]) < 0:  # signed buckets: no _sum (OpenMetrics), _count kept
+                    fam.samples.append(Sample(fam.name + "_count", dict(zip(spec.labels, lab)),
+                                              payload[0][-1][1], None, None))
+            else:
+                fams[spec.name].add_metric((node,) + tuple(key), payload)
+        yield from fams.values()
 
 
 def _node(spec, node, v):
@@ -489,9 +590,9 @@ def _node(spec, node, v):
 class StaticSource:
     """A Snapshot file (or a capture through the offline parser): one fixed state."""
 
-    def __init__(self, snap: Snapshot, node: str, top_k: int, max_peers: int):
+    def __init__(self, snap: Snapshot, node: str, top_k: int, max_peers: int, node_ip: str | None = None):
         t0 = time.monotonic()
-        st = state_from_snapshot(snap, node, top_k=top_k, max_peers=max_peers)
+        st = state_from_snapshot(snap, node, top_k=top_k, max_peers=max_peers, node_ip=node_ip)
         st.read_seconds = time.monotonic() - t0
         self._state = st
 
@@ -510,10 +611,11 @@ class LiveSource:
 
     def __init__(self, iface: str, node: str, top_k: int, max_peers: int, interval: float = 1.0,
                  mode: str = "xdp", xdp_mode: str = "native", direction: str = "ingress",
-                 max_flows: int = 65536, sample_n: int = 1, on_stale="error", on_interval=None):
+                 max_flows: int = 65536, sample_n: int = 1, on_stale="error", on_interval=None,
+                 node_ip: str | None = None):
         self.node, self.top_k, self.interval = node, top_k, float(interval)
         self.on_interval = on_interval   # f(live.Interval) after each read (outputs.http's analysis window)
-        self.acc = Accumulator(max_peers=max_peers)
+        self.acc = Accumulator(max_peers=max_peers, node_ip=node_ip)
         self.session = LiveSession(iface, mode=mode, xdp_mode=xdp_mode, direction=direction,
                                    sample_n=sample_n, max_flows=max_flows, on_stale=on_stale,
                                    source="live").open()
@@ -610,6 +712,20 @@ def render(registry) -> str:
 def serve(registry, addr: str, port: int):
     """Start the HTTP server (daemon threads). Returns (server, thread)."""
     return start_http_server(port, addr=addr, registry=registry)
+
+
+def check_node_ip(ip: str) -> str:
+    """--node-ip as the analysis writes IPs (compressed); NodeViewError (exit 2) if not an IP."""
+    try:
+        return ipaddress.ip_address(ip.strip()).compressed
+    except ValueError:
+        raise NodeViewError(f"--node-ip {ip!r} is not an IP address") from None
+
+
+def check_node_in(snap: Snapshot, ip: str | None) -> None:
+    """A file's --node-ip must be one of its addresses (NodeViewError, exit 2)."""
+    if ip is not None and len(snap.flows):
+        resolve_node(context(snap), ip)
 
 
 def default_node() -> str:

@@ -28,7 +28,11 @@ CLASSES = ("bulk", "chunk", "control")              # `class`: exporter.flow_cla
 SYNDROMES = ("psn_sequence_error", "rnr", "other")  # `syndrome` of the NAK counters
 OVERFLOW_LABEL = "_overflow"                        # src/dst of the pair past --max-peers
 
+TIMING_ROLES = ("ring", "tp_decode", "alltoall", "kv_transfer")   # `role`: analysis.nodeview.ROLES
+
 PEER_LABELS = ("node", "src", "dst", "class")
+TIMING_LABELS = ("node", "ip", "role")
+TIMING_PEER_LABELS = ("node", "ip", "role", "peer")
 FLOW_LABELS = ("node", "src", "dst", "qp")
 NODE_LABELS = ("node",)
 
@@ -172,6 +176,49 @@ EXPORTER_INFO = _m("skewscope_exporter_info", GAUGE, ("node", "version", "source
                    "Exporter identity (value 1).",
                    "exporter: package version, snapshot meta source and interface or file")
 
+# ---- per-node timing (one DPU per node; analysis.nodeview; docs/fleet.md "Per-node timing series")
+# Fixed log-spaced buckets (1-2-5 per decade), the same on every DPU (sums across DPUs work).
+DURATION_BUCKETS = tuple(float(f"{m}e{e}") for e in range(-6, 1) for m in (1, 2, 5)) + (10.0,)
+OFFSET_BUCKETS = (tuple(-b for b in reversed(DURATION_BUCKETS[:-3])) + (0.0,) + DURATION_BUCKETS[:-3])
+NODE_FORWARD_LATENCY = _m("skewscope_node_forward_latency_seconds", HISTOGRAM, TIMING_LABELS,
+                          "Host forward latency per ring step seen by this node's DPU: its send of step k+1 "
+                          "minus the time it was ready (its own step-k send and the step-k message from its "
+                          "upstream both done); collective starts left out.",
+                          "message records: analysis.nodeview (forward latency)")
+NODE_ARRIVAL_OFFSET = _m("skewscope_node_arrival_offset_seconds", HISTOGRAM, TIMING_PEER_LABELS,
+                         "Per step: start of the step-k message from upstream peer minus the start of this "
+                         "node's own step-k send (same DPU clock; signed buckets).",
+                         "message records: analysis.nodeview (arrival offset)")
+NODE_START_OFFSET = _m("skewscope_node_start_offset_seconds", HISTOGRAM, TIMING_PEER_LABELS,
+                       "The arrival offset of the first step of each collective only (negative: this node "
+                       "started the collective after its upstream's data was in).",
+                       "message records: analysis.nodeview (start offset)")
+NODE_STEP = _m("skewscope_node_step_seconds", HISTOGRAM, TIMING_LABELS,
+               "Step duration: start of this node's send of step k+1 minus that of step k, inside a collective.",
+               "message records: analysis.nodeview (step duration)")
+NODE_COLLECTIVE = _m("skewscope_node_collective_seconds", HISTOGRAM, TIMING_LABELS,
+                     "Collective duration on this node: its first send to the last end of a message of the "
+                     "collective (sent or received).", "message records: analysis.nodeview (collective)")
+NODE_ITERATION = _m("skewscope_node_iteration_seconds", HISTOGRAM, TIMING_LABELS,
+                    "Iteration / token duration: start to start of consecutive iterations, compute gap "
+                    "included (decode: the inter-token latency).",
+                    "message records: analysis.nodeview (iteration)")
+NODE_STEPS = _m("skewscope_node_steps_total", COUNTER, TIMING_LABELS,
+                "Steps measured (forward latencies, arrival offsets) on this node.",
+                "message records: analysis.nodeview (steps)")
+NODE_COLLECTIVES = _m("skewscope_node_collectives_total", COUNTER, TIMING_LABELS,
+                      "Collectives seen on this node.", "message records: analysis.nodeview (collectives)")
+NODE_ITERATIONS = _m("skewscope_node_iterations_total", COUNTER, TIMING_LABELS,
+                     "Iterations (tokens) seen on this node.", "message records: analysis.nodeview (iterations)")
+# (spec, analysis.nodeview sample key, buckets); peer families take a {peer: samples} mapping
+TIMING_HISTOGRAMS = ((NODE_FORWARD_LATENCY, "forward_latency", DURATION_BUCKETS),
+                     (NODE_STEP, "step", DURATION_BUCKETS),
+                     (NODE_COLLECTIVE, "collective", DURATION_BUCKETS),
+                     (NODE_ITERATION, "iteration", DURATION_BUCKETS))
+TIMING_PEER_HISTOGRAMS = ((NODE_ARRIVAL_OFFSET, "arrival_offset", OFFSET_BUCKETS),
+                          (NODE_START_OFFSET, "start_offset", OFFSET_BUCKETS))
+TIMING_COUNTERS = ((NODE_STEPS, "steps"), (NODE_COLLECTIVES, "collectives"), (NODE_ITERATIONS, "iterations"))
+
 PEER_COUNTERS = (PEER_BYTES, PEER_PACKETS, PEER_MESSAGES, PEER_MESSAGE_BYTES, PEER_CE_PACKETS, PEER_CNP_PACKETS,
                  PEER_RETRANSMITTED_PACKETS, PEER_PSN_GAPS)
 FLOW_COUNTERS = (FLOW_BYTES, FLOW_PACKETS, FLOW_MESSAGES, FLOW_CE_PACKETS, FLOW_CNP_PACKETS,
@@ -185,6 +232,8 @@ METRICS = (
     MESSAGE_SIZE_BYTES, MESSAGE_GAP_SECONDS, FRAMES, PFC_PAUSE_FRAMES, PFC_RESUME_FRAMES, PFC_PAUSE_QUANTA,
     FLOWS, FLOWS_CREATED, FLOWS_EVICTED, MESSAGE_RECORDS_LOST, PARTIAL_MESSAGES, SAMPLING_DENOMINATOR, PEERS,
     LAST_READ_TIMESTAMP_SECONDS, READ_DURATION_SECONDS, EXPORTER_INFO,
+    NODE_FORWARD_LATENCY, NODE_ARRIVAL_OFFSET, NODE_START_OFFSET, NODE_STEP, NODE_COLLECTIVE, NODE_ITERATION,
+    NODE_STEPS, NODE_COLLECTIVES, NODE_ITERATIONS,
 )
 BY_NAME = {m.name: m for m in METRICS}
 assert len(BY_NAME) == len(METRICS), "duplicate metric name"
