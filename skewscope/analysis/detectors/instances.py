@@ -95,7 +95,8 @@ def instances(inp, em):
             label = {"ring_allreduce": "TP", "tree_allreduce": "TP", "all_to_all": "EP"}[kind]
             em.add("instance_load_imbalance", severity, x["members"],
                    f"{label}-{size} serving instance {x['members'][0]} (+{size - 1} nodes) carries {ratio:.2f}x the median "
-                   f"load of {len(xs)} comparable instances over {x['tokens']} tokens: {why}; the request router "
+                   f"load of the {len(xs) - 1} other comparable instances over {x['tokens']} tokens: {why}; the "
+                   "request router "
                    "overloads it: send new requests to the other instances",
                    {"load_ratio": round(ratio, 4), "bytes_per_s": x["bytes_per_s"],
                     "median_bytes_per_s": med,
