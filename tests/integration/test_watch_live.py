@@ -1,0 +1,97 @@
+"""`skewscope watch -i` live (root): a veth pair in two fresh namespaces (prefix swd-), watch
+attached (XDP generic) to the observer end, the generator's MoE decode hot-expert frames sent
+once (bounded, time-stretched, testbed.fabric.play) from the other end: the hot_destination
+event opens naming the generator's hot node, then — after the traffic stops — resolves once
+--hold has passed; SIGINT ends the watch with exit 0, a stats line last, and nothing left
+attached."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from skewscope import gen as skewgen
+from skewscope.outputs import events as E
+from skewscope.testbed import fabric
+from skewscope.testbed.netns import VethPair
+
+ROOT = Path(__file__).resolve().parents[2]
+HOLD, WINDOW = 3.0, 3.0
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, veth, XDP attach)")
+
+
+@pytest.fixture
+def pair():
+    p = VethPair.create("wl", prefix="swd", subnet="10.198.0")
+    try:
+        p.set_mtu(9000)                     # the generator's 4 KiB IB MTU frames
+        yield p
+    finally:
+        p.destroy()
+
+
+def test_live_event_opens_then_resolves(pair):
+    cap = skewgen.generate("ep-decode-hot-expert", seed=0)
+    hot = [p for p in cap.truth["pathologies"] if p["kind"] == "hot_destination"][0]["magnitude"]["hot"]
+    nodes = len(cap.truth["pathologies"][0]["magnitude"]["members"])
+    cmd = ["ip", "netns", "exec", pair.ns_b, sys.executable, "-m", "skewscope.cli", "watch", "-i", pair.if_b,
+           "--xdp-mode", "generic", "--json", "--interval", "0.5", "--window", str(WINDOW), "--hold", str(HOLD),
+           "--duration", "90"]
+    w = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    lines: list[dict] = []
+    attached = threading.Event()
+    seen = threading.Event()
+
+    def read_out():
+        for line in w.stdout:
+            d = json.loads(line)                        # every line parses alone (NDJSON)
+            d["_at"] = time.time()
+            lines.append(d)
+            if d.get("event") == "resolved" and d["finding"]["kind"] == "hot_destination":
+                seen.set()
+
+    def read_err():
+        for line in w.stderr:
+            err.append(line)
+            if "Tracing RoCE" in line:
+                attached.set()
+    err: list[str] = []
+    threads = [threading.Thread(target=f, daemon=True) for f in (read_out, read_err)]
+    for t in threads:
+        t.start()
+    try:
+        assert attached.wait(60), "".join(err)
+        t_start = time.time()
+        st = fabric.play([pair.ns_a] * nodes, pair.if_a, [cap], stretch=300.0, max_seconds=20, passes=1)
+        t_end = time.time()
+        assert st["sent"] == len(cap)
+        assert seen.wait(45), [(d.get("event"), d.get("id")) for d in lines]
+        w.send_signal(signal.SIGINT)
+        w.wait(timeout=30)
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+    for t in threads:
+        t.join(5)
+    assert w.returncode == 0, "".join(err)
+    assert lines[-1]["schema"] == E.STATS_SCHEMA and lines[-1]["event"] == "stats"
+    hd = [d for d in lines[:-1] if d["finding"]["kind"] == "hot_destination"]
+    assert hd[0]["event"] == "opened" and hd[0]["finding"]["entities"]["ips"][0] == hot
+    assert t_start - 1 <= hd[0]["time"] <= t_end + WINDOW + 10
+    res = [d for d in hd if d["event"] == "resolved"]
+    assert len(res) == 1 and res[0]["id"] == hd[0]["id"] and hd[-1] is res[0]
+    assert res[0]["time"] > t_end and res[0]["time"] - res[0]["last_seen"] >= HOLD
+    assert {d["id"] for d in hd} == {hd[0]["id"]}
+    assert any("detached" in x for x in err)
+    # nothing left attached on the observer's interface
+    link = VethPair.link(pair.ns_b, pair.if_b)
+    assert "xdp" not in link, link
