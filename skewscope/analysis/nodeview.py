@@ -53,6 +53,7 @@ from skewscope.analysis.fleet import BULK_MIN_MESSAGE
 from skewscope.analysis.intervals import merge_sorted
 from skewscope.analysis.timing import split_bursts
 from skewscope.core.errors import EXIT_USAGE, SkewscopeError
+from skewscope.core.snapshot import Snapshot
 
 #: a wait this many times the node's median forward latency starts a collective
 BOUNDARY_FACTOR = 4.0
@@ -211,13 +212,29 @@ def _lanes(ctx, send_f, recv_f):
     return [(send_f, recv_f)]
 
 
+def _times(ctx):
+    """(start, end) of every record in ns since the capture's first record start, as
+    float64: exact (Context.ev_start/ev_end are epoch ns in float64, a 256 ns grid at
+    today's epoch, and its packet-time estimate comes from them). start = first packet's
+    timestamp, end = last packet's: only this DPU's own timestamps."""
+    t = getattr(ctx, "_nodeview_times", None)
+    if t is None:
+        ev = ctx.events
+        st = ev["start_ts"].astype(np.int64)
+        base = int(st.min()) if len(st) else 0
+        t = ((st - base).astype(np.float64), (ev["end_ts"].astype(np.int64) - base).astype(np.float64))
+        ctx._nodeview_times = t
+    return t
+
+
 def _events_of(ctx, flows):
     m = np.zeros(len(ctx.flows), dtype=bool)
     m[flows] = True
     ok = ctx.ev_data.copy()
     ok[ok] &= m[ctx.ev_flow[ok]]
     idx = np.nonzero(ok)[0]
-    return ctx.ev_start[idx], ctx.ev_end[idx], ctx.ev_flow[idx]
+    st, en = _times(ctx)
+    return st[idx], en[idx], ctx.ev_flow[idx]
 
 
 def _iter_stats(its) -> dict:
@@ -451,3 +468,37 @@ def node_timing(snap, ip: str | None = None, samples: bool = False) -> dict | No
         for g in groups:
             g.pop("_samples", None)
     return {"node": ctx.nodes.ips[node], "node_source": how, "groups": groups}
+
+
+def view_of(snap, node: int) -> Snapshot:
+    """The Snapshot one DPU on node `node` (an index of context(snap).nodes) would have
+    taken: the flows with the node as an end and their message records (a flow-level
+    filter is the frame-level one: every frame of a flow has the flow's two ends)."""
+    ctx = context(snap)
+    keep = np.nonzero((ctx.nodes.src == node) | (ctx.nodes.dst == node))[0]
+    remap = np.full(len(ctx.flows) + 1, -1, dtype=np.int64)
+    remap[keep] = np.arange(len(keep))
+    ev = snap.events
+    f = ev["flow"].astype(np.int64)
+    ok = (f >= 0) & (f < len(ctx.flows))
+    ok[ok] &= remap[f[ok]] >= 0
+    sub = ev[ok].copy()
+    sub["flow"] = remap[f[ok]]
+    meta = dict(snap.meta, view=ctx.nodes.ips[node])
+    return Snapshot(snap.flows[keep], sub, snap.globals, meta)
+
+
+def per_node_timing(snap, ip: str | None = None, max_nodes: int = 64, samples: bool = False) -> list:
+    """node_timing for the node `ip`, or the inferred node; when there is none (a mirror
+    that sees several nodes), for each of the capture's nodes (up to max_nodes) on its own
+    sub-view (view_of), as if every node had its DPU. [] when nothing applies."""
+    ctx = context(snap)
+    if ip is not None or infer_node(ctx) is not None:
+        nt = node_timing(snap, ip, samples=samples)
+        return [nt] if nt is not None else []
+    out = []
+    for i in range(min(ctx.nodes.n, max_nodes)):
+        nt = node_timing(view_of(snap, i), ctx.nodes.ips[i], samples=samples)
+        if nt is not None and nt["groups"]:
+            out.append(nt)
+    return out

@@ -1,0 +1,239 @@
+"""Per-node timing from one DPU's own view (analysis.nodeview), against the generator's
+truth: per-node views (`gen --view`) of slow-shard / ring-straggler / rotating-straggler
+scenarios and variants (node counts 3..8, message sizes, lags, jitter, MTU); healthy ones
+show nothing outstanding; decode ITL = the truth's token period; the numbers do not move
+when every DPU's clock is off by its own offset (nothing compares two DPUs' clocks)."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from skewscope import gen as skewgen
+from skewscope.analysis.nodeview import NodeViewError, node_timing, per_node_timing
+from skewscope.outputs import metrics as M
+from skewscope.sources.offline import parse_file
+
+TPD = {"kind": "decode_tp", "layers": 8, "allreduces_per_layer": 2, "tokens": 5, "hidden": 8192,
+       "batch": 1, "dtype_bytes": 2, "compute_gap_us": 2000, "layer_compute_us": 10}
+
+
+def tp(nodes, lag, slow, mtu=4096, jitter=0.0, **kw):
+    sc = {"nodes": nodes, "mtu": mtu, "jitter": jitter, "workloads": [dict(TPD, **kw)]}
+    if lag:
+        sc["pathologies"] = [{"kind": "slow_tp_shard", "node": slow, "lag_us": lag}]
+    return sc
+
+
+def ring(nodes, lag, slow, size="2MiB", channels=1, rate=1.0, mtu=4096, jitter=0.01):
+    sc = {"nodes": nodes, "mtu": mtu, "iterations": 3, "period_ms": 3.0, "jitter": jitter,
+          "workloads": [{"kind": "ring_allreduce", "bytes": size, "channels": channels}]}
+    if lag:
+        sc["pathologies"] = [{"kind": "straggler", "node": slow, "rate_factor": rate, "start_lag_us": lag}]
+    return sc
+
+
+def views(tmp_path, scenario, seed=0, skew=0.0, samples=False):
+    """(capture, {ip: node_timing of that node's own view pcap, node inferred})."""
+    cap = skewgen.generate(scenario, seed=seed)
+    out = {}
+    for ip, v in cap.views(clock_skew_us=skew).items():
+        p = tmp_path / f"{ip}-{skew}.pcap"
+        v.write_pcap(str(p), snaplen=128)
+        nt = node_timing(parse_file(str(p)), samples=samples)
+        assert nt is not None and nt["node"] == ip and nt["node_source"] == "inferred"
+        out[ip] = nt
+    return cap, out
+
+
+def ring_group(nt):
+    gs = [g for g in nt["groups"] if g["role"] in ("ring", "tp_decode")]
+    assert len(gs) == 1, nt
+    return gs[0]
+
+
+def fwd_p50_us(nt):
+    return ring_group(nt)["forward_latency_s"]["p50"] * 1e6
+
+
+SLOW = [
+    ("tp-decode-slow-shard", 20.0, "tp_decode"),
+    (tp(3, 8, 1, mtu=1024, hidden=4096, batch=2), 8.0, "tp_decode"),
+    (tp(6, 12, 4, mtu=2048, jitter=0.05), 12.0, "tp_decode"),
+    (tp(8, 5, 0, hidden=2048), 5.0, "tp_decode"),
+    ("ring-straggler", 20.0, "ring"),
+    (ring(5, 30, 2, mtu=2048), 30.0, "ring"),
+    (ring(3, 15, 0, size="768KiB", channels=2), 15.0, "ring"),
+]
+
+
+@pytest.mark.parametrize("scenario, lag_us, role", SLOW)
+def test_the_slow_nodes_own_forward_latency_stands_out(tmp_path, scenario, lag_us, role):
+    cap, nts = views(tmp_path, scenario, seed=1)
+    path = cap.truth["pathologies"][0]
+    slow = path["entities"]["ips"][0]
+    members = cap.truth["groups"][0]["members"]
+    assert set(members) <= set(nts)
+    f = {ip: fwd_p50_us(nts[ip]) for ip in members}
+    others = [f[ip] for ip in members if ip != slow]
+    healthy = float(np.median(others))
+    for ip in members:
+        g = ring_group(nts[ip])
+        assert g["role"] == role, (ip, g["role"])
+        assert g["steps"] > 0 and g["forward_latency_s"]["count"] == g["steps"]
+    # the slow node: about the injected lag on top of the healthy forward latency
+    assert 0.8 * lag_us <= f[slow] <= lag_us + healthy + 2.5, (f[slow], lag_us, healthy)
+    assert f[slow] - max(others) >= 0.6 * lag_us, f
+    # its upstream's data is there before it sends: the most negative arrival offset
+    off = {ip: ring_group(nts[ip])["arrival_offset_s"] for ip in members}
+    for ip in members:
+        (up,) = off[ip].keys()
+        assert up != ip and up in members
+    p50 = {ip: next(iter(off[ip].values()))["p50"] for ip in members}
+    assert min(p50, key=p50.get) == slow and p50[slow] < -0.5 * lag_us * 1e-6, p50
+
+
+@pytest.mark.parametrize("scenario", ["tp-decode-healthy", "ring-healthy", tp(6, 0, 0, jitter=0.05),
+                                      ring(4, 0, 0, mtu=1024, jitter=0.03)])
+def test_healthy_nodes_show_nothing_outstanding(tmp_path, scenario):
+    cap, nts = views(tmp_path, scenario, seed=2)
+    members = cap.truth["groups"][0]["members"]
+    f = np.array([fwd_p50_us(nts[ip]) for ip in members])
+    assert f.max() <= 1.5 * np.median(f) + 1.0, f
+    off = np.array([next(iter(ring_group(nts[ip])["arrival_offset_s"].values()))["p50"] for ip in members])
+    assert np.ptp(off) * 1e6 <= 2.0 + 0.2 * np.median(np.abs(f)), off
+
+
+@pytest.mark.parametrize("scenario", ["tp-decode-slow-shard", tp(5, 0, 0, mtu=2048, jitter=0.05, tokens=7)])
+def test_decode_itl_and_tokens_per_s_from_each_nodes_own_view(tmp_path, scenario):
+    cap, nts = views(tmp_path, scenario, seed=3)
+    det = cap.truth["groups"][0]["details"]
+    starts = np.array(det["token_starts_ns"], dtype=np.float64)
+    d = np.diff(starts)
+    for ip in cap.truth["groups"][0]["members"]:
+        dec = ring_group(nts[ip])["decode"]
+        assert dec["tokens"] == len(starts)
+        # a token starts (on the wire) a hop after the model's token start: the spacing holds
+        assert dec["itl_p50_s"] == pytest.approx(np.percentile(d, 50) / 1e9, rel=0.01, abs=2e-6)
+        assert dec["itl_max_s"] == pytest.approx(d.max() / 1e9, rel=0.01, abs=2e-6)
+        assert dec["tokens_per_s"] == pytest.approx((len(starts) - 1) / ((starts[-1] - starts[0]) / 1e9), rel=0.01)
+
+
+def _numbers(x, path=""):
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from _numbers(v, f"{path}.{k}")
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            yield from _numbers(v, f"{path}[{i}]")
+    elif isinstance(x, float):
+        yield path, x
+
+
+def test_unsynchronised_clocks_change_nothing(tmp_path):
+    """Each DPU's clock off by its own offset (up to +-5 ms): every number is a difference
+    of one DPU's own timestamps, so none moves."""
+    sc = tp(4, 10, 1, jitter=0.02)
+    _, a = views(tmp_path, sc, seed=4)
+    cap, b = views(tmp_path, sc, seed=4, skew=5000.0)
+    offs = {v.truth["view"]["clock_offset_ns"] for v in cap.views(clock_skew_us=5000.0).values()}
+    assert len(offs) == 4 and max(abs(o) for o in offs) > 100_000
+    for ip in a:
+        na, nb = dict(_numbers(a[ip])), dict(_numbers(b[ip]))
+        assert na.keys() == nb.keys()
+        for k in na:
+            assert nb[k] == pytest.approx(na[k], rel=1e-9, abs=1e-12), (ip, k)
+
+
+def test_rotating_straggler_start_offsets_name_each_iterations_gate(tmp_path):
+    cap, nts = views(tmp_path, "ring-rotating-straggler", seed=0, samples=True)
+    pat = cap.truth["pathologies"][0]
+    lag_ns = cap.truth["scenario"]["pathologies"][0]["lag_us"] * 1e3
+    gates = pat["magnitude"]["gating_rank_per_iteration"]
+    for ip, nt in nts.items():
+        (so,) = ring_group(nt)["_samples"]["start_offset"].values()
+        late = int((np.asarray(so) < -0.5 * lag_ns).sum())
+        assert late == gates.count(ip), (ip, late, gates)
+
+
+def test_alltoall_offsets_per_upstream_peer(tmp_path):
+    cap, nts = views(tmp_path, "ep-decode-hot-expert", seed=0)
+    members = cap.truth["groups"][0]["members"]
+    tokens = len(cap.truth["groups"][0]["details"]["token_starts_ns"])
+    for ip in members:
+        (g,) = nt_groups = [x for x in nts[ip]["groups"] if x["role"] == "alltoall"]
+        assert nt_groups and sorted(g["arrival_offset_s"]) == sorted(m for m in members if m != ip)
+        assert g["iterations"] == tokens and g["decode"]["tokens"] == tokens
+        assert all(s["count"] >= tokens for s in g["arrival_offset_s"].values())
+        assert g["forward_latency_s"]["count"] == 0
+
+
+def test_kv_transfer_collectives_are_the_requests(tmp_path):
+    cap, nts = views(tmp_path, "pd-healthy", seed=0)
+    reqs = cap.truth["groups"][0]["details"]["requests"]
+    for ip, nt in nts.items():
+        (g,) = [x for x in nt["groups"] if x["role"] == "kv_transfer"]
+        mine = [r for r in reqs if ip in (r["prefill"], r["decode"])]
+        assert g["collectives"] == len(mine), (ip, g["collectives"], len(mine))
+
+
+def test_full_mirror_per_node_sub_views_equal_the_generators_views(tmp_path):
+    """A mirror that sees every node: per_node_timing on each node's sub-view = node_timing
+    on the generator's view of that node (same frames)."""
+    cap, nts = views(tmp_path, tp(4, 10, 2), seed=5)
+    p = tmp_path / "full.pcap"
+    cap.write_pcap(str(p), snaplen=128)
+    snap = parse_file(str(p))
+    assert node_timing(snap) is None      # no single node is an end of every flow
+    got = {nt["node"]: nt for nt in per_node_timing(snap)}
+    assert set(got) == set(nts)
+    for ip in nts:
+        assert dict(_numbers(got[ip]["groups"])) == pytest.approx(dict(_numbers(nts[ip]["groups"])))
+    with pytest.raises(NodeViewError):
+        node_timing(snap, "10.9.9.9")
+
+
+def _series(text):
+    s = {}
+    for fam in text_string_to_metric_families(text):
+        for x in fam.samples:
+            s[(x.name, frozenset(x.labels.items()))] = x.value
+    return s
+
+
+def test_export_histograms_of_a_view_and_report_json(tmp_path):
+    cap = skewgen.generate("tp-decode-slow-shard", seed=0)
+    slow = cap.truth["pathologies"][0]["entities"]["ips"][0]
+    v = tmp_path / "slow.pcap"
+    cap.view(slow).write_pcap(str(v), snaplen=128)
+    r = subprocess.run([sys.executable, "-m", "skewscope.cli", "report", str(v), "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    nt = json.loads(r.stdout)["node_timing"]
+    g = ring_group(nt)
+    assert nt["node"] == slow and g["role"] == "tp_decode"
+    r = subprocess.run([sys.executable, "-m", "skewscope.cli", "export", "--from", str(v), "--once",
+                        "--node", "dpu-slow"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    s = _series(r.stdout)
+    lab = {("node", "dpu-slow"), ("ip", slow), ("role", "tp_decode")}
+    fl = M.NODE_FORWARD_LATENCY.name
+    assert s[(fl + "_count", frozenset(lab))] == g["steps"]
+    assert s[(M.NODE_STEPS.name, frozenset(lab))] == g["steps"]
+    assert s[(M.NODE_ITERATIONS.name, frozenset(lab))] == g["iterations"]
+    # the bucket holding the JSON median is where the cumulative count crosses half
+    p50 = g["forward_latency_s"]["p50"]
+    cum = sorted((float(dict(k)["le"]), v) for (n, k), v in s.items() if n == fl + "_bucket")
+    below = max(c for le, c in cum if le < p50)
+    above = min(c for le, c in cum if le >= p50)
+    assert below <= g["steps"] / 2 <= above
+    (up,) = g["arrival_offset_s"]
+    ol = frozenset(lab | {("peer", up)})
+    assert s[(M.NODE_ARRIVAL_OFFSET.name + "_count", ol)] == g["arrival_offset_s"][up]["count"]
+    assert (M.NODE_ARRIVAL_OFFSET.name + "_sum", ol) not in s      # signed buckets: no _sum
+    r = subprocess.run([sys.executable, "-m", "skewscope.cli", "export", "--from", str(v), "--once",
+                        "--node-ip", "10.9.9.9"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "not an address of this capture" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
