@@ -258,7 +258,7 @@ def _ring(ctx, node, send_f, recv_f, up, down):
         si = np.searchsorted(its, ss, side="right") - 1
         ri = np.searchsorted(its, rs, side="right") - 1
         ks, kr = si >= 0, ri >= 0
-        ss, se, si, rs, re_, ri = ss[ks], se[ks], si[ks], rs[ks], re_[kr], ri[kr]
+        ss, se, si, rs, re_, ri = ss[ks], se[ks], si[ks], rs[kr], re_[kr], ri[kr]
         off, wait, step, al = ring_lane(ss, se, si.astype(np.int64), rs, re_, ri.astype(np.int64), len(its))
         lane_parts.append((ss, se, si, rs, re_, ri, off, wait, step, al))
         waits.append(wait[np.isfinite(wait)])
