@@ -208,10 +208,10 @@ class Fabric:
 
     def start_exporters(self, port: int = 9435, interval: float = 0.25, extra: tuple = (), log_dir=None,
                         xdp_mode: str = "generic") -> list[str]:
-        """per_node_dpu: run `skewscope export -i obs0 --listen <dpu_addr(i)>:port --node dpu<i>`
-        live in every DPU namespace (helper processes: stopped by teardown, detaching as they
-        exit). Output goes to log_dir/export-dpu<i>.log (else discarded). Returns the scrape
-        targets, DPU 0 first."""
+        """per_node_dpu: run `skewscope export -i obs0 --listen <dpu_addr(i)>:port --node dpu<i>
+        --node-ip <node_ip(i)>` live in every DPU namespace (helper processes: stopped by
+        teardown, detaching as they exit). Output goes to log_dir/export-dpu<i>.log (else
+        discarded). Returns the scrape targets, DPU 0 first."""
         if not self.per_node_dpu:
             raise FabricError("start_exporters() needs a fabric built with per_node_dpu=True")
         for i, dpu in enumerate(self.dpu_ns):
@@ -219,7 +219,7 @@ class Fabric:
             try:
                 self.spawn(["ip", "netns", "exec", dpu, sys.executable, "-m", "skewscope.cli", "export",
                             "-i", self.obs_if, "--listen", f"{self.dpu_addr(i)}:{port}", "--node", self.dpu_node(i),
-                            "--interval", f"{interval:g}", "--xdp-mode", xdp_mode, *extra],
+                            "--node-ip", self.node_ip(i), "--interval", f"{interval:g}", "--xdp-mode", xdp_mode, *extra],
                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             finally:
                 if log_dir:
