@@ -214,6 +214,49 @@ def _activity(snap, t0, t1, bins=TIME_BINS):
     return out
 
 
+def _group_flows(ctx, coll: dict, links_only: bool):
+    """(data-flow mask, member node indices) of a group: its links' flows (rings) or the data
+    flows with both ends among its members."""
+    pos = {ip: i for i, ip in enumerate(ctx.nodes.ips)}
+    members = [pos[m] for m in coll.get("members") or [] if m in pos]
+    n = max(1, ctx.nodes.n)
+    want = np.zeros(n * n, dtype=bool)
+    if links_only:
+        for lk in (coll.get("metrics") or {}).get("links") or []:
+            a, b = pos.get(lk["src"], -1), pos.get(lk["dst"], -1)
+            if a >= 0 and b >= 0:
+                want[a * n + b] = True
+    else:
+        mi = np.asarray(members, dtype=np.int64)
+        want.reshape(n, n)[np.ix_(mi, mi)] = True
+    return ctx.data & want[ctx.nodes.src * n + ctx.nodes.dst], members
+
+
+def _timeline(snap, coll: dict, tm: dict):
+    """{level name: instance start times (ns)} of the timing group: iterations/tokens and
+    collectives (analysis.timing.group_timing's bursts at both levels) and ring steps
+    (analysis.steps.ring_steps' step starts)."""
+    from skewscope.analysis.steps import ring_steps  # heavy (numba)
+    from skewscope.analysis.timing import group_timing  # heavy (numba)
+    ctx = _ctx(snap)
+    ring = coll.get("kind") == "ring_allreduce"
+    fm, members = _group_flows(ctx, coll, links_only=ring)
+    if not fm.any():
+        return {}
+    top = "token" if tm.get("workload") == "decode" and tm.get("token_interval_s") else "iteration"
+    _t, it = group_timing(ctx, fm, members=members)
+    _t, co = group_timing(ctx, fm, members=members, level="collective")
+    out = {top: it.get("bursts_start"), "collective": co.get("bursts_start")}
+    if ring and len(members) >= 3:
+        st = ring_steps(ctx, np.nonzero(fm)[0], members, it.get("bursts_start"))
+        if st is not None:
+            out["step"] = st["col_start_ns"]
+            cs = st["col_start_ns"][st["collective_start"]]
+            if len(cs) > len(st["iterations"]):   # the hierarchy's rule (analysis.steps.group_steps)
+                out["collective"] = cs
+    return {k: np.asarray(v, dtype=np.float64) for k, v in out.items() if v is not None and len(v)}
+
+
 def _step_lags(snap, coll: dict):
     """(member ips, lag matrix members x steps in seconds) of a ring group, from the analysis'
     own step matrix (analysis.steps.ring_steps over its ring links and its iterations /
@@ -221,19 +264,10 @@ def _step_lags(snap, coll: dict):
     from skewscope.analysis.steps import ring_steps  # heavy (numba)
     from skewscope.analysis.timing import group_timing  # heavy (numba)
     ctx = _ctx(snap)
-    gm = coll.get("metrics") or {}
-    pos = {ip: i for i, ip in enumerate(ctx.nodes.ips)}
-    links = {(pos.get(lk["src"], -1), pos.get(lk["dst"], -1)) for lk in gm.get("links") or []}
-    members = [pos[m] for m in coll["members"] if m in pos]
-    if coll.get("kind") != "ring_allreduce" or len(members) < 3 or not links:
+    if coll.get("kind") != "ring_allreduce" or len(coll.get("members") or []) < 3:
         return None
-    n = max(1, ctx.nodes.n)
-    want = np.zeros(n * n, dtype=bool)
-    for a, b in links:
-        if a >= 0 and b >= 0:
-            want[a * n + b] = True
-    fm = ctx.data & want[ctx.nodes.src * n + ctx.nodes.dst]
-    if not fm.any():
+    fm, members = _group_flows(ctx, coll, links_only=True)
+    if len(members) < 3 or not fm.any():
         return None
     _tm, tinfo = group_timing(ctx, fm, members=members)
     st = ring_steps(ctx, np.nonzero(fm)[0], members, tinfo.get("bursts_start"))
@@ -322,15 +356,29 @@ def fig_link_rates(Figure, title, labels, edges, series, t0):
     return fig
 
 
-def fig_timing(Figure, tm, activity, t0, t1):
-    fig = Figure(figsize=(10, 3.4))
-    a1, a2 = fig.subplots(2, 1, gridspec_kw={"height_ratios": [1.1, 1]})
+def fig_timing(Figure, tm, activity, t0, t1, timeline):
+    fig = Figure(figsize=(10, 4.6))
+    a1, a3, a2 = fig.subplots(3, 1, gridspec_kw={"height_ratios": [1.1, 0.9, 1]})
     x = np.linspace(0, (t1 - t0) / 1e6, len(activity) + 1)[:-1]
     a1.fill_between(x, activity, step="post", color=BASE, alpha=0.8, linewidth=0)
     a1.set_ylabel("all data")
     a1.yaxis.set_major_formatter(_si_formatter("bit/s"))
-    a1.set_xlabel("time since capture start (ms)")
     a1.set_title("activity over the capture")
+    a1.set_xlim(0, (t1 - t0) / 1e6)
+    # the timeline: one row per level, a tick at each instance's start
+    colors = {"step": "#8172b2", "collective": "#55a868", "iteration": "#c44e52", "token": "#c44e52"}
+    rows = [k for k in ("step", "collective", "iteration", "token") if k in timeline]
+    if rows:
+        a3.eventplot([(timeline[k] - t0) / 1e6 for k in rows], lineoffsets=range(len(rows)), linelengths=0.7,
+                     linewidths=[0.4 if k == "step" else 1.0 for k in rows], colors=[colors[k] for k in rows])
+        a3.set_yticks(range(len(rows)), [f"{k} ({len(timeline[k])})" for k in rows])
+        a3.set_ylim(-0.6, len(rows) - 0.4)
+    else:
+        a3.set_yticks([])
+        a3.text(0.01, 0.4, "no instances found", transform=a3.transAxes, fontsize=8)
+    a3.set_xlim(0, (t1 - t0) / 1e6)
+    a3.set_title("timeline: start of each step / collective / iteration or token (timing group)")
+    a3.set_xlabel("time since capture start (ms)")
     h = (tm or {}).get("hierarchy") or {}
     top = "token" if (tm or {}).get("workload") == "decode" and (tm or {}).get("token_interval_s") else "iteration"
     levels = [(n, h.get(k) or {}) for n, k in (("step", "step"), ("collective", "collective"), (top, "iteration"))]
@@ -339,7 +387,7 @@ def fig_timing(Figure, tm, activity, t0, t1):
         ys = np.arange(len(levels))
         per = [lv["period_s"] for _, lv in levels]
         jit = [lv.get("jitter_s") or 0.0 for _, lv in levels]
-        a2.barh(ys, per, xerr=jit, color=["#8172b2", "#55a868", "#c44e52"][:len(levels)], height=0.55)
+        a2.barh(ys, per, xerr=jit, color=[colors[n] for n, _ in levels], height=0.55)
         a2.set_xscale("log")
         a2.set_yticks(ys, [n for n, _ in levels])
         for y, (n, lv) in zip(ys, levels):
@@ -352,7 +400,7 @@ def fig_timing(Figure, tm, activity, t0, t1):
     else:
         a2.axis("off")
         a2.text(0.0, 0.5, "no periodic structure found (timing: none)", fontsize=9)
-    _margins(fig, 0.95, 0.45, right=1.6, hspace=0.9)
+    _margins(fig, 1.25, 0.45, right=1.6, hspace=1.1)
     return fig
 
 
@@ -725,7 +773,10 @@ def _render(Figure, snap, doc) -> str:
         parts.append("<p>" + _esc("; ".join(x.strip() for x in R.timing_lines(tm)) or
                                   f"period {_dur(tm.get('period_s'))}") + "</p>")
     if t1 > t0:
-        parts.append(_svg(fig_timing(Figure, tm, _activity(snap, t0, t1), t0, t1)))
+        tl = {}
+        if tm and isinstance(tm.get("group"), int) and 0 <= tm["group"] < len(colls):
+            tl = _timeline(snap, colls[tm["group"]], tm)
+        parts.append(_svg(fig_timing(Figure, tm, _activity(snap, t0, t1), t0, t1, tl)))
     # message sizes
     parts.append('<h2 id="sizes">Message sizes per group</h2>')
     hs = []

@@ -244,3 +244,15 @@ def test_cli_import_is_light():
     r = subprocess.run([PY, "-c", "import sys, skewscope.cli; print('matplotlib' in sys.modules)"],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.stdout.strip() == "False", r
+
+
+@pytest.mark.parametrize("case", ["tp-decode-slow-shard", "tp6-slow4"])
+def test_timeline_counts_are_the_truths(case, tmp_path_factory):
+    """The timeline draws one tick per token and per ring step: the generator's tokens and
+    steps per token (its slow_tp_shard magnitude)."""
+    truth, page = page_of(case, tmp_path_factory)
+    (p,) = [x for x in truth["pathologies"] if x["kind"] == "slow_tp_shard"]
+    mg = p["magnitude"]
+    tl = sections(page)["timing"]
+    assert f">token ({mg['tokens']})</text>" in tl, re.findall(r">(\w+ \(\d+\))</text>", tl)
+    assert f">step ({mg['tokens'] * mg['steps_per_token']})</text>" in tl, re.findall(r">(\w+ \(\d+\))</text>", tl)
