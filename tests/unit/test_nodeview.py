@@ -237,3 +237,44 @@ def test_export_histograms_of_a_view_and_report_json(tmp_path):
                         "--node-ip", "10.9.9.9"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "not an address of this capture" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_real_softroce_write_pair_is_a_one_way_transfer_from_both_ends():
+    """perftest ib_write_bw (README: 100 WRITEs of 64 KiB 10.77.0.1 -> 10.77.0.2, ACKs
+    back, no clear-to-send): one-way, so kv_transfer from either end, the same numbers."""
+    from frames import REAL_DATA
+    p = REAL_DATA / "softroce_write_pair__headers128.pcap"
+    if not p.exists():
+        pytest.skip(f"real capture missing: {p}")
+    snap = parse_file(str(p))
+    assert node_timing(snap) is None          # one pair: either end could be the DPU's node
+    a, b = node_timing(snap, "10.77.0.1"), node_timing(snap, "10.77.0.2")
+    (ga,), (gb,) = a["groups"], b["groups"]
+    assert ga["role"] == gb["role"] == "kv_transfer"
+    assert (ga["downstream"], ga["upstream"]) == (["10.77.0.2"], [])
+    assert (gb["upstream"], gb["downstream"]) == (["10.77.0.1"], [])
+    assert ga["mean_message_bytes"] == 65536.0
+    assert ga["collective_s"] == gb["collective_s"] and ga["collectives"] >= 1
+
+
+def test_live_reads_add_up_to_about_the_whole(tmp_path):
+    """The exporter's live path adds each read's node timing: two halves of a view give
+    the whole's steps except around the cut (one token at most)."""
+    from skewscope.outputs.exporter import Accumulator
+    cap = skewgen.generate("tp-decode-slow-shard", seed=0)
+    slow = cap.truth["pathologies"][0]["entities"]["ips"][0]
+    p = tmp_path / "v.pcap"
+    cap.view(slow).write_pcap(str(p), snaplen=128)
+    snap = parse_file(str(p))
+    whole = ring_group(node_timing(snap))
+    ev = snap.events
+    cut = (ev["start_ts"].min() + ev["start_ts"].max()) // 2
+    acc = Accumulator()
+    for part in (ev[ev["start_ts"] < cut], ev[ev["start_ts"] >= cut]):
+        acc.add(snap.flows, part, cum_flows=snap.flows)
+    rows = {(spec.name, key): v for spec, key, v in acc.timing.rows()}
+    steps = rows[(M.NODE_STEPS.name, (slow, "tp_decode"))]
+    per_token = whole["steps"] / whole["iterations"]
+    assert whole["steps"] - per_token <= steps <= whole["steps"]
+    buckets, _ = rows[(M.NODE_FORWARD_LATENCY.name, (slow, "tp_decode"))]
+    assert buckets[-1][1] == steps
