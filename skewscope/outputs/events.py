@@ -420,11 +420,11 @@ class Webhook:
             err, wait, first_drop = None, self.backoff, False
             for attempt in range(1 + self.retries):
                 if attempt:
-                    with self._lock:
-                        self.retried += 1
                     if self._stop.wait(min(wait, self.max_backoff)):
                         break
                     wait *= 2
+                    with self._lock:
+                        self.retried += 1
                 err = self._send_once(body)
                 if err is None:
                     break
