@@ -7,7 +7,8 @@ fresh network namespace: `unshare --net`), and
   script error and a missing image proves the check sees both;
 * the DOM after load has the pictures (an <svg> in every section and in each drawn finding);
 * the page names the preset's injected entity (generator truth) in a finding;
-* a screenshot (1400 x 2000) is a valid PNG that is not blank.
+* a screenshot (1400 x 2000) is a valid PNG that is not blank;
+* it prints (--print-to-pdf) to a multi-page PDF.
 
 Chromium runs with --headless --disable-gpu --no-sandbox and a temporary --user-data-dir."""
 from __future__ import annotations
@@ -139,3 +140,16 @@ def test_screenshot(name, chromium, pages, tmp_path):
     # the highlight colour of the hot/slow entity is on screen
     red = sum(n for n, c in hist if c[0] > 150 and c[1] < 80 and c[2] < 80)
     assert red > 200, red
+
+
+def test_prints(chromium, pages, tmp_path):
+    """Printable: Chromium's print to PDF gives a multi-page PDF, with no console message."""
+    _, page = pages["moe-hot-expert"]
+    pdf = tmp_path / "moe.pdf"
+    r = browse(chromium, page, tmp_path, f"--print-to-pdf={pdf}", "--no-pdf-header-footer")
+    assert r.returncode == 0 and pdf.exists(), r.stderr[-2000:]
+    assert console(r.stderr) == []
+    data = pdf.read_bytes()
+    assert data.startswith(b"%PDF-")
+    pages_n = len(re.findall(rb"/Type\s*/Page(?!s)", data))
+    assert pages_n >= 2, pages_n
