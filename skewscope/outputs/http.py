@@ -38,7 +38,9 @@ import hmac
 import ipaddress
 import json
 import math
+import os
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -52,6 +54,8 @@ from skewscope.sources.live import Window
 API_VERSION = 1
 DEFAULT_EVERY = 5          # live: analyse the window every K reads
 DEFAULT_WINDOW_S = 10.0    # live: the analysed window (s)
+ANALYSIS_NICE = 10         # the analysis thread's nice value (Linux: per thread)
+REQUEST_TIMEOUT_S = 30.0   # a client that sends nothing for this long is dropped
 JSON_TYPE = "application/json"
 PATHS = ("/metrics", "/v1/findings", "/v1/load")
 
@@ -149,6 +153,10 @@ class Analyst:
         return t
 
     def _run(self, snap, wall_end) -> None:
+        try:  # this thread only: below the data-plane reader and the HTTP threads
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), ANALYSIS_NICE)
+        except (OSError, AttributeError):
+            pass
         try:
             from skewscope.analysis import analyze  # heavy (numba): the analysis thread only
             t0 = time.monotonic()
@@ -248,6 +256,14 @@ class Server(ThreadingHTTPServer):
         self.open_metrics = bool(open_metrics)
         super().__init__((addr, port), Handler)
 
+    def handle_error(self, request, client_address):
+        """A client that went away is not an error; anything else is one line, no traceback."""
+        e = sys.exc_info()[1]
+        if isinstance(e, (ConnectionError, TimeoutError)):
+            return
+        print(f"skewscope export: HTTP request from {client_address[0]} failed: {type(e).__name__}: {e}",
+              file=sys.stderr)
+
     def start(self) -> threading.Thread:
         t = threading.Thread(target=self.serve_forever, name="skewscope-http", daemon=True)
         t.start()
@@ -261,6 +277,7 @@ class Server(ThreadingHTTPServer):
 class Handler(BaseHTTPRequestHandler):
     server_version = "skewscope"
     protocol_version = "HTTP/1.1"
+    timeout = REQUEST_TIMEOUT_S
 
     def log_message(self, fmt, *args):  # no access log on stderr
         pass

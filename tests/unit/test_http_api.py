@@ -291,3 +291,24 @@ def test_bad_token_file_is_one_line(tmp_path, content, msg):
     assert r.returncode == 2 and "nope" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "Traceback" not in r.stderr
 
+
+
+def test_idle_and_broken_clients_do_not_block_or_print_tracebacks(servers):
+    url, _, _, err = servers["tp-decode-slow-shard"]
+    host, port = url[len("http://"):].rsplit(":", 1)
+    idle = socket.create_connection((host, int(port)), timeout=5)          # says nothing
+    half = socket.create_connection((host, int(port)), timeout=5)
+    half.sendall(b"GET /metr")                                              # and goes away
+    half.close()
+    rst = socket.create_connection((host, int(port)), timeout=5)
+    rst.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    rst.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    rst.close()                                                              # reset mid-answer
+    try:
+        for _ in range(3):
+            assert get(url + "/metrics")[0] == 200
+    finally:
+        idle.close()
+    time.sleep(0.5)
+    err.seek(0)
+    assert "Traceback" not in err.read()
