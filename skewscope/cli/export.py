@@ -66,7 +66,7 @@ Exit codes: 0 ok (--once, or Ctrl-C); 2 usage; 3 unreadable --from FILE or canno
               show_default=True, metavar="S", help="live: seconds of traffic each analysis covers")
 @click.option("--no-analysis", is_flag=True, help="serve /metrics only (/v1/* answer 503)")
 @click.option("--node-ip", metavar="IP", help="the IP of the node this DPU watches (its per-node timing series, "
-              "label ip); default: the IP that is an end of every data flow, else every node seen (a mirror)")
+              "label ip); default: the IP that is an end of every data flow, else (--from FILE only) every node seen")
 @friendly_errors
 def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, xdp_mode, direction, max_flows,
            once, token_file, open_metrics, analysis_every, analysis_window, no_analysis, node_ip):
