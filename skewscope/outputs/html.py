@@ -151,8 +151,9 @@ def _matrices(snap):
 
 
 def _aggregate(ips, m, rate, top=MATRIX_TOP):
-    """The busiest `top` nodes (bytes in + out) one by one, the rest as one "other (k)" node;
-    the aggregated rate is the bytes-weighted mean of its links' rates."""
+    """The busiest `top` nodes (bytes in + out) one by one, the rest as one "other (k)" node
+    whose cells are the mean bytes per node pair carrying data (comparable with the other
+    cells) and the bytes-weighted mean of its links' rates."""
     n = len(ips)
     if n <= top + 1:
         return ips, m, rate, np.arange(n)
@@ -164,6 +165,13 @@ def _aggregate(ips, m, rate, top=MATRIX_TOP):
     k = top + 1
     mb = np.zeros((k, k))
     np.add.at(mb, (grp[:, None], grp[None, :]), m)
+    # an "other" cell is the mean over its node pairs that carry data (a sum over 40 x 40
+    # pairs would own the colour scale and wash every real cell out)
+    cnt = np.zeros((k, k))
+    np.add.at(cnt, (grp[:, None], grp[None, :]), (m > 0).astype(np.float64))
+    agg = np.zeros((k, k), dtype=bool)
+    agg[top, :] = agg[:, top] = True
+    mb = np.where(agg & (cnt > 0), mb / np.maximum(cnt, 1), mb)
     w = np.where(np.isfinite(rate), m, 0.0)
     rw = np.zeros((k, k))
     np.add.at(rw, (grp[:, None], grp[None, :]), np.where(np.isfinite(rate), rate, 0.0) * w)
@@ -171,7 +179,7 @@ def _aggregate(ips, m, rate, top=MATRIX_TOP):
     np.add.at(ws, (grp[:, None], grp[None, :]), w)
     with np.errstate(invalid="ignore", divide="ignore"):
         rb = np.where(ws > 0, rw / ws, np.nan)
-    names = [ips[i] for i in keep] + [f"other ({len(rest)})"]
+    names = [ips[i] for i in keep] + [f"other ({len(rest)})"]      # cells: mean per node pair
     return names, mb, rb, keep
 
 
@@ -430,7 +438,12 @@ def fig_hists(Figure, groups):
 def _bars(ax, labels, values, hot=(), ylabel="", fmt=None):
     cols = [HOT if lab in hot else BASE for lab in labels]
     ax.bar(range(len(values)), values, color=cols)
-    ax.set_xticks(range(len(labels)), labels, rotation=60 if len(labels) > 4 else 0, fontsize=7)
+    if len(labels) > 24:          # too many to read: label the highlighted ones only
+        idx = [i for i, lab in enumerate(labels) if lab in hot]
+        ax.set_xticks(idx, [labels[i] for i in idx], fontsize=7, color=HOT)
+        ax.set_xlabel(f"{len(labels)} members")
+    else:
+        ax.set_xticks(range(len(labels)), labels, rotation=60 if len(labels) > 4 else 0, fontsize=7)
     ax.set_ylabel(ylabel)
     if fmt:
         ax.yaxis.set_major_formatter(fmt)
@@ -729,8 +742,8 @@ def _render(Figure, snap, doc) -> str:
         col = mb.sum(0)
         hot, why = _hot_destination(doc, ips, col)
         share = float(col[ips.index(hot)] / col.sum()) if hot in ips else float(col.max() / col.sum())
-        note = (f", the {len(names) - 1} busiest drawn, the other {len(ips) - len(names) + 1} summed as one"
-                if len(names) < len(ips) else "")
+        note = (f", the {len(names) - 1} busiest drawn, the other {len(ips) - len(names) + 1} as one row and "
+                "column (\"other\": mean bytes per node pair, bytes-weighted mean rate)" if len(names) < len(ips) else "")
         parts.append(f"<p>{len(ips)} nodes{note}. "
                      + (f'Hot destination: <b style="color:{HOT}">{_esc(hot)}</b> ({_esc(why)}; '
                         f"{100 * share:.1f}% of the data bytes, fair share "

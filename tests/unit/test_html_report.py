@@ -136,7 +136,7 @@ def test_matrix_aggregates_many_nodes(tmp_path):
     H.write(str(out), snap, analyze(snap))
     sec = sections(out.read_text())
     m = sec["matrix"]
-    assert "72 nodes, the 32 busiest drawn, the other 40 summed as one" in m, m[:300]
+    assert "72 nodes, the 32 busiest drawn, the other 40 as one row and column" in m, m[:300]
     assert ">other (40)</text>" in m
     assert re.search(rf"Hot destination: <b[^>]*>{re.escape(ip)}</b>", m)
     assert f">{ip}</text>" in m                      # the hot node is one of the 32 drawn
