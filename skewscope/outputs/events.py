@@ -38,7 +38,8 @@ EVENTS = ("opened", "updated", "resolved")
 #: change between analyses of the same condition without making it a new one.
 KEY_IPS: dict[str, int | None] = {
     "alltoall_destination_skew": 1,   # the hot destination
-    "hot_destination": None,          # the hot node(s) (a drifting one: every window's)
+    "hot_destination": 1,             # the hot node (a drifting one: the most observed; a short live
+                                      # window that sees part of a drift must keep the same id)
     "incast": 1,                      # the destination
     "ring_straggler": 2,              # the sender, its successor
     "straggler": 1,
