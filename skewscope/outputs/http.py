@@ -229,7 +229,7 @@ def load_vectors(a: dict, duration_s: float) -> dict:
             a2a.append({"group": gi, "members": mem, "workload": m.get("workload"), "destinations": dests,
                         "hot_destination": m.get("hot_destination"),
                         "max_over_mean": (m.get("dest_skew") or {}).get("max_over_mean")})
-        else:
+        elif c["kind"] in ("ring_allreduce", "tree_allreduce"):
             lag = m.get("start_lag_s") or (m.get("decode") or {}).get("member_start_lag_s")
             if not lag:
                 continue
