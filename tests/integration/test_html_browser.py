@@ -8,7 +8,9 @@ fresh network namespace: `unshare --net`), and
 * the DOM after load has the pictures (an <svg> in every section and in each drawn finding);
 * the page names the preset's injected entity (generator truth) in a finding;
 * a screenshot (1400 x 2000) is a valid PNG that is not blank;
-* it prints (--print-to-pdf) to a multi-page PDF.
+* it prints (--print-to-pdf) to a multi-page PDF;
+* `capture --html` on a veth pair with the preset's frames sent through it writes a page
+  naming the hot expert.
 
 Chromium runs with --headless --disable-gpu --no-sandbox and a temporary --user-data-dir."""
 from __future__ import annotations
@@ -16,8 +18,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -153,3 +158,52 @@ def test_prints(chromium, pages, tmp_path):
     assert data.startswith(b"%PDF-")
     pages_n = len(re.findall(rb"/Type\s*/Page(?!s)", data))
     assert pages_n >= 2, pages_n
+
+
+def test_capture_html_live(netns_pair, chromium, tmp_path):
+    """`capture --html` on a real interface: the generator's moe-hot-expert frames sent over
+    a veth pair (bounded: the preset's frames once, 30 s at most), captured by XDP at the
+    other end and ended by Ctrl-C; the page names the truth's hot expert and loads without a
+    console message."""
+    p = netns_pair
+    for side in "ab":
+        p.run(side, "ip", "link", "set", p.ifname(side), "mtu", "9000")   # IB MTU 4096 frames
+    truth = skewgen.generate("moe-hot-expert").truth
+    (hot,) = [x for x in truth["pathologies"] if x["kind"] == "hot_expert"][0]["entities"]["ips"]
+    skewscope = str(Path(sys.executable).with_name("skewscope"))
+    snap, page = tmp_path / "live.snap", tmp_path / "live.html"
+    cap = subprocess.Popen(["ip", "netns", "exec", p.ns_b, skewscope, "capture", "-i", p.if_b, "-d", "120",
+                            "-o", str(snap), "--html", str(page), "-q"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    lines: list[str] = []
+    attached = threading.Event()
+
+    def reader():
+        for ln in cap.stderr:
+            lines.append(ln)
+            if ln.startswith("Capturing RoCE"):
+                attached.set()
+    th = threading.Thread(target=reader, daemon=True)
+    th.start()
+    try:
+        assert attached.wait(120), "".join(lines)
+        r = subprocess.run([sys.executable, "-m", "skewscope.gen", "moe-hot-expert", "--send", p.if_a, "--netns",
+                            p.ns_a, "--rate", "20000", "--max-seconds", "30"], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        time.sleep(1.0)
+        cap.send_signal(signal.SIGINT)     # Ctrl-C: the capture ends early, saves, writes the page
+        cap.wait(timeout=180)
+        th.join(timeout=10)
+    finally:
+        if cap.poll() is None:
+            cap.kill()
+            cap.wait()
+    err = "".join(lines)
+    assert cap.returncode == 0, err
+    assert re.search(r"^wrote .*live\.html \(\d+ KiB\)$", err, re.M), err
+    text = page.read_text()
+    assert re.search(rf"Hot destination: <b[^>]*>{re.escape(hot)}</b>", text), text[:2000]
+    rb = browse(chromium, page, tmp_path, "--dump-dom")
+    assert rb.returncode == 0 and console(rb.stderr) == []
+    assert "<svg" in rb.stdout
