@@ -725,9 +725,12 @@ def _render(Figure, snap, doc) -> str:
             per_kind[f["kind"]] = per_kind.get(f["kind"], 0) + 1
             if drawn_f < FINDINGS_DRAWN and per_kind[f["kind"]] <= DRAWN_PER_KIND:
                 drawn_f += 1
-                fig = fig_finding(Figure, f, doc, snap)
-                if fig is not None:
-                    card.append(_svg(fig))
+                try:
+                    fig = fig_finding(Figure, f, doc, snap)
+                    if fig is not None:
+                        card.append(_svg(fig))
+                except Exception as e:   # an evidence shape we do not know: the page still stands
+                    card.append(f'<p class="sub">evidence not drawn ({_esc(type(e).__name__)}: {_esc(e)})</p>')
             scal = [(kk, vv) for kk, vv in _flat(ev)]
             if scal:
                 card.append("<details><summary>evidence</summary>" + _table(scal[:60], ("evidence", "value"))
