@@ -46,7 +46,10 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "docs" / "prometheus"
 SCRAPE_S = 1.0
 FPS = 4000                  # frames/s the whole fabric sends (sets the time stretch)
-EXPORT_INTERVAL = 0.25
+#: the exporters' read interval. Live per-node timing is measured per read interval, so an
+#: interval must hold several tokens / ring steps: the stretch (~160x for the TP decode)
+#: makes a token ~1 s long here, where a real one is a few ms (and 1 s holds hundreds)
+EXPORT_INTERVAL = 3.0
 
 
 def _variant(preset: str, **changes) -> dict:
@@ -204,11 +207,15 @@ def fleet(request, tmp_path_factory):
                    for r in prom.query("sum by (node) (skewscope_peer_packets_total)")}
             return got if all(got.get(fab.dpu_node(i)) == v["frames"] for i, v in enumerate(views)) else None
         try:
-            wait_until(settled, 30, "per-DPU packet totals = the generator's frames from or to each node")
+            # generous: the exporters' first analysis of traffic may compile numba kernels
+            # (a fresh checkout), and a scrape that waits for it times out meanwhile
+            wait_until(settled, 150, "per-DPU packet totals = the generator's frames from or to each node")
         except AssertionError as e:
             got = prom.query("sum by (node) (skewscope_peer_packets_total)")
+            health = [(t["scrapeUrl"], t["health"], t["lastError"])
+                      for t in http_json(prom.url + "/api/v1/targets")["data"]["activeTargets"]]
             raise AssertionError(f"{e}; got {[(r['metric']['node'], r['value'][1]) for r in got]}, "
-                                 f"want {[v['frames'] for v in views]}") from None
+                                 f"want {[v['frames'] for v in views]}; targets {health}") from None
         time.sleep(EXPORT_INTERVAL + 2 * SCRAPE_S)   # the timing series of the same last read, rules evaluated
         doc = cluster(prom.url, "--window", "all")
         if os.environ.get("SSN_DUMP"):
