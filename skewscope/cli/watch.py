@@ -172,8 +172,8 @@ def _from_file(path, em: Emitter, hold: float, drain_s: float) -> int:
     return code
 
 
-def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, interval, window, hold, duration,
-          em: Emitter, drain_s: float) -> int:
+def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, interval, window, tr: E.Tracker,
+          duration, em: Emitter, drain_s: float) -> int:
     analyze = load_analyze()
     if analyze is None:
         fail("the analysis package is not importable (numba missing?)", EXIT_NOT_RUN)
@@ -181,7 +181,6 @@ def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach,
                        sample_n=sample_n, max_flows=max_flows, on_stale=_stale_policy(force_detach), source="live")
     runner = AnalysisRunner(analyze)
     win = Window(window)
-    tr = E.Tracker(hold=hold, source=em.source)
     code = 0
     pending = {"wall": None, "span": 0.0}
     seen_when = 0.0
@@ -221,8 +220,7 @@ def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach,
     return code
 
 
-def _prometheus(url, interval, window, hold, duration, timeout, em: Emitter, drain_s: float) -> int:
-    tr = E.Tracker(hold=hold, source=em.source)
+def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emitter, drain_s: float) -> int:
     stop = threading.Event()
     got = {"sig": 0}
 
@@ -280,6 +278,8 @@ def _prometheus(url, interval, window, hold, duration, timeout, em: Emitter, dra
               help="seconds of traffic each analysis covers (live default 10; --prometheus default 60)")
 @click.option("--hold", type=click.FloatRange(0, 86400), default=30.0, show_default=True, metavar="S",
               help="a finding absent from the analyses for S seconds is `resolved`")
+@click.option("--confirm", type=click.IntRange(1, 1000), default=2, show_default=True, metavar="N",
+              help="live/--prometheus: an update needs the change in N consecutive analyses")
 @click.option("--duration", type=Duration(), default=None, help="live/--prometheus: stop after this long")
 @click.option("--webhook-timeout", type=click.FloatRange(0.1, 600), default=5.0, show_default=True, metavar="S",
               help="seconds per POST")
@@ -300,7 +300,7 @@ def _prometheus(url, interval, window, hold, duration, timeout, em: Emitter, dra
 @click.option("--max-flows", type=click.IntRange(16, 1 << 24), default=65536, show_default=True)
 @click.option("--force-detach", is_flag=True, help="live: remove a stale skewscope program left on IFACE")
 @friendly_errors
-def watch(iface, from_file, prom, as_json, webhooks, token_file, interval, window, hold, duration, webhook_timeout,
+def watch(iface, from_file, prom, as_json, webhooks, token_file, interval, window, hold, confirm, duration, webhook_timeout,
           webhook_retries, webhook_queue, drain_s, timeout, use_tc, direction, xdp_mode, sample_n, max_flows,
           force_detach):
     """Finding events for controllers and schedulers: each finding `opened`, `updated`
@@ -324,7 +324,8 @@ def watch(iface, from_file, prom, as_json, webhooks, token_file, interval, windo
         code = _from_file(from_file, em, hold, drain_s)
     elif iface:
         code = _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, interval or 1.0,
-                     window or 10.0, hold, duration, em, drain_s)
+                     window or 10.0, E.Tracker(hold=hold, source=source, confirm=confirm), duration, em, drain_s)
     else:
-        code = _prometheus(prom, interval or 15.0, window or 60.0, hold, duration, timeout, em, drain_s)
+        code = _prometheus(prom, interval or 15.0, window or 60.0, E.Tracker(hold=hold, source=source, confirm=confirm),
+                           duration, timeout, em, drain_s)
     sys.exit(code)

@@ -262,16 +262,18 @@ class Tracker:
 
     update(findings, now, seen=None) at each analysis time (a live interval, the one-shot
     file): a new id -> `opened`; a known id whose severity changed or whose headline evidence
-    moved > `change` (relative) since its last event -> `updated` (with "change": why); an
+    moved > `change` (relative) since its last event, in `confirm` consecutive analyses
+    (1: at once; 2 keeps a sliding window's one-analysis flicker quiet) -> `updated` (with
+    "change": why, from the latest analysis); an
     id absent from the analyses for >= `hold` seconds since it was last seen -> `resolved`
     (the last finding object). `seen` = (first, last) source times of the analysed data (a
     file's capture times); default now. Events are returned in a stable order (resolved,
     opened, updated; then id)."""
 
-    def __init__(self, hold: float = 30.0, change: float = 0.25, source: str | None = None):
-        if hold < 0 or change <= 0:
-            raise ValueError("hold must be >= 0 and change > 0")
-        self.hold, self.change, self.source = float(hold), float(change), source
+    def __init__(self, hold: float = 30.0, change: float = 0.25, source: str | None = None, confirm: int = 1):
+        if hold < 0 or change <= 0 or confirm < 1:
+            raise ValueError("hold must be >= 0, change > 0 and confirm >= 1")
+        self.hold, self.change, self.source, self.confirm = float(hold), float(change), source, int(confirm)
         self.open: dict[str, dict] = {}   # id -> {"obj", "emitted", "first_seen", "last_seen"}
 
     def update(self, findings, now: float, seen: tuple[float, float] | None = None) -> list[dict]:
@@ -288,13 +290,14 @@ class Tracker:
             o = cur[fid]
             st = self.open.get(fid)
             if st is None:
-                self.open[fid] = {"obj": o, "emitted": o, "first_seen": first, "last_seen": last}
+                self.open[fid] = {"obj": o, "emitted": o, "first_seen": first, "last_seen": last, "pending": 0}
                 opened.append(event("opened", o, first, last, now, self.source))
                 continue
             st["obj"], st["last_seen"] = o, max(st["last_seen"], last)
             why = material_change(st["emitted"], o, self.change)
-            if why:
-                st["emitted"] = o
+            st["pending"] = st["pending"] + 1 if why else 0
+            if why and st["pending"] >= self.confirm:
+                st["emitted"], st["pending"] = o, 0
                 e = event("updated", o, st["first_seen"], st["last_seen"], now, self.source)
                 e["change"] = why
                 updated.append(e)

@@ -279,3 +279,18 @@ def test_webhook_url_checks():
         with pytest.raises(E.WebhookURLError):
             E.check_webhook_url(bad)
     assert E.check_webhook_url("https://ctl.example:8443/hook") == "https://ctl.example:8443/hook"
+
+
+def test_tracker_confirm_keeps_one_analysis_flicker_quiet():
+    _, a = analysis("tp-decode-slow-shard")
+    f = of_kind(a["findings"], "slow_tp_shard")[0]
+    g = copy.deepcopy(f)
+    g["severity"] = "warning" if f["severity"] == "critical" else "critical"
+    tr = E.Tracker(hold=5, confirm=2)
+    assert [e["event"] for e in tr.update([f], now=1.0)] == ["opened"]
+    assert tr.update([g], now=2.0) == []              # one analysis of the other severity
+    assert tr.update([f], now=3.0) == []              # back: nothing was announced
+    assert tr.update([g], now=4.0) == []
+    ev = tr.update([g], now=5.0)                      # the second in a row: announced once
+    assert [e["event"] for e in ev] == ["updated"] and ev[0]["finding"]["severity"] == g["severity"]
+    assert tr.update([g], now=6.0) == []
