@@ -39,7 +39,14 @@ import numpy as np
 
 from skewscope.analysis.collectives import KINDS as COLLECTIVE_KINDS
 from skewscope.analysis.collectives import discover, size_hints
-from skewscope.analysis.congestion import flow_congestion, link_speed_bps, node_stalls, pfc_summary
+from skewscope.analysis.congestion import (
+    congestion_columns,
+    congestion_table,
+    flow_congestion,
+    link_speed_bps,
+    node_stalls,
+    pfc_summary,
+)
 from skewscope.analysis.context import Context, context
 from skewscope.analysis.detectors.evidence import GroupEvidence
 from skewscope.analysis.findings import (
@@ -198,7 +205,7 @@ def _extra(ctx, th):
         senders.setdefault(int(ctx.nodes.dst[f]), set()).add(int(ctx.nodes.src[f]))
     link_gbps = th["pfc_pause"].get("link_gbps") or None
     return {"incast": inc, "incast_senders": {k: sorted(v) for k, v in senders.items()},
-            "congestion": flow_congestion(ctx), "pfc": pfc_summary(ctx, link_gbps), "stalls": node_stalls(ctx)}
+            "congestion": congestion_columns(ctx), "pfc": pfc_summary(ctx, link_gbps), "stalls": node_stalls(ctx)}
 
 
 def analyze(snap, thresholds=None, checks=None) -> dict:
@@ -259,7 +266,7 @@ def live_metrics(snap, thresholds=None, records: bool = False) -> dict:
     th = resolve_thresholds(thresholds)
     ctx = context(snap)
     ips, mat = node_matrix(ctx)
-    cg = flow_congestion(ctx, active_time=records)
+    cg, cgc = congestion_table(ctx, active_time=records)   # + the same table as columns (detectors)
     out_b, in_b = mat.sum(axis=1), mat.sum(axis=0)
     n = ctx.nodes.n
     if records:
@@ -270,7 +277,7 @@ def live_metrics(snap, thresholds=None, records: bool = False) -> dict:
     gbps = th["pfc_pause"].get("link_gbps") or None
     extra = {"congestion": cg, "pfc": pfc_summary(ctx, gbps) if (records or gbps) else _pfc_counts(ctx),
              "stalls": stalls}
-    findings = live_findings(ctx, th, cg, extra["pfc"], stalls)   # the detectors registered live=True
+    findings = live_findings(ctx, th, cgc, extra["pfc"], stalls)  # the detectors registered live=True
     res = {"roles": ctx.roles, "partner": ctx.partner, "ips": ips, "matrix": mat,
            "links": link_counters(ctx),
            "dest_volume_skew": skew_stats(in_b[in_b > 0]), "source_volume_skew": skew_stats(out_b[out_b > 0]),

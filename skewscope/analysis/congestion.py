@@ -37,23 +37,31 @@ def flow_congestion(snap, active_time: bool = True) -> np.ndarray:
     """Per-flow congestion/loss indicators (CONG_DTYPE), counters scaled by the sampling
     denominator. active_time=False: CNP rates over the flow's first..last span (no message
     records needed: the live view's per-interval work)."""
+    return congestion_table(snap, active_time)[0]
+
+
+def congestion_columns(snap, active_time: bool = True) -> dict:
+    """flow_congestion as {field: float64 array} (what the detectors index: a field of the
+    structured array is a view made anew at every access, slow to index flow by flow)."""
+    return congestion_table(snap, active_time)[1]
+
+
+def congestion_table(snap, active_time):
+    """(CONG_DTYPE array, {field: column view of it}): one table, no copy."""
     ctx = context(snap)
     fl = ctx.cols
     n = len(ctx.flows)
-    out = np.zeros(n, dtype=CONG_DTYPE)
-    if n == 0:
-        return out
-    part = ctx.partner
-    busy = ctx.fstat["busy_ns"] if active_time else np.zeros(n)
-    op = fl["op"]
-    req = op[:, L.OPC_SEND] + op[:, L.OPC_WRITE] + op[:, L.OPC_READ_REQ] + op[:, L.OPC_ATOMIC]
-    cols = np.zeros((len(CONG_DTYPE.names), n))
-    _cong_kernel(fl["ce"], fl["ecn_capable"], fl["packets"], fl["cnp"], fl["first_ts"], fl["last_ts"], part, busy,
-                 fl["psn_gaps"], fl["psn_skipped"], fl["retransmissions"], req, fl["nak_seq"], fl["nak_rnr"],
-                 fl["nak_other"], float(ctx.scale), ctx.duration_ns / 1e9, cols)
-    for k, name in enumerate(CONG_DTYPE.names):
-        out[name] = cols[k]
-    return out
+    nc = len(CONG_DTYPE.names)
+    tab = np.zeros((n, nc))
+    if n:
+        part = ctx.partner
+        busy = ctx.fstat["busy_ns"] if active_time else np.zeros(n)
+        op = fl["op"]
+        req = op[:, L.OPC_SEND] + op[:, L.OPC_WRITE] + op[:, L.OPC_READ_REQ] + op[:, L.OPC_ATOMIC]
+        _cong_kernel(fl["ce"], fl["ecn_capable"], fl["packets"], fl["cnp"], fl["first_ts"], fl["last_ts"], part, busy,
+                     fl["psn_gaps"], fl["psn_skipped"], fl["retransmissions"], req, fl["nak_seq"], fl["nak_rnr"],
+                     fl["nak_other"], float(ctx.scale), ctx.duration_ns / 1e9, tab)
+    return tab.view(CONG_DTYPE).reshape(n), {name: tab[:, k] for k, name in enumerate(CONG_DTYPE.names)}
 
 
 @njit(cache=True, nogil=True)
@@ -62,28 +70,28 @@ def _cong_kernel(ce, ect, pk, cnp, first, last, part, busy, gaps, skipped, retx,
     for i in range(n):
         c = float(ce[i])
         e = float(ect[i])
-        out[0, i] = c * sc
-        out[1, i] = e * sc
+        out[i, 0] = c * sc
+        out[i, 1] = e * sc
         if e > 0:
-            out[2, i] = c / e
+            out[i, 2] = c / e
         elif pk[i] > 0:
-            out[2, i] = c / float(pk[i])
+            out[i, 2] = c / float(pk[i])
         k = float(cnp[i])
-        out[3, i] = k * sc
+        out[i, 3] = k * sc
         if k > 0:
             span = (float(last[i]) - float(first[i])) / 1e9
             p = part[i]
             den = busy[p] / 1e9 if p >= 0 and busy[p] > 0 else (span if span > 0 else dur)
-            out[4, i] = k * sc / max(den, 1e-9)
-        out[5, i] = float(gaps[i]) * sc
+            out[i, 4] = k * sc / max(den, 1e-9)
+        out[i, 5] = float(gaps[i]) * sc
         sk = float(skipped[i])
-        out[6, i] = sk * sc
-        out[7, i] = float(retx[i]) * sc
+        out[i, 6] = sk * sc
+        out[i, 7] = float(retx[i]) * sc
         if sk > 0:
-            out[8, i] = sk / max(1.0, float(req[i]) + sk)
-        out[9, i] = float(ns[i]) * sc
-        out[10, i] = float(nr[i]) * sc
-        out[11, i] = float(no[i]) * sc
+            out[i, 8] = sk / max(1.0, float(req[i]) + sk)
+        out[i, 9] = float(ns[i]) * sc
+        out[i, 10] = float(nr[i]) * sc
+        out[i, 11] = float(no[i]) * sc
 
 
 def link_speed_bps(snap, override_gbps: float | None = None) -> float | None:

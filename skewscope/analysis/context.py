@@ -14,6 +14,7 @@ from numba import njit
 from skewscope.analysis import flows as FL
 from skewscope.analysis.hashing import sorted_unique_u64
 from skewscope.analysis.intervals import keyed_busy
+from skewscope.core.snapshot import ip_str
 
 
 class Context:
@@ -85,6 +86,17 @@ class Context:
         if d <= 0 and len(self.flows) and (c["packets"] > 0).any():
             d = float(c["last_ts"].max()) - float(c["first_ts"][c["packets"] > 0].min())
         return max(d, 1.0)
+
+    def flow_key(self, i: int) -> list:
+        """[src ip, dst ip, dest QP] of flow i, as report "flows" writes it (the node table's
+        strings: no per-flow formatting)."""
+        c = self.cols
+        v = c["ipver"][i]
+        nd = self.nodes
+        s, d = nd.src[i], nd.dst[i]
+        src = nd.ips[s] if nd.ipver[s] == v else ip_str(self.flows["src"][i], int(v))
+        dst = nd.ips[d] if nd.ipver[d] == v else ip_str(self.flows["dst"][i], int(v))
+        return [src, dst, int(c["dest_qp"][i])]
 
     # ---- events ----------------------------------------------------------------------
     @cached_property

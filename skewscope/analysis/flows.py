@@ -170,10 +170,11 @@ def flow_columns(flows) -> dict:
 class Nodes:
     """Node table: ips[i] (strings as in report "flows"), src[f]/dst[f] node of each flow."""
 
-    def __init__(self, ips, src, dst):
+    def __init__(self, ips, src, dst, ipver=None):
         self.ips = ips
         self.src = src
         self.dst = dst
+        self.ipver = ipver          # the IP version each address string was formatted with
 
     @property
     def n(self) -> int:
@@ -200,10 +201,11 @@ def node_index(flows, cols: dict | None = None) -> Nodes:
     inv = rank[ids]
     ipver = cols["ipver"]
     ips = []
-    for i in first[order]:
+    fo = first[order]
+    for i in fo:
         b = int(hi[i]).to_bytes(8, "big") + int(lo[i]).to_bytes(8, "big")
         ips.append(ip_str(np.frombuffer(b, np.uint8), int(ipver[i % n])))
-    return Nodes(ips, inv[:n], inv[n:])
+    return Nodes(ips, inv[:n], inv[n:], ipver[fo % n])
 
 
 # ---- per-flow message statistics -----------------------------------------------------
@@ -421,30 +423,65 @@ def flow_event_stats(snap, cols: dict | None = None) -> tuple[np.ndarray, np.nda
 
 
 # ---- roles and partners ----------------------------------------------------------------
-def _mean_msg(fl) -> np.ndarray:
-    m = fl["messages"].astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(m > 0, fl["msg_bytes"] / np.maximum(m, 1), 0.0)
-
-
 def partners_by_sport(fl, nodes: Nodes) -> np.ndarray:
     """Partner flow (other direction of the QP pair) from the shared UDP source port; -1."""
     n = len(nodes.src)
     out = np.full(n, -1, dtype=np.int64)
     if n == 0:
         return out
-    s = nodes.src.astype(np.uint64)
-    d = nodes.dst.astype(np.uint64)
-    sp = np.asarray(fl["sport"]).astype(np.uint64)
-    key = (s << np.uint64(40)) | (d << np.uint64(17)) | sp
-    rkey = (d << np.uint64(40)) | (s << np.uint64(17)) | sp
-    sk, sid, ids, first = build_u64(key)
-    cnt = np.bincount(ids, minlength=len(first))
-    rid = lookup_u64(sk, sid, rkey)
-    ok = (sp != 0) & (cnt[ids] == 1) & (rid >= 0) & (s != d)
-    ok[ok] &= cnt[rid[ok]] == 1
-    out[ok] = first[rid[ok]]
+    _sport_kernel(np.ascontiguousarray(nodes.src), np.ascontiguousarray(nodes.dst),
+                  np.ascontiguousarray(fl["sport"]), out)
     return out
+
+
+@njit(cache=True, nogil=True)
+def _sport_kernel(src, dst, sport, out):
+    n = src.shape[0]
+    key = np.empty(n, dtype=np.uint64)
+    rkey = np.empty(n, dtype=np.uint64)
+    for i in range(n):
+        s = np.uint64(src[i])
+        d = np.uint64(dst[i])
+        sp = np.uint64(sport[i])
+        key[i] = (s << np.uint64(40)) | (d << np.uint64(17)) | sp
+        rkey[i] = (d << np.uint64(40)) | (s << np.uint64(17)) | sp
+    sk, sid, ids, first = build_u64(key)
+    cnt = np.zeros(first.shape[0], dtype=np.int64)
+    for i in range(n):
+        cnt[ids[i]] += 1
+    rid = lookup_u64(sk, sid, rkey)
+    for i in range(n):
+        r = rid[i]
+        if sport[i] != 0 and cnt[ids[i]] == 1 and r >= 0 and src[i] != dst[i] and cnt[r] == 1:
+            out[i] = first[r]
+
+
+@njit(cache=True, nogil=True)
+def _roles_kernel(op, msgs, msg_bytes, payload, packets, maxslot, dest_qp, roles, big, cand):
+    """The per-flow part of flow_roles: base role, big (data with messages bigger than a
+    CTS), cand (CTS candidate: small WRITE-only messages)."""
+    n = msgs.shape[0]
+    for i in range(n):
+        m = msgs[i]
+        w = op[i, L.OPC_WRITE] > 0
+        sd = op[i, L.OPC_SEND] > 0
+        rreq = op[i, L.OPC_READ_REQ]
+        rresp = op[i, L.OPC_READ_RESP] > 0 and payload[i] > 0
+        mean = float(msg_bytes[i]) / float(m) if m > 0 else 0.0
+        small = m > 0 and maxslot[i] >= 0 and maxslot[i] <= 10 and mean <= CTS_MAX_BYTES
+        has = m > 0 and (w or sd)
+        r = ROLE_OTHER
+        if has or rresp:
+            r = ROLE_DATA
+        elif rreq > 0:
+            r = ROLE_READ_REQ
+        elif op[i, L.OPC_CNP] == packets[i] and packets[i] > 0:
+            r = ROLE_CNP
+        elif op[i, L.OPC_ACK] + op[i, L.OPC_ATOMIC_ACK] > 0:
+            r = ROLE_ACK
+        roles[i] = r
+        big[i] = has and not small
+        cand[i] = small and w and not sd and rreq == 0
 
 
 def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = None,
@@ -460,41 +497,23 @@ def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = No
         nodes = node_index(snap.flows, fl)
     if partner is None:
         partner = partners_by_sport(fl, nodes)
-    op = fl["op"]
-    msgs = fl["messages"]
-    wmsg = op[:, L.OPC_WRITE] > 0
-    smsg = op[:, L.OPC_SEND] > 0
-    rreq = op[:, L.OPC_READ_REQ]
-    rresp_payload = (op[:, L.OPC_READ_RESP] > 0) & (fl["payload_bytes"] > 0)
-    mean = _mean_msg(fl)
-    maxslot = fl["max_slot"]
-    small = (msgs > 0) & (maxslot >= 0) & (maxslot <= 10) & (mean <= CTS_MAX_BYTES)  # < 1024 B each
-    has_msgs = (msgs > 0) & (wmsg | smsg)
-    # candidate data
-    roles[has_msgs] = ROLE_DATA
-    roles[rresp_payload & ~has_msgs] = ROLE_DATA
-    only_req = (rreq > 0) & ~has_msgs & ~rresp_payload
-    roles[only_req] = ROLE_READ_REQ
-    ctrl = ~has_msgs & ~rresp_payload & ~only_req
-    cnp_only = ctrl & (op[:, L.OPC_CNP] == fl["packets"]) & (fl["packets"] > 0)
-    roles[cnp_only] = ROLE_CNP
-    ack = ctrl & ~cnp_only & ((op[:, L.OPC_ACK] + op[:, L.OPC_ATOMIC_ACK]) > 0)
-    roles[ack] = ROLE_ACK
-    # CTS: small WRITE-only messages facing bigger messages the other way
-    big = has_msgs & ~small
-    # node pairs (directed) that carry big messages
-    s = nodes.src.astype(np.int64)
-    d = nodes.dst.astype(np.int64)
-    nn = max(1, nodes.n)
-    big_pairs = np.unique((s[big] * nn + d[big]))
-    rev_key = d * nn + s
-    rev_big = np.isin(rev_key, big_pairs)
-    cand = small & wmsg & ~smsg & (rreq == 0)
+    big = np.zeros(n, dtype=bool)
+    cand = np.zeros(n, dtype=bool)
+    _roles_kernel(fl["op"], fl["messages"], fl["msg_bytes"], fl["payload_bytes"], fl["packets"], fl["max_slot"],
+                  fl["dest_qp"], roles, big, cand)
+    # CTS: small WRITE-only messages facing bigger messages the other way (the partner flow's,
+    # else any flow of the reverse node pair's)
     has_p = partner >= 0
-    p_big = np.zeros(n, dtype=bool)
-    p_big[has_p] = big[partner[has_p]]
-    cts = cand & np.where(has_p, p_big, rev_big)
-    roles[cts] = ROLE_CTS
+    cts = np.zeros(n, dtype=bool)
+    cts[has_p] = big[partner[has_p]]
+    need = cand & ~has_p
+    if need.any():
+        s = nodes.src.astype(np.int64)
+        d = nodes.dst.astype(np.int64)
+        nn = max(1, nodes.n)
+        big_pairs = np.unique((s[big] * nn + d[big]))
+        cts[need] = np.isin(d[need] * nn + s[need], big_pairs)
+    roles[cand & cts] = ROLE_CTS
     roles[fl["dest_qp"] == 1] = ROLE_MGMT
     return roles
 

@@ -24,12 +24,17 @@ def _cap(n):
     return c
 
 
+#: first table size of unique_u128: node tables are small (a few hundred addresses for
+#: 65,536 flows), a table sized for the worst case (2 n slots) costs more to allocate and
+#: to miss in than the whole job; the table doubles when half full
+_U128_START = 1024
+
+
 @njit(cache=True, nogil=True)
 def unique_u128(hi, lo):
     """ids[i] in 0..k-1 (order of first appearance), first[k] = index of first occurrence."""
     n = hi.shape[0]
-    cap = _cap(n)
-    mask = np.uint64(cap - 1)
+    cap = min(_cap(n), _U128_START)
     slot_id = np.full(cap, -1, dtype=np.int64)
     slot_hi = np.zeros(cap, dtype=np.uint64)
     slot_lo = np.zeros(cap, dtype=np.uint64)
@@ -37,22 +42,42 @@ def unique_u128(hi, lo):
     first = np.empty(n, dtype=np.int64)
     k = 0
     for i in range(n):
-        h = _mix(hi[i] ^ _mix(lo[i]))
-        j = np.int64(h & mask)
+        x = hi[i]
+        y = lo[i]
+        if i > 0 and x == hi[i - 1] and y == lo[i - 1]:   # runs (flow tables are sorted by source)
+            ids[i] = ids[i - 1]
+            continue
+        mask = np.uint64(cap - 1)
+        j = np.int64(_mix(x ^ _mix(y)) & mask)
         while True:
             sid = slot_id[j]
             if sid < 0:
                 slot_id[j] = k
-                slot_hi[j] = hi[i]
-                slot_lo[j] = lo[i]
+                slot_hi[j] = x
+                slot_lo[j] = y
                 ids[i] = k
                 first[k] = i
                 k += 1
                 break
-            if slot_hi[j] == hi[i] and slot_lo[j] == lo[i]:
+            if slot_hi[j] == x and slot_lo[j] == y:
                 ids[i] = sid
                 break
             j = (j + 1) & (cap - 1)
+        if 2 * k >= cap:                     # grow: re-insert the k keys into a table twice as big
+            cap *= 2
+            slot_id = np.full(cap, -1, dtype=np.int64)
+            slot_hi = np.zeros(cap, dtype=np.uint64)
+            slot_lo = np.zeros(cap, dtype=np.uint64)
+            mask = np.uint64(cap - 1)
+            for q in range(k):
+                a = hi[first[q]]
+                b = lo[first[q]]
+                j = np.int64(_mix(a ^ _mix(b)) & mask)
+                while slot_id[j] >= 0:
+                    j = (j + 1) & (cap - 1)
+                slot_id[j] = q
+                slot_hi[j] = a
+                slot_lo[j] = b
     return ids, first[:k]
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.analysis.detectors.registry import Entities, Finding, Threshold
-from skewscope.core.snapshot import ip_str
 
 #: the MAD floor of an outlier test (ns): a spread of start lags below 1 us is clock noise
 #: and would make a few-us lag look like many MADs
@@ -23,9 +22,7 @@ class Emitter:
         self.out: list[Finding] = []
 
     def flow_key(self, i):
-        f = self.ctx.flows[i]
-        v = int(f["ipver"])
-        return [ip_str(f["src"], v), ip_str(f["dst"], v), int(f["dest_qp"])]
+        return self.ctx.flow_key(i)       # analysis.context: the node table's strings
 
     def add(self, kind, severity, ips, message, evidence, flows=(), qps=None, group=None, impact=None):
         """ips: node indices or IP strings (the blamed first; duplicates dropped); flows:
@@ -171,24 +168,34 @@ def split_by(flows, key, members) -> dict:
 
 def group_by_node(ctx, flows):
     """Greedy: repeatedly take the node (as destination, then as source) shared by most of
-    the remaining flows."""
+    the remaining flows (counts kept up to date, not recounted per group)."""
     rest = np.asarray(flows, dtype=np.int64)
     out = []
-    while len(rest):
-        dn = ctx.nodes.dst[rest]
-        sn = ctx.nodes.src[rest]
-        d = np.bincount(dn, minlength=ctx.nodes.n)
-        s_ = np.bincount(sn, minlength=ctx.nodes.n)
+    if not len(rest):
+        return out
+    nn = ctx.nodes.n
+    dn = ctx.nodes.dst[rest].astype(np.int64)
+    sn = ctx.nodes.src[rest].astype(np.int64)
+    d = np.bincount(dn, minlength=nn)
+    s_ = np.bincount(sn, minlength=nn)
+    od, os_ = np.argsort(dn, kind="stable"), np.argsort(sn, kind="stable")
+    offd = np.searchsorted(dn[od], np.arange(nn + 1))
+    offs = np.searchsorted(sn[os_], np.arange(nn + 1))
+    alive = np.ones(len(rest), dtype=bool)
+    left = len(rest)
+    while left:
         if d.max() >= s_.max():
             n = int(d.argmax())
-            sel = dn == n
-            role = "into"
+            idx, role = od[offd[n]:offd[n + 1]], "into"
         else:
             n = int(s_.argmax())
-            sel = sn == n
-            role = "from"
-        out.append((n, role, rest[sel].tolist()))
-        rest = rest[~sel]
+            idx, role = os_[offs[n]:offs[n + 1]], "from"
+        idx = idx[alive[idx]]              # positions in `flows` order (stable sorts)
+        out.append((n, role, rest[idx].tolist()))
+        alive[idx] = False
+        np.subtract.at(d, dn[idx], 1)
+        np.subtract.at(s_, sn[idx], 1)
+        left -= len(idx)
     return out
 
 

@@ -66,7 +66,7 @@ class Inputs:
     """Everything a single-node detector may read."""
     ctx: Any                                  # analysis.context.Context
     th: dict                                  # resolved thresholds {kind: {name: value}}
-    congestion: np.ndarray                    # flow_congestion (CONG_DTYPE per flow)
+    congestion: dict                          # congestion_columns: CONG_DTYPE field -> float64 per flow
     pfc: dict                                 # pfc_summary
     stalls: dict                              # node_stalls
     groups: list[GroupInput] = field(default_factory=list)
