@@ -52,6 +52,17 @@ def test_config_refuses_non_integers_and_out_of_range(field, bad):
         cfg.cflags()
 
 
+@pytest.mark.parametrize("bad", [x for x in INJECTIONS if not (type(x) is int and x == 0)] + [3, 100, 1 << 17],
+                         ids=lambda x: repr(x)[:20])
+def test_flow_cache_refuses_anything_but_0_or_a_power_of_two(bad):
+    cfg = D.Config(flow_cache=bad)
+    with pytest.raises(D.DataplaneError) as e:
+        cfg.validate()
+    assert e.value.code == EXIT_USAGE and "\n" not in str(e.value)
+    for ok in (0, 1, 256, 1 << 16):
+        D.Config(flow_cache=ok).validate()
+
+
 def test_injection_fails_before_compilation(monkeypatch):
     """The compiler is never reached with a bad value (and never given anything but digits)."""
     called = []
