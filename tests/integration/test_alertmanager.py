@@ -129,7 +129,7 @@ def stop(p):
 
 def start_export(pcap, port, tok, log):
     p = start([sys.executable, "-m", "skewscope.cli", "export", "--from", str(pcap), "--listen", f"127.0.0.1:{port}",
-               "--node", NODE, "--token-file", str(tok), "--no-analysis"], log)
+               "--node", NODE, "--token-file", str(tok), "--no-analysis", "--top-k", "0"], log)
 
     def ready():
         if p.poll() is not None:
@@ -182,7 +182,8 @@ def test_hot_destination_alert_reaches_the_webhook_with_kind_and_ip(tmp_path):
     }
     (tmp_path / "am.yml").write_text(json.dumps(am_cfg))
     prom_cfg = {
-        "global": {"scrape_interval": "500ms", "scrape_timeout": "500ms", "evaluation_interval": "1s"},
+        # a loaded CI machine renders /metrics slowly: 1 s scrapes, 1 s timeout
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "rule_files": rule_files,
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
         "scrape_configs": [{"job_name": "skewscope", "static_configs": [{"targets": [f"127.0.0.1:{exp_port}"]}],
@@ -207,8 +208,13 @@ def test_hot_destination_alert_reaches_the_webhook_with_kind_and_ip(tmp_path):
         # round 1: the first half of the capture; Prometheus keeps a few samples of it
         e1 = start_export(tmp_path / "half.pcap", exp_port, tok, log)
         procs.append(e1)
-        wait_until(lambda: prom_query(purl, f'count_over_time(skewscope_peers{{node="{NODE}"}}[1m]) >= 3'), 60,
-                   "scrapes of round 1 (with the bearer token)")
+        try:
+            wait_until(lambda: prom_query(purl, f'count_over_time(skewscope_peers{{node="{NODE}"}}[1m]) >= 3'), 120,
+                       "scrapes of round 1 (with the bearer token)")
+        except AssertionError as e:
+            with urllib.request.urlopen(purl + "/api/v1/targets", timeout=5) as r:
+                tg = [(t["health"], t["lastError"]) for t in json.loads(r.read())["data"]["activeTargets"]]
+            raise AssertionError(f"{e}; targets: {tg}") from None
         stop(e1)
         # round 2: the whole capture on the same port: the counters grow by the second half
         e2 = start_export(tmp_path / "full.pcap", exp_port, tok, log)
