@@ -13,7 +13,8 @@ fused from per-node views through Prometheus (docs/fleet.md).
 
 Cases (variants of the presets, so the node counts, the blamed node and the sizes are not
 the presets' own): tp-decode-slow-shard (4-way TP, shard 2 late on every ring send),
-ring-straggler at 6 nodes / 4 MiB / 1 channel (node 4 at 0.4x, 20 us late per step),
+ring-straggler at 5 nodes / 1 MiB / 1 channel / 6 iterations (node 1 at 0.4x, 20 us late per
+step; the stretched iteration stays shorter than an exporter read interval),
 ep-decode-hot-expert at 6 nodes (destination 2 gets 4x). Each case builds its own fabric,
 exporters and Prometheus (fresh counters, so `--window all` is exactly that case's traffic).
 Everything made is named ssn-* and removed in finally blocks.
@@ -70,8 +71,8 @@ def _variant(preset: str, **changes) -> dict:
 CASES = {
     "hot_expert": (_variant("ep-decode-hot-expert", nodes=6, node=2), 4, "hot_destination", "hot_destination"),
     "slow_tp_shard": ("tp-decode-slow-shard", 2, "slow_tp_shard", "slow_tp_shard"),
-    "ring_straggler": (_variant("ring-straggler", nodes=6, node=4, bytes="4MiB", channels=1), 3, "straggler",
-                       "ring_straggler"),
+    "ring_straggler": (_variant("ring-straggler", nodes=5, node=1, bytes="1MiB", channels=1, iterations=6,
+                                period_ms=3.0), 3, "straggler", "ring_straggler"),
 }
 
 
