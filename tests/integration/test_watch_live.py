@@ -102,3 +102,28 @@ def test_live_event_opens_then_resolves(pair):
     # nothing left attached on the observer's interface
     link = VethPair.link(pair.ns_b, pair.if_b)
     assert "xdp" not in link, link
+
+
+def test_sigterm_detaches_and_exits_143(pair):
+    cmd = ["ip", "netns", "exec", pair.ns_b, sys.executable, "-m", "skewscope.cli", "watch", "-i", pair.if_b,
+           "--xdp-mode", "generic", "--json", "--duration", "60"]
+    w = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        line = ""
+        while "Tracing RoCE" not in line and time.monotonic() < deadline:
+            line = w.stderr.readline()
+            if not line and w.poll() is not None:
+                break
+        assert "Tracing RoCE" in line, w.stderr.read() if w.poll() is not None else line
+        assert "xdp" in VethPair.link(pair.ns_b, pair.if_b)
+        w.send_signal(signal.SIGTERM)
+        out, err = w.communicate(timeout=30)
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+    assert w.returncode == 143, err
+    assert json.loads(out.splitlines()[-1])["event"] == "stats"
+    assert "detached" in err and "Traceback" not in err
+    assert "xdp" not in VethPair.link(pair.ns_b, pair.if_b)

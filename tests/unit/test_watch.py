@@ -315,3 +315,9 @@ def test_unreadable_file_exits_3_one_line(work):
     r = cli("watch", "--from", work / "missing.pcap", "--token-file", work / "missing.tok")
     assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 1
     assert os.path.exists(bad)
+
+
+def test_prometheus_unreachable_is_one_line_exit_3():
+    r = cli("watch", "--prometheus", f"http://127.0.0.1:{free_port()}", "--json", "--timeout", "2")
+    assert r.returncode == 3 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "Prometheus" in r.stderr
