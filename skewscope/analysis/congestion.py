@@ -17,11 +17,11 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from skewscope.analysis.context import context
 from skewscope.analysis.matrix import link_rates
 from skewscope.core import layout as L
+from skewscope.core.jit import njit
 
 STANDARD_GBPS = (1, 10, 25, 40, 50, 100, 200, 400, 800, 1600)
 

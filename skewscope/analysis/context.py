@@ -9,11 +9,11 @@ from __future__ import annotations
 from functools import cached_property
 
 import numpy as np
-from numba import njit
 
 from skewscope.analysis import flows as FL
 from skewscope.analysis.hashing import sorted_unique_u64
 from skewscope.analysis.intervals import keyed_busy
+from skewscope.core.jit import njit
 from skewscope.core.snapshot import ip_str
 
 

@@ -37,10 +37,10 @@ Definitions (docs/metrics.md "Flows"):
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from skewscope.analysis.hashing import build_u64, lookup_u64, unique_u128
 from skewscope.core import layout as L
+from skewscope.core.jit import njit
 from skewscope.core.snapshot import ip_str
 
 ROLE_DATA, ROLE_CTS, ROLE_ACK, ROLE_READ_REQ, ROLE_CNP, ROLE_MGMT, ROLE_OTHER = range(7)

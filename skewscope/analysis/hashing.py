@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from skewscope.core.jit import njit
 
 _EMPTY = np.int64(-1)
 

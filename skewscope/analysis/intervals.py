@@ -7,7 +7,8 @@ start order and one pass merges them.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from skewscope.core.jit import njit
 
 
 @njit(cache=True, nogil=True)

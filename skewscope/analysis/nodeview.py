@@ -45,7 +45,6 @@ from __future__ import annotations
 import ipaddress
 
 import numpy as np
-from numba import njit
 
 from skewscope.analysis import flows as FL
 from skewscope.analysis.context import context
@@ -53,6 +52,7 @@ from skewscope.analysis.fleet import BULK_MIN_MESSAGE
 from skewscope.analysis.intervals import merge_sorted
 from skewscope.analysis.timing import split_bursts
 from skewscope.core.errors import EXIT_USAGE, SkewscopeError
+from skewscope.core.jit import njit
 from skewscope.core.snapshot import Snapshot
 
 #: a wait this many times the node's median forward latency starts a collective

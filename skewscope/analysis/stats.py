@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+
+from skewscope.core.jit import njit
 
 STAT_NAMES = ("n", "sum", "mean", "max", "min", "max_over_mean", "min_over_mean", "cv", "gini",
               "jain", "argmax", "max_share")

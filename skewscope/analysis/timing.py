@@ -26,10 +26,10 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from numba import njit
 
 from skewscope.analysis.context import context
 from skewscope.analysis.intervals import break_candidates, merge_sorted
+from skewscope.core.jit import njit
 
 MIN_GAP_NS = 1000.0       # gaps below 1 us never separate bursts
 BREAK_RATIO = 3.0

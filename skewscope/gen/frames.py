@@ -23,7 +23,8 @@ from __future__ import annotations
 import struct
 
 import numpy as np
-from numba import njit
+
+from skewscope.core.jit import njit
 
 ROCE_PORT = 4791
 ETH_P_8021Q = 0x8100

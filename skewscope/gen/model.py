@@ -26,8 +26,8 @@ Pipeline (all per-packet work in numba):
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from skewscope.core.jit import njit
 from skewscope.gen import frames as F
 
 # message types

@@ -15,9 +15,9 @@ import struct
 import threading
 
 import numpy as np
-from numba import njit
 
 from skewscope.core.files import AtomicFile
+from skewscope.core.jit import njit
 from skewscope.gen import frames as F
 
 PCAP_MAGIC_NS = 0xA1B23C4D

@@ -36,10 +36,10 @@ import threading
 import time
 
 import numpy as np
-from numba import njit
 
 from skewscope.core.errors import EXIT_NO_IFACE, EXIT_NOT_RUN, EXIT_USAGE, DataplaneError
 from skewscope.core.files import AtomicFile
+from skewscope.core.jit import njit
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263

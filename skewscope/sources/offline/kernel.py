@@ -29,8 +29,10 @@ reinterpreted as the layout's unsigned dtypes.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
+
+from skewscope.core.jit import njit
 
 
 @intrinsic
