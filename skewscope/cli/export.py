@@ -19,14 +19,15 @@ Examples:
   skewscope export -i pf0hpf                      live, /metrics on 127.0.0.1:9435
   skewscope export -i pf0hpf --listen 0.0.0.0:9435 --node gpu-17-dpu
   skewscope export --from run.snap --once         print the exposition once and exit
-  skewscope export --from run.pcap                /metrics, /v1/findings, /v1/load of the file
-  skewscope export -i pf0hpf --listen 0.0.0.0:9435 --token-file /etc/skewscope/token
-  curl -H "Authorization: Bearer $(cat token)" http://127.0.0.1:9435/v1/load
+  skewscope export --from run.pcap                + /v1/findings, /v1/load of the file
+  skewscope export -i pf0hpf --listen 0.0.0.0:9435 --token-file /etc/ss.token
+  curl -H "Authorization: Bearer $(cat /etc/ss.token)" HOST:9435/v1/load
 \b
-Endpoints (read-only; docs/fleet.md "Exporter HTTP API"): GET /metrics (Prometheus),
-GET /v1/findings and GET /v1/load (JSON, "version": 1; the last analysis: of the file once,
-or live of the last --analysis-window seconds every --analysis-every reads). 401 without
-the token (with --token-file), 404 other paths, 405 other methods, 503 analysis pending.
+Endpoints (read-only; docs/fleet.md "Exporter HTTP API"): GET /metrics,
+GET /v1/findings, GET /v1/load (JSON, "version": 1) from the last analysis:
+of the file once, or live of the last --analysis-window seconds every
+--analysis-every reads. 401 without the token (--token-file), 404 other
+paths, 405 other methods, 503 until the first analysis is done.
 \b
 Cardinality per DPU (docs/fleet.md): 15 series per peer pair (src, dst, traffic class)
 seen, up to --max-peers pairs (later pairs add up in one src="_overflow" pair); 43 per
