@@ -9,7 +9,6 @@ import sys
 import click
 
 from skewscope.core.errors import EXIT_INTERRUPTED, EXIT_NOT_RUN, SkewscopeError
-from skewscope.core.snapshot import Snapshot, SnapshotError
 
 
 def fail(msg: str, code: int = EXIT_NOT_RUN) -> "NoReturn":  # noqa: F821
@@ -43,6 +42,7 @@ def friendly_errors(fn):
 def load_source(path: str, progress: bool = False, max_flows: int = 65536):
     """A .snap file, or a capture (pcap/pcapng, optionally gzip) through the offline parser.
     A capture damaged part-way is read up to the damage: the warning goes to stderr."""
+    from skewscope.core.snapshot import Snapshot, SnapshotError  # heavy (numpy): not loaded by --help
     if not os.path.exists(path):
         raise SnapshotError(f"{path}: no such file")
     if stat.S_ISREG(os.stat(path).st_mode):  # a pipe (/dev/stdin) cannot be peeked at twice

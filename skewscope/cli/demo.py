@@ -15,15 +15,10 @@ import time
 
 import click
 
-from skewscope import gen as sg
-from skewscope.bpf.loader import import_bcc
 from skewscope.cli.common import fail, friendly_errors
 from skewscope.cli.live import Duration, report_console
 from skewscope.core.errors import DataplaneError
 from skewscope.core.netns import in_netns
-from skewscope.outputs import report as R
-from skewscope.outputs import topview as V
-from skewscope.sources.live import LiveSession, Terminated, terminate_on_signals
 
 DEFAULT_SCENARIOS = ("moe-hot-expert+congestion", "ring-straggler")
 
@@ -48,8 +43,11 @@ be built; 4 --cleanup without root; 5 bcc missing; 8 kernel refused; 143/129 SIG
 
 def _fallback(scenarios, seed):
     """No root: the same traffic, offline."""
+    from skewscope import gen as sg  # heavy (numpy): not loaded by --help
+
     # heavy (numba): the generator, the offline parser and the analysis
     from skewscope.analysis import analyze  # heavy (numba)
+    from skewscope.outputs import report as R  # heavy (numpy): not loaded by --help
     from skewscope.sources.offline import parse_file  # heavy (numba)
     from skewscope.testbed.fabric import DEMO_SCENARIOS, resolve_scenario  # heavy (numba)
     click.echo("skewscope demo: the live demo needs root (network namespaces, veth, XDP); showing the offline "
@@ -94,6 +92,15 @@ def demo(nodes, scenarios, rate, duration, no_top, use_tc, xdp_mode, interval, w
     port -> DPU namespace), play generator scenarios with known pathologies from the nodes
     in a bounded loop, and open `top` on the DPU's interface. On exit everything made is
     removed."""
+    from skewscope import gen as sg  # heavy (numpy): not loaded by --help
+    from skewscope.bpf.loader import import_bcc  # heavy (numpy): not loaded by --help
+    from skewscope.outputs import topview as V  # heavy (numpy): not loaded by --help
+    from skewscope.sources.live import (  # heavy (numpy): not loaded by --help
+        LiveSession,
+        Terminated,
+        terminate_on_signals,
+    )
+
     # heavy (numba, via the generator): loaded only when the demo runs
     from skewscope.testbed.fabric import DEMO_SCENARIOS, Fabric, FabricError, cleanup_stale  # heavy (numba)
     scenarios = tuple(scenarios) or DEFAULT_SCENARIOS
@@ -203,6 +210,7 @@ def _wait_started(info, player, timeout):
 
 
 def _scripted(sess, duration, stop):
+    from skewscope.outputs import report as R  # heavy (numpy): not loaded by --help
     t_end = time.monotonic() + duration
     while time.monotonic() < t_end and not stop.is_set():
         time.sleep(min(0.2, max(0.0, t_end - time.monotonic())))

@@ -26,10 +26,6 @@ import click
 
 from skewscope.cli.common import fail, load_source
 from skewscope.core.errors import EXIT_CRITICAL, EXIT_NOT_RUN, EXIT_OK, EXIT_WARNING, DataplaneError, PcapError
-from skewscope.core.snapshot import SnapshotError
-from skewscope.outputs import report as R
-from skewscope.outputs.report import analysis_lines
-from skewscope.sources import live
 
 DIAGNOSE_VERSION = 1
 _DUR = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min|h)?\s*$")
@@ -91,6 +87,7 @@ def live_snapshot(iface: str, duration: float, use_tc: bool, xdp_mode: str, dire
                   max_flows: int):
     """Capture `duration` seconds on an interface through skewscope.sources.live.capture (attach,
     read, detach whatever happens) and return the Snapshot."""
+    from skewscope.sources import live  # heavy (numpy): not loaded by --help
     def progress(elapsed, total, g):
         if sys.stderr.isatty():
             click.echo(f"\rcapturing on {iface}: {elapsed:4.1f}/{total:.1f} s", err=True, nl=False)
@@ -104,6 +101,7 @@ def live_snapshot(iface: str, duration: float, use_tc: bool, xdp_mode: str, dire
 def run(snap, checks=None, thresholds=None) -> tuple[dict, int]:
     """Analyze a Snapshot and build the diagnose document and its exit code."""
     from skewscope.analysis import analyze, resolve_checks  # heavy (numba)
+    from skewscope.outputs import report as R  # heavy (numpy): not loaded by --help
     a = analyze(snap, thresholds=thresholds, checks=checks or None)
     fs = a["findings"]
     counts = {s: sum(1 for f in fs if f["severity"] == s) for s in ("critical", "warning", "info")}
@@ -130,6 +128,8 @@ def run(snap, checks=None, thresholds=None) -> tuple[dict, int]:
 
 def _human(doc) -> None:
     from rich.console import Console  # heavy (rich): only when drawing
+
+    from skewscope.outputs.report import analysis_lines  # heavy (numpy): not loaded by --help
     con = Console(highlight=False, soft_wrap=True)
     cap = doc["capture"]
     con.print(f"[bold]skewscope diagnose[/bold] {doc['source']}: {cap['roce_packets']} RoCE packets, "
@@ -165,6 +165,7 @@ def _human(doc) -> None:
 def diagnose(file, iface, duration, use_tc, xdp_mode, direction, sample_n, max_flows, as_json, checks, thresholds):
     """Find skews and pathologies in a snapshot, a capture or a live interface; exit
     0 healthy, 1 warnings, 2 critical, 3 could not run."""
+    from skewscope.core.snapshot import SnapshotError  # heavy (numpy): not loaded by --help
     if bool(file) == bool(iface):
         fail("diagnose: give a FILE (.snap, pcap, pcapng) or -i IFACE, not both or neither", EXIT_NOT_RUN)
     # heavy (numba, the analysis package): imported once the arguments are known to be good

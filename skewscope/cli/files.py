@@ -6,14 +6,8 @@ import sys
 
 import click
 
-from skewscope.bpf.attach import detach_ours, ifindex
-from skewscope.bpf.loader import check_privileges
 from skewscope.cli.common import fail, friendly_errors, load_source
 from skewscope.core.errors import EXIT_BUSY, EXIT_USAGE
-from skewscope.outputs import html as H
-from skewscope.outputs import report as R
-from skewscope.sources.live import find_leftover
-from skewscope.sources.replay import replay as run
 
 REPORT_EPILOG = """\b
 Examples:
@@ -61,6 +55,8 @@ Exit codes: 0 ok (also: nothing to remove); 2 usage; 4 not root; 6 no such inter
 def replay(file, output, entry, max_flows, as_json):
     """Run every frame of a capture through the real BPF program (BPF_PROG_TEST_RUN) and
     save the Snapshot. Needs root. Timestamps come from the capture."""
+    from skewscope.outputs import report as R  # heavy (numpy): not loaded by --help
+    from skewscope.sources.replay import replay as run  # heavy (numpy): not loaded by --help
     d = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(d):  # before the replay, not after it (and not the temp file's name)
         fail(f"-o {output}: directory {d} does not exist", EXIT_USAGE)
@@ -93,6 +89,8 @@ def replay(file, output, entry, max_flows, as_json):
 @friendly_errors
 def report(file, as_json, top, max_flows, html_out, node_ip):
     """Report on a snapshot (.snap) or a capture (pcap/pcapng, .gz too). No root needed."""
+    from skewscope.outputs import html as H  # heavy (numpy): not loaded by --help
+    from skewscope.outputs import report as R  # heavy (numpy): not loaded by --help
     if html_out:
         H.check_output(html_out)      # before reading: a typo costs nothing
     snap = load_source(file, progress=sys.stderr.isatty(), max_flows=max_flows)
@@ -118,6 +116,9 @@ def detach(iface, force):
     """Remove skewscope's own XDP/TC programs from an interface (after a crash). Programs
     that are not skewscope's are never touched, nor (without --force) one that a running
     skewscope (top, capture, export) still uses."""
+    from skewscope.bpf.attach import detach_ours, ifindex  # heavy (numpy): not loaded by --help
+    from skewscope.bpf.loader import check_privileges  # heavy (numpy): not loaded by --help
+    from skewscope.sources.live import find_leftover  # heavy (numpy): not loaded by --help
     check_privileges()
     ifindex(iface)  # one clear line when it does not exist
     if not force:

@@ -5,9 +5,6 @@ import os
 
 import click
 
-from skewscope.gen import PRESETS, ScenarioError, generate, truth_path, write_views
-from skewscope.gen.send import send_capture
-
 EPILOG = """\b
 Examples:
   skewscope gen --list-presets
@@ -47,6 +44,14 @@ def gen(scenario, output, seed, snaplen, view, views_dir, clock_skew, list_prese
         max_frames, max_seconds):
     """Generate NCCL-like RoCEv2 traffic with known pathologies: a pcap (ns timestamps,
     Ethernet, no FCS) and its ground truth, or frames sent on an interface."""
+    from skewscope.gen import (  # heavy (numpy, numba): not loaded by --help
+        PRESETS,
+        ScenarioError,
+        generate,
+        truth_path,
+        write_views,
+    )
+    from skewscope.gen.send import send_capture  # heavy (numpy, numba): not loaded by --help
 
     if list_presets:
         w = max(len(n) for n in PRESETS)

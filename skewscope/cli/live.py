@@ -8,15 +8,8 @@ import sys
 
 import click
 
-from skewscope.bpf.loader import SOURCE, Config, kernel_at_least
 from skewscope.cli.common import fail, friendly_errors
-from skewscope.core import layout as L
 from skewscope.core.errors import EXIT_NO_IFACE, EXIT_USAGE
-from skewscope.outputs import html as H
-from skewscope.outputs import report as R
-from skewscope.outputs import topview as V
-from skewscope.sources.live import LiveSession, Terminated, terminate_on_signals
-from skewscope.sources.live import capture as run
 
 TOP_EPILOG = """\b
 Examples:
@@ -107,6 +100,7 @@ def _stale_policy(force: bool):
 
 def _print_ebpf(sample_n, max_flows):
     """The C source and the exact flags it would be compiled with (bcc tools' --ebpf)."""
+    from skewscope.bpf.loader import SOURCE, Config, kernel_at_least  # heavy (numpy): not loaded by --help
     cfg = Config(sample_n=sample_n, max_flows=max_flows)
     note = ""
     if os.geteuid() != 0:     # frags support is probed with a BPF load, which needs root
@@ -117,6 +111,7 @@ def _print_ebpf(sample_n, max_flows):
 
 
 def _session(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, source):
+    from skewscope.sources.live import LiveSession  # heavy (numpy): not loaded by --help
     return LiveSession(iface, mode="tc" if use_tc else "xdp", xdp_mode=xdp_mode, direction=direction,
                        sample_n=sample_n, max_flows=max_flows, on_stale=_stale_policy(force_detach), source=source)
 
@@ -145,6 +140,8 @@ def top(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, e
     ECN/CNP, retransmits, NAKs, detected collectives and findings. Refreshes every INTERVAL
     seconds (default 1); with COUNT, or when stdout is not a terminal, prints COUNT plain
     tables (forever without COUNT) instead of the full-screen view."""
+    from skewscope.outputs import topview as V  # heavy (numpy): not loaded by --help
+    from skewscope.sources.live import Terminated, terminate_on_signals  # heavy (numpy): not loaded by --help
     if ebpf:
         _print_ebpf(sample_n, max_flows)
         return
@@ -203,6 +200,11 @@ def capture(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detac
     """Capture RoCE accounting on IFACE for DURATION into a snapshot file (written
     atomically), then print the report. Ctrl-C ends the capture early and still saves it.
     `skewscope report FILE.snap` reads it later without root."""
+    from skewscope.core import layout as L  # heavy (numpy): not loaded by --help
+    from skewscope.outputs import html as H  # heavy (numpy): not loaded by --help
+    from skewscope.outputs import report as R  # heavy (numpy): not loaded by --help
+    from skewscope.sources.live import Terminated  # heavy (numpy): not loaded by --help
+    from skewscope.sources.live import capture as run  # heavy (numpy): not loaded by --help
     if ebpf:
         _print_ebpf(sample_n, max_flows)
         return

@@ -6,7 +6,6 @@ import json
 
 import click
 
-from skewscope.bpf.loader import check_privileges
 from skewscope.cli.common import friendly_errors
 from skewscope.sources.mirror import add, add_commands, all_interfaces, check_iface, delete, list_mirrors, proto_arg
 
@@ -49,6 +48,7 @@ def _common(f):
 @friendly_errors
 def mirror_add(from_if, to_if, direction, skip_sw, flower, to_ingress, dry_run, netns):
     """Add the mirror FROM -> TO."""
+    from skewscope.bpf.loader import check_privileges  # heavy (numpy): not loaded by --help
     if dry_run:
         pre = "tc" + (f" -n {netns}" if netns else "")
         for c in add_commands(from_if, to_if, direction, skip_sw, flower, to_ingress):
@@ -75,6 +75,7 @@ def mirror_add(from_if, to_if, direction, skip_sw, flower, to_ingress, dry_run, 
 @friendly_errors
 def mirror_del(from_if, to_if, direction, netns):
     """Remove skewscope's mirror filters from FROM (nobody else's)."""
+    from skewscope.bpf.loader import check_privileges  # heavy (numpy): not loaded by --help
     check_privileges()
     removed = delete(from_if, to_if, direction, netns=netns)
     if not removed:
@@ -92,6 +93,7 @@ def mirror_del(from_if, to_if, direction, netns):
 @friendly_errors
 def mirror_list(from_if, as_json, netns):
     """Show skewscope's mirrors (with packet counts where the kernel reports them)."""
+    from skewscope.bpf.loader import check_privileges  # heavy (numpy): not loaded by --help
     check_privileges()
     if from_if:
         check_iface(from_if, netns, "--from")

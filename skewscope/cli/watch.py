@@ -25,11 +25,7 @@ from skewscope.cli import diagnose as D
 from skewscope.cli.common import fail, friendly_errors, load_source
 from skewscope.cli.live import Duration, _stale_policy
 from skewscope.core.errors import EXIT_NOT_RUN, DataplaneError, PcapError
-from skewscope.core.snapshot import SnapshotError
-from skewscope.outputs import cluster as C
 from skewscope.outputs import events as E
-from skewscope.outputs.topview import AnalysisRunner, load_analyze
-from skewscope.sources.live import LiveSession, Terminated, Window, terminate_on_signals
 
 EPILOG = """\b
 Examples:
@@ -131,8 +127,9 @@ class Emitter:
     def finish(self, drain_s: float, summary: bool = True) -> None:
         """Close the webhooks (bounded), then the summary: stderr line + NDJSON stats line
         (not after an error that stops the watch: that is one line on stderr only)."""
+        deadline = time.monotonic() + drain_s          # one --drain for all the webhooks
         for h in self.hooks:
-            h.close(drain_s)
+            h.close(max(0.0, deadline - time.monotonic()))
         st = [h.stats() for h in self.hooks]
         for s in st:
             if s["dropped"] or s["failed"]:
@@ -157,6 +154,7 @@ def _file_times(snap) -> tuple[float, float]:
 
 
 def _from_file(path, em: Emitter, hold: float, drain_s: float) -> int:
+    from skewscope.core.snapshot import SnapshotError  # heavy (numpy): not loaded by --help
     try:
         snap = load_source(path)
         doc, code = D.run(snap)
@@ -174,6 +172,13 @@ def _from_file(path, em: Emitter, hold: float, drain_s: float) -> int:
 
 def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, interval, window, tr: E.Tracker,
           duration, em: Emitter, drain_s: float) -> int:
+    from skewscope.outputs.topview import AnalysisRunner, load_analyze  # heavy (numpy): not loaded by --help
+    from skewscope.sources.live import (  # heavy (numpy): not loaded by --help
+        LiveSession,
+        Terminated,
+        Window,
+        terminate_on_signals,
+    )
     analyze = load_analyze()
     if analyze is None:
         fail("the analysis package is not importable (numba missing?)", EXIT_NOT_RUN)
@@ -221,6 +226,7 @@ def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach,
 
 
 def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emitter, drain_s: float) -> int:
+    from skewscope.outputs import cluster as C  # heavy (numpy): not loaded by --help
     stop = threading.Event()
     got = {"sig": 0}
 
