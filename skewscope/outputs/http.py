@@ -49,7 +49,6 @@ from urllib.parse import urlsplit
 from skewscope.core.errors import EXIT_USAGE, SkewscopeError
 from skewscope.outputs.events import SCHEMA as EVENT_SCHEMA
 from skewscope.outputs.events import finding_object
-from skewscope.sources.live import Window
 
 API_VERSION = 1
 DEFAULT_EVERY = 5          # live: analyse the window every K reads
@@ -116,6 +115,7 @@ class Analyst:
         self.node, self.source = node, source
         self.every, self.window_s = max(1, int(every)), float(window_s)
         self.thresholds = thresholds
+        from skewscope.sources.live import Window  # heavy (numpy): `skewscope --help` imports this module
         self.window = Window(self.window_s)
         self._lock = threading.Lock()
         self._busy = threading.Event()
