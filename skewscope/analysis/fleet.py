@@ -136,3 +136,71 @@ def all_to_all_groups(dp: np.ndarray, bulk: np.ndarray) -> list[list[int]]:
                 continue
         groups.append([])
     return [g for g in groups if g]
+
+
+# ---- per-node timing histograms (docs/fleet.md "Per-node timing series", "Fusion") --------
+# Every value below comes from one DPU's histogram of differences of its own timestamps;
+# nothing compares one DPU's timestamps with another's.
+def bucket_quantile(bounds, cum, q: float) -> float:
+    """Prometheus' histogram_quantile on one histogram: bounds (finite `le`, ascending),
+    cum (cumulative counts per bound, then +Inf). Linear inside the bucket; the first
+    bucket's lower edge is 0 for non-negative bounds (Prometheus' rule), else the bound
+    itself; a rank in +Inf returns the largest finite bound. NaN when empty."""
+    b = np.asarray(bounds, dtype=np.float64)
+    c = np.asarray(cum, dtype=np.float64)
+    if not len(c) or c[-1] <= 0:
+        return float("nan")
+    rank = q * c[-1]
+    k = int(np.searchsorted(c, rank, side="left"))
+    if k >= len(b):
+        return float(b[-1])
+    lo = (0.0 if b[0] >= 0 else b[0]) if k == 0 else b[k - 1]
+    below = 0.0 if k == 0 else c[k - 1]
+    inb = c[k] - below
+    if inb <= 0:
+        return float(b[k])
+    return float(lo + (b[k] - lo) * (rank - below) / inb)
+
+
+def count_le(bounds, cum, x: float) -> float:
+    """Samples <= the largest bound <= x (exact at bucket bounds)."""
+    b = np.asarray(bounds, dtype=np.float64)
+    k = int(np.searchsorted(b, x, side="right")) - 1
+    return 0.0 if k < 0 else float(cum[k])
+
+
+def count_gt(bounds, cum, x: float) -> float:
+    """Samples > the smallest bound >= x."""
+    b = np.asarray(bounds, dtype=np.float64)
+    k = int(np.searchsorted(b, x, side="left"))
+    return float(cum[-1] - (cum[k] if k < len(b) else cum[-1]))
+
+
+def bound_at_or_below(bounds, x: float) -> float:
+    """The largest positive bucket bound <= x (the smallest positive one if none)."""
+    b = np.asarray([v for v in bounds if v > 0], dtype=np.float64)
+    k = int(np.searchsorted(b, x, side="right")) - 1
+    return float(b[max(k, 0)])
+
+
+def upstream_cycles(up: dict) -> list[list[str]]:
+    """Rings from each member's own upstream (member -> the one peer it receives from, as
+    its DPU reports it): cycles of the map, each in send order [a, downstream(a), ...]."""
+    down = {}
+    for m, u in up.items():
+        down.setdefault(u, []).append(m)
+    seen, out = set(), []
+    for a in sorted(up):
+        if a in seen:
+            continue
+        path, x = [], a
+        while x in up and x not in seen and x not in path:
+            path.append(x)
+            x = up[x]
+        if x in path:
+            cyc = path[path.index(x):]
+            cyc.reverse()                       # upstream order reversed = send order
+            if len(cyc) >= 2 and all(len(down.get(m, [])) == 1 for m in cyc):
+                out.append(cyc)
+        seen.update(path)
+    return out

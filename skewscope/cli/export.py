@@ -11,7 +11,6 @@ import click
 
 from skewscope.cli.common import fail, friendly_errors, load_source
 from skewscope.core.errors import EXIT_NOT_RUN, EXIT_USAGE
-from skewscope.outputs import cluster as C
 from skewscope.outputs import http as H
 
 EXPORT_EPILOG = """\b
@@ -157,14 +156,23 @@ Exit codes: 0 ok; 2 usage; 3 Prometheus unreachable, refused the query or has no
 @click.option("--selector", default="", help="extra PromQL label matchers for every query, e.g. 'job=\"dpus\"'")
 @click.option("--no-rules", is_flag=True, help="query raw series even when recording rules exist")
 @click.option("--top", type=click.IntRange(1, 100000), default=20, show_default=True, help="pairs in the table")
+@click.option("--clock", type=click.Choice(["unsynchronised", "ptp"]), default="unsynchronised", show_default=True,
+              help="ptp: the DPUs' clocks are PTP-synchronised, so their own timestamps may be compared with "
+                   "ours (staleness); default: no DPU timestamp is compared with another clock")
+@click.option("--stats", is_flag=True, help="print the query cost (queries, samples returned, seconds) on stderr")
 @friendly_errors
-def cluster(url, window, as_json, timeout, selector, no_rules, top):
+def cluster(url, window, as_json, timeout, selector, no_rules, top, clock, stats):
     """Cluster-wide traffic matrix, skew and findings from the Prometheus that scrapes every
     DPU's `skewscope export`: the same metrics and findings as the single-node report."""
+    from skewscope.outputs import cluster as C  # heavy (numpy): not loaded by --help
     try:
-        doc = C.run(url, window=window, timeout=timeout, selector=selector, use_rules=not no_rules)
+        doc = C.run(url, window=window, timeout=timeout, selector=selector, use_rules=not no_rules, clock=clock)
     except C.ClusterError as e:
         fail(str(e), e.code)
+    if stats:
+        m = doc["meta"]
+        click.echo(f"cluster: queries {m['queries']}, samples returned {m['samples_returned']}, "
+                   f"{m['query_seconds']:.3f} s in Prometheus queries, {len(m['dpus'])} DPUs", err=True)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
     else:

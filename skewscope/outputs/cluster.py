@@ -39,6 +39,8 @@ from skewscope.outputs import report as R
 from skewscope.outputs.report import fmt_bytes
 
 RULE_WINDOW = "5m"
+#: drill-down queries for seen_by: at most this many findings (bounded cost)
+MAX_DRILLDOWNS = 32
 OVERFLOW = M.OVERFLOW_LABEL
 
 # name in the matrix -> raw counter (outputs.metrics, the metric table); the recorded
@@ -171,6 +173,13 @@ class FleetMatrix:
     pfc: dict = field(default_factory=dict)
     flows_evicted: float = 0.0
     records_lost: float = 0.0
+    # per-node timing (analysis.nodeview via the exporters' skewscope_node_* histograms):
+    # (ip, role) -> {"dpu", "hist": {family: (bounds, cum, sum)}, "peers": {peer: {"arrival"|
+    # "start": (bounds, cum, sum)}}, "steps", "collectives", "iterations"}
+    timing: dict = field(default_factory=dict)
+    # (src, dst, class) -> DPUs exporting the pair (count by ... of the raw series)
+    exported_by: dict = field(default_factory=dict)
+    clock: str = "unsynchronised"
 
     @property
     def n(self) -> int:
@@ -201,8 +210,25 @@ def _ip_sort_key(s: str):
         return (99, s.encode())
 
 
+#: the duration families of the per-node timing (metric, key in FleetMatrix.timing hist)
+TIMING_FAMILIES = ((M.NODE_FORWARD_LATENCY, "forward_latency"), (M.NODE_STEP, "step"),
+                   (M.NODE_COLLECTIVE, "collective"), (M.NODE_ITERATION, "iteration"))
+TIMING_PEER_FAMILIES = ((M.NODE_ARRIVAL_OFFSET, "arrival"), (M.NODE_START_OFFSET, "start"))
+CLOCKS = ("unsynchronised", "ptp")
+#: --clock ptp: a DPU whose last read is older than this (its own clock vs ours) is stale
+STALE_S = 120.0
+
+
+def _le(v: str) -> float:
+    return math.inf if v == "+Inf" else float(v)
+
+
 class Fetcher:
-    def __init__(self, prom: Prometheus, window: str, selector: str = "", use_rules: bool = True):
+    def __init__(self, prom: Prometheus, window: str, selector: str = "", use_rules: bool = True,
+                 clock: str = "unsynchronised"):
+        if clock not in CLOCKS:
+            raise ClusterError(f"invalid --clock {clock!r}: one of {', '.join(CLOCKS)}", EXIT_USAGE)
+        self.clock = clock
         self.prom = prom
         self.window = window
         self.window_s = window_seconds(window)
@@ -241,7 +267,21 @@ class Fetcher:
             raise ClusterError(f"Prometheus at {self.prom.base} has no skewscope series"
                                f"{' matching ' + sel if sel else ''}: is it scraping `skewscope export`?")
         dpus = sorted(m.get("node", "?") for m, _ in info)
-        stale = sorted(m.get("node", "?") for m, v in info if self.at - v > 120)
+        if self.clock == "ptp":
+            # synchronised clocks: a DPU's own read time may be compared with ours
+            stale = sorted(m.get("node", "?") for m, v in info if self.at - v > STALE_S)
+        elif self.window_s is None:
+            stale = []      # --window all: file exporters (one read) never advance, by design
+        else:
+            # no clock sync: only Prometheus' clock -- a DPU whose reads stopped advancing
+            # over the last STALE_S (its read-time gauge did not change while scraped)
+            ch = self.prom.query(f"max by (node) (changes({M.LAST_READ_TIMESTAMP_SECONDS.name}{sel}"
+                                 f"[{int(STALE_S)}s]))", at=self.at)
+            cnt = {m.get("node", "?"): v for m, v in self.prom.query(
+                f"max by (node) (count_over_time({M.LAST_READ_TIMESTAMP_SECONDS.name}{sel}[{int(STALE_S)}s]))",
+                at=self.at)}
+            # stale: scraped at least 3 times in the last STALE_S and the read time never moved
+            stale = sorted(m.get("node", "?") for m, v in ch if v == 0 and cnt.get(m.get("node", "?"), 0) >= 3)
         raw = {}
         for name, metric in PAIR_SERIES:
             raw[name] = self.pair_values(metric)
@@ -284,9 +324,87 @@ class Fetcher:
                 pfc.setdefault(int(m.get("priority", 0)), {})[key] = v
         ev = self.scalar_by(M.FLOWS_EVICTED, "node")
         lost = self.scalar_by(M.MESSAGE_RECORDS_LOST, "node")
+        not_over = f'src!="{OVERFLOW}"'
+        exported_by = {(m.get("src"), m.get("dst"), m.get("class")): v for m, v in self.prom.query(
+            f"count by (src, dst, class) ({M.PEER_BYTES.name}{_sel(self.selector, not_over)})", at=self.at)}
         return FleetMatrix(ips=ips, by_class=pair, naks=naks, dst_busy_seconds=db, window_s=self.window_s, at=self.at,
                            via_rules=self.via_rules, dpus=dpus, stale_dpus=stale, frames=frames, pfc=pfc,
-                           flows_evicted=sum(v for _, v in ev), records_lost=sum(v for _, v in lost))
+                           flows_evicted=sum(v for _, v in ev), records_lost=sum(v for _, v in lost),
+                           timing=self.fetch_timing(), exported_by=exported_by, clock=self.clock)
+
+    def _agg(self, name: str, by: str, extra_sel: str = "") -> list[tuple[dict, float]]:
+        sel = _sel(self.selector, extra_sel)
+        e = f"{name}{sel}" if self.window_s is None else f"increase({name}{sel}[{self.window}])"
+        return self.prom.query(f"sum by ({by}) ({e})", at=self.at)
+
+    def fetch_timing(self) -> dict:
+        """The per-node timing histograms, one query per family part (buckets, sum): every
+        DPU's own durations and offsets; (ip, role) -> FleetMatrix.timing entry."""
+        out: dict = {}
+
+        def entry(m):
+            k = (m.get("ip"), m.get("role"))
+            if None in k:
+                return None
+            return out.setdefault(k, {"dpu": m.get("node", "?"), "hist": {}, "peers": {},
+                                      "steps": 0.0, "collectives": 0.0, "iterations": 0.0})
+
+        def hist_of(rows, sums, keyf):
+            acc: dict = {}
+            for m, v in rows:
+                acc.setdefault(keyf(m), {})[_le(m.get("le", "+Inf"))] = v
+            sm = {keyf(m): v for m, v in sums}
+            res = {}
+            for k, d in acc.items():
+                les = sorted(d)
+                fin = [x for x in les if math.isfinite(x)]
+                cum = np.array([d[x] for x in les], dtype=np.float64)
+                res[k] = (np.array(fin), np.maximum.accumulate(cum), sm.get(k, 0.0))
+            return res
+
+        for spec, key in TIMING_FAMILIES:
+            rows = self._agg(spec.name + "_bucket", "node, ip, role, le")
+            sums = self._agg(spec.name + "_sum", "node, ip, role")
+            for (node, ip, role), h in hist_of(rows, sums, lambda m: (m.get("node"), m.get("ip"),
+                                                                    m.get("role"))).items():
+                e = entry({"node": node, "ip": ip, "role": role})
+                if e is not None:
+                    e["hist"][key] = h
+        for spec, key in TIMING_PEER_FAMILIES:
+            # signed offsets: the exporter keeps no _sum (buckets and count only)
+            rows = self._agg(spec.name + "_bucket", "node, ip, role, peer, le", f'peer!="{OVERFLOW}"')
+            sums = []
+            for (node, ip, role, peer), h in hist_of(rows, sums, lambda m: (m.get("node"), m.get("ip"),
+                                                                          m.get("role"), m.get("peer"))).items():
+                e = entry({"node": node, "ip": ip, "role": role})
+                if e is not None and peer:
+                    e["peers"].setdefault(peer, {})[key] = h
+        for spec, key in ((M.NODE_STEPS, "steps"), (M.NODE_COLLECTIVES, "collectives"),
+                          (M.NODE_ITERATIONS, "iterations")):
+            for m, v in self._agg(spec.name, "node, ip, role"):
+                e = entry(m)
+                if e is not None:
+                    e[key] = v
+        return out
+
+    def pair_observers(self, fd: dict) -> list[dict]:
+        """seen_by of a node-pair finding: per DPU and pair of the finding, its own count of
+        the finding's counter (one drill-down query, only those pairs' series)."""
+        metric = SEEN_BY_COUNTER[fd["kind"]]
+        pairs = {(a, b) for a, b, _ in fd["entities"]["flows"]}
+        if not pairs:
+            return []
+        esc = lambda s: re.escape(s).replace("\\", "\\\\").replace('"', '\\"')  # noqa: E731
+        srcs = "|".join(sorted({esc(a) for a, _ in pairs}))
+        dsts = "|".join(sorted({esc(b) for _, b in pairs}))
+        sel = _sel(self.selector, f'src=~"{srcs}", dst=~"{dsts}"')
+        e = f"{metric.name}{sel}" if self.window_s is None else f"increase({metric.name}{sel}[{self.window}])"
+        rows = []
+        for m, v in self.prom.query(f"sum by (node, src, dst) ({e})", at=self.at):
+            if (m.get("src"), m.get("dst")) in pairs and v > 0:
+                rows.append({"dpu": m.get("node", "?"), "ip": None, "pair": [m.get("src"), m.get("dst")],
+                             "saw": metric.name, "value": v})
+        return sorted(rows, key=lambda r: (r["pair"], r["dpu"]))
 
     def observers(self, src: str, dst: str, klass: str = "bulk") -> list[dict]:
         """Each DPU's own view of one pair: bytes, rate over active time (drill-down query)."""
@@ -305,11 +423,16 @@ class Fetcher:
             d = out[node]
             w = d.get("message_wire_seconds", 0.0)
             rate = 8.0 * d.get("timed_message_bytes", 0.0) / w if w > 0 else None
-            rows.append({"node": node, "bytes": round(d.get("bytes", 0.0)), "rate_bps": rate})
+            rows.append({"node": node, "dpu": node, "bytes": round(d.get("bytes", 0.0)), "rate_bps": rate})
         return rows
 
 
 # ---- document ---------------------------------------------------------------------------
+#: the counter each node-pair finding's seen_by reports per DPU
+SEEN_BY_COUNTER = {"hot_destination": M.PEER_BYTES, "alltoall_destination_skew": M.PEER_BYTES,
+                   "incast": M.PEER_BUSY_SECONDS, "ecn_congestion": M.PEER_CE_PACKETS,
+                   "cnp_storm": M.PEER_CNP_PACKETS, "retransmissions": M.PEER_RETRANSMITTED_PACKETS,
+                   "nak_errors": M.PEER_NAKS}
 def snapshot_of(fm: FleetMatrix, url: str) -> Snapshot:
     """The fleet matrix as a Snapshot whose flows are the (src, dst) pairs (dest_qp 0), so
     that report.to_dict gives the `report --json` shape. Counts are rounded to integers."""
@@ -374,11 +497,14 @@ def build_document(fm: FleetMatrix, url: str, fetcher: Fetcher | None = None, th
     snap = snapshot_of(fm, url)
     result = analyze_matrix(fm, thresholds=thresholds)
     if fetcher is not None:
-        for fd in result["findings"]:
+        for k, fd in enumerate(result["findings"]):
             link = fd.get("evidence", {}).get("link")
             if fd["kind"] == "ring_straggler" and link:
                 fd["evidence"]["seen_by"] = fetcher.observers(link[0], link[1])
+            elif "seen_by" not in fd["evidence"] and fd["kind"] in SEEN_BY_COUNTER and k < MAX_DRILLDOWNS:
+                fd["evidence"]["seen_by"] = fetcher.pair_observers(fd)
     doc = R.to_dict(snap, result)
+    doc["meta"]["dpu_clocks"] = fm.clock
     # pair rows: dest_qp is not applicable; add the fleet-only columns
     pos = {ip: i for i, ip in enumerate(fm.ips)}
     tot = fm.pair
@@ -401,9 +527,9 @@ def build_document(fm: FleetMatrix, url: str, fetcher: Fetcher | None = None, th
 
 
 def run(url: str, window: str = "5m", timeout: float = 30.0, selector: str = "", use_rules: bool = True,
-        thresholds=None) -> dict:
+        thresholds=None, clock: str = "unsynchronised") -> dict:
     prom = Prometheus(url, timeout=timeout)
-    fetcher = Fetcher(prom, window, selector=selector, use_rules=use_rules)
+    fetcher = Fetcher(prom, window, selector=selector, use_rules=use_rules, clock=clock)
     fm = fetcher.fetch()
     doc = build_document(fm, url, fetcher, thresholds=thresholds)
     doc["meta"]["queries"] = prom.queries

@@ -14,19 +14,41 @@ from typing import Any
 
 import numpy as np
 
-from skewscope.analysis.detectors.common import Emitter
+from skewscope.analysis.detectors.common import Emitter, impact_of
 from skewscope.analysis.detectors.registry import Detector, Threshold, detectors, kinds, resolve_thresholds
 from skewscope.analysis.fleet import (
     all_to_all_groups,
+    bound_at_or_below,
+    bucket_quantile,
     class_bytes,
+    count_gt,
+    count_le,
     destination_preference,
     find_rings,
     fmt_bps,
     offdiag,
     rate_over_active,
     safe_div,
+    upstream_cycles,
 )
 from skewscope.analysis.stats import robust_ratio_to_median, skew_rows, skew_stats
+
+
+def _mean(h) -> float:
+    return float(h[2] / h[1][-1]) if h is not None and h[1][-1] > 0 else float("nan")
+
+
+def _count(h) -> float:
+    return float(h[1][-1]) if h is not None else 0.0
+
+
+def _q(h, q) -> float | None:
+    v = bucket_quantile(h[0], h[1], q) if h is not None else float("nan")
+    return float(v) if np.isfinite(v) else None
+
+
+def _f(v):
+    return None if v is None or not np.isfinite(v) else float(v)
 
 
 @dataclass
@@ -36,6 +58,7 @@ class FleetInputs:
     th: dict
     metrics: dict = field(default_factory=dict)
     collectives: list = field(default_factory=list)
+    timing: dict | None = None
 
     @cached_property
     def ips(self):
@@ -52,6 +75,45 @@ class FleetInputs:
     @cached_property
     def data_b(self):
         return self.bulk_b + self.chunk_b
+
+    @cached_property
+    def timing_groups(self) -> list[dict]:
+        """Groups from the DPUs' own per-node timing: rings (ring, tp_decode) = cycles of
+        each member's upstream; all-to-all = members connected through their peers."""
+        tm = getattr(self.fm, "timing", None) or {}
+        out = []
+        for role in ("ring", "tp_decode"):
+            up = {}
+            for (ip, r), e in tm.items():
+                if r != role or not e["peers"]:
+                    continue
+                up[ip] = max(e["peers"], key=lambda p: _count(e["peers"][p].get("arrival")))
+            for cyc in upstream_cycles(up):
+                out.append({"role": role, "members": cyc})
+        a2a = {ip: set(e["peers"]) for (ip, r), e in tm.items() if r == "alltoall"}
+        seen = set()
+        for a in sorted(a2a):
+            if a in seen:
+                continue
+            comp, stack = [], [a]
+            seen.add(a)
+            while stack:
+                x = stack.pop()
+                comp.append(x)
+                for y in a2a.get(x, ()):
+                    if y in a2a and y not in seen:
+                        seen.add(y)
+                        stack.append(y)
+            if len(comp) >= 2:
+                out.append({"role": "alltoall", "members": sorted(comp, key=lambda v: self.ips.index(v)
+                                                                  if v in self.ips else 1 << 30)})
+        return out
+
+    def entry(self, ip, role):
+        return (getattr(self.fm, "timing", None) or {}).get((ip, role))
+
+    def exported_by(self, a: str, c: str, klass: str) -> float:
+        return float((getattr(self.fm, "exported_by", None) or {}).get((a, c, klass), 0.0))
 
     @cached_property
     def hot_b(self):
@@ -98,7 +160,8 @@ def alltoall(inp, em):
         mask = ~np.eye(len(g), dtype=bool)
         rows = skew_rows(sub, mask)
         col = skew_stats(sub.sum(axis=0))
-        inp.collectives.append({"kind": "all_to_all", "members": [ips[i] for i in g], "confidence": 0.8,
+        inp.collectives.append({"kind": "all_to_all", "members": [ips[i] for i in g],
+                                "confidence": alltoall_confidence(inp, g),
                                 "metrics": {"destination_skew": col, "per_source_max_over_mean":
                                             [r["max_over_mean"] for r in rows]}})
         worst = [(r["max_over_mean"] or 0.0, k, r) for k, r in enumerate(rows)
@@ -131,7 +194,8 @@ def rings(inp, em):
         lr = np.array([rate[a, c] for a, c in links])
         score = robust_ratio_to_median(lr)
         med = float(np.nanmedian(lr)) if np.isfinite(lr).any() else None
-        inp.collectives.append({"kind": "ring_allreduce", "members": [ips[i] for i in ring], "confidence": 0.8,
+        inp.collectives.append({"kind": "ring_allreduce", "members": [ips[i] for i in ring],
+                                "confidence": ring_confidence(inp, ring, "bulk"),
                                 "metrics": {"link_rate_bps": [None if not np.isfinite(x) else float(x) for x in lr],
                                             "median_rate_bps": med,
                                             "straggler_score": [None if not np.isfinite(x) else float(x)
@@ -213,6 +277,256 @@ def loss(inp, em):
                      {s: float(fm.naks[s][i, j]) for s in fm.naks}, pairs=[(ips[i], ips[j])])
 
 
+# ---- confidence of the fleet's collectives (from the evidence, docs/fleet.md "Fusion") ----
+def _conf(terms: dict) -> float:
+    vals = [v for v in terms.values() if v is not None and np.isfinite(v)]
+    return round(float(np.mean(vals)), 3) if vals else 0.0
+
+
+def ring_confidence(inp, ring: list, klass: str) -> float:
+    """Mean of: volume balance (min / max link bytes: ring links carry equal volumes by
+    construction), both ends (share of links exported by the DPUs of both ends), and timing
+    agreement (share of the members whose own DPU names the ring predecessor as its
+    upstream; left out when no member exports timing)."""
+    ips = inp.ips
+    links = [(ring[k], ring[(k + 1) % len(ring)]) for k in range(len(ring))]
+    vol = np.array([inp.bulk_b[a, c] if klass == "bulk" else inp.data_b[a, c] for a, c in links])
+    terms = {"volume_balance": float(vol.min() / vol.max()) if vol.max() > 0 else 0.0,
+             "both_ends": float(np.mean([inp.exported_by(ips[a], ips[c], klass) >= 2 for a, c in links]))}
+    agree = []
+    for a, c in links:
+        e = inp.entry(ips[c], "ring") or inp.entry(ips[c], "tp_decode")
+        if e is not None and e["peers"]:
+            agree.append(max(e["peers"], key=lambda p: _count(e["peers"][p].get("arrival"))) == ips[a])
+    terms["timing_agreement"] = float(np.mean(agree)) if agree else None
+    return _conf(terms)
+
+
+def alltoall_confidence(inp, g: list) -> float:
+    """Mean of: density (share of the k(k-1) member pairs carrying chunk data), both ends
+    (share of those pairs exported by both ends' DPUs), timing agreement (share of members
+    whose own DPU sees an all-to-all over >= 90 % of the other members; left out when none
+    exports timing)."""
+    ips = inp.ips
+    k = len(g)
+    pairs = [(a, c) for a in g for c in g if a != c]
+    present = [(a, c) for a, c in pairs if inp.chunk_b[a, c] > 0]
+    terms = {"density": len(present) / max(1, len(pairs)),
+             "both_ends": float(np.mean([inp.exported_by(ips[a], ips[c], "chunk") >= 2 for a, c in present]))
+             if present else 0.0}
+    agree = []
+    for a in g:
+        e = inp.entry(ips[a], "alltoall")
+        if e is not None:
+            agree.append(len(set(e["peers"]) & {ips[x] for x in g}) >= 0.9 * (k - 1))
+    terms["timing_agreement"] = float(np.mean(agree)) if agree else None
+    return _conf(terms)
+
+
+# ---- fusion of the per-node timing (slow_tp_shard, ring_straggler, rotating_straggler) ----
+def _member_view(inp, ip, role, upstream, downstream, late_s, slow_s):
+    """What the member's own DPU and its downstream's DPU saw (seen_by rows)."""
+    e = inp.entry(ip, role)
+    rows = []
+    own = {"forward_latency_mean_s": None}
+    if e is not None:
+        fw = e["hist"].get("forward_latency")
+        st = e["peers"].get(upstream, {}).get("start")
+        ar = e["peers"].get(upstream, {}).get("arrival")
+        own = {"forward_latency_mean_s": _f(_mean(fw)), "forward_latency_p50_s": _q(fw, 0.5),
+               "steps": _count(fw),
+               "slow_steps": count_gt(fw[0], fw[1], slow_s) if fw is not None else 0.0,
+               "late_starts": count_le(st[0], st[1], -late_s) if st is not None else 0.0,
+               "collectives": _count(st), "arrival_offset_p50_s": _q(ar, 0.5),
+               "upstream": upstream}
+        rows.append({"dpu": e["dpu"], "ip": ip, "saw": "its own node", **own})
+    d = inp.entry(downstream, role)
+    down = {"late_arrivals": 0.0, "collectives": 0.0}
+    if d is not None:
+        st = d["peers"].get(ip, {}).get("start")
+        down = {"late_arrivals": count_gt(st[0], st[1], late_s) if st is not None else 0.0,
+                "collectives": _count(st), "start_offset_p50_s": _q(st, 0.5)}
+        rows.append({"dpu": d["dpu"], "ip": downstream, "saw": f"arrivals from {ip}", **down})
+    return own, down, rows
+
+
+def timing_fusion(inp, em):
+    for g in inp.timing_groups:
+        role, mem = g["role"], g["members"]
+        if role not in ("ring", "tp_decode") or len(mem) < MIN_RING_LINKS:
+            continue
+        kind = "slow_tp_shard" if role == "tp_decode" else "ring_straggler"
+        t, tr = inp.th[kind], inp.th["rotating_straggler"]
+        n = len(mem)
+        up = {mem[(k + 1) % n]: mem[k] for k in range(n)}
+        down = {mem[k]: mem[(k + 1) % n] for k in range(n)}
+        ents = [inp.entry(ip, role) for ip in mem]
+        fwd = np.array([_mean(e["hist"].get("forward_latency")) if e else np.nan for e in ents])
+        med = float(np.nanmedian(fwd)) if np.isfinite(fwd).any() else float("nan")
+        starts = [e["peers"].get(up[ip], {}).get("start") if e else None for ip, e in zip(mem, ents)]
+        # the healthy start offset: the smallest |median| of a member's (the late one's own
+        # and its downstream's are shifted by the lag)
+        st_med = [abs(v) for v in (_q(h, 0.5) for h in starts if h is not None) if v is not None]
+        scale = max(med if np.isfinite(med) else 0.0, min(st_med) if st_med else 0.0,
+                    t.get("min_lag_s", 1e-6))
+        late_s = 1e-6
+        for h in starts:
+            if h is not None:
+                late_s = bound_at_or_below(h[0], tr["late_factor"] * scale)
+                break
+        slow_s = 2.0 * med if np.isfinite(med) else 0.0
+        views = {ip: _member_view(inp, ip, role, up[ip], down[ip], late_s, slow_s) for ip in mem}
+        gated = {ip: max(v[0].get("late_starts", 0.0), v[1].get("late_arrivals", 0.0)) for ip, v in views.items()}
+        colls = {ip: max(v[0].get("collectives", 0.0), v[1].get("collectives", 0.0)) for ip, v in views.items()}
+        iters = [e["iterations"] for e in ents if e and e["iterations"] > 0]
+        n_it = float(np.median(iters)) if iters else 0.0
+        itl = [_mean(e["hist"].get("iteration")) for e in ents if e]
+        period = float(np.nanmedian(itl)) if np.isfinite(itl).any() else None
+        blamed, why = None, None
+        if np.isfinite(fwd).any() and np.isfinite(med) and med > 0:
+            k = int(np.nanargmax(fwd))
+            ip = mem[k]
+            own = views[ip][0]
+            share = own["slow_steps"] / own["steps"] if own.get("steps") else 0.0
+            if fwd[k] / med >= t["forward_ratio"] and share >= inp.th["slow_tp_shard"]["last_share"] \
+                    and fwd[k] - med >= t.get("min_lag_s", 1e-6):
+                blamed, why = ip, "forward"
+        if blamed is None:
+            for ip in sorted(mem, key=lambda x: -gated[x]):
+                if gated[ip] >= tr["min_iterations"] and colls[ip] > 0 \
+                        and gated[ip] / colls[ip] >= tr["persistent_share"]:
+                    blamed, why = ip, "late_starts"
+                break
+        seen_by = [r for ip in mem for r in views[ip][2]]
+        if blamed is not None:
+            own, dn, _ = views[blamed]
+            k = mem.index(blamed)
+            lag = float(fwd[k] - med) if why == "forward" else None
+            # the lag is paid on every step and, as a late start, on every collective's first one
+            steps_it = (own.get("steps", 0.0) + own.get("late_starts", 0.0)) / n_it if n_it else None
+            lost = lag * steps_it if lag is not None and steps_it else None
+            imp = impact_of(lost, period)
+            ev = {"source": "per-node timing", "role": role, "group": mem, "forward_latency_s": _f(fwd[k]),
+                  "group_median_forward_latency_s": _f(med), "forward_ratio": _f(fwd[k] / med) if med > 0 else None,
+                  "lag_per_step_s": lag, "slow_steps": own.get("slow_steps"), "steps": own.get("steps"),
+                  "slow_step_above_s": slow_s, "late_starts": own.get("late_starts"),
+                  "late_arrivals_seen_downstream": dn.get("late_arrivals"), "collectives": colls[blamed],
+                  "late_above_s": late_s, "downstream": down[blamed],
+                  "corroborated_by_downstream": bool(dn.get("late_arrivals", 0) > 0),
+                  "iterations": n_it, "iteration_mean_s": period, "seen_by": seen_by}
+            sev = "critical" if (imp and (imp.get("share") or 0) >= inp.th["slow_tp_shard"]["critical_share"]) \
+                or ev["corroborated_by_downstream"] else "warning"
+            prior = [f for f in em.out if f.kind == kind and f.entities.ips and f.entities.ips[0] == blamed]
+            if prior:
+                prior[0].evidence["timing"] = ev
+                if prior[0].impact is None:
+                    prior[0].impact = imp
+                continue
+            what = (f"its forward latency is {fwd[k] / med:.1f}x the group median ({fwd[k] * 1e6:.1f} vs "
+                    f"{med * 1e6:.1f} us) on {own['slow_steps']:.0f} of {own['steps']:.0f} steps"
+                    if why == "forward" else
+                    f"it started {gated[blamed]:.0f} of {colls[blamed]:.0f} collectives late (> {late_s * 1e6:g} us)")
+            conf = (f"; its downstream {down[blamed]}'s DPU saw {dn.get('late_arrivals', 0):.0f} late first arrivals"
+                    if dn.get("late_arrivals") else "")
+            cost = (f": every {'token' if role == 'tp_decode' else 'iteration'} waits ~{lost * 1e3:.2f} ms for it"
+                    if lost else "")
+            label = "tensor-parallel shard" if role == "tp_decode" else "ring straggler"
+            em.add_fleet(kind, sev, [blamed] + [m for m in mem if m != blamed],
+                         f"{label} {blamed} (from the DPUs' own timing): {what}{conf}{cost}; check that host's "
+                         f"GPU/NIC (clocks, thermal, a noisy neighbour, PCIe)",
+                         ev, pairs=[(blamed, down[blamed])], impact=imp)
+            continue
+        total = sum(gated.values())
+        gates = sorted((ip for ip in mem if gated[ip] > 0), key=lambda x: (-gated[x], mem.index(x)))
+        if total >= tr["min_iterations"] and len(gates) >= 2 and n_it > 0 and total / n_it >= tr["gated_share"] \
+                and max(gated.values()) / total <= tr["persistent_share"] and late_s >= tr["min_lag_s"]:
+            share = {ip: gated[ip] / total for ip in gates}
+            em.add_fleet("rotating_straggler", "warning", gates,
+                         f"rotating straggler in the {role} ring of {n} nodes: {len(gates)} different members "
+                         f"started {total:.0f} collectives late (> {late_s * 1e6:g} us), none more than "
+                         f"{100 * max(share.values()):.0f}% of them; no single node to replace: look for "
+                         f"fleet-wide jitter (OS noise, GC, data loading, power capping)",
+                         {"source": "per-node timing", "role": role, "group": mem, "gated_collectives": total,
+                          "iterations": n_it, "distinct_gates": len(gates), "gate_share": share,
+                          "max_share": max(share.values()), "late_above_s": late_s, "seen_by": seen_by},
+                         pairs=[(ip, down[ip]) for ip in gates])
+
+
+def timing_document(inp) -> dict | None:
+    """The cluster document's `timing`: per group (from the DPUs' own histograms) decode
+    ITL and tokens/s, step / collective / forward-latency medians; the main group's decode
+    numbers also at the top level (the single-node keys). Quantiles are bucket estimates
+    (histogram_quantile); means are exact (_sum / _count)."""
+    groups = []
+    for g in inp.timing_groups:
+        role, mem = g["role"], g["members"]
+        ents = [e for e in (inp.entry(ip, role) for ip in mem) if e]
+        if not ents:
+            continue
+
+        def med(vals):
+            v = [x for x in vals if x is not None and np.isfinite(x)]
+            return float(np.median(v)) if v else None
+
+        its = [e["hist"].get("iteration") for e in ents]
+        itl_mean = med([_mean(h) for h in its])
+        n_it = med([e["iterations"] for e in ents])
+        n_coll = med([e["collectives"] for e in ents])
+        decode = role == "tp_decode" or (role == "alltoall" and n_it and n_coll and n_coll / n_it >= 4)
+        groups.append({
+            "role": role, "members": mem, "dpus": sorted({e["dpu"] for e in ents}),
+            "workload": "decode" if decode else ("kv_transfer" if role == "kv_transfer" else "training"),
+            "iterations": n_it, "collectives": n_coll,
+            "iteration_mean_s": itl_mean, "iteration_p50_s": med([_q(h, 0.5) for h in its]),
+            "iteration_p99_s": med([_q(h, 0.99) for h in its]),
+            "itl_p50_s": med([_q(h, 0.5) for h in its]) if decode else None,
+            "itl_p99_s": med([_q(h, 0.99) for h in its]) if decode else None,
+            "itl_mean_s": itl_mean if decode else None,
+            "tokens_per_s": (1.0 / itl_mean) if decode and itl_mean else None,
+            "step_p50_s": med([_q(e["hist"].get("step"), 0.5) for e in ents]),
+            "collective_p50_s": med([_q(e["hist"].get("collective"), 0.5) for e in ents]),
+            "forward_latency_p50_s": med([_q(e["hist"].get("forward_latency"), 0.5) for e in ents]),
+            "forward_latency_mean_s": med([_mean(e["hist"].get("forward_latency")) for e in ents]),
+        })
+    if not groups:
+        return None
+    main = max(groups, key=lambda x: (x["workload"] == "decode", len(x["members"])))
+    return {"clock": getattr(inp.fm, "clock", "unsynchronised"),
+            "source": "per-node timing histograms (each DPU's own clock; quantiles are bucket estimates)",
+            "workload": main["workload"], "period_s": main["iteration_mean_s"],
+            "tokens_per_s": main["tokens_per_s"], "itl_p50_s": main["itl_p50_s"], "itl_p99_s": main["itl_p99_s"],
+            "groups": groups}
+
+
+def timing_collectives(inp) -> None:
+    """Timing-only rings (TP decode: small messages, no bulk pairs in the matrix) as
+    collectives, confidence from the evidence: mean of matrix corroboration (share of the
+    ring's links carrying data in the matrix), both ends (exported by both DPUs), step
+    balance (min / max of the members' step counts: a ring's members step together)."""
+    ips = inp.ips
+    known = {tuple(sorted(c["members"])) for c in inp.collectives}
+    for g in inp.timing_groups:
+        if g["role"] != "tp_decode" or tuple(sorted(g["members"])) in known:
+            continue
+        mem = g["members"]
+        links = [(mem[k], mem[(k + 1) % len(mem)]) for k in range(len(mem))]
+        idx = {ip: i for i, ip in enumerate(ips)}
+        data = [a in idx and c in idx and inp.data_b[idx[a], idx[c]] > 0 for a, c in links]
+        both = [max(inp.exported_by(a, c, "chunk"), inp.exported_by(a, c, "bulk")) >= 2 for a, c in links]
+        steps = [_count((inp.entry(ip, "tp_decode") or {"hist": {}})["hist"].get("forward_latency")) for ip in mem]
+        bal = min(steps) / max(steps) if max(steps) > 0 else 0.0
+        inp.collectives.append({"kind": "ring_allreduce", "members": mem,
+                                "confidence": _conf({"matrix": float(np.mean(data)), "both_ends": float(np.mean(both)),
+                                                     "step_balance": bal}),
+                                "metrics": {"role": "tp_decode", "source": "per-node timing"}})
+
+
+def fleet_timing(inp, em):
+    timing_fusion(inp, em)
+    timing_collectives(inp)
+    inp.timing = timing_document(inp)
+
+
 _FLEET = frozenset({"fleet"})
 DETECTORS = [
     Detector("fleet_hot_destination", hot_destination, emits=("hot_destination",), needs=_FLEET, stage=10,
@@ -227,6 +541,18 @@ DETECTORS = [
                                                             "destinations of that source, at least")))),
     Detector("fleet_rings", rings, emits=("ring_straggler",), needs=_FLEET, stage=30,
              doc="rings of bulk pairs: link rate over active time / the ring median"),
+    Detector("fleet_timing", fleet_timing, emits=("slow_tp_shard", "ring_straggler", "rotating_straggler"),
+             needs=_FLEET, stage=35,
+             doc="per-node timing histograms: a ring member's forward latency vs the group median, late "
+                 "collective starts seen by its own and its downstream's DPU; the cluster document's timing",
+             extra=(("slow_tp_shard", Threshold("forward_ratio", 3.0, "ratio",
+                                                "fleet: a member's mean forward latency / the group median")),
+                    ("ring_straggler", Threshold("forward_ratio", 3.0, "ratio",
+                                                 "fleet: a member's mean forward latency / the ring median")),
+                    ("rotating_straggler", Threshold("late_factor", 4.0, "ratio",
+                                                     "fleet: a late collective start is later than this x the "
+                                                     "group's forward latency (or start offset) median, "
+                                                     "rounded down to a bucket bound")))),
     Detector("fleet_incast", incast, emits=("incast",), needs=_FLEET, stage=40,
              doc="incast degree: sum of pair busy time into a destination / its busy time"),
     Detector("fleet_congestion", congestion, emits=("ecn_congestion", "cnp_storm"), needs=_FLEET, stage=50,
@@ -258,5 +584,5 @@ def analyze_matrix(fm, thresholds=None) -> dict:
     for d in detectors("fleet"):
         d.fn(inp, em)
     fs = sorted(em.out, key=lambda f: _SEV_ORDER.get(f.severity, 3))
-    return {"collectives": inp.collectives, "timing": None, "findings": [f.to_dict() for f in fs],
+    return {"collectives": inp.collectives, "timing": inp.timing, "findings": [f.to_dict() for f in fs],
             "metrics": metrics}

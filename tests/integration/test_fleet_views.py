@@ -1,0 +1,302 @@
+"""The fleet's file path, one DPU per node: the generator writes per-node views (`skewscope gen
+SCENARIO --views DIR`: the frames a DPU on node IP sees), one `skewscope export --from
+VIEW.pcap --node dpuK --node-ip IP` per node, a real Prometheus (Debian's
+/usr/bin/prometheus on 127.0.0.1, a temporary config and TSDB, the shipped rule files)
+scrapes them all, and `skewscope cluster --window all --json` must name the injected entity --
+from the generator's ground truth, never from skewscope -- with the single-node finding
+schema and `seen_by` evidence (which DPUs saw what).
+
+No DPU sees another node's traffic and nothing compares two DPUs' timestamps: the views are
+generated with --clock-skew (each DPU's clock off by up to +-5 s), so a fusion that used
+absolute times across DPUs would fail.
+
+Cases (presets and variants: other node counts, sizes, MTUs, the blamed node moved):
+slow TP shard (tp-decode-slow-shard; 6-way, shard 4, 30 us late), ring straggler (ring-straggler;
+5 nodes, 2 MiB, node 1), rotating straggler (ring-rotating-straggler), hot expert
+(ep-decode-hot-expert; 6-way with destination 1, IB MTU 1024), and the other fleet detectors
+on their presets: incast, ECN congestion, CNP storm, retransmissions, NAKs (item 6). Each
+case also runs the all-seeing `diagnose --json` on the full capture and compares: the same
+kind blames the same entity. Cost (queries, samples, seconds) is measured on every case and
+printed (`cluster --stats`).
+
+Everything made is under a pytest tmp dir; every process started is stopped in finally.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian package prometheus missing "
+                                                                            "(make setup installs it)"),
+              pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "docs" / "prometheus"
+SCRAPE_S = 2.0
+
+
+def _variant(preset: str, path: dict | None = None, **changes) -> dict:
+    from skewscope.gen.presets import PRESETS
+    sc = copy.deepcopy(PRESETS[preset])
+    sc["name"] = f"{preset}-variant"
+    for k, v in (path or {}).items():
+        sc["pathologies"][0][k] = v
+    for k, v in changes.items():
+        if k in ("bytes", "channels", "bytes_per_peer"):
+            sc["workloads"][0][k] = v
+        else:
+            sc[k] = v
+    return sc
+
+
+#: case -> (scenario, seed, the truth's pathology kind, the cluster's finding kind, the
+#: all-seeing diagnose's finding kind for the comparison, or None when not compared)
+CASES = {
+    "slow_tp_shard": ("tp-decode-slow-shard", 2, "slow_tp_shard", "slow_tp_shard", "slow_tp_shard"),
+    "slow_tp_shard_6way": (_variant("tp-decode-slow-shard", {"node": 4, "lag_us": 30}, nodes=6), 5,
+                           "slow_tp_shard", "slow_tp_shard", "slow_tp_shard"),
+    "ring_straggler": ("ring-straggler", 3, "straggler", "ring_straggler", "ring_straggler"),
+    "ring_straggler_5n": (_variant("ring-straggler", {"node": 1}, nodes=5, bytes="2MiB", channels=1), 7,
+                          "straggler", "ring_straggler", "ring_straggler"),
+    "rotating_straggler": ("ring-rotating-straggler", 3, "rotating_straggler", "rotating_straggler",
+                           "rotating_straggler"),
+    "hot_expert": ("ep-decode-hot-expert", 3, "hot_destination", "hot_destination", "hot_destination"),
+    "hot_expert_6way": (_variant("ep-decode-hot-expert", {"node": 1}, nodes=6, ib_mtu=1024), 4,
+                        "hot_destination", "hot_destination", "hot_destination"),
+    "moe_hot_expert": ("moe-hot-expert", 1, "hot_destination", "hot_destination", "hot_destination"),
+    "incast": ("incast", 1, "incast", "incast", None),
+    "ecn_congestion": ("congestion", 1, "ecn_congestion", "ecn_congestion", None),
+    "cnp_storm": ("congestion", 1, "cnp_storm", "cnp_storm", None),
+    "retransmissions": ("loss", 1, "retransmissions", "retransmissions", None),
+    "nak_errors": ("loss", 1, "nak", "nak_errors", None),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_json(url: str, timeout: float = 5.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def wait_until(fn, timeout: float, what: str, step: float = 0.25):
+    end = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < end:
+        try:
+            v = fn()
+            if v:
+                return v
+            last = v
+        except AssertionError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- retried until the deadline
+            last = e
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def skewscope(*args, timeout=300, check=True):
+    r = subprocess.run([sys.executable, "-m", "skewscope.cli", *args], capture_output=True, text=True,
+                       timeout=timeout)
+    if check:
+        assert r.returncode in (0, 1, 2) if args[0] == "diagnose" else r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def stop(p):
+    if p is not None and p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+
+
+def run_fleet(scenario, seed: int, work: Path) -> dict:
+    """gen --views, one exporter per view, Prometheus, cluster --window all --json --stats."""
+    if isinstance(scenario, dict):
+        sc_file = work / "scenario.yaml"
+        sc_file.write_text(json.dumps(scenario))           # JSON is YAML
+        scenario = str(sc_file)
+    views = work / "views"
+    skewscope("gen", scenario, "--views", str(views), "--seed", str(seed), "--clock-skew", "5000000")
+    full = work / "full.pcap"
+    skewscope("gen", scenario, "-o", str(full), "--seed", str(seed))
+    truth = json.loads((views / "truth.json").read_text())
+    pcaps = sorted(p for p in views.glob("*.pcap"))
+    procs, logs, targets = [], [], []
+    prom = None
+    try:
+        for k, p in enumerate(pcaps):
+            port = free_port()
+            log = open(work / f"export{k}.log", "w")
+            logs.append(log)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "skewscope.cli", "export", "--from", str(p), "--listen", f"127.0.0.1:{port}",
+                 "--node", f"dpu{k}", "--node-ip", p.stem], stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True))
+            targets.append(f"127.0.0.1:{port}")
+        rules = []
+        for name in ("skewscope-rules.yml", "skewscope-alerts.yml"):
+            q = work / name
+            q.write_text((RULES / name).read_text().replace("interval: 30s", "interval: 1s"))
+            rules.append(str(q))
+        pport = free_port()
+        ms = f"{int(SCRAPE_S * 1000)}ms"
+        cfg = {"global": {"scrape_interval": ms, "scrape_timeout": ms,
+                          "evaluation_interval": "1s"}, "rule_files": rules,
+               "scrape_configs": [{"job_name": "skewscope", "static_configs": [{"targets": targets}]}]}
+        (work / "prometheus.yml").write_text(json.dumps(cfg))
+        plog = open(work / "prometheus.log", "w")
+        logs.append(plog)
+        prom = subprocess.Popen(
+            ["prometheus", f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
+             f"--web.listen-address=127.0.0.1:{pport}", "--storage.tsdb.retention.time=1h", "--log.level=warn"],
+            stdin=subprocess.DEVNULL, stdout=plog, stderr=subprocess.STDOUT, start_new_session=True)
+        url = f"http://127.0.0.1:{pport}"
+
+        def scraped():
+            if prom.poll() is not None:
+                raise AssertionError(f"prometheus exited: {(work / 'prometheus.log').read_text()[-2000:]}")
+            for k, p in enumerate(procs):
+                if p.poll() is not None:
+                    raise AssertionError(f"exporter {k} exited {p.returncode}: "
+                                         f"{(work / f'export{k}.log').read_text()[-2000:]}")
+            q = urllib.parse.quote("count by (node) (skewscope_exporter_info)")
+            return len(http_json(f"{url}/api/v1/query?query={q}")["data"]["result"]) == len(pcaps)
+        wait_until(scraped, 240, f"{len(pcaps)} exporters up and scraped")
+        time.sleep(4 * SCRAPE_S)
+        r = skewscope("cluster", "--prometheus", url, "--window", "all", "--json", "--stats")
+        doc = json.loads(r.stdout)
+        diag = json.loads(skewscope("diagnose", str(full), "--json").stdout)
+        return {"doc": doc, "truth": truth, "diag": diag, "stats": r.stderr, "n": len(pcaps)}
+    finally:
+        for p in procs:
+            stop(p)
+        stop(prom)
+        for f in logs:
+            f.close()
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, tmp_path_factory):
+    name = request.param
+    scenario, seed, truth_kind, kind, diag_kind = CASES[name]
+    res = run_fleet(scenario, seed, tmp_path_factory.mktemp(f"fv-{name}"))
+    if os.environ.get("SSV_DUMP"):
+        Path(os.environ["SSV_DUMP"], f"{name}.json").write_text(json.dumps(res["doc"], indent=1))
+    res.update(name=name, truth_kind=truth_kind, kind=kind, diag_kind=diag_kind,
+               pat=next(p for p in res["truth"]["pathologies"] if p["kind"] == truth_kind))
+    return res
+
+
+def _blamed(pat) -> str:
+    m = pat.get("magnitude") or {}
+    return m.get("hot") or pat["entities"]["ips"][0]
+
+
+def test_cluster_names_the_injected_entity(case):
+    doc, pat, kind = case["doc"], case["pat"], case["kind"]
+    fs = [f for f in doc["findings"] if f["kind"] == kind]
+    assert fs, (case["name"], [(f["kind"], f["entities"]["ips"][:3], f["message"]) for f in doc["findings"]])
+    truth_ips = pat["entities"]["ips"]
+    if kind == "rotating_straggler":
+        # every gate the generator injected, and nobody else, is named
+        gates = set(pat["magnitude"]["gating_rank_per_iteration"])
+        assert set(fs[0]["entities"]["ips"]) == gates, (fs[0]["entities"]["ips"], gates)
+        assert fs[0]["evidence"]["distinct_gates"] == len(gates)
+    elif kind in ("ecn_congestion", "retransmissions", "nak_errors"):
+        # a pair finding: the truth's flows' (src, dst) pair (either direction for NAKs)
+        pairs = {(a, b) for a, b, _ in pat["entities"]["flows"]}
+        got = {tuple(f["entities"]["ips"][:2]) for f in fs}
+        assert got & (pairs | {(b, a) for a, b in pairs}), (got, pairs)
+    elif kind == "cnp_storm":
+        senders = {a for a, _, _ in pat["entities"]["flows"]} or set(truth_ips)
+        assert {f["entities"]["ips"][0] for f in fs} & senders, ([f["entities"]["ips"] for f in fs], senders)
+    else:
+        assert fs[0]["entities"]["ips"][0] == _blamed(pat), (fs[0]["entities"]["ips"], truth_ips, fs[0]["message"])
+    for f in fs:   # the single-node schema, plus who saw it
+        assert list(f) == ["kind", "severity", "entities", "evidence", "message", "group", "impact"]
+        assert f["severity"] in ("warning", "critical")
+        ev = f["evidence"].get("timing", f["evidence"])
+        assert ev["seen_by"], f
+        assert all(row["dpu"].startswith("dpu") for row in ev["seen_by"]), ev["seen_by"]
+
+
+def test_seen_by_names_the_dpus_of_the_blamed_node(case):
+    """The DPU of the blamed node (and for timing, its downstream's) is among those that saw it."""
+    doc, kind, pat = case["doc"], case["kind"], case["pat"]
+    f = next(f for f in doc["findings"] if f["kind"] == kind)
+    ev = f["evidence"].get("timing", f["evidence"])
+    ips = {row["ip"] for row in ev["seen_by"]}
+    blamed = f["entities"]["ips"][0]
+    assert blamed in ips or any(blamed in row.get("pair", ()) for row in ev["seen_by"]), ev["seen_by"]
+    if kind in ("slow_tp_shard",) or (kind == "ring_straggler" and "timing" in f["evidence"]):
+        t = ev
+        assert t["corroborated_by_downstream"], t
+        assert t["downstream"] in ips
+
+
+def test_fleet_matches_the_all_seeing_mirror(case):
+    """diagnose on the full capture (one mirror that sees everything) and cluster on the
+    per-node views conclude the same: same kind, same blamed entity."""
+    if case["diag_kind"] is None:
+        pytest.skip("compared on the timing and hot-expert cases (diagnose's pair kinds differ in grain: "
+                    "per QP there, per node pair here)")
+    diag, doc, kind = case["diag"], case["doc"], case["diag_kind"]
+    d = next((f for f in diag["findings"] if f["kind"] == kind), None)
+    c = next((f for f in doc["findings"] if f["kind"] == kind), None)
+    assert d is not None and c is not None, ([f["kind"] for f in diag["findings"]], [f["kind"] for f in doc["findings"]])
+    if kind == "rotating_straggler":
+        assert set(d["entities"]["ips"]) == set(c["entities"]["ips"])
+    else:
+        assert d["entities"]["ips"][0] == c["entities"]["ips"][0], (d["entities"]["ips"], c["entities"]["ips"])
+
+
+def test_timing_per_group_and_collective_confidence(case):
+    doc, truth, name = case["doc"], case["truth"], case["name"]
+    tm = doc["timing"]
+    if name.startswith("slow_tp_shard") or name.startswith("hot_expert"):
+        assert tm is not None and tm["clock"] == "unsynchronised"
+        dec = [g for g in tm["groups"] if g["workload"] == "decode"]
+        assert dec, tm
+        # ground truth: the generator's token period (slowed by the shard) / token count
+        pat = case["pat"]
+        period = pat["magnitude"].get("token_period_s")
+        g = max(dec, key=lambda g: len(g["members"]))
+        assert g["tokens_per_s"] and g["itl_mean_s"]
+        if period:
+            assert abs(g["itl_mean_s"] - period) / period < 0.05, (g["itl_mean_s"], period)
+            assert abs(g["tokens_per_s"] - 1 / period) * period < 0.05
+        assert len(g["members"]) == case["n"]
+    for c in doc["collectives"]:
+        assert 0.0 <= c["confidence"] <= 1.0
+        # not a fixed number: each comes from that collective's evidence
+    confs = {c["confidence"] for c in doc["collectives"]}
+    assert not (confs & {0.8}) or len(confs) > 1 or not doc["collectives"]
+
+
+def test_query_cost_is_measured_and_printed(case):
+    m = case["doc"]["meta"]
+    assert m["queries"] > 0 and m["samples_returned"] > 0 and m["query_seconds"] > 0
+    assert f"queries {m['queries']}" in case["stats"], case["stats"]
+    print(f"{case['name']}: {case['n']} DPUs: {case['stats'].strip()}")
