@@ -269,13 +269,16 @@ def test_cluster_names_the_injected_entity(fleet):
     assert got[0]["entities"]["ips"][0] == blamed, got[0]
     assert sorted(doc["meta"]["dpus"]) == sorted(fleet["fab"].dpu_node(i) for i in range(fleet["n"]))
     if kind != "hot_destination":
-        # fused from per-node views: the evidence says which DPUs saw it, and each is the
-        # DPU of a member of the blamed node's group
+        # fused from per-node views: the evidence says which DPUs saw it (the link's or the
+        # per-node timing's seen_by); each is the DPU of a member of the blamed node's group,
+        # the blamed node's own DPU among them
         members = next(g["members"] for g in fleet["truth"]["groups"] if blamed in g["members"])
         dpus = {f"dpu{int(ip.split('.')[3]) - 1}" for ip in members}
-        seen = got[0]["evidence"].get("seen_by")
+        ev = got[0]["evidence"]
+        seen = (ev.get("seen_by") or []) + ((ev.get("timing") or {}).get("seen_by") or [])
         assert seen, got[0]
-        assert {o["node"] for o in seen} <= dpus, (seen, dpus)
+        names = {o.get("dpu", o.get("node")) for o in seen}
+        assert names <= dpus and f"dpu{int(blamed.split('.')[3]) - 1}" in names, (seen, dpus)
 
 
 CHILD = """
