@@ -82,39 +82,55 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
         groups.append((o, bounds_))
     (so, sb), (ro, rb) = groups
     lag_cols, start_cols, it_of_col, bound_cols, wait_cols = [], [], [], [], []
-    for i in range(len(its)):
-        sends = [so[sb[i * nm + m]:sb[i * nm + m + 1]] for m in range(nm)]
-        recvs = [ro[rb[i * nm + m]:rb[i * nm + m + 1]] for m in range(nm)]
-        cnt = {len(x) for x in sends} | {len(x) for x in recvs}
-        if len(cnt) != 1 or 0 in cnt:
+    # an iteration is aligned when every member sent and received the same number k > 0 of
+    # messages; runs of consecutive aligned iterations with one k are computed together as
+    # (iterations, members, steps) arrays (the same values as one iteration at a time)
+    ni = len(its)
+    cs = np.diff(sb)[:nk].reshape(ni, nm)
+    cr = np.diff(rb)[:nk].reshape(ni, nm)
+    kk = cs[:, 0]
+    aligned = (kk > 0) & (cs == kk[:, None]).all(axis=1) & (cr == kk[:, None]).all(axis=1)
+    i = 0
+    while i < ni:
+        if not aligned[i]:
+            i += 1
             continue
-        S = np.vstack([st[o] for o in sends])                      # (members, steps), start order
-        E = np.vstack([en[o] for o in sends])
-        RV = np.vstack([en[r] for r in recvs])                     # the j-th message received
-        k = S.shape[1]
+        j = i + 1
+        while j < ni and aligned[j] and kk[j] == kk[i]:
+            j += 1
+        k = int(kk[i])
+        na = j - i
+        s_idx = so[sb[i * nm]:sb[j * nm]]                          # (iteration, member) groups in order
+        r_idx = ro[rb[i * nm]:rb[j * nm]]
+        S = st[s_idx].reshape(na, nm, k)                           # (iterations, members, steps)
+        E = en[s_idx].reshape(na, nm, k)
+        RV = en[r_idx].reshape(na, nm, k)                          # the j-th message received
         raw = np.empty_like(S)
-        raw[:, 0] = S[:, 0] - S[:, 0].min()
+        raw[:, :, 0] = S[:, :, 0] - S[:, :, 0].min(axis=1, keepdims=True)
         if k > 1:
-            ready = np.maximum(E[:, :-1], RV[:, :-1])
-            raw[:, 1:] = np.maximum(S[:, 1:] - ready, 0.0)
-        med = np.median(raw, axis=0)
+            ready = np.maximum(E[:, :, :-1], RV[:, :, :-1])
+            raw[:, :, 1:] = np.maximum(S[:, :, 1:] - ready, 0.0)
+        med = np.median(raw, axis=1)
         # the first step of a collective (after compute / idle): every member waited, the
         # step's reference is its earliest send
-        bound = np.zeros(k, dtype=bool)
-        bound[0] = True
+        bound = np.zeros((na, k), dtype=bool)
+        bound[:, 0] = True
         if k > 2:
-            least = raw.min(axis=0)
-            typical = float(np.median(med[1:]))
-            bound[1:] = least[1:] > max(BOUNDARY_FACTOR * typical, typical + STEP_FLOOR_NS)
-            if bound[1:].any():
-                s_b = S[:, bound]
-                raw[:, bound] = s_b - s_b.min(axis=0)[None, :]
-                med = np.median(raw, axis=0)
-        lag_cols.append(raw - med[None, :])
-        start_cols.append(S.min(axis=0))
-        it_of_col.append(np.full(k, i))
-        bound_cols.append(bound)
-        wait_cols.append(raw.max(axis=0) >= STEP_FLOOR_NS)
+            least = raw.min(axis=1)
+            typical = np.median(med[:, 1:], axis=1)
+            bound[:, 1:] = least[:, 1:] > np.maximum(BOUNDARY_FACTOR * typical, typical + STEP_FLOOR_NS)[:, None]
+            redo = bound[:, 1:].any(axis=1)
+            if redo.any():
+                rb_ = bound & redo[:, None]
+                ref = S - S.min(axis=1, keepdims=True)
+                raw = np.where(rb_[:, None, :], ref, raw)
+                med = np.where(redo[:, None], np.median(raw, axis=1), med)
+        lag_cols.append((raw - med[:, None, :]).transpose(1, 0, 2).reshape(nm, na * k))
+        start_cols.append(S.min(axis=1).reshape(-1))
+        it_of_col.append(np.repeat(np.arange(i, j), k))
+        bound_cols.append(bound.reshape(-1))
+        wait_cols.append((raw.max(axis=1) >= STEP_FLOOR_NS).reshape(-1))
+        i = j
     if not lag_cols:
         return None
     lag = np.hstack(lag_cols)
