@@ -367,17 +367,20 @@ def timing_fusion(inp, em):
         # the healthy start offset: the smallest |median| of a member's (the late one's own
         # and its downstream's are shifted by the lag)
         st_med = [abs(v) for v in (_q(h, 0.5) for h in starts if h is not None) if v is not None]
-        scale = max(med if np.isfinite(med) else 0.0, min(st_med) if st_med else 0.0,
-                    t.get("min_lag_s", 1e-6))
-        late_s = 1e-6
+        scale = max(med if np.isfinite(med) else 0.0, min(st_med) if st_med else 0.0)
+        late_s = max(tr["late_factor"] * scale, t.get("min_lag_s", 1e-6))
         for h in starts:
             if h is not None:
-                late_s = bound_at_or_below(h[0], tr["late_factor"] * scale)
+                late_s = bound_at_or_below(h[0], late_s)
                 break
         slow_s = 2.0 * med if np.isfinite(med) else 0.0
         views = {ip: _member_view(inp, ip, role, up[ip], down[ip], late_s, slow_s) for ip in mem}
-        gated = {ip: max(v[0].get("late_starts", 0.0), v[1].get("late_arrivals", 0.0)) for ip, v in views.items()}
-        colls = {ip: max(v[0].get("collectives", 0.0), v[1].get("collectives", 0.0)) for ip, v in views.items()}
+        # a gate = a late start seen by the member's own DPU (its downstream's DPU sees the late
+        # first arrival too: corroboration, and the fallback when the member exports no timing)
+        gated = {ip: v[0]["late_starts"] if "late_starts" in v[0] else v[1].get("late_arrivals", 0.0)
+                 for ip, v in views.items()}
+        colls = {ip: v[0]["collectives"] if "collectives" in v[0] else v[1].get("collectives", 0.0)
+                 for ip, v in views.items()}
         iters = [e["iterations"] for e in ents if e and e["iterations"] > 0]
         n_it = float(np.median(iters)) if iters else 0.0
         itl = [_mean(e["hist"].get("iteration")) for e in ents if e]
@@ -418,9 +421,9 @@ def timing_fusion(inp, em):
                 or ev["corroborated_by_downstream"] else "warning"
             prior = [f for f in em.out if f.kind == kind and f.entities.ips and f.entities.ips[0] == blamed]
             if prior:
+                # the rate finding's own evidence stays; the timing lag alone would understate
+                # its impact (the slow rate costs more than the late starts), so none is added
                 prior[0].evidence["timing"] = ev
-                if prior[0].impact is None:
-                    prior[0].impact = imp
                 continue
             what = (f"its forward latency is {fwd[k] / med:.1f}x the group median ({fwd[k] * 1e6:.1f} vs "
                     f"{med * 1e6:.1f} us) on {own['slow_steps']:.0f} of {own['steps']:.0f} steps"
