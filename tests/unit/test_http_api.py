@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from skewscope import gen as skewgen
+from skewscope.cli.common import load_source
 from skewscope.outputs import metrics as M
 
 SERVING = re.compile(r"serving http://(\S+?)/metrics")
@@ -29,7 +30,7 @@ def start_export(*args, log):
     err = open(log, "w+")
     p = subprocess.Popen([sys.executable, "-m", "skewscope.cli", "export", *args], stdout=subprocess.DEVNULL,
                          stderr=err, text=True)
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 400   # a loaded machine, or numba compiling after a source change
     while time.monotonic() < deadline:
         err.seek(0)
         m = SERVING.search(err.read())
@@ -87,6 +88,9 @@ def servers(tmp_path_factory):
         p = d / f"{name}.pcap"
         truths[name] = skewgen.write(name, str(p), seed=3).truth
         files[name] = p
+    # the offline parser compiled and cached here first (numba recompiles after a source
+    # change), so the exporters' start is only their own
+    load_source(str(files["tp-decode-slow-shard"]))
     procs = {}
     try:
         # the hot expert behind a token with /metrics open; the instances behind a token on
