@@ -5,7 +5,8 @@ CPU time (user+sys of the child: far less sensitive than wall time to other load
 machine), each also as a ratio to two baselines measured in the same run: `python -c pass`
 (the interpreter) and `python -c "import numpy"` (the floor of anything that reads arrays).
 Then the import-time breakdown (`python -X importtime`) of `--help` and of `report`: the
-top-level packages by cumulative import time.
+imports' total, and their self time summed per package (skewscope per subpackage). What a
+report spends beyond its imports is numba loading its cached kernels, and the work.
 
 The child runs like an installed copy: bytecode caches on (PYTHONDONTWRITEBYTECODE unset,
 into a private PYTHONPYCACHEPREFIX, warmed by one untimed run) and numba's kernel cache warm.
@@ -61,22 +62,22 @@ def measure(cases, n, env) -> dict:
     return {k: (statistics.median(w), statistics.median(c)) for k, (w, c) in res.items()}
 
 
-def importtime(argv, env, top=12) -> list[tuple[str, float]]:
-    """Cumulative import time (s) per top-level package of one run of argv."""
+def importtime(argv, env, top=12) -> tuple[float, list[tuple[str, float]]]:
+    """`python -X importtime` of one run of argv: the total, and the self time (s) summed per
+    package (skewscope by subpackage), largest first."""
     r = subprocess.run([argv[0], "-X", "importtime", *argv[1:]], env=env, cwd=ROOT,
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     per: dict[str, float] = {}
     for line in r.stderr.splitlines():
-        if not line.startswith("import time:") or "|" not in line:
+        if not line.startswith("import time:") or line.count("|") != 2:
             continue
-        _, cum, name = line[len("import time:"):].split("|")
-        if not cum.strip().isdigit():
+        own, _, name = line[len("import time:"):].split("|")
+        if not own.strip().isdigit():
             continue
-        if name.startswith(" ") and not name.startswith("  "):   # a top-level import
-            name = name.strip()
-            key = name.split(".")[0] if not name.startswith("skewscope") else ".".join(name.split(".")[:2])
-            per[key] = per.get(key, 0.0) + int(cum) / 1e6
-    return sorted(per.items(), key=lambda kv: -kv[1])[:top]
+        parts = name.strip().split(".")
+        key = ".".join(parts[:2]) if parts[0] == "skewscope" else parts[0]
+        per[key] = per.get(key, 0.0) + int(own) / 1e6
+    return sum(per.values()), sorted(per.items(), key=lambda kv: -kv[1])[:top]
 
 
 def main() -> None:
@@ -114,9 +115,10 @@ def main() -> None:
             print(f"{name:36s} {w:7.3f} {c:7.3f} {c / base_c:8.1f}x {c / np_c:9.2f}x {w / np_w:10.2f}x")
         for label, argv in (("skewscope --help", [py, "-m", "skewscope", "--help"]),
                             ("skewscope report small", [py, "-m", "skewscope", "report", str(a.pcap)])):
-            print(f"\nimport time of {label} (cumulative s per top-level import, one run):")
-            for name, s in importtime(argv, env):
-                print(f"  {name:34s} {s:6.3f}")
+            total, rows = importtime(argv, env)
+            print(f"\nimports of {label}: {total:.3f} s in one run; self time per package:")
+            for name, s in rows:
+                print(f"  {name:34s} {s:6.3f}  {s / total:5.1%}")
 
 
 if __name__ == "__main__":
