@@ -78,10 +78,11 @@ CASES = {
                         "hot_destination", "hot_destination", "hot_destination"),
     "moe_hot_expert": ("moe-hot-expert", 1, "hot_destination", "hot_destination", "hot_destination"),
     "incast": ("incast", 1, "incast", "incast", None),
-    "ecn_congestion": ("congestion", 1, "ecn_congestion", "ecn_congestion", None),
-    "cnp_storm": ("congestion", 1, "cnp_storm", "cnp_storm", None),
-    "retransmissions": ("loss", 1, "retransmissions", "retransmissions", None),
-    "nak_errors": ("loss", 1, "nak", "nak_errors", None),
+    "ecn_congestion": ("congestion", 1, "congestion", "ecn_congestion", None),
+    # more iterations: with --window all the CNP storm is a count (cnp_storm.min_count)
+    "cnp_storm": (_variant("congestion", {"into": 4}, nodes=6, iterations=12), 2, "congestion", "cnp_storm", None),
+    "retransmissions": ("loss", 1, "loss", "retransmissions", None),
+    "nak_errors": (_variant("loss", {"pairs": [[3, 4]], "count": 4}, nodes=5), 3, "loss", "nak_errors", None),
 }
 
 
@@ -226,13 +227,26 @@ def test_cluster_names_the_injected_entity(case):
         assert set(fs[0]["entities"]["ips"]) == gates, (fs[0]["entities"]["ips"], gates)
         assert fs[0]["evidence"]["distinct_gates"] == len(gates)
     elif kind in ("ecn_congestion", "retransmissions", "nak_errors"):
-        # a pair finding: the truth's flows' (src, dst) pair (either direction for NAKs)
+        # pair findings: exactly the truth's pairs (NAKs go back: receiver -> sender), with
+        # the truth's counts (each pair seen by both ends' DPUs, counted once)
         pairs = {(a, b) for a, b, _ in pat["entities"]["flows"]}
+        if kind == "nak_errors":
+            pairs = {(b, a) for a, b in pairs}
         got = {tuple(f["entities"]["ips"][:2]) for f in fs}
-        assert got & (pairs | {(b, a) for a, b in pairs}), (got, pairs)
+        assert got == pairs, (got, pairs)
+        mag = pat["magnitude"]
+        if kind == "ecn_congestion":
+            assert sum(f["evidence"]["ce_packets"] for f in fs) == mag["ce_packets"]
+        elif kind == "retransmissions":
+            assert sum(f["evidence"]["retransmitted_packets"] for f in fs) == mag["retransmissions"]
+        else:
+            assert sum(f["evidence"]["psn_sequence_error"] for f in fs) == mag["naks"]
     elif kind == "cnp_storm":
-        senders = {a for a, _, _ in pat["entities"]["flows"]} or set(truth_ips)
-        assert {f["entities"]["ips"][0] for f in fs} & senders, ([f["entities"]["ips"] for f in fs], senders)
+        # the data senders into the congested node are the ones told to slow down
+        senders = {a for a, _, _ in pat["entities"]["flows"]}
+        got = {f["entities"]["ips"][0] for f in fs}
+        assert got and got <= senders, (got, senders)
+        assert sum(f["evidence"]["cnp_packets"] for f in fs) == pat["magnitude"]["cnp_packets"]
     else:
         assert fs[0]["entities"]["ips"][0] == _blamed(pat), (fs[0]["entities"]["ips"], truth_ips, fs[0]["message"])
     for f in fs:   # the single-node schema, plus who saw it
