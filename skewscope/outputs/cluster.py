@@ -564,6 +564,12 @@ def human(doc: dict, top: int = 20, console=None) -> None:
                     _rate(r, "bulk"), _rate(r, "chunk"), str(r["ce_packets"]), str(r["cnp_packets"]),
                     str(r["naks"]), str(r["retransmissions"]))
     con.print(tab)
+    for g in (doc.get("timing") or {}).get("groups", []):
+        tok = (f"ITL mean {g['itl_mean_s'] * 1e3:.2f} ms, {g['tokens_per_s']:.1f} tokens/s"
+               if g.get("tokens_per_s") else
+               f"iteration mean {g['iteration_mean_s'] * 1e3:.2f} ms" if g.get("iteration_mean_s") else "")
+        con.print(f"group {g['role']} ({len(g['members'])} nodes, {len(g['dpus'])} DPUs): {g['workload']}"
+                  f"{', ' + tok if tok else ''}")
     fs = doc.get("findings") or []
     if not fs:
         con.print("[green]no findings: the fleet's traffic looks healthy[/green]")
