@@ -444,6 +444,9 @@ def _bars(ax, labels, values, hot=(), ylabel="", fmt=None):
         ax.set_xlabel(f"{len(labels)} members")
     else:
         ax.set_xticks(range(len(labels)), labels, rotation=60 if len(labels) > 4 else 0, fontsize=7)
+        for t in ax.get_xticklabels():
+            if t.get_text() in hot:
+                t.set_color(HOT)
     ax.set_ylabel(ylabel)
     if fmt:
         ax.yaxis.set_major_formatter(fmt)
@@ -548,6 +551,11 @@ def fig_finding(Figure, f, doc, snap) -> object | None:
             labs = list(val)
             panels.append((key.replace("_", " "), lambda ax, labs=labs, val=val: _bars(
                 ax, labs, [val[k] or 0 for k in labs], ips[:1])))
+    pp = (doc.get("pfc") or {}).get("per_priority") or []
+    if not panels and "pfc" in f.get("kind", "") and any(x["pause"] for x in pp):
+        panels.append(("PFC pause frames per priority (capture)", lambda ax: _bars(
+            ax, [str(x["priority"]) for x in pp], [x["pause"] for x in pp],
+            {str(x["priority"]) for x in pp if x["pause"] == max(y["pause"] for y in pp)}, "pause frames")))
     # 4. else: the per-link counters of its flows, or the volumes of its nodes
     if not panels:
         links = (doc.get("metrics") or {}).get("links") or []

@@ -256,3 +256,17 @@ def test_timeline_counts_are_the_truths(case, tmp_path_factory):
     tl = sections(page)["timing"]
     assert f">token ({mg['tokens']})</text>" in tl, re.findall(r">(\w+ \(\d+\))</text>", tl)
     assert f">step ({mg['tokens'] * mg['steps_per_token']})</text>" in tl, re.findall(r">(\w+ \(\d+\))</text>", tl)
+
+
+def test_pfc_finding_draws_pause_per_priority(tmp_path):
+    """pfc preset: the pfc_pause card draws the pause frames per priority, the truth's
+    priority the highlighted (largest) bar."""
+    truth, snap = genlib.get("pfc")
+    out = tmp_path / "pfc.html"
+    H.write(str(out), snap, analyze(snap))
+    page = out.read_text()
+    (c,) = [c for c in cards(page) if "<b>pfc_pause</b>" in c]
+    assert "PFC pause frames per priority (capture)" in c
+    per = truth["pfc"]["per_priority"]
+    hot = [m.group(1) for m in re.finditer(r'<text style="[^"]*fill: #c62828[^"]*"[^>]*>([0-7])</text>', c)]
+    assert hot == [str(per.index(max(per)))], hot
