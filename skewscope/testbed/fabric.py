@@ -207,20 +207,24 @@ class Fabric:
             _run(["ip", "-n", dpu, "link", "set", self.mgmt_if, "up"])
 
     def start_exporters(self, port: int = 9435, interval: float = 0.25, extra: tuple = (), log_dir=None,
-                        xdp_mode: str = "generic") -> list[str]:
+                        xdp_mode: str = "generic", nice: int = 0) -> list[str]:
         """per_node_dpu: run `skewscope export -i obs0 --listen <dpu_addr(i)>:port --node dpu<i>
         --node-ip <node_ip(i)>` live in every DPU namespace (helper processes: stopped by
         teardown, detaching as they exit). Output goes to log_dir/export-dpu<i>.log (else
-        discarded). Returns the scrape targets, DPU 0 first."""
+        discarded). nice > 0 runs them at that niceness: on a shared machine the player, which
+        stands in for the NICs' timing, should not wait for the observers' analysis (real
+        DPUs have cores of their own). Returns the scrape targets, DPU 0 first."""
         if not self.per_node_dpu:
             raise FabricError("start_exporters() needs a fabric built with per_node_dpu=True")
         for i, dpu in enumerate(self.dpu_ns):
             log = open(Path(log_dir) / f"export-{self.dpu_node(i)}.log", "w") if log_dir else subprocess.DEVNULL
             try:
-                self.spawn(["ip", "netns", "exec", dpu, sys.executable, "-m", "skewscope.cli", "export",
-                            "-i", self.obs_if, "--listen", f"{self.dpu_addr(i)}:{port}", "--node", self.dpu_node(i),
-                            "--node-ip", self.node_ip(i), "--interval", f"{interval:g}", "--xdp-mode", xdp_mode, *extra],
-                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                pre = ["nice", "-n", str(int(nice))] if nice else []
+                cmd = ["ip", "netns", "exec", dpu, sys.executable, "-m", "skewscope.cli", "export",
+                       "-i", self.obs_if, "--listen", f"{self.dpu_addr(i)}:{port}", "--node", self.dpu_node(i),
+                       "--node-ip", self.node_ip(i), "--interval", f"{interval:g}", "--xdp-mode", xdp_mode, *extra]
+                self.spawn(pre + cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                           start_new_session=True)
             finally:
                 if log_dir:
                     log.close()
