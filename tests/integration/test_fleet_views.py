@@ -13,7 +13,7 @@ absolute times across DPUs would fail.
 Cases (presets and variants: other node counts, sizes, MTUs, the blamed node moved):
 slow TP shard (tp-decode-slow-shard; 6-way, shard 4, 30 us late), ring straggler (ring-straggler;
 5 nodes, 2 MiB, node 1), rotating straggler (ring-rotating-straggler), hot expert
-(ep-decode-hot-expert; 6-way with destination 1, IB MTU 1024), and the other fleet detectors
+(ep-decode-hot-expert; 6-way with destination 1, IB MTU 1024, 4 KiB per destination), and the other fleet detectors
 on their presets: incast, ECN congestion, CNP storm, retransmissions, NAKs (item 6). Each
 case also runs the all-seeing `diagnose --json` on the full capture and compares: the same
 kind blames the same entity. Cost (queries, samples, seconds) is measured on every case and
@@ -74,7 +74,7 @@ CASES = {
     "rotating_straggler": ("ring-rotating-straggler", 3, "rotating_straggler", "rotating_straggler",
                            "rotating_straggler"),
     "hot_expert": ("ep-decode-hot-expert", 3, "hot_destination", "hot_destination", "hot_destination"),
-    "hot_expert_6way": (_variant("ep-decode-hot-expert", {"node": 1}, nodes=6, ib_mtu=1024), 4,
+    "hot_expert_6way": (_variant("ep-decode-hot-expert", {"node": 1}, nodes=6, mtu=1024, bytes_per_dest="4KiB"), 4,
                         "hot_destination", "hot_destination", "hot_destination"),
     "moe_hot_expert": ("moe-hot-expert", 1, "hot_destination", "hot_destination", "hot_destination"),
     "incast": ("incast", 1, "incast", "incast", None),
