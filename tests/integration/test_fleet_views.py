@@ -55,7 +55,7 @@ def _variant(preset: str, path: dict | None = None, **changes) -> dict:
     for k, v in (path or {}).items():
         sc["pathologies"][0][k] = v
     for k, v in changes.items():
-        if k in ("bytes", "channels", "bytes_per_peer"):
+        if k in ("bytes", "channels", "bytes_per_peer", "bytes_per_dest"):
             sc["workloads"][0][k] = v
         else:
             sc[k] = v
