@@ -76,7 +76,7 @@ CASES = {
     "hot_expert": ("ep-decode-hot-expert", 3, "hot_destination", "hot_destination", "hot_destination"),
     "hot_expert_6way": (_variant("ep-decode-hot-expert", {"node": 1}, nodes=6, mtu=1024, bytes_per_dest="4KiB"), 4,
                         "hot_destination", "hot_destination", "hot_destination"),
-    "moe_hot_expert": ("moe-hot-expert", 1, "hot_destination", "hot_destination", "hot_destination"),
+    "moe_hot_expert": ("moe-hot-expert", 1, "hot_expert", "hot_destination", "hot_destination"),
     "incast": ("incast", 1, "incast", "incast", None),
     "ecn_congestion": ("congestion", 1, "congestion", "ecn_congestion", None),
     # more iterations: with --window all the CNP storm is a count (cnp_storm.min_count)
