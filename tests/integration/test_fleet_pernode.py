@@ -275,17 +275,19 @@ def test_cluster_names_the_injected_entity(fleet):
                  f"{[(f['kind'], f['entities']['ips'][:3]) for f in doc['findings']]}")
     assert got[0]["entities"]["ips"][0] == blamed, got[0]
     assert sorted(doc["meta"]["dpus"]) == sorted(fleet["fab"].dpu_node(i) for i in range(fleet["n"]))
-    if kind != "hot_destination":
-        # fused from per-node views: the evidence says which DPUs saw it (the link's or the
-        # per-node timing's seen_by); each is the DPU of a member of the blamed node's group,
-        # the blamed node's own DPU among them
-        members = next(g["members"] for g in fleet["truth"]["groups"] if blamed in g["members"])
-        dpus = {f"dpu{int(ip.split('.')[3]) - 1}" for ip in members}
-        ev = got[0]["evidence"]
-        seen = (ev.get("seen_by") or []) + ((ev.get("timing") or {}).get("seen_by") or [])
-        assert seen, got[0]
-        names = {o.get("dpu", o.get("node")) for o in seen}
-        assert names <= dpus and f"dpu{int(blamed.split('.')[3]) - 1}" in names, (seen, dpus)
+    # fused from per-node views: the evidence says which DPUs saw it (the pair's, the link's
+    # or the per-node timing's seen_by); each is the DPU of a member of the blamed node's
+    # group, the blamed node's own DPU among them, and a DPU citing a pair watches one end
+    dpu_of = {f"10.0.0.{i + 1}": f"dpu{i}" for i in range(fleet["n"])}
+    members = next(g["members"] for g in fleet["truth"]["groups"] if blamed in g["members"])
+    ev = got[0]["evidence"]
+    seen = (ev.get("seen_by") or []) + ((ev.get("timing") or {}).get("seen_by") or [])
+    assert seen, got[0]
+    names = {o.get("dpu", o.get("node")) for o in seen}
+    assert names <= {dpu_of[ip] for ip in members} and dpu_of[blamed] in names, (seen, members)
+    for o in seen:
+        if o.get("pair"):
+            assert o.get("dpu", o.get("node")) in {dpu_of[ip] for ip in o["pair"]}, o
 
 
 CHILD = """
