@@ -3,7 +3,7 @@
 - an import inside a function is there only for a heavy or optional dependency, and says so
   in a comment on its line (or the line above);
 - `import skewscope.cli` (what `skewscope --help` costs) loads no numba, rich, pyroute2, bcc
-  or prometheus_client;
+  prometheus_client or matplotlib;
 - every module imports cleanly and opens with a docstring (one line saying what it is for).
 The graph is read from the source with ast, independently of the import machinery."""
 from __future__ import annotations
@@ -104,7 +104,7 @@ def test_function_level_imports_say_why():
 
 def test_cli_import_is_light():
     code = ("import sys, skewscope.cli; heavy = [m for m in ('numba', 'rich', 'pyroute2', 'bcc', "
-            "'prometheus_client', 'yaml', 'scapy') if m in sys.modules]; print(','.join(heavy))")
+            "'prometheus_client', 'yaml', 'scapy', 'matplotlib') if m in sys.modules]; print(','.join(heavy))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "", f"`import skewscope.cli` loads {r.stdout.strip()}"
