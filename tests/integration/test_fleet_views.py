@@ -153,7 +153,7 @@ def run_fleet(scenario, seed: int, work: Path) -> dict:
             logs.append(log)
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "skewscope.cli", "export", "--from", str(p), "--listen", f"127.0.0.1:{port}",
-                 "--node", f"dpu{k}", "--node-ip", p.stem], stdout=log, stderr=subprocess.STDOUT,
+                 "--node", f"dpu{k}", "--node-ip", p.stem, "--no-analysis"], stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True))
             targets.append(f"127.0.0.1:{port}")
         rules = []
