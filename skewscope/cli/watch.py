@@ -225,8 +225,14 @@ def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach,
     return code
 
 
-def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emitter, drain_s: float) -> int:
+def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emitter, drain_s: float,
+                prom_window: str | None = None) -> int:
     from skewscope.outputs import cluster as C  # heavy (numpy): not loaded by --help
+    prom_window = prom_window or f"{window:g}s"
+    try:
+        C.window_seconds(prom_window)
+    except C.ClusterError as e:                    # bad arguments exit 3 here (2 means critical)
+        fail(str(e).replace("--window", "--prometheus-window"), EXIT_NOT_RUN)
     stop = threading.Event()
     got = {"sig": 0}
 
@@ -241,7 +247,7 @@ def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emi
         while not stop.is_set():
             t0 = time.monotonic()
             try:
-                doc = C.run(url, window=f"{window:g}s", timeout=timeout)
+                doc = C.run(url, window=prom_window, timeout=timeout)
             except C.ClusterError as e:
                 if first:
                     failed = True
@@ -254,7 +260,8 @@ def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emi
                     _say("Prometheus answers again")
                 last_err, first = "", False
                 now = time.time()
-                em.emit(tr.update(doc.get("findings") or [], now=now, seen=(now - window, now)))
+                span = C.window_seconds(prom_window)
+                em.emit(tr.update(doc.get("findings") or [], now=now, seen=(now - span, now) if span else None))
             if t_end is not None and time.monotonic() >= t_end:
                 break
             wait = interval - (time.monotonic() - t0)
@@ -273,6 +280,9 @@ def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emi
 @click.option("--from", "from_file", metavar="FILE", type=click.Path(dir_okay=False),
               help="analyse a .snap/pcap/pcapng once: every finding as an `opened` event, diagnose's exit code")
 @click.option("--prometheus", "prom", metavar="URL", help="fleet findings from Prometheus (as `skewscope cluster`)")
+@click.option("--prometheus-window", "prom_window", metavar="WINDOW",
+              help="--prometheus: cluster's --window (30s, 5m, or 'all' = totals since each exporter started, "
+                   "for `export --from` exporters); default: --window seconds")
 @click.option("--json", "as_json", is_flag=True, help="NDJSON: one event per line (flushed), a stats line last")
 @click.option("--webhook", "webhooks", multiple=True, metavar="URL",
               help="POST each event as JSON to URL (repeatable; background, bounded queue, retries)")
@@ -306,7 +316,7 @@ def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emi
 @click.option("--max-flows", type=click.IntRange(16, 1 << 24), default=65536, show_default=True)
 @click.option("--force-detach", is_flag=True, help="live: remove a stale skewscope program left on IFACE")
 @friendly_errors
-def watch(iface, from_file, prom, as_json, webhooks, token_file, interval, window, hold, confirm, duration, webhook_timeout,
+def watch(iface, from_file, prom, prom_window, as_json, webhooks, token_file, interval, window, hold, confirm, duration, webhook_timeout,
           webhook_retries, webhook_queue, drain_s, timeout, use_tc, direction, xdp_mode, sample_n, max_flows,
           force_detach):
     """Finding events for controllers and schedulers: each finding `opened`, `updated`
@@ -333,5 +343,5 @@ def watch(iface, from_file, prom, as_json, webhooks, token_file, interval, windo
                      window or 10.0, E.Tracker(hold=hold, source=source, confirm=confirm), duration, em, drain_s)
     else:
         code = _prometheus(prom, interval or 15.0, window or 60.0, E.Tracker(hold=hold, source=source, confirm=confirm),
-                           duration, timeout, em, drain_s)
+                           duration, timeout, em, drain_s, prom_window)
     sys.exit(code)

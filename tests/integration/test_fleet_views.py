@@ -188,8 +188,12 @@ def run_fleet(scenario, seed: int, work: Path) -> dict:
         time.sleep(4 * SCRAPE_S)
         r = skewscope("cluster", "--prometheus", url, "--window", "all", "--json", "--stats")
         doc = json.loads(r.stdout)
+        # a controller's subscription to the same fleet: watch --prometheus, two queries
+        w = skewscope("watch", "--prometheus", url, "--prometheus-window", "all", "--json", "--interval", "1",
+                      "--duration", "1.5")
+        events = [json.loads(line) for line in w.stdout.splitlines() if line.strip()]
         diag = json.loads(skewscope("diagnose", str(full), "--json").stdout)
-        return {"doc": doc, "truth": truth, "diag": diag, "stats": r.stderr, "n": len(pcaps),
+        return {"doc": doc, "truth": truth, "diag": diag, "stats": r.stderr, "n": len(pcaps), "events": events,
                 "dpu_ip": {f"dpu{k}": p.stem for k, p in enumerate(pcaps)}}
     finally:
         for p in procs:
@@ -255,6 +259,21 @@ def test_cluster_names_the_injected_entity(case):
         ev = f["evidence"].get("timing", f["evidence"])
         assert ev["seen_by"], f
         assert all(row["dpu"].startswith("dpu") for row in ev["seen_by"]), ev["seen_by"]
+
+
+def test_watch_prometheus_opens_the_injected_finding(case):
+    """`watch --prometheus` (the controller's feed) opens an event of the cluster's kind naming
+    the truth's entity, once: the second query sees the same id and opens nothing new."""
+    events, pat, kind = case["events"], case["pat"], case["kind"]
+    assert events and events[-1].get("schema", "").startswith("skewscope.watch_stats"), events[-1:]
+    ev = [e for e in events if e.get("event") in ("opened", "updated", "resolved")]
+    opened = [e for e in ev if e["event"] == "opened" and e["finding"]["kind"] == kind]
+    assert opened, [(e["event"], e["finding"]["kind"]) for e in ev]
+    assert any(_blamed(pat) in e["finding"]["entities"]["ips"] for e in opened), opened
+    ids = [e["id"] for e in ev if e["event"] == "opened"]
+    assert len(ids) == len(set(ids)), "an id opened twice across two queries of the same fleet"
+    cluster_kinds = {f["kind"] for f in case["doc"]["findings"]}
+    assert {e["finding"]["kind"] for e in ev} <= cluster_kinds
 
 
 def test_seen_by_names_the_dpus_of_the_blamed_node(case):
