@@ -224,7 +224,14 @@ def _times(ctx):
         base = int(st.min()) if len(st) else 0
         t = ((st - base).astype(np.float64), (ev["end_ts"].astype(np.int64) - base).astype(np.float64))
         ctx._nodeview_times = t
+        ctx._nodeview_base = base
     return t
+
+
+def _abs(ctx, t) -> np.ndarray:
+    """Times of _times (ns since the first record, float64) as the DPU's own int64 ns."""
+    _times(ctx)
+    return np.asarray(t, dtype=np.float64).astype(np.int64) + int(ctx._nodeview_base)
 
 
 def _events_of(ctx, flows):
@@ -251,6 +258,7 @@ def _ring(ctx, node, send_f, recv_f, up, down):
     s_all, e_all, _ = _events_of(ctx, np.concatenate([send_f, recv_f]))
     its = _iterations(s_all, e_all)
     offs, waits, steps, first, coll_t, start_offs = [], [], [], [], [], []
+    t_offs, t_soffs, t_in = [], [], []
     lane_parts = []
     for sf, rf in _lanes(ctx, send_f, recv_f):
         ss, se, _ = _events_of(ctx, sf)
@@ -281,6 +289,9 @@ def _ring(ctx, node, send_f, recv_f, up, down):
         inside = al & ~bound
         offs.append(off[al])
         start_offs.append(off[al & bound])
+        t_offs.append(ss[al])
+        t_soffs.append(ss[al & bound])
+        t_in.append(ss[inside])
         first.append(wait[inside])
         steps.append(step[inside])
         cid = np.cumsum(bound) - 1
@@ -299,6 +310,9 @@ def _ring(ctx, node, send_f, recv_f, up, down):
     fwd = np.concatenate(first) if first else np.zeros(0)
     stp = np.concatenate(steps) if steps else np.zeros(0)
     cd = np.concatenate(coll_dur) if coll_dur else np.zeros(0)
+    ct = np.concatenate(coll_t) if coll_t else np.zeros(0)
+    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0)  # noqa: E731
+    t_off, t_soff, t_step = cat(t_offs), cat(t_soffs), cat(t_in)
     it, itd = _iter_stats(its)
     per_iter = n_coll / max(1, len(its))
     mean_msg = float(ctx.cols["msg_bytes"][send_f].sum()) / max(1.0, float(ctx.cols["messages"][send_f].sum()))
@@ -315,6 +329,16 @@ def _ring(ctx, node, send_f, recv_f, up, down):
     g["_samples"] = {"forward_latency": fwd, "arrival_offset": {ips[up]: off[np.isfinite(off)]},
                      "start_offset": {ips[up]: s_off[np.isfinite(s_off)]},
                      "step": stp, "collective": cd[np.isfinite(cd)], "iteration": itd}
+    # each sample's time (its send's start, the collective's / iteration's start; the
+    # DPU's own ns): the live exporter's window counts each step / iteration once
+    n_lane = int(np.argmax([len(c) for c in coll_t])) if coll_t else 0
+    g["_samples"]["_times"] = {
+        "forward_latency": _abs(ctx, t_step), "step": _abs(ctx, t_step),
+        "arrival_offset": {ips[up]: _abs(ctx, t_off[np.isfinite(off)])},
+        "start_offset": {ips[up]: _abs(ctx, t_soff[np.isfinite(s_off)])},
+        "collective": _abs(ctx, ct[np.isfinite(cd)]), "iteration": _abs(ctx, its[:-1]),
+        "steps": _abs(ctx, t_step), "collectives": _abs(ctx, coll_t[n_lane] if coll_t else ct),
+        "iterations": _abs(ctx, its)}
     return g
 
 
@@ -376,7 +400,7 @@ def _alltoall(ctx, node, flows, peers):
     ci = np.searchsorted(cs, s_all, side="right") - 1
     sender = ctx.nodes.src[f_all]
     mine = sender == node
-    offs = {}
+    offs, t_offs = {}, {}
     nc = len(cs)
     own_first = np.full(nc, np.nan)
     for c, t in zip(ci[mine], s_all[mine]):
@@ -390,6 +414,7 @@ def _alltoall(ctx, node, flows, peers):
                 first_p[c] = t
         d = first_p - own_first
         offs[ips[p]] = d[np.isfinite(d)]
+        t_offs[ips[p]] = _abs(ctx, cs[np.isfinite(d)])
     it, itd = _iter_stats(its)
     per_iter = nc / max(1, len(its))
     mean_msg = float(ctx.cols["msg_bytes"][flows].sum()) / max(1.0, float(ctx.cols["messages"][flows].sum()))
@@ -405,6 +430,11 @@ def _alltoall(ctx, node, flows, peers):
     g["_samples"] = {"forward_latency": np.zeros(0), "arrival_offset": offs, "start_offset": offs,
                      "step": np.zeros(0),
                      "collective": ce - cs, "iteration": itd}
+    allt = np.sort(np.concatenate(list(t_offs.values()))) if t_offs else np.zeros(0, np.int64)
+    g["_samples"]["_times"] = {"forward_latency": np.zeros(0, np.int64), "step": np.zeros(0, np.int64),
+                               "arrival_offset": t_offs, "start_offset": t_offs,
+                               "collective": _abs(ctx, cs), "iteration": _abs(ctx, its[:-1]),
+                               "steps": allt, "collectives": _abs(ctx, cs), "iterations": _abs(ctx, its)}
     return g
 
 
@@ -413,14 +443,16 @@ def _kv(ctx, node, flows):
     s_all, e_all, f_all = _events_of(ctx, flows)
     up = sorted({int(x) for x in ctx.nodes.src[flows]} - {node})
     down = sorted({int(x) for x in ctx.nodes.dst[flows]} - {node})
-    durs = []
+    durs, starts = [], []
     peer = np.where(ctx.nodes.src[f_all] == node, ctx.nodes.dst[f_all], ctx.nodes.src[f_all])
     for p in np.unique(peer):
         k = peer == p
         a, b, _ = merge_sorted(np.ascontiguousarray(s_all[k]), np.ascontiguousarray(e_all[k]), 0.0)
         bs, be, _ = split_bursts(a, b, level="collective") if len(a) else (np.zeros(0), np.zeros(0), 0)
         durs.append(be - bs)
+        starts.append(bs)
     cd = np.concatenate(durs) if durs else np.zeros(0)
+    ct = _abs(ctx, np.concatenate(starts)) if starts else np.zeros(0, np.int64)
     z = summary([])
     g = {"role": "kv_transfer", "upstream": [ips[p] for p in up], "downstream": [ips[p] for p in down],
          "lanes": 1, "flows": int(len(flows)), "iterations": 0, "collectives": int(len(cd)), "steps": 0,
@@ -429,6 +461,10 @@ def _kv(ctx, node, flows):
          / max(1.0, float(ctx.cols["messages"][flows].sum())), "decode": None}
     g["_samples"] = {"forward_latency": np.zeros(0), "arrival_offset": {}, "start_offset": {},
                      "step": np.zeros(0), "collective": cd, "iteration": np.zeros(0)}
+    z0 = np.zeros(0, np.int64)
+    g["_samples"]["_times"] = {"forward_latency": z0, "step": z0, "arrival_offset": {}, "start_offset": {},
+                               "collective": ct, "iteration": z0, "steps": z0, "collectives": np.sort(ct),
+                               "iterations": z0}
     return g
 
 

@@ -255,6 +255,170 @@ class TimingAccumulator:
         return sorted(out, key=lambda r: order[r[0].name])
 
 
+#: live per-node timing: the sliding window of the node's recent message records
+WINDOW_S = 60.0            # seconds of records kept (and back to half a window before the ...
+WINDOW_RECORDS = 100_000   # ... oldest open watermark), at most this many records
+WINDOW_MIN_ITERATIONS = 3  # confirmed iterations (collectives: kv_transfer) before a group's role is fixed
+
+
+def _sel(t, lo, hi):
+    t = np.asarray(t, dtype=np.int64)
+    return (t >= lo) & (t < hi)
+
+
+class WindowedTiming:
+    """The live exporter's per-node timing: analysis.nodeview over a sliding window of the
+    node's recent message records (the last WINDOW_S seconds, at most WINDOW_RECORDS), so
+    groups, roles and iteration boundaries are decided with context rather than from one
+    read interval. Each read exports only the window's NEW samples, by their start times
+    (steps, collectives, iterations each counted once), up to the latest iteration start
+    that is at least half the window (WINDOW_S / 2, or half the window's span when
+    WINDOW_RECORDS bounds it) older than the newest record and that the previous read saw
+    too: every boundary is decided with that much context after it. A read that brings no
+    records for the node closes the tail (flush: the rest, decided on the whole window). A
+    group (ring lane, alltoall peers, kv) keeps the role it had at its first export, made
+    with WINDOW_MIN_ITERATIONS confirmed iterations at least (flush: what there is)."""
+
+    def __init__(self, timing: TimingAccumulator, node_ip: str | None = None, window_s: float = WINDOW_S,
+                 max_records: int = WINDOW_RECORDS, min_iterations: int = WINDOW_MIN_ITERATIONS):
+        self.timing, self.node_ip = timing, node_ip
+        self.window_ns, self.max_records = int(window_s * 1e9), int(max_records)
+        self.min_iterations = int(min_iterations)
+        self.flows = np.zeros(0, L.FLOW_DTYPE)
+        self.events = np.zeros(0, L.EVENT_DTYPE)
+        self.wm: dict = {}        # group -> samples before this time (ns) are exported
+        self.role: dict = {}      # group -> its fixed role
+        self.seen: dict = {}      # group -> iteration starts of the previous read
+        self.pending = False      # records not yet exported (flush has work)
+        self.horizon = 0          # export boundaries up to this time (ns)
+        self.full = False         # the window has spanned WINDOW_S (or held max_records)
+
+    def add(self, delta: np.ndarray, events: np.ndarray | None, cum_flows: np.ndarray | None = None) -> None:
+        if events is None or not len(events):
+            self.flush()
+            return
+        ev = events.copy()
+        f = ev["flow"].astype(np.int64)
+        ok = f >= 0
+        d = delta
+        if cum_flows is not None and len(cum_flows) and len(delta):
+            # the cumulative row (stable counters: roles, mean message size) where there is one
+            j = match_rows(flow_key_words(cum_flows), flow_key_words(delta))
+            d = delta.copy()
+            d[j >= 0] = cum_flows[j[j >= 0]]
+        if len(self.flows) and len(d):
+            j = match_rows(flow_key_words(self.flows), flow_key_words(d))
+        else:
+            j = np.full(len(d), -1, np.int64)
+        fl = self.flows.copy()
+        fl[j[j >= 0]] = d[j >= 0]
+        new = np.nonzero(j < 0)[0]
+        j = j.astype(np.int64)
+        j[new] = len(fl) + np.arange(len(new))
+        fl = np.concatenate([fl, d[new]])
+        ev["flow"][ok] = j[f[ok]]
+        self.flows = fl
+        # a read longer than a quarter window (or of many records) goes in pieces: the
+        # window never drops records it has not exported from
+        ev = ev[np.argsort(ev["start_ts"], kind="stable")]
+        t = ev["start_ts"].astype(np.int64)
+        piece = np.maximum((t - t[0]) // max(1, self.window_ns // 4), np.arange(len(t)) // max(1, self.max_records // 4))
+        for k in np.unique(piece):
+            self._slide(ev[piece == k])
+        # the flows the window still refers to
+        w = self.events
+        used, inv = np.unique(w["flow"][w["flow"] >= 0], return_inverse=True)
+        w["flow"][w["flow"] >= 0] = inv
+        self.flows = self.flows[used]
+
+    def _slide(self, ev) -> None:
+        allev = np.concatenate([self.events, ev])
+        allev = allev[np.argsort(allev["start_ts"], kind="stable")]
+        # nothing exported yet: keep everything (up to max_records)
+        cut = int(allev["end_ts"].max()) - self.window_ns if self.wm else np.iinfo(np.int64).min
+        if self.wm:
+            cut = min(cut, min(self.wm.values()) - self.window_ns // 2)
+        allev = allev[allev["start_ts"].astype(np.int64) >= cut]
+        capped = len(allev) > self.max_records
+        allev = allev[-self.max_records:]
+        end = int(allev["end_ts"].max())
+        lag = (end - int(allev["start_ts"][0])) // 2 if capped else self.window_ns // 2
+        self.horizon = end - lag
+        # exports start once the window is full (all the context it can hold)
+        self.full = self.full or capped or end - int(allev["start_ts"][0]) >= 0.9 * self.window_ns
+        self.events = allev
+        self.pending = True
+        self._export(final=False)
+
+    def flush(self) -> None:
+        if self.pending and len(self.events):
+            self._export(final=True)
+        self.pending = False
+
+    def _export(self, final: bool) -> None:
+        snap = Snapshot(self.flows, self.events, np.zeros(L.G_N, np.uint64), {})
+        try:
+            res = per_node_timing(snap, self.node_ip, max_nodes=self.timing.max_nodes, samples=True)
+        except NodeViewError:
+            return
+        out = []
+        for nt in res:
+            gs = []
+            for g in nt["groups"]:
+                g2 = self._new_part(nt["node"], g, final)
+                if g2 is not None:
+                    gs.append(g2)
+            if gs:
+                out.append({"node": nt["node"], "groups": gs})
+        self.timing.add_results(out)
+
+    def _new_part(self, ip, g, final):
+        kind = "lane" if g["role"] in ("ring", "tp_decode") else g["role"]
+        key = (ip, kind, tuple(g["upstream"]), tuple(g["downstream"]))
+        smp = g["_samples"]
+        tm = smp["_times"]
+        starts = tm["collectives"] if kind == "kv_transfer" else tm["iterations"]
+        starts = np.asarray(starts, dtype=np.int64)
+        prev = self.seen.get(key)
+        self.seen[key] = starts
+        lo = self.wm.get(key, np.iinfo(np.int64).min)
+        if final:
+            hi = np.iinfo(np.int64).max
+        else:
+            # the last start is open (its iteration may go on); of the others, the latest
+            # one the previous read saw too
+            conf = starts[:-1][np.isin(starts[:-1], prev)] if prev is not None else starts[:0]
+            conf = conf[conf <= self.horizon] if self.full else conf[:0]
+            if key not in self.role:
+                if len(conf) < self.min_iterations:
+                    return None
+                self.role[key] = g["role"]
+            if not len(conf) or conf[-1] <= lo:
+                return None
+            hi = int(conf[-1])
+        role = self.role.setdefault(key, g["role"])
+        if final:
+            allt = [np.asarray(v, np.int64) for v in tm.values() if not isinstance(v, dict) and len(v)]
+            self.wm[key] = int(max(int(x.max()) for x in allt)) + 1 if allt else lo
+        else:
+            self.wm[key] = hi
+        ns = {}
+        for spec, k, _ in M.TIMING_HISTOGRAMS:
+            x = np.asarray(smp.get(k, ()), dtype=np.float64)
+            t = np.asarray(tm.get(k, ()), dtype=np.int64)
+            ns[k] = x[_sel(t, lo, hi) & np.isfinite(x)]
+        for spec, k, _ in M.TIMING_PEER_HISTOGRAMS:
+            ns[k] = {}
+            for peer, x in (smp.get(k) or {}).items():
+                x = np.asarray(x, dtype=np.float64)
+                t = np.asarray(tm[k][peer], dtype=np.int64)
+                ns[k][peer] = x[_sel(t, lo, hi) & np.isfinite(x)]
+        g2 = {"role": role, "_samples": ns}
+        for spec, k in M.TIMING_COUNTERS:
+            g2[k] = int(_sel(tm[k], lo, hi).sum())
+        return g2
+
+
 # ---- state --------------------------------------------------------------------------------
 @dataclass
 class ExportState:
@@ -289,13 +453,16 @@ class Accumulator:
     numpy; no kernel needed (unit-testable). A Snapshot from a file is one big delta."""
 
     def __init__(self, max_peers: int = DEFAULT_MAX_PEERS, node_ip: str | None = None,
-                 timing_nodes: int = 64):
+                 timing_nodes: int = 64, window: bool = True, window_s: float | None = None):
         if max_peers < 1:
             raise ValueError("max_peers must be >= 1")
         self.max_peers = int(max_peers)
         self.node_ip = node_ip                    # per-node timing: this node (None: inferred)
         # a mirror (no node inferable): every node's timing, up to timing_nodes of them
         self.timing = TimingAccumulator(max_peers=max_peers, max_nodes=timing_nodes)
+        # live: a sliding window of recent records (WindowedTiming); a file is one whole read
+        self.window = (WindowedTiming(self.timing, node_ip, window_s=window_s or WINDOW_S)
+                       if window else None)
         self.peer_keys = np.zeros((0, 5), dtype=np.uint64)   # known pairs (sticky)
         self.peer_labels: list[tuple[str, str, str]] = []
         self.peer_counts = np.zeros((0, NCOLS), dtype=np.uint64)
@@ -407,7 +574,12 @@ class Accumulator:
                 ev = ev[keep[ev["flow"]]]
                 busy_d, self.dst_carry = busy_ns_per_peer(ev, di, len(self.dst_keys), self.dst_carry, pkt_ns=pkt)
                 self.dst_busy += busy_d
-            self.timing.add(Snapshot(delta, events, np.zeros(L.G_N, np.uint64), {}), self.node_ip)
+            if self.window is not None:
+                self.window.add(delta, events, cum_flows)
+            else:
+                self.timing.add(Snapshot(delta, events, np.zeros(L.G_N, np.uint64), {}), self.node_ip)
+        elif self.window is not None:
+            self.window.flush()   # a read without records: the node is quiet, close the tail
 
     def qps_per_peer(self) -> np.ndarray:
         """Flows per exported pair in the cumulative table (last entry: overflow)."""
@@ -458,7 +630,7 @@ def top_flows(flows: np.ndarray, k: int) -> np.ndarray:
 def state_from_snapshot(snap: Snapshot, node: str, top_k: int = DEFAULT_TOP_K,
                         max_peers: int = DEFAULT_MAX_PEERS, info: dict | None = None,
                         node_ip: str | None = None) -> ExportState:
-    acc = Accumulator(max_peers=max_peers, node_ip=node_ip)
+    acc = Accumulator(max_peers=max_peers, node_ip=node_ip, window=False)   # a file: one whole read
     acc.add(snap.flows, snap.events, cum_flows=snap.flows)
     return acc.state(node, snap.globals, snap.meta, top_k, read_ts=time.time(), info=info)
 

@@ -257,10 +257,37 @@ def test_real_softroce_write_pair_is_a_one_way_transfer_from_both_ends():
     assert ga["collective_s"] == gb["collective_s"] and ga["collectives"] >= 1
 
 
-def test_live_reads_add_up_to_about_the_whole(tmp_path):
-    """The exporter's live path adds each read's node timing: two halves of a view give
-    the whole's steps except around the cut (one token at most)."""
+def _stretched(snap, k):
+    """The view's records with timestamps stretched k times (the fabric's time stretch)."""
+    ev = snap.events.copy()
+    b = int(ev["start_ts"].min())
+    for c in ("start_ts", "end_ts"):
+        ev[c] = b + (ev[c].astype(np.int64) - b) * int(k)
+    return ev
+
+
+def _live(snap, ev, ip, cuts, window_s=None):
+    """The exporter's live path: the records fed as reads split at `cuts` (ns), then one
+    read without records (the node is quiet: the tail is closed); {(name, key): value}."""
     from skewscope.outputs.exporter import Accumulator
+    acc = Accumulator(node_ip=ip, window_s=window_s)
+    t = ev["start_ts"].astype(np.int64)
+    edges = [int(t.min())] + sorted({int(c) for c in cuts} - {int(t.min())}) + [int(t.max()) + 1]
+    for a, b in zip(edges[:-1], edges[1:]):
+        acc.add(snap.flows, ev[(t >= a) & (t < b)], cum_flows=snap.flows)
+    acc.add(snap.flows, ev[:0], cum_flows=snap.flows)
+    return {(spec.name, key): v for spec, key, v in acc.timing.rows()}
+
+
+def _count(rows, spec, ip, role):
+    return rows.get((spec.name, (ip, role)))
+
+
+def test_live_reads_add_up_to_about_the_whole(tmp_path):
+    """The exporter's live path (a sliding window of records, new samples exported per
+    read): reads cut at many points, mid-iteration included, with windows holding a few
+    tokens only, add up to the whole view's numbers (steps within the window edges), the
+    role the whole's, every step and token counted once."""
     cap = skewgen.generate("tp-decode-slow-shard", seed=0)
     slow = cap.truth["pathologies"][0]["entities"]["ips"][0]
     p = tmp_path / "v.pcap"
@@ -268,13 +295,56 @@ def test_live_reads_add_up_to_about_the_whole(tmp_path):
     snap = parse_file(str(p))
     whole = ring_group(node_timing(snap))
     ev = snap.events
-    cut = (ev["start_ts"].min() + ev["start_ts"].max()) // 2
-    acc = Accumulator()
-    for part in (ev[ev["start_ts"] < cut], ev[ev["start_ts"] >= cut]):
-        acc.add(snap.flows, part, cum_flows=snap.flows)
-    rows = {(spec.name, key): v for spec, key, v in acc.timing.rows()}
-    steps = rows[(M.NODE_STEPS.name, (slow, "tp_decode"))]
+    t = ev["start_ts"].astype(np.int64)
     per_token = whole["steps"] / whole["iterations"]
-    assert whole["steps"] - per_token <= steps <= whole["steps"]
-    buckets, _ = rows[(M.NODE_FORWARD_LATENCY.name, (slow, "tp_decode"))]
-    assert buckets[-1][1] == steps
+    rng = np.random.default_rng(1)
+    span = int(t.max() - t.min())
+    for ncut, window_s in ((1, None), (7, None), (40, 3 * span / 6 / 1e9), (200, 4 * span / 6 / 1e9)):
+        cuts = rng.choice(t[1:], ncut)        # at record starts: no read is empty
+        rows = _live(snap, ev, slow, cuts, window_s)
+        roles = {key[1] for (name, key) in rows if name == M.NODE_STEPS.name}
+        assert roles == {"tp_decode"}, (ncut, roles)
+        steps = _count(rows, M.NODE_STEPS, slow, "tp_decode")
+        assert whole["steps"] - per_token <= steps <= whole["steps"], (ncut, steps)
+        assert _count(rows, M.NODE_ITERATIONS, slow, "tp_decode") == whole["iterations"]
+        buckets, _ = rows[(M.NODE_FORWARD_LATENCY.name, (slow, "tp_decode"))]
+        assert buckets[-1][1] == steps
+        it_buckets, _ = rows[(M.NODE_ITERATION.name, (slow, "tp_decode"))]
+        assert whole["iterations"] - 2 <= it_buckets[-1][1] <= whole["iterations"] - 1
+
+
+@pytest.mark.parametrize("nodes,stretch,tokens,read_s,seed", [
+    (3, 10, 12, 0.01, 0), (4, 160, 6, 3.0, 2), (5, 50, 16, 0.2, 1), (6, 200, 10, 1.0, 3), (8, 100, 12, 0.5, 4)])
+def test_live_window_on_stretched_tp_decode_views(tmp_path, nodes, stretch, tokens, read_s, seed):
+    """Every node's own view of a slow-shard TP decode, timestamps stretched 10..200x (the
+    test fabric's stretch), fed in read-sized chunks (read starts jittered: reads end
+    mid-iteration) to the exporter's live path with a window of a few tokens or the
+    default: tp_decode on every node, the truth's token count, the slow node's forward
+    latency above every other node's."""
+    slow_i = nodes // 2
+    cap = skewgen.generate(tp(nodes, 25, slow_i, tokens=tokens), seed=seed)
+    pat = cap.truth["pathologies"][0]
+    slow, want = pat["entities"]["ips"][0], pat["magnitude"]["tokens"]
+    rng = np.random.default_rng(seed)
+    mean_fwd = {}
+    for ip, v in cap.views().items():
+        p = tmp_path / f"{ip}.pcap"
+        v.write_pcap(str(p), snaplen=128)
+        snap = parse_file(str(p))
+        ev = _stretched(snap, stretch)
+        t = ev["start_ts"].astype(np.int64)
+        period = pat["magnitude"]["token_period_s"] * stretch
+        for window_s in (None, 8 * period):
+            cuts = np.arange(int(t.min()), int(t.max()), int(read_s * 1e9))[1:]
+            cuts = cuts + rng.integers(0, int(read_s * 1e9) // 2, len(cuts))
+            cuts = [c for c in cuts if ((t >= c) & (t < c + read_s * 1e9)).any()]   # busy reads only
+            rows = _live(snap, ev, ip, cuts, window_s)
+            roles = {key[1] for (name, key) in rows if name == M.NODE_ITERATIONS.name}
+            assert roles == {"tp_decode"}, (ip, window_s, roles)
+            assert _count(rows, M.NODE_ITERATIONS, ip, "tp_decode") == want, (ip, window_s)
+            b, sm = rows[(M.NODE_FORWARD_LATENCY.name, (ip, "tp_decode"))]
+            assert b[-1][1] == _count(rows, M.NODE_STEPS, ip, "tp_decode") > 0
+            mean_fwd.setdefault(window_s is None, {})[ip] = sm / b[-1][1]
+    for fwd in mean_fwd.values():
+        others = [x for ip, x in fwd.items() if ip != slow]
+        assert fwd[slow] > 3 * max(others), fwd
