@@ -268,15 +268,18 @@ def _stretched(snap, k):
 
 def _live(snap, ev, ip, cuts, window_s=None):
     """The exporter's live path: the records fed as reads split at `cuts` (ns), then one
-    read without records (the node is quiet: the tail is closed); {(name, key): value}."""
+    read without records (the node is quiet: the tail is closed); ({(name, key): value},
+    the steps exported before that read)."""
     from skewscope.outputs.exporter import Accumulator
     acc = Accumulator(node_ip=ip, window_s=window_s)
     t = ev["start_ts"].astype(np.int64)
     edges = [int(t.min())] + sorted({int(c) for c in cuts} - {int(t.min())}) + [int(t.max()) + 1]
     for a, b in zip(edges[:-1], edges[1:]):
         acc.add(snap.flows, ev[(t >= a) & (t < b)], cum_flows=snap.flows)
+    before = sum(v for spec, key, v in acc.timing.rows() if spec is M.NODE_STEPS)
     acc.add(snap.flows, ev[:0], cum_flows=snap.flows)
-    return {(spec.name, key): v for spec, key, v in acc.timing.rows()}
+    rows = {(spec.name, key): v for spec, key, v in acc.timing.rows()}
+    return rows, before     # before: steps exported while the traffic went on
 
 
 def _count(rows, spec, ip, role):
@@ -301,7 +304,7 @@ def test_live_reads_add_up_to_about_the_whole(tmp_path):
     span = int(t.max() - t.min())
     for ncut, window_s in ((1, None), (7, None), (40, 3 * span / 6 / 1e9), (200, 4 * span / 6 / 1e9)):
         cuts = rng.choice(t[1:], ncut)        # at record starts: no read is empty
-        rows = _live(snap, ev, slow, cuts, window_s)
+        rows, before = _live(snap, ev, slow, cuts, window_s)
         roles = {key[1] for (name, key) in rows if name == M.NODE_STEPS.name}
         assert roles == {"tp_decode"}, (ncut, roles)
         steps = _count(rows, M.NODE_STEPS, slow, "tp_decode")
@@ -338,9 +341,11 @@ def test_live_window_on_stretched_tp_decode_views(tmp_path, nodes, stretch, toke
             cuts = np.arange(int(t.min()), int(t.max()), int(read_s * 1e9))[1:]
             cuts = cuts + rng.integers(0, int(read_s * 1e9) // 2, len(cuts))
             cuts = [c for c in cuts if ((t >= c) & (t < c + read_s * 1e9)).any()]   # busy reads only
-            rows = _live(snap, ev, ip, cuts, window_s)
+            rows, before = _live(snap, ev, ip, cuts, window_s)
             roles = {key[1] for (name, key) in rows if name == M.NODE_ITERATIONS.name}
             assert roles == {"tp_decode"}, (ip, window_s, roles)
+            if window_s is not None and tokens >= 10:   # the window filled: exports went on mid-stream
+                assert before > 0
             assert _count(rows, M.NODE_ITERATIONS, ip, "tp_decode") == want, (ip, window_s)
             b, sm = rows[(M.NODE_FORWARD_LATENCY.name, (ip, "tp_decode"))]
             assert b[-1][1] == _count(rows, M.NODE_STEPS, ip, "tp_decode") > 0
