@@ -336,8 +336,9 @@ class WindowedTiming:
         allev = allev[np.argsort(allev["start_ts"], kind="stable")]
         # nothing exported yet: keep everything (up to max_records)
         cut = int(allev["end_ts"].max()) - self.window_ns if self.wm else np.iinfo(np.int64).min
-        if self.wm:
-            cut = min(cut, min(self.wm.values()) - self.window_ns // 2)
+        live = [w for w in self.wm.values() if w >= cut]   # groups gone for a window: not kept
+        if live:
+            cut = min(cut, min(live) - self.window_ns // 2)
         allev = allev[allev["start_ts"].astype(np.int64) >= cut]
         capped = len(allev) > self.max_records
         allev = allev[-self.max_records:]
