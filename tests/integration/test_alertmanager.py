@@ -17,7 +17,6 @@ import json
 import re
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from promharness import free_port, wait_until
 
 from skewscope import gen as skewgen
 
@@ -45,28 +45,6 @@ RULES = ROOT / "docs" / "prometheus"
 PRESET = "ep-decode-hot-expert"
 TOKEN = "am-chain-token"
 NODE = "ssam-dpu"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(fn, timeout: float, what: str, step: float = 0.3):
-    end = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < end:
-        try:
-            v = fn()
-            if v:
-                return v
-        except AssertionError:
-            raise
-        except Exception as e:  # noqa: BLE001 -- retried until the deadline
-            last = e
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last})")
 
 
 def cut_pcap(src: Path, dst: Path, frames: int) -> None:

@@ -26,16 +26,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
+from promharness import Prom, http_json, wait_until
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces, veth, XDP attach"),
@@ -43,8 +41,6 @@ pytestmark = [pytest.mark.integration,
                                                                             "(make setup installs it)"),
               pytest.mark.timeout(420)]
 
-ROOT = Path(__file__).resolve().parents[2]
-RULES = ROOT / "docs" / "prometheus"
 SCRAPE_S = 1.0
 FPS = 4000                  # frames/s the whole fabric sends (sets the time stretch)
 #: the exporters' read interval. Live per-node timing is measured over a sliding window of the
@@ -79,80 +75,6 @@ CASES = {
     "ring_straggler": (_variant("ring-straggler", nodes=5, node=1, bytes="1MiB", channels=1, iterations=6,
                                 period_ms=3.0), 3, "straggler", "ring_straggler", FPS, EXPORT_INTERVAL),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_json(url: str, timeout: float = 5.0):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def wait_until(fn, timeout: float, what: str, step: float = 0.25):
-    end = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < end:
-        try:
-            v = fn()
-            if v:
-                return v
-            last = v
-        except AssertionError:
-            raise
-        except Exception as e:  # noqa: BLE001 -- retried until the deadline
-            last = e
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-
-
-class Prom:
-    """A throwaway Prometheus on 127.0.0.1: temporary config and TSDB, the shipped rules
-    (evaluated every second instead of every 30 s)."""
-
-    def __init__(self, workdir: Path, targets: list[str]):
-        self.dir = workdir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        rules = []
-        for name in ("skewscope-rules.yml", "skewscope-alerts.yml"):
-            p = workdir / name
-            p.write_text((RULES / name).read_text().replace("interval: 30s", "interval: 1s"))
-            rules.append(str(p))
-        cfg = {"global": {"scrape_interval": f"{SCRAPE_S:g}s", "scrape_timeout": f"{SCRAPE_S:g}s",
-                          "evaluation_interval": "1s"},
-               "rule_files": rules,
-               "scrape_configs": [{"job_name": "skewscope", "static_configs": [{"targets": targets}]}]}
-        self.cfg = workdir / "prometheus.yml"
-        self.cfg.write_text(json.dumps(cfg))          # JSON is YAML
-        self.proc = None
-        self.log = None
-
-    def start(self):
-        self.log = open(self.dir / "prometheus.log", "w")
-        self.proc = subprocess.Popen(
-            ["prometheus", f"--config.file={self.cfg}", f"--storage.tsdb.path={self.dir}/data",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h", "--log.level=warn"],
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_until(lambda: urllib.request.urlopen(self.url + "/-/ready", timeout=1).status == 200, 60,
-                   "prometheus ready")
-
-    def query(self, q: str):
-        return http_json(f"{self.url}/api/v1/query?query={urllib.parse.quote(q)}")["data"]["result"]
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        if self.log:
-            self.log.close()
 
 
 def node_views(cap):

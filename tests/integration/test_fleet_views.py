@@ -27,24 +27,19 @@ import copy
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
+from promharness import Prom, free_port, stop_proc, wait_until
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian package prometheus missing "
                                                                             "(make setup installs it)"),
               pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parents[2]
-RULES = ROOT / "docs" / "prometheus"
 SCRAPE_S = 2.0
 
 
@@ -86,50 +81,12 @@ CASES = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_json(url: str, timeout: float = 5.0):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def wait_until(fn, timeout: float, what: str, step: float = 0.25):
-    end = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < end:
-        try:
-            v = fn()
-            if v:
-                return v
-            last = v
-        except AssertionError:
-            raise
-        except Exception as e:  # noqa: BLE001 -- retried until the deadline
-            last = e
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-
-
 def skewscope(*args, timeout=300, check=True):
     r = subprocess.run([sys.executable, "-m", "skewscope.cli", *args], capture_output=True, text=True,
                        timeout=timeout)
     if check:
         assert r.returncode in (0, 1, 2) if args[0] == "diagnose" else r.returncode == 0, r.stderr[-3000:]
     return r
-
-
-def stop(p):
-    if p is not None and p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=5)
 
 
 def run_fleet(scenario, seed: int, work: Path) -> dict:
@@ -156,34 +113,17 @@ def run_fleet(scenario, seed: int, work: Path) -> dict:
                  "--node", f"dpu{k}", "--node-ip", p.stem, "--no-analysis"], stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True))
             targets.append(f"127.0.0.1:{port}")
-        rules = []
-        for name in ("skewscope-rules.yml", "skewscope-alerts.yml"):
-            q = work / name
-            q.write_text((RULES / name).read_text().replace("interval: 30s", "interval: 1s"))
-            rules.append(str(q))
-        pport = free_port()
-        ms = f"{int(SCRAPE_S * 1000)}ms"
-        cfg = {"global": {"scrape_interval": ms, "scrape_timeout": ms,
-                          "evaluation_interval": "1s"}, "rule_files": rules,
-               "scrape_configs": [{"job_name": "skewscope", "static_configs": [{"targets": targets}]}]}
-        (work / "prometheus.yml").write_text(json.dumps(cfg))
-        plog = open(work / "prometheus.log", "w")
-        logs.append(plog)
-        prom = subprocess.Popen(
-            ["prometheus", f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
-             f"--web.listen-address=127.0.0.1:{pport}", "--storage.tsdb.retention.time=1h", "--log.level=warn"],
-            stdin=subprocess.DEVNULL, stdout=plog, stderr=subprocess.STDOUT, start_new_session=True)
-        url = f"http://127.0.0.1:{pport}"
+        prom = Prom(work, targets, scrape_s=SCRAPE_S)
+        prom.start()
+        url = prom.url
 
         def scraped():
-            if prom.poll() is not None:
-                raise AssertionError(f"prometheus exited: {(work / 'prometheus.log').read_text()[-2000:]}")
+            prom.ready()
             for k, p in enumerate(procs):
                 if p.poll() is not None:
                     raise AssertionError(f"exporter {k} exited {p.returncode}: "
                                          f"{(work / f'export{k}.log').read_text()[-2000:]}")
-            q = urllib.parse.quote("count by (node) (skewscope_exporter_info)")
-            return len(http_json(f"{url}/api/v1/query?query={q}")["data"]["result"]) == len(pcaps)
+            return len(prom.query("count by (node) (skewscope_exporter_info)")) == len(pcaps)
         wait_until(scraped, 240, f"{len(pcaps)} exporters up and scraped")
         time.sleep(4 * SCRAPE_S)
         r = skewscope("cluster", "--prometheus", url, "--window", "all", "--json", "--stats")
@@ -197,8 +137,9 @@ def run_fleet(scenario, seed: int, work: Path) -> dict:
                 "dpu_ip": {f"dpu{k}": p.stem for k, p in enumerate(pcaps)}}
     finally:
         for p in procs:
-            stop(p)
-        stop(prom)
+            stop_proc(p)
+        if prom is not None:
+            prom.stop()
         for f in logs:
             f.close()
 

@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from promharness import free_port, http_json, wait_until
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces, veth, XDP attach"),
@@ -54,33 +54,6 @@ SCRAPE = 0.5
 
 def sh(*args, check=True, timeout=30):
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=check)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_json(url: str, timeout: float = 5.0):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def wait_until(fn, timeout: float, what: str, step: float = 0.2):
-    end = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < end:
-        try:
-            v = fn()
-            if v:
-                return v
-        except AssertionError:
-            raise
-        except Exception as e:  # noqa: BLE001 -- retried until the deadline
-            last = e
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last})")
 
 
 # ---- the DPUs ------------------------------------------------------------------------------
