@@ -64,6 +64,24 @@ def get(name: str, seed: int = 0):
     return _cache[key]
 
 
+def get_any(sc, seed: int = 0):
+    """(truth dict, Snapshot) of a preset name (as get) or a scenario dict, generated once per
+    session (the dict is copied: the generator fills in defaults)."""
+    if isinstance(sc, str):
+        return get(sc, seed)
+    key = ("dict", json.dumps(sc, sort_keys=True), seed)
+    if key not in _cache:
+        import copy
+
+        from skewscope import gen as skewgen
+        out = os.path.join(_workdir(), f"dict-{len(_cache)}-{seed}.pcap")
+        cap = skewgen.write(copy.deepcopy(sc), out, seed=seed, snaplen=128)
+        snap = snapshot_of_pcap(out)
+        os.unlink(out)
+        _cache[key] = (cap.truth, snap)
+    return _cache[key]
+
+
 def analyzed(name: str, seed: int = 0, **kw):
     """(truth, Snapshot, analysis) with the default thresholds."""
     key = ("analysis", name, seed, tuple(sorted(kw.items())))

@@ -29,7 +29,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
 import genlib  # noqa: E402
 
-from skewscope import gen as skewgen  # noqa: E402
 from skewscope.analysis import analyze  # noqa: E402
 from skewscope.gen.presets import PRESETS  # noqa: E402
 from skewscope.outputs import events as E  # noqa: E402
@@ -41,14 +40,7 @@ def analysis(sc, seed=0):
     """(truth, analysis) of a preset name or a scenario dict (generated, parsed, analysed)."""
     key = (json.dumps(sc, sort_keys=True) if isinstance(sc, dict) else sc, seed)
     if key not in _cache:
-        if isinstance(sc, str):
-            truth, snap = genlib.get(sc, seed)
-        else:
-            path = os.path.join(genlib._workdir(), f"events-{len(_cache)}-{seed}.pcap")
-            cap = skewgen.write(copy.deepcopy(sc), path, seed=seed, snaplen=128)
-            truth = cap.truth
-            snap = genlib.snapshot_of_pcap(path)
-            os.unlink(path)
+        truth, snap = genlib.get_any(sc, seed)
         _cache[key] = (truth, analyze(snap))
     return _cache[key]
 

@@ -14,8 +14,6 @@ bytes per destination 1-64 KiB, hot factors, MTUs, seeds, jitter):
 * the human report shows the kv_transfer group and its per-decode-node numbers."""
 from __future__ import annotations
 
-import copy
-import os
 import re
 import sys
 from pathlib import Path
@@ -25,7 +23,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
 import genlib  # noqa: E402
 
-from skewscope import gen as skewgen  # noqa: E402
 from skewscope.analysis import analyze  # noqa: E402
 from skewscope.gen.presets import EPD, KV  # noqa: E402
 from skewscope.outputs.report import analysis_lines  # noqa: E402
@@ -37,14 +34,7 @@ def run(sc, seed=0):
     """(truth, analysis) of a preset name or a scenario dict."""
     key = (repr(sc), seed)
     if key not in _cache:
-        if isinstance(sc, str):
-            truth, snap = genlib.get(sc, seed)
-        else:
-            path = os.path.join(genlib._workdir(), f"moepd-{len(_cache)}-{seed}.pcap")
-            cap = skewgen.write(copy.deepcopy(sc), path, seed=seed, snaplen=128)
-            truth = cap.truth
-            snap = genlib.snapshot_of_pcap(path)
-            os.unlink(path)
+        truth, snap = genlib.get_any(sc, seed)
         _cache[key] = (truth, analyze(snap))
     return _cache[key]
 
