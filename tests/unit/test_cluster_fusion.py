@@ -101,3 +101,32 @@ def test_exporter_buckets_agree_with_the_fusion_counts(tmp_path):
             assert late == len(st) > 0
         else:
             assert late == 0
+
+
+@pytest.mark.parametrize("odd", [0, 2, 3])
+def test_a_member_whose_own_dpu_calls_the_ring_a_ring_stays_in_its_tp_group(odd):
+    """Each DPU names its group's role from its own view, and a slow shard's own view can blur
+    the compute gap that makes a ring 'tp_decode' (seen on the live per-node fabric: the
+    shard's DPU said 'ring', the other three 'tp_decode'). The ring is one topology either
+    way: the fusion builds the cycle over both roles, takes the majority role, and finds
+    each member's entry under the role its own DPU used."""
+    from types import SimpleNamespace
+
+    from skewscope.analysis.detectors.fleet import FleetInputs
+    ips = [f"10.0.0.{i + 1}" for i in range(4)]
+    arrival = hist([1e-5] * 6, OFF)
+
+    def entry(i, role):
+        return {"dpu": f"dpu{i}", "hist": {}, "peers": {ips[(i - 1) % 4]: {"arrival": arrival}},
+                "steps": 96.0, "collectives": 16.0, "iterations": 6.0}
+    timing = {(ip, "ring" if i == odd else "tp_decode"): entry(i, None) for i, ip in enumerate(ips)}
+    inp = FleetInputs(fm=SimpleNamespace(ips=ips, timing=timing), th={})
+    groups = [g for g in inp.timing_groups if g["role"] in ("ring", "tp_decode")]
+    assert len(groups) == 1 and groups[0]["role"] == "tp_decode", groups
+    assert sorted(groups[0]["members"]) == ips
+    # the odd member's entry is found under the group's role
+    assert inp.entry(ips[odd], "tp_decode") is timing[(ips[odd], "ring")]
+    # and a majority of 'ring' makes it a ring
+    timing2 = {(ip, "tp_decode" if i == odd else "ring"): entry(i, None) for i, ip in enumerate(ips)}
+    inp2 = FleetInputs(fm=SimpleNamespace(ips=ips, timing=timing2), th={})
+    assert [g["role"] for g in inp2.timing_groups] == ["ring"]

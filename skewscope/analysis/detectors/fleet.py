@@ -42,6 +42,14 @@ def _count(h) -> float:
     return float(h[1][-1]) if h is not None else 0.0
 
 
+# the per-node timing roles of a ring topology (one upstream, one downstream per member)
+RING_ROLES = ("ring", "tp_decode")
+
+
+def _iterations(e) -> float:
+    return float(e.get("iterations") or 0.0) + float(e.get("steps") or 0.0) * 1e-9
+
+
 def _q(h, q) -> float | None:
     v = bucket_quantile(h[0], h[1], q) if h is not None else float("nan")
     return float(v) if np.isfinite(v) else None
@@ -82,14 +90,23 @@ class FleetInputs:
         each member's upstream; all-to-all = members connected through their peers."""
         tm = getattr(self.fm, "timing", None) or {}
         out = []
-        for role in ("ring", "tp_decode"):
-            up = {}
-            for (ip, r), e in tm.items():
-                if r != role or not e["peers"]:
-                    continue
-                up[ip] = max(e["peers"], key=lambda p: _count(e["peers"][p].get("arrival")))
-            for cyc in upstream_cycles(up):
-                out.append({"role": role, "members": cyc})
+        # ring and tp_decode are one topology (each member receives from one upstream and
+        # sends to one downstream); which one a DPU calls its group is decided from its own
+        # view, and a slow member's own view can blur the compute gap that makes it decode.
+        # So the cycle is built over both, and the group's role is its members' majority
+        # (a tie goes to tp_decode: only decode has the gap that says so)
+        up, role_of = {}, {}
+        for (ip, r), e in tm.items():
+            if r not in RING_ROLES or not e["peers"]:
+                continue
+            if ip in role_of and _iterations(tm[(ip, role_of[ip])]) >= _iterations(e):
+                continue
+            role_of[ip] = r
+            up[ip] = max(e["peers"], key=lambda p: _count(e["peers"][p].get("arrival")))
+        for cyc in upstream_cycles(up):
+            votes = [role_of[ip] for ip in cyc]
+            role = "tp_decode" if votes.count("tp_decode") * 2 >= len(votes) else "ring"
+            out.append({"role": role, "members": cyc})
         a2a = {ip: set(e["peers"]) for (ip, r), e in tm.items() if r == "alltoall"}
         seen = set()
         for a in sorted(a2a):
@@ -110,7 +127,13 @@ class FleetInputs:
         return out
 
     def entry(self, ip, role):
-        return (getattr(self.fm, "timing", None) or {}).get((ip, role))
+        """The DPU of `ip`'s timing for its group of `role`; for a ring-like group, the
+        member's entry under the other ring-like role when its own DPU named it so."""
+        tm = getattr(self.fm, "timing", None) or {}
+        e = tm.get((ip, role))
+        if e is None and role in RING_ROLES:
+            e = next((tm[(ip, r)] for r in RING_ROLES if r != role and (ip, r) in tm), None)
+        return e
 
     def exported_by(self, a: str, c: str, klass: str) -> float:
         return float((getattr(self.fm, "exported_by", None) or {}).get((a, c, klass), 0.0))
