@@ -67,7 +67,7 @@ def test_not_root_is_exit_4(monkeypatch, sub):
 
 
 def test_same_interface_is_a_usage_error(monkeypatch):
-    monkeypatch.setattr("skewscope.cli.mirror.check_privileges", lambda: None)
+    monkeypatch.setattr("skewscope.bpf.loader.check_privileges", lambda: None)
     r = runner.invoke(main, ["mirror", "add", "--from", "lo", "--to", "lo"])
     assert r.exit_code == 2 and "loop" in r.stderr
 
@@ -77,13 +77,13 @@ def test_same_interface_is_a_usage_error(monkeypatch):
                                       (["del", "--from", "ssu-nosuch2"], "ssu-nosuch2"),
                                       (["list", "--from", "ssu-nosuch3"], "ssu-nosuch3")])
 def test_missing_interface_is_exit_6(monkeypatch, sub, name):
-    monkeypatch.setattr("skewscope.cli.mirror.check_privileges", lambda: None)
+    monkeypatch.setattr("skewscope.bpf.loader.check_privileges", lambda: None)
     r = runner.invoke(main, ["mirror", *sub])
     assert r.exit_code == 6 and name in r.stderr and "does not exist" in r.stderr
 
 
 def test_missing_tc_binary_is_one_line(monkeypatch):
-    monkeypatch.setattr("skewscope.cli.mirror.check_privileges", lambda: None)
+    monkeypatch.setattr("skewscope.bpf.loader.check_privileges", lambda: None)
     monkeypatch.setattr("shutil.which", lambda name: None)
     monkeypatch.setattr("os.path.exists", lambda p: False)
     r = runner.invoke(main, ["mirror", "list", "--from", "lo"])
