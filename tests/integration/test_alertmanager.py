@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import signal
 import struct
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from promharness import free_port, wait_until
+from promharness import stop_proc as stop
 
 from skewscope import gen as skewgen
 
@@ -93,16 +93,6 @@ class Receiver:
 
 def start(cmd, log):
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(p):
-    if p is not None and p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=5)
 
 
 def start_export(pcap, port, tok, log):
