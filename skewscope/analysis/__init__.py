@@ -87,8 +87,16 @@ JSON_VERSION = 1
 MAX_GROUP_DETAIL = 64
 
 
+_PLAIN = (str, int, bool, type(None))
+
+
 def clean(x):
     """JSON-safe copy: numpy -> Python, NaN/inf -> None, private keys (leading _) dropped."""
+    t = type(x)
+    if t in _PLAIN:                          # the common leaves first (a finding has ~30 of them)
+        return x
+    if t is float:
+        return x if math.isfinite(x) else None
     if isinstance(x, dict):
         return {str(k): clean(v) for k, v in x.items() if not str(k).startswith("_")}
     if isinstance(x, (list, tuple)):
@@ -266,7 +274,7 @@ def live_metrics(snap, thresholds=None, records: bool = False) -> dict:
     th = resolve_thresholds(thresholds)
     ctx = context(snap)
     ips, mat = node_matrix(ctx)
-    cg, cgc = congestion_table(ctx, active_time=records)   # + the same table as columns (detectors)
+    cg = congestion_table(ctx, active_time=records)   # {field: column} (what the detectors read)
     out_b, in_b = mat.sum(axis=1), mat.sum(axis=0)
     n = ctx.nodes.n
     if records:
@@ -277,7 +285,7 @@ def live_metrics(snap, thresholds=None, records: bool = False) -> dict:
     gbps = th["pfc_pause"].get("link_gbps") or None
     extra = {"congestion": cg, "pfc": pfc_summary(ctx, gbps) if (records or gbps) else _pfc_counts(ctx),
              "stalls": stalls}
-    findings = live_findings(ctx, th, cgc, extra["pfc"], stalls)  # the detectors registered live=True
+    findings = live_findings(ctx, th, cg, extra["pfc"], stalls)  # the detectors registered live=True
     res = {"roles": ctx.roles, "partner": ctx.partner, "ips": ips, "matrix": mat,
            "links": link_counters(ctx),
            "dest_volume_skew": skew_stats(in_b[in_b > 0]), "source_volume_skew": skew_stats(out_b[out_b > 0]),

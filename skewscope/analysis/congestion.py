@@ -23,6 +23,7 @@ from skewscope.analysis.matrix import link_rates
 from skewscope.core import layout as L
 from skewscope.core.jit import njit
 
+OPC_SEND, OPC_WRITE, OPC_READ_REQ, OPC_ATOMIC = L.OPC_SEND, L.OPC_WRITE, L.OPC_READ_REQ, L.OPC_ATOMIC
 STANDARD_GBPS = (1, 10, 25, 40, 50, 100, 200, 400, 800, 1600)
 
 CONG_DTYPE = np.dtype([
@@ -37,61 +38,72 @@ def flow_congestion(snap, active_time: bool = True) -> np.ndarray:
     """Per-flow congestion/loss indicators (CONG_DTYPE), counters scaled by the sampling
     denominator. active_time=False: CNP rates over the flow's first..last span (no message
     records needed: the live view's per-interval work)."""
-    return congestion_table(snap, active_time)[0]
+    cols = congestion_table(snap, active_time)
+    out = np.empty(len(context(snap).flows), dtype=CONG_DTYPE)
+    for name in CONG_DTYPE.names:
+        out[name] = cols[name]
+    return out
 
 
 def congestion_columns(snap, active_time: bool = True) -> dict:
     """flow_congestion as {field: float64 array} (what the detectors index: a field of the
     structured array is a view made anew at every access, slow to index flow by flow)."""
-    return congestion_table(snap, active_time)[1]
+    return congestion_table(snap, active_time)
 
 
-def congestion_table(snap, active_time):
-    """(CONG_DTYPE array, {field: column view of it}): one table, no copy."""
+def congestion_table(snap, active_time) -> dict:
+    """{CONG_DTYPE field: contiguous float64 column}: one (fields x flows) table, each
+    field a row of it (the detectors scan whole columns; a strided field of a row-major
+    table costs a cache line per flow)."""
     ctx = context(snap)
     fl = ctx.cols
     n = len(ctx.flows)
     nc = len(CONG_DTYPE.names)
-    tab = np.zeros((n, nc))
+    tab = np.empty((nc, n))              # (the kernel writes every element)
     if n:
         part = ctx.partner
-        busy = ctx.fstat["busy_ns"] if active_time else np.zeros(n)
-        op = fl["op"]
-        req = op[:, L.OPC_SEND] + op[:, L.OPC_WRITE] + op[:, L.OPC_READ_REQ] + op[:, L.OPC_ATOMIC]
+        busy = ctx.fstat["busy_ns"] if active_time else np.zeros(0)
         _cong_kernel(fl["ce"], fl["ecn_capable"], fl["packets"], fl["cnp"], fl["first_ts"], fl["last_ts"], part, busy,
-                     fl["psn_gaps"], fl["psn_skipped"], fl["retransmissions"], req, fl["nak_seq"], fl["nak_rnr"],
+                     fl["psn_gaps"], fl["psn_skipped"], fl["retransmissions"], fl["op"], fl["nak_seq"], fl["nak_rnr"],
                      fl["nak_other"], float(ctx.scale), ctx.duration_ns / 1e9, tab)
-    return tab.view(CONG_DTYPE).reshape(n), {name: tab[:, k] for k, name in enumerate(CONG_DTYPE.names)}
+    return {name: tab[k] for k, name in enumerate(CONG_DTYPE.names)}
 
 
 @njit(cache=True, nogil=True)
-def _cong_kernel(ce, ect, pk, cnp, first, last, part, busy, gaps, skipped, retx, req, ns, nr, no, sc, dur, out):
+def _cong_kernel(ce, ect, pk, cnp, first, last, part, busy, gaps, skipped, retx, op, ns, nr, no, sc, dur, out):
+    """busy: per-flow busy ns (active time), or empty: CNP rates over first..last."""
     n = ce.shape[0]
+    has_busy = busy.shape[0] == n
     for i in range(n):
         c = float(ce[i])
         e = float(ect[i])
-        out[i, 0] = c * sc
-        out[i, 1] = e * sc
+        out[0, i] = c * sc
+        out[1, i] = e * sc
+        out[2, i] = 0.0
         if e > 0:
-            out[i, 2] = c / e
+            out[2, i] = c / e
         elif pk[i] > 0:
-            out[i, 2] = c / float(pk[i])
+            out[2, i] = c / float(pk[i])
         k = float(cnp[i])
-        out[i, 3] = k * sc
+        out[3, i] = k * sc
+        out[4, i] = 0.0
         if k > 0:
             span = (float(last[i]) - float(first[i])) / 1e9
             p = part[i]
-            den = busy[p] / 1e9 if p >= 0 and busy[p] > 0 else (span if span > 0 else dur)
-            out[i, 4] = k * sc / max(den, 1e-9)
-        out[i, 5] = float(gaps[i]) * sc
+            den = busy[p] / 1e9 if has_busy and p >= 0 and busy[p] > 0 else (span if span > 0 else dur)
+            out[4, i] = k * sc / max(den, 1e-9)
+        out[5, i] = float(gaps[i]) * sc
         sk = float(skipped[i])
-        out[i, 6] = sk * sc
-        out[i, 7] = float(retx[i]) * sc
+        out[6, i] = sk * sc
+        out[7, i] = float(retx[i]) * sc
+        out[8, i] = 0.0
         if sk > 0:
-            out[i, 8] = sk / max(1.0, float(req[i]) + sk)
-        out[i, 9] = float(ns[i]) * sc
-        out[i, 10] = float(nr[i]) * sc
-        out[i, 11] = float(no[i]) * sc
+            # requests: the flow's SEND, WRITE, READ request and atomic packets
+            req = op[i, OPC_SEND] + op[i, OPC_WRITE] + op[i, OPC_READ_REQ] + op[i, OPC_ATOMIC]
+            out[8, i] = sk / max(1.0, float(req) + sk)
+        out[9, i] = float(ns[i]) * sc
+        out[10, i] = float(nr[i]) * sc
+        out[11, i] = float(no[i]) * sc
 
 
 def link_speed_bps(snap, override_gbps: float | None = None) -> float | None:

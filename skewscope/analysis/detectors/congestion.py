@@ -21,8 +21,9 @@ def congestion(inp, em):
         severity = sev(fr, t["warning"], t["critical"])
         if severity is None:
             continue
-        peers = sorted({int(ctx.nodes.src[f] if role == "into" else ctx.nodes.dst[f]) for f in fl})
-        cnp = float(sum(cg["cnp"][ctx.partner[f]] for f in fl if ctx.partner[f] >= 0))
+        peers = np.unique((ctx.nodes.src if role == "into" else ctx.nodes.dst)[fl]).tolist()
+        part = ctx.partner[fl]
+        cnp = float(cg["cnp"][part[part >= 0]].sum())
         em.add("ecn_congestion", severity, [n] + peers,
                f"ECN congestion {role} {ips[n]}: {pct(fr)} of packets CE-marked on {len(fl)} flow(s) "
                f"{'from' if role == 'into' else 'to'} {len(peers)} peer(s)" + (f", {int(cnp)} CNPs back" if cnp else "")
@@ -32,18 +33,25 @@ def congestion(inp, em):
                flows=fl)
     # CNP storms: per CNP sender (= the congested data receiver), all the QPs it throttles
     t = th["cnp_storm"]
-    by = {}
-    for f in np.nonzero(cg["cnp"] > 0)[0]:
-        by.setdefault(int(ctx.nodes.src[f]), []).append(int(f))
-    for n, fl in by.items():
+    cf = np.nonzero(cg["cnp"] > 0)[0]
+    cs = ctx.nodes.src[cf].astype(np.int64)
+    # per CNP sender in order of its first flow, its flows in flow order
+    _, first, inv = np.unique(cs, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(len(first))
+    o = np.argsort(rank[inv], kind="stable")
+    cuts = np.nonzero(np.diff(cs[o]))[0] + 1
+    for g in (np.split(cf[o], cuts) if len(cf) else []):
+        n, fl = int(ctx.nodes.src[g[0]]), g.tolist()
         total = float(cg["cnp"][fl].sum())
         rates = cg["cnp_rate_per_s"][fl]
         if total < t["min_cnp"] or float(rates.max()) < t["warning"]:
             continue
         severity = sev(float(rates.max()), t["warning"], t["critical"])
-        senders = sorted({int(ctx.nodes.dst[f]) for f in fl})
-        qps = sorted({int(ctx.flows["dest_qp"][f]) for f in fl})
-        data_flows = [int(ctx.partner[f]) for f in fl if ctx.partner[f] >= 0]
+        senders = np.unique(ctx.nodes.dst[g]).tolist()
+        qps = np.unique(ctx.flows["dest_qp"][g]).tolist()
+        part = ctx.partner[g]
+        data_flows = part[part >= 0].tolist()
         em.add("cnp_storm", severity, [n] + senders,
                f"CNP storm from {ips[n]}: {int(total)} CNPs to {len(qps)} sender QP(s) on {len(senders)} node(s), up to "
                f"{rates.max():,.0f}/s per QP while it sends: DCQCN keeps cutting those senders' rates; relieve the "

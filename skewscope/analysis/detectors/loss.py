@@ -17,7 +17,8 @@ def loss(inp, em):
     for s, d, f in by_pair(ctx, np.nonzero(cg["psn_gaps"] >= max(1, t["min_gaps"]))[0]):
         gaps = float(cg["psn_gaps"][f].sum())
         skipped = float(cg["psn_skipped"][f].sum())
-        req = float(sum(cg["psn_skipped"][x] / cg["loss_rate"][x] for x in f if cg["loss_rate"][x] > 0))
+        lr, sk = cg["loss_rate"][f], cg["psn_skipped"][f]
+        req = float(sum((sk[lr > 0] / lr[lr > 0]).tolist()))
         rate = skipped / req if req > 0 else 0.0
         severity = "critical" if rate >= t["critical"] else "warning"
         part = ctx.partner[f]
