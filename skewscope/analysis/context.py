@@ -98,6 +98,23 @@ class Context:
         dst = nd.ips[d] if nd.ipver[d] == v else ip_str(self.flows["dst"][i], int(v))
         return [src, dst, int(c["dest_qp"][i])]
 
+    def flow_keys(self, idx) -> list:
+        """[flow_key(i) for i in idx], with the array lookups done once for all of them."""
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        if len(idx) == 0:
+            return []
+        c, nd = self.cols, self.nodes
+        v = c["ipver"][idx]
+        s, d = nd.src[idx], nd.dst[idx]
+        same_s, same_d = (nd.ipver[s] == v).tolist(), (nd.ipver[d] == v).tolist()
+        ips = nd.ips
+        out = []
+        for k, (si, di, q) in enumerate(zip(s.tolist(), d.tolist(), c["dest_qp"][idx].tolist())):
+            src = ips[si] if same_s[k] else ip_str(self.flows["src"][idx[k]], int(v[k]))
+            dst = ips[di] if same_d[k] else ip_str(self.flows["dst"][idx[k]], int(v[k]))
+            out.append([src, dst, int(q)])
+        return out
+
     # ---- events ----------------------------------------------------------------------
     @cached_property
     def _evcols(self):

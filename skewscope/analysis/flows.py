@@ -530,8 +530,14 @@ def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = No
         s = nodes.src.astype(np.int64)
         d = nodes.dst.astype(np.int64)
         nn = max(1, nodes.n)
-        big_pairs = np.unique((s[big] * nn + d[big]))
-        cts[need] = np.isin(d[need] * nn + s[need], big_pairs)
+        if nn * nn <= max(1 << 22, 8 * n):
+            # a presence table over the pairs (no sort of the big flows' keys)
+            has_big = np.zeros(nn * nn, dtype=bool)
+            has_big[s[big] * nn + d[big]] = True
+            cts[need] = has_big[d[need] * nn + s[need]]
+        else:
+            big_pairs = np.unique((s[big] * nn + d[big]))
+            cts[need] = np.isin(d[need] * nn + s[need], big_pairs)
     roles[cand & cts] = ROLE_CTS
     roles[fl["dest_qp"] == 1] = ROLE_MGMT
     return roles
@@ -553,18 +559,24 @@ def partners(fl, nodes: Nodes, roles: np.ndarray, by_sport: np.ndarray) -> np.nd
     # counts per directed pair
     kd, cd = np.unique(key[data], return_counts=True)
     kc, cc = np.unique(key[ctrl], return_counts=True)
-    one_d = set(kd[cd == 1].tolist())
-    one_c = set(kc[cc == 1].tolist())
     need = np.nonzero((out < 0) & data)[0]
+    # the unpaired data flows that are their pair's only data flow ...
+    need = need[np.isin(key[need], kd[cd == 1])]
     if len(need) == 0:
         return out
-    ctrl_idx = {int(key[i]): int(i) for i in np.nonzero(ctrl)[0] if int(key[i]) in one_c}
-    for i in need:
-        k = int(key[i])
-        rk = int(d[i] * nn + s[i])
-        if k in one_d and rk in ctrl_idx:
-            j = ctrl_idx[rk]
-            if out[j] < 0:
-                out[i] = j
-                out[j] = i
+    # ... facing the reverse pair's only control flow (each such pair has one of each, so
+    # no two data flows compete for one control flow: one vectorised match)
+    ci = np.nonzero(ctrl)[0]
+    ci = ci[np.isin(key[ci], kc[cc == 1])]
+    if len(ci) == 0:
+        return out
+    o = np.argsort(key[ci], kind="stable")
+    ck = key[ci][o]
+    rk = d[need] * nn + s[need]
+    pos = np.minimum(np.searchsorted(ck, rk), len(ck) - 1)
+    hit = ck[pos] == rk
+    i, j = need[hit], ci[o[pos[hit]]]
+    free = out[j] < 0
+    out[i[free]] = j[free]
+    out[j[free]] = i[free]
     return out

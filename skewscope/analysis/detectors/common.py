@@ -34,7 +34,7 @@ class Emitter:
             s = x if isinstance(x, str) else self.ctx.nodes.ips[int(x)]
             if s not in ips_out:
                 ips_out.append(s)
-        fl = [self.flow_key(int(i)) for i in flows]
+        fl = self.ctx.flow_keys(flows) if len(flows) else []
         if qps is None:
             qps = sorted({k[2] for k in fl})
         self.out.append(Finding(kind, severity, Entities(ips_out, [int(q) for q in qps], fl), evidence, message,

@@ -13,11 +13,21 @@ def congestion(inp, em):
     ips = ctx.nodes.ips
     t = th["ecn_congestion"]
     marked = np.nonzero(ctx.data & (cg["ce"] > 0))[0]
-    for n, role, fl in group_by_node(ctx, marked):
-        ce = float(cg["ce"][fl].sum())
-        fr = ce / max(1.0, float(cg["ecn_capable"][fl].sum()))
-        if ce < t["min_ce"]:
-            continue
+    groups = group_by_node(ctx, marked)
+    if groups:
+        # every group's CE and ECN-capable sums at once (integer counts: exact in any order);
+        # only the groups over min_ce go on
+        flat = np.concatenate([np.asarray(g[2], dtype=np.int64) for g in groups])
+        starts = np.cumsum([0] + [len(g[2]) for g in groups[:-1]])
+        ce_g = np.add.reduceat(cg["ce"][flat], starts)
+        ect_g = np.add.reduceat(cg["ecn_capable"][flat], starts)
+        keep = np.nonzero(ce_g >= t["min_ce"])[0].tolist()
+    else:
+        keep = []
+    for k in keep:
+        n, role, fl = groups[k]
+        ce = float(ce_g[k])
+        fr = ce / max(1.0, float(ect_g[k]))
         severity = sev(fr, t["warning"], t["critical"])
         if severity is None:
             continue
