@@ -120,7 +120,12 @@ int skewscope_lenprobe(struct xdp_md *ctx)
 #endif
 
 BPF_TABLE("lru_hash", struct ss_flow_key, struct ss_flow_stats, flows, SS_MAX_FLOWS);
-BPF_PERCPU_ARRAY(globals, __u64, SS_G_N);
+/* The global counters: one per-CPU entry holding all of them, so a frame pays one lookup for
+ * its two counts (frames, and its category). */
+struct ss_globals {
+	__u64 c[SS_G_N];
+};
+BPF_PERCPU_ARRAY(globals, struct ss_globals, 1);
 BPF_ARRAY(op_table, __u32, 256);
 BPF_ARRAY(zero_stats, struct ss_flow_stats, 1);  /* never written: template for inserts */
 BPF_F_TABLE("array", __u32, struct ss_msg_rec, msg_events, SS_NCPUS * SS_EV_PER_CPU, BPF_F_MMAPABLE);
@@ -150,11 +155,22 @@ BPF_ARRAY(fcache, struct ss_fc_entry, SS_NCPUS * SS_FC_SLOTS);
 #define SS_FC_REFRESH 64
 #endif
 
+static __always_inline struct ss_globals *gtable(void)
+{
+	__u32 z = 0;
+
+	return globals.lookup(&z);
+}
+
+static __always_inline void gadd(struct ss_globals *g, __u32 idx, __u64 n)
+{
+	if (g && idx < SS_G_N)
+		g->c[idx] += n;  /* per-CPU: no atomics needed */
+}
+
 static __always_inline void gcount(__u32 idx, __u64 n)
 {
-	__u64 *v = globals.lookup(&idx);
-	if (v)
-		*v += n;  /* per-CPU: no atomics needed */
+	gadd(gtable(), idx, n);
 }
 
 /* The parser (parse.h) reaches the opcode table and the global counters only through these
@@ -539,10 +555,11 @@ int skewscope_xdp(struct xdp_md *ctx)
 	__u64 len = data_end - data;
 #endif
 	SS_REPLAY_PROLOGUE(len, SS_XDP_PASS)
+	struct ss_globals *g = gtable();
 
-	gcount(SS_G_FRAMES, 1);
+	gadd(g, SS_G_FRAMES, 1);
 	cat = process(data, data_end, SS_CAP_END(data, data_end), len, 0, rts);
-	gcount(cat, 1);
+	gadd(g, cat, 1);
 	return SS_XDP_PASS;
 }
 
@@ -557,8 +574,9 @@ int skewscope_tc(struct __sk_buff *skb)
 	__u64 len = skb->len + 4 * tags;
 	__u32 cat;
 	SS_REPLAY_PROLOGUE(len, SS_TC_VERDICT)
+	struct ss_globals *g = gtable();
 
-	gcount(SS_G_FRAMES, 1);
+	gadd(g, SS_G_FRAMES, 1);
 	cat = process(data, data_end, SS_CAP_END(data, data_end), len, tags, rts);
 	/* A header cut at the end of the linear part of a non-linear skb (drivers that copy
 	 * only up to the UDP header, AF_PACKET senders, GRO): pull the header bytes in and
@@ -571,6 +589,6 @@ int skewscope_tc(struct __sk_buff *skb)
 			cat = process(data, data_end, SS_CAP_END(data, data_end), len, tags, rts);
 		}
 	}
-	gcount(cat, 1);
+	gadd(g, cat, 1);
 	return SS_TC_VERDICT;
 }

@@ -305,9 +305,8 @@ class Dataplane:
             self.bpf[b"fcache"].clear()
         ncpu = self.config.ncpus
         zero = bytes(8 * ncpu)
-        gfd = self._fd("globals")
-        for i in range(L.G_N):
-            bpfsys.map_update(gfd, i.to_bytes(4, "little"), zero)
+        # the global counters: one per-CPU entry of G_N counters (struct ss_globals)
+        bpfsys.map_update(self._fd("globals"), (0).to_bytes(4, "little"), bytes(8 * L.G_N * ncpu))
         bpfsys.map_update(self._fd("ev_head"), (0).to_bytes(4, "little"), zero)
         self._ev_head_read[:] = 0
         self.events_lost = 0
@@ -321,8 +320,9 @@ class Dataplane:
 
     def read_globals(self) -> np.ndarray:
         ncpu = self.config.ncpus
-        _, vals = bpfsys.map_lookup_batch(self._fd("globals"), 4, 8 * ncpu, L.G_N)
-        return vals.view("<u8").reshape(-1, ncpu).sum(axis=1).astype(np.uint64)
+        # one per-CPU entry: ncpu copies of struct ss_globals (G_N u64 each)
+        _, vals = bpfsys.map_lookup_batch(self._fd("globals"), 4, 8 * L.G_N * ncpu, 1)
+        return vals[0].view("<u8").reshape(ncpu, L.G_N).sum(axis=0).astype(np.uint64)
 
     def read_flows(self) -> np.ndarray:
         """The flow table: the LRU entries, each with the current copy from the flow cache
