@@ -87,19 +87,9 @@ class Context:
             d = float(c["last_ts"].max()) - float(c["first_ts"][c["packets"] > 0].min())
         return max(d, 1.0)
 
-    def flow_key(self, i: int) -> list:
-        """[src ip, dst ip, dest QP] of flow i, as report "flows" writes it (the node table's
-        strings: no per-flow formatting)."""
-        c = self.cols
-        v = c["ipver"][i]
-        nd = self.nodes
-        s, d = nd.src[i], nd.dst[i]
-        src = nd.ips[s] if nd.ipver[s] == v else ip_str(self.flows["src"][i], int(v))
-        dst = nd.ips[d] if nd.ipver[d] == v else ip_str(self.flows["dst"][i], int(v))
-        return [src, dst, int(c["dest_qp"][i])]
-
     def flow_keys(self, idx) -> list:
-        """[flow_key(i) for i in idx], with the array lookups done once for all of them."""
+        """[[src ip, dst ip, dest QP] of flow i for i in idx], as report "flows" writes them
+        (the node table's strings: no per-flow formatting; the array lookups done once)."""
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         if len(idx) == 0:
             return []

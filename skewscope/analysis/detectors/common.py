@@ -21,9 +21,6 @@ class Emitter:
         self.checks = checks
         self.out: list[Finding] = []
 
-    def flow_key(self, i):
-        return self.ctx.flow_key(i)       # analysis.context: the node table's strings
-
     def add(self, kind, severity, ips, message, evidence, flows=(), qps=None, group=None, impact=None):
         """ips: node indices or IP strings (the blamed first; duplicates dropped); flows:
         flow indices; qps: default = the flows' dest QPs; impact: impact_of(...) or None."""
@@ -34,7 +31,7 @@ class Emitter:
             s = x if isinstance(x, str) else self.ctx.nodes.ips[int(x)]
             if s not in ips_out:
                 ips_out.append(s)
-        fl = self.ctx.flow_keys(flows) if len(flows) else []
+        fl = self.ctx.flow_keys(flows) if len(flows) else []  # analysis.context: the node table's strings
         if qps is None:
             qps = sorted({k[2] for k in fl})
         self.out.append(Finding(kind, severity, Entities(ips_out, [int(q) for q in qps], fl), evidence, message,

@@ -45,11 +45,10 @@ def congestion(inp, em):
     t = th["cnp_storm"]
     cf = np.nonzero(cg["cnp"] > 0)[0]
     cs = ctx.nodes.src[cf].astype(np.int64)
-    # per CNP sender in order of its first flow, its flows in flow order
+    # per CNP sender in order of its first flow, its flows in flow order: a stable sort by
+    # the position of the sender's first flow
     _, first, inv = np.unique(cs, return_index=True, return_inverse=True)
-    rank = np.empty(len(first), dtype=np.int64)
-    rank[np.argsort(first)] = np.arange(len(first))
-    o = np.argsort(rank[inv], kind="stable")
+    o = np.argsort(first[inv], kind="stable")
     cuts = np.nonzero(np.diff(cs[o]))[0] + 1
     for g in (np.split(cf[o], cuts) if len(cf) else []):
         n, fl = int(ctx.nodes.src[g[0]]), g.tolist()
