@@ -1,17 +1,32 @@
-"""numba's `njit` for skewscope's kernels, with a cheaper first load of cached kernels.
+"""skewscope's kernels: numba `njit` functions that can also run precompiled, without numba.
 
-Every kernel is `@njit(cache=True)`; a run that finds them all in numba's on-disk cache
-still paid for numba's full context set-up on the first load: `BaseContext.refresh()`
-imports and registers every numba.np / numba.cpython / numba.typed implementation
-(`load_additional_registries`, ~0.3 s unloaded), which only *compiling* needs -- a cached
-kernel is machine code plus its environment. Here the cache load initialises only the
-runtime (NRT) that the loaded code calls; the full refresh still happens, as numba does
-it, the first time anything is actually compiled (`CompilerBase.__init__`, and
-`BaseContext.get_function` on a miss) -- so a cache miss, a changed kernel or a new
-signature behaves exactly as before. Measured in tools/bench/bench_startup.py and
-docs/startup.md.
+`@njit(...)` here does not import numba. It returns a `Kernel`: a stand-in that a call from
+Python resolves, once, to one of two implementations of the same Python function:
 
-Set SKEWSCOPE_NUMBA_FULL_REFRESH=1 to keep numba's own behaviour (for comparison).
+- **ahead-of-time** (`skewscope/_aot*.so`, built by `python -m skewscope.core.aot build`,
+  which `make setup` runs): machine code compiled by numba's pycc from the same source, for the
+  argument types recorded on a training workload. Loading it imports neither numba nor
+  llvmlite (`import numba` alone is ~0.55 s here, more than the whole first-result budget of
+  `report`: docs/startup.md). It is used only when the module is *current* -- every
+  `skewscope/**/*.py` file it was built from is unchanged and the CPU is the one it was built
+  for -- and only for a call whose argument types (dtype, ndim, layout, writeable, aligned;
+  int/float/bool; tuples) equal a compiled signature: pycc's wrappers check an array's item size
+  only, so the type check is ours (`arg_key`). `SKEWSCOPE_AOT=0` turns it off.
+- **numba** (JIT, `cache=True`): everything else -- a stale or absent module, a new argument
+  type, a kernel not in the module. numba is imported on the first such call; then kernels
+  compile (or load from numba's cache) exactly as plain `numba.njit` would. Kernels calling
+  kernels: numba sees a `Kernel` global as its dispatcher (a `typeof` registration, plus the
+  `py_func` / `targetoptions` numba's inliner reads), and an `intrinsic` stand-in as the
+  intrinsic.
+
+Both run the same source with the same numba; results are identical (tests/unit/test_aot.py).
+
+numba's cache load is made cheaper (since the start-up work): numba's `Cache.load_overload`
+begins with `BaseContext.refresh()`, which imports and registers every numba.np /
+numba.cpython / numba.typed implementation (~0.3 s) that only *compiling* needs. The light
+load initialises only the runtime (NRT) the loaded code calls; anything that compiles still
+does the full refresh first, inside numba. `SKEWSCOPE_NUMBA_FULL_REFRESH=1` keeps numba's own
+behaviour (for comparison).
 
 `prefetch(a, i)`: a software prefetch of a[i]'s cache line (LLVM's llvm.prefetch: read,
 all cache levels), for kernels that walk rows too far apart for the hardware prefetcher
@@ -20,42 +35,206 @@ faults, changes no result.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+import sys
 
-import numba
-from llvmlite import ir
-from llvmlite.binding import llvm_version_info
-from numba.core import caching, cgutils, types
-from numba.core.runtime import rtsys
-from numba.extending import intrinsic
+from skewscope.core import aot as _aotmod
 
-__all__ = ["njit", "prefetch"]
+__all__ = ["njit", "intrinsic", "prefetch", "Kernel", "arg_key", "numba_loaded"]
 
-njit = numba.njit
-
-_orig_load_overload = caching.Cache.load_overload
+#: every Kernel, in definition order (the AOT build compiles from this registry)
+KERNELS: list["Kernel"] = []
+_numba = None
+#: set by skewscope.core.aot while it records a training workload: (kernel, key, args) -> None
+_recorder = None
 
 
-def _light_load_overload(self, sig, target_context):
-    """Cache.load_overload without the full context refresh: NRT only (idempotent)."""
-    rtsys.initialize(target_context)
-    with self._guard_against_spurious_io_errors():
-        return self._load_overload(sig, target_context)
+def numba_loaded() -> bool:
+    """True once a kernel has needed numba in this process."""
+    return _numba is not None
 
 
-if not os.environ.get("SKEWSCOPE_NUMBA_FULL_REFRESH") and getattr(caching.Cache, "_skewscope_light", None) is None:
-    caching.Cache.load_overload = _light_load_overload
-    caching.Cache._skewscope_light = True
+def _load_numba():
+    """Import numba (once), with the light cache load and the Kernel/intrinsic typing."""
+    global _numba
+    if _numba is not None:
+        return _numba
+    import numba  # heavy (0.55 s): only when a kernel runs under numba
+    from numba.core import caching  # heavy: numba
+    from numba.core.runtime import rtsys  # heavy: numba
+    from numba.extending import typeof_impl  # heavy: numba
+
+    if not os.environ.get("SKEWSCOPE_NUMBA_FULL_REFRESH") and getattr(caching.Cache, "_skewscope_light", None) is None:
+        def _light_load_overload(self, sig, target_context):
+            """Cache.load_overload without the full context refresh: NRT only (idempotent)."""
+            rtsys.initialize(target_context)
+            with self._guard_against_spurious_io_errors():
+                return self._load_overload(sig, target_context)
+        caching.Cache.load_overload = _light_load_overload
+        caching.Cache._skewscope_light = True
+
+    @typeof_impl.register(Kernel)
+    def _typeof_kernel(val, c):
+        return numba.types.Dispatcher(val.dispatcher)
+
+    @typeof_impl.register(Intrinsic)
+    def _typeof_intrinsic(val, c):
+        from numba.core.registry import cpu_target  # heavy: numba
+        real = val.real
+        ctx = cpu_target.typing_context
+        ctx.refresh()  # registers an intrinsic made after the context's last refresh
+        return ctx.resolve_value_type(real)
+
+    _numba = numba
+    return numba
 
 
-#: the intrinsic's pointer suffix: opaque pointers (LLVM >= 15) or i8* (LLVM 14: numba 0.59)
-_PREFETCH = "llvm.prefetch.p0" if llvm_version_info[0] >= 15 else "llvm.prefetch.p0i8"
+#: numba's types of Python's scalars, as numpy dtypes (filled once numpy is loaded)
+_PY: dict = {}
+
+
+def arg_key(a):
+    """The part of numba's type of a call argument that a compiled signature depends on, without
+    numba: numpy's dtype for a scalar (Python's bool/int/float as numba types them), (dtype,
+    ndim, layout, writeable, aligned) for an array, ("T", ...) for a tuple; None for a type the
+    precompiled path does not take (the call goes to numba)."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    if not _PY:
+        _PY.update({bool: np.dtype(np.bool_), int: np.dtype(np.int64), float: np.dtype(np.float64)})
+    t = type(a)
+    if t is int:
+        return _PY[int] if -(1 << 63) <= a < (1 << 63) else None
+    if t is bool or t is float:
+        return _PY[t]
+    if t is tuple:
+        k = tuple(arg_key(x) for x in a)
+        return None if any(x is None for x in k) else ("T",) + k
+    if isinstance(a, np.ndarray):
+        f = a.flags
+        layout = "C" if f.c_contiguous else "F" if f.f_contiguous else "A"
+        return (a.dtype, a.ndim, layout, bool(f.writeable), bool(f.aligned))
+    if isinstance(a, np.generic) and t.__module__ == "numpy" and a.dtype.fields is None:
+        return a.dtype
+    return None
+
+
+def _call_key(args):
+    k = tuple(arg_key(a) for a in args)
+    # `is`, not `in`: numpy's float64 dtype compares equal to None (np.dtype(None) is float64)
+    return None if any(x is None for x in k) else k
+
+
+class Kernel:
+    """A numba kernel that may run precompiled (see the module doc)."""
+
+    def __init__(self, py_func, options: dict):
+        self.py_func = py_func
+        self.options = dict(options)
+        #: what numba's inliner reads from a callee global (inline="always")
+        self.targetoptions = {k: v for k, v in options.items() if k != "cache"}
+        self.name = f"{py_func.__module__}:{py_func.__qualname__}"
+        code = py_func.__code__
+        self._nparams = code.co_argcount
+        self._defaults = py_func.__defaults__ or ()
+        self._dispatcher = None
+        self._aot = None  # None: not looked up yet; {}: none; {key: compiled function}
+        functools.update_wrapper(self, py_func)
+        KERNELS.append(self)
+
+    @property
+    def dispatcher(self):
+        """The numba dispatcher (imports numba on first use)."""
+        if self._dispatcher is None:
+            numba = _load_numba()
+            self._dispatcher = numba.njit(**self.options)(self.py_func)
+        return self._dispatcher
+
+    @property
+    def signatures(self):
+        """numba's compiled signatures in this process ([] when numba has compiled nothing)."""
+        return self._dispatcher.signatures if self._dispatcher is not None else []
+
+    def aot_keys(self):
+        """The argument keys this kernel has precompiled code for (empty when none is current)."""
+        if self._aot is None:
+            self._aot = _aotmod.functions_for(self.name)
+        return list(self._aot)
+
+    def __call__(self, *args, **kwargs):
+        aot = self._aot
+        if aot is None:
+            aot = self._aot = _aotmod.functions_for(self.name)
+        if kwargs or _recorder is not None:
+            args = self._bind(args, kwargs)
+        elif len(args) < self._nparams and self._defaults:
+            args = args + self._defaults[len(args) - self._nparams:]
+        if aot:
+            fn = aot.get(_call_key(args))
+            if fn is not None:
+                return fn(*args)
+        out = self.dispatcher(*args)
+        if _recorder is not None:
+            _recorder(self, args)
+        return out
+
+    def _bind(self, args, kwargs):
+        b = inspect.signature(self.py_func).bind(*args, **kwargs)
+        b.apply_defaults()
+        return tuple(b.args)
+
+    def __repr__(self):
+        return f"<skewscope kernel {self.name}>"
+
+
+def njit(*args, **options):
+    """`numba.njit` for skewscope (same options); `@njit` or `@njit(cache=True, ...)`."""
+    if args and callable(args[0]) and not options:
+        return Kernel(args[0], {})
+
+    def deco(fn):
+        return Kernel(fn, options)
+    return deco
+
+
+class Intrinsic:
+    """`numba.extending.intrinsic`, applied when numba is first needed."""
+
+    def __init__(self, defn):
+        self.defn = defn
+        self._real = None
+        functools.update_wrapper(self, defn)
+
+    @property
+    def real(self):
+        if self._real is None:
+            _load_numba()
+            from numba.extending import intrinsic as _intrinsic  # heavy: numba
+            self._real = _intrinsic(self.defn)
+        return self._real
+
+    def __call__(self, *args):
+        raise TypeError(f"{self.defn.__name__} is an intrinsic: call it from a kernel")
+
+
+def intrinsic(defn):
+    """Declare a numba intrinsic without importing numba (the definition's body imports what it uses)."""
+    return Intrinsic(defn)
 
 
 @intrinsic
 def prefetch(typingctx, arr, idx):
     """prefetch(a, i): hint the CPU to load the cache line of a[i] (1-D array, no bounds
     check needed: a prefetch never faults)."""
+    from llvmlite import ir  # heavy: typing runs only under numba
+    from llvmlite.binding import llvm_version_info  # heavy: as above
+    from numba.core import cgutils, types  # heavy: as above
+
+    # the intrinsic's pointer suffix: opaque pointers (LLVM >= 15) or i8* (LLVM 14: numba 0.59)
+    name = "llvm.prefetch.p0" if llvm_version_info[0] >= 15 else "llvm.prefetch.p0i8"
     sig = types.void(arr, idx)
 
     def codegen(context, builder, signature, args):
@@ -64,7 +243,7 @@ def prefetch(typingctx, arr, idx):
         ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
         i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-                                            _PREFETCH)
+                                            name)
         # (address, rw = 0 read, locality = 3 keep in all levels, cache type = 1 data)
         builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
         return context.get_dummy_value()

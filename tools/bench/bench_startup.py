@@ -6,7 +6,8 @@ machine), each also as a ratio to two baselines measured in the same run: `pytho
 (the interpreter) and `python -c "import numpy"` (the floor of anything that reads arrays).
 Then the import-time breakdown (`python -X importtime`) of `--help` and of `report`: the
 imports' total, and their self time summed per package (skewscope per subpackage). What a
-report spends beyond its imports is numba loading its cached kernels, and the work.
+report spends beyond its imports is loading its kernels (the precompiled module, or numba and
+its cached kernels: the "numba JIT" rows, SKEWSCOPE_AOT=0), and the work.
 
 The child runs like an installed copy: bytecode caches on (PYTHONDONTWRITEBYTECODE unset,
 into a private PYTHONPYCACHEPREFIX, warmed by one untimed run) and numba's kernel cache warm.
@@ -26,6 +27,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from skewscope.core import aot  # noqa: E402  (the AOT module's status, printed with the table)
+
 SMALL = Path("/work/shared/data/real/softroce_write_pair__headers128.pcap")
 
 
@@ -102,12 +106,17 @@ def main() -> None:
             ("skewscope report --json small", [py, "-m", "skewscope", "report", "--json", str(a.pcap)], None),
             ("skewscope diagnose small", [py, "-m", "skewscope", "diagnose", str(a.pcap)], None),
         ]
+        jit_env = _env(pyc, {"SKEWSCOPE_AOT": "0"})
+        cases += [("report --json small, numba JIT", [py, "-m", "skewscope", "report", "--json", str(a.pcap)], jit_env),
+                  ("diagnose small, numba JIT", [py, "-m", "skewscope", "diagnose", str(a.pcap)], jit_env)]
         if a.full_refresh:
             cases.append(("report small, numba full refresh", [py, "-m", "skewscope", "report", str(a.pcap)],
                           _env(pyc, {"SKEWSCOPE_NUMBA_FULL_REFRESH": "1"})))
         res = measure(cases, a.n, env)
         base_w, base_c = res["python -c pass"]
         np_w, np_c = res["python -c 'import numpy'"]
+        ok, why = aot.status()
+        print(f"AOT kernel module: {why}" + ("" if ok else "  (the report rows run under numba's JIT)"))
         print(f"startup, median of {a.n} runs (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs); "
               f"small capture: {a.pcap.name}")
         print(f"{'command':36s} {'wall s':>7s} {'cpu s':>7s} {'cpu/pass':>9s} {'cpu/numpy':>10s} {'wall/numpy':>11s}")

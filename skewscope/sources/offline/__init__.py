@@ -847,11 +847,11 @@ class _Progress:
 
 def _parser_compiled() -> bool:
     """True when the parser is compiled in this process or in numba's on-disk cache (so the
-    first call will not spend ~15-30 s compiling)."""
-    if K.scan.signatures:
+    first call will not spend ~15-30 s compiling), or precompiled (skewscope.core.aot)."""
+    if K.scan.aot_keys() or K.scan.signatures:
         return True
     try:
-        return bool(K.scan._cache._cache_file._load_index())
+        return bool(K.scan.dispatcher._cache._cache_file._load_index())
     except Exception:  # numba internals: when in doubt, say nothing
         return True
 

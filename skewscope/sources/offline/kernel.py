@@ -29,16 +29,16 @@ reinterpreted as the layout's unsigned dtypes.
 from __future__ import annotations
 
 import numpy as np
-from numba import types
-from numba.extending import intrinsic
 
-from skewscope.core.jit import njit
+from skewscope.core.jit import intrinsic, njit
 
 
 @intrinsic
 def borrow(typingctx, arr):
     """The same array without its meminfo: numba's reference counting becomes a no-op on it
     (the caller keeps the real array alive for the duration of the call)."""
+    from numba.core import types  # heavy: typing runs only under numba
+
     def codegen(context, builder, sig, args):
         ary = context.make_array(sig.args[0])(context, builder, value=args[0])
         ary.meminfo = context.get_constant_null(types.MemInfoPointer(sig.args[0].dtype))

@@ -1,0 +1,133 @@
+"""Ahead-of-time compiled kernels: the runtime's check that the module is current.
+
+The module is built by `python -m skewscope.core.aotbuild build` (make setup runs it);
+`python -m skewscope.core.aotbuild status` says whether it is current, and if not why.
+
+**Build** (skewscope.core.aotbuild). A training workload (`_workload`: the generator's presets written as pcaps, then
+`report`, `report --json`, `diagnose`, per-node views and the live analysis on them, in this
+process) runs with numba, and every call from Python into a kernel records its argument key
+(`jit.arg_key`) and numba's compiled signature for it. numba's pycc then compiles each
+(kernel, signature) from the same source into one extension module,
+`skewscope/_aot.<abi>.so`, for this CPU (`target_cpu="host"`; wrappers release the GIL, as
+the kernels' `nogil` does under numba). Next to it, `skewscope/_aot.pkl` (the manifest) names
+each exported function with its kernel and argument key, the digest of every
+`skewscope/**/*.py` file, the CPU, Python, numpy and numba versions and a build id that the
+module itself returns (`_build_id()`), so a module and a manifest from different builds are
+never paired. Both files are written to temporary names and renamed into place.
+
+**Runtime** (`functions_for`, called by a Kernel's first call): loads the manifest, and uses
+the module only when the sources digest, CPU, Python and numpy versions match and the build id
+agrees; otherwise every kernel runs under numba as before (a stale module is never used;
+`status` says why). This check reads and hashes the package's sources once per process
+(~2 ms). `SKEWSCOPE_AOT=0` disables the module.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import pickle
+import platform
+import sys
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent          # skewscope/
+MANIFEST = PKG / "_aot.pkl"
+MODNAME = "_aot"
+FORMAT = 1
+
+_state = None      # None: not checked; False: unusable; dict: manifest + module
+_why = ""          # why the module is not used (status)
+
+
+def sources_digest(root: Path = PKG) -> str:
+    """blake2b over every skewscope/**/*.py (relative path + bytes), sorted."""
+    h = hashlib.blake2b(digest_size=16)
+    for p in sorted(root.rglob("*.py")):
+        rel = p.relative_to(root).as_posix()
+        h.update(rel.encode() + b"\0")
+        h.update(p.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def cpu_id() -> str:
+    """This CPU's model and feature flags (the module is compiled for them)."""
+    model = flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not model and line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                elif not flags and line.startswith("flags"):
+                    flags = line.split(":", 1)[1].strip()
+                if model and flags:
+                    break
+    except OSError:
+        pass
+    return hashlib.blake2b(f"{platform.machine()}|{model}|{flags}".encode(), digest_size=8).hexdigest()
+
+
+def environment() -> dict:
+    import numpy  # heavy: only once a kernel is called (numpy is loaded by then)
+    return {"python": sys.version.split()[0], "numpy": numpy.__version__, "cpu": cpu_id()}
+
+
+def _load():
+    """The current module and manifest, or False (and _why says why)."""
+    global _state, _why
+    if _state is not None:
+        return _state
+    _state = False
+    if os.environ.get("SKEWSCOPE_AOT", "1") == "0":
+        _why = "disabled (SKEWSCOPE_AOT=0)"
+        return _state
+    try:
+        with open(MANIFEST, "rb") as f:
+            man = pickle.load(f)
+    except FileNotFoundError:
+        _why = f"not built ({MANIFEST.name} missing: python -m skewscope.core.aot build)"
+        return _state
+    except Exception as e:  # unreadable manifest: run under numba
+        _why = f"unreadable manifest {MANIFEST.name}: {e}"
+        return _state
+    if not isinstance(man, dict) or man.get("format") != FORMAT:
+        _why = "manifest of another format"
+        return _state
+    env = environment()
+    for k, v in env.items():
+        if man.get(k) != v:
+            _why = f"built for {k} {man.get(k)}, this is {v}"
+            return _state
+    if man.get("digest") != sources_digest():
+        _why = "stale: skewscope's sources changed since the build"
+        return _state
+    try:
+        mod = importlib.import_module(f"skewscope.{MODNAME}")
+    except ImportError as e:
+        _why = f"module does not load: {e}"
+        return _state
+    if mod._build_id() != man["build_id"]:
+        _why = "module and manifest are from different builds"
+        return _state
+    _why = ""
+    _state = {"manifest": man, "module": mod}
+    return _state
+
+
+def functions_for(name: str) -> dict:
+    """{argument key: compiled function} of kernel `name` ("module:qualname"), {} when none."""
+    st = _load()
+    if not st:
+        return {}
+    mod = st["module"]
+    return {key: getattr(mod, sym) for key, sym in st["manifest"]["kernels"].get(name, ())}
+
+
+def status() -> tuple[bool, str]:
+    st = _load()
+    if not st:
+        return False, _why
+    man = st["manifest"]
+    n = sum(len(v) for v in man["kernels"].values())
+    return True, f"current: {len(man['kernels'])} kernels, {n} signatures (numba {man['numba']})"
