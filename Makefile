@@ -7,10 +7,11 @@ STAMP  := $(VENV)/.skewscope-setup-done
 
 .PHONY: setup test demo bench clean unit kernel integration
 
-# The AOT kernel module (skewscope/_aot*.so): rebuilt only when a skewscope/*.py file changed.
+# The AOT kernel module (skewscope/_aot*.so): rebuilt only when a kernel's source, or a module
+# it imports, changed (tools/aotbuild.py).
 # Without it everything still runs, under numba's JIT (a slower first result): docs/startup.md.
 setup: $(STAMP)
-	$(PY) -m skewscope.core.aotbuild build --if-stale || \
+	$(PY) tools/aotbuild.py build --if-stale || \
 	  echo "setup: warning: the AOT kernel module did not build; kernels run under numba's JIT" >&2
 
 $(STAMP): pyproject.toml tools/setup.sh

@@ -1,25 +1,26 @@
 """Ahead-of-time compiled kernels: the runtime's check that the module is current.
 
-The module is built by `python -m skewscope.core.aotbuild build` (make setup runs it);
-`python -m skewscope.core.aotbuild status` says whether it is current, and if not why.
+The module is built by `tools/aotbuild.py build` (make setup runs it when stale);
+`tools/aotbuild.py status` says whether it is current, and if not why.
 
-**Build** (skewscope.core.aotbuild). A training workload (`_workload`: the generator's presets written as pcaps, then
-`report`, `report --json`, `diagnose`, per-node views and the live analysis on them, in this
-process) runs with numba, and every call from Python into a kernel records its argument key
-(`jit.arg_key`) and numba's compiled signature for it. numba's pycc then compiles each
-(kernel, signature) from the same source into one extension module,
-`skewscope/_aot.<abi>.so`, for this CPU (`target_cpu="host"`; wrappers release the GIL, as
-the kernels' `nogil` does under numba). Next to it, `skewscope/_aot.pkl` (the manifest) names
-each exported function with its kernel and argument key, the digest of every
-`skewscope/**/*.py` file, the CPU, Python, numpy and numba versions and a build id that the
-module itself returns (`_build_id()`), so a module and a manifest from different builds are
-never paired. Both files are written to temporary names and renamed into place.
+**Build** (tools/aotbuild.py). A training workload (presets written as pcaps, then `report`,
+`report --json`, `diagnose`, `--html`, per-node views and the live analysis on them, in one
+process) runs under numba, and every call from Python into a kernel records its argument key
+(`jit.arg_key`) and numba's signature for it. numba's pycc then compiles each (kernel,
+signature) from the same source into one extension module, `skewscope/_aot.<abi>.so`, for
+this CPU (`target_cpu="host"`; wrappers release the GIL, as the kernels' `nogil` does under
+numba). Next to it, `skewscope/_aot.pkl` (the manifest) names each exported function with
+its kernel and argument key, and holds the files the compiled code depends on (the kernels'
+modules and every skewscope module their module-level imports bind, transitively) with their
+digest, the CPU, Python, numpy and numba versions, and a build id that the module itself
+returns (`_build_id()`), so a module and a manifest from different builds are never paired.
+Both files are written to temporary names and renamed into place.
 
-**Runtime** (`functions_for`, called by a Kernel's first call): loads the manifest, and uses
-the module only when the sources digest, CPU, Python and numpy versions match and the build id
+**Run time** (`functions_for`, on a Kernel's first call): loads the manifest and uses the
+module only when those files are unchanged, the CPU, Python and numpy match and the build id
 agrees; otherwise every kernel runs under numba as before (a stale module is never used;
-`status` says why). This check reads and hashes the package's sources once per process
-(~2 ms). `SKEWSCOPE_AOT=0` disables the module.
+`status` says why). The check hashes ~20 files (~0.5 MB) once per process. `SKEWSCOPE_AOT=0`
+disables the module.
 """
 from __future__ import annotations
 
@@ -40,13 +41,16 @@ _state = None      # None: not checked; False: unusable; dict: manifest + module
 _why = ""          # why the module is not used (status)
 
 
-def sources_digest(root: Path = PKG) -> str:
-    """blake2b over every skewscope/**/*.py (relative path + bytes), sorted."""
+def sources_digest(files) -> str:
+    """blake2b over the given files of skewscope/ (relative path + bytes, in order); a missing
+    file digests differently from any content."""
     h = hashlib.blake2b(digest_size=16)
-    for p in sorted(root.rglob("*.py")):
-        rel = p.relative_to(root).as_posix()
+    for rel in files:
         h.update(rel.encode() + b"\0")
-        h.update(p.read_bytes())
+        try:
+            h.update((PKG / rel).read_bytes())
+        except OSError:
+            h.update(b"\1missing")
         h.update(b"\0")
     return h.hexdigest()
 
@@ -99,8 +103,8 @@ def _load():
         if man.get(k) != v:
             _why = f"built for {k} {man.get(k)}, this is {v}"
             return _state
-    if man.get("digest") != sources_digest():
-        _why = "stale: skewscope's sources changed since the build"
+    if man.get("digest") != sources_digest(man.get("files", ())):
+        _why = "stale: a kernel's source (or a module it imports) changed since the build"
         return _state
     try:
         mod = importlib.import_module(f"skewscope.{MODNAME}")

@@ -3,13 +3,13 @@
 `@njit(...)` here does not import numba. It returns a `Kernel`: a stand-in that a call from
 Python resolves, once, to one of two implementations of the same Python function:
 
-- **ahead-of-time** (`skewscope/_aot*.so`, built by `python -m skewscope.core.aot build`,
-  which `make setup` runs): machine code compiled by numba's pycc from the same source, for the
+- **ahead-of-time** (`skewscope/_aot*.so`, built by `tools/aotbuild.py build`, which
+  `make setup` runs): machine code compiled by numba's pycc from the same source, for the
   argument types recorded on a training workload. Loading it imports neither numba nor
   llvmlite (`import numba` alone is ~0.55 s here, more than the whole first-result budget of
-  `report`: docs/startup.md). It is used only when the module is *current* -- every
-  `skewscope/**/*.py` file it was built from is unchanged and the CPU is the one it was built
-  for -- and only for a call whose argument types (dtype, ndim, layout, writeable, aligned;
+  `report`: docs/startup.md). It is used only when the module is *current* -- the kernels'
+  modules and every module they import are unchanged since the build and the CPU is the one
+  it was built for -- and only for a call whose argument types (dtype, ndim, layout, writeable, aligned;
   int/float/bool; tuples) equal a compiled signature: pycc's wrappers check an array's item size
   only, so the type check is ours (`arg_key`). `SKEWSCOPE_AOT=0` turns it off.
 - **numba** (JIT, `cache=True`): everything else -- a stale or absent module, a new argument

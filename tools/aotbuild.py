@@ -1,13 +1,15 @@
 """Build the ahead-of-time kernel module that skewscope.core.aot loads (see its docstring).
 
-    python -m skewscope.core.aotbuild build [--quick] [--if-stale]   # make setup: ~3-5 min
-    python -m skewscope.core.aotbuild status                         # current? else why not
+    .venv/bin/python tools/aotbuild.py build [--quick] [--if-stale]   # make setup: ~4 min
+    .venv/bin/python tools/aotbuild.py status                         # current? else why not
 
-Imports numba (it compiles); nothing at run time imports this module.
+Imports numba (it compiles) and runs skewscope's commands on generated traffic; nothing in
+skewscope imports this file.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import gzip
 import io
@@ -19,17 +21,72 @@ import tempfile
 import time
 from pathlib import Path
 
-import numba
-import numba.pycc.compiler as pycc_compiler
-from numba.core.typing.typeof import Purpose
-from numba.pycc import CC
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from skewscope import analysis
-from skewscope.cli import main as cli
-from skewscope.core import aot, jit
-from skewscope.core.aot import FORMAT, MANIFEST, MODNAME, PKG, environment, sources_digest, status
-from skewscope.gen.presets import PRESETS
-from skewscope.sources.offline import parse_file
+import numba  # noqa: E402
+import numba.pycc.compiler as pycc_compiler  # noqa: E402
+from numba.core.typing.typeof import Purpose  # noqa: E402
+from numba.pycc import CC  # noqa: E402
+
+from skewscope import analysis  # noqa: E402
+from skewscope.cli import main as cli  # noqa: E402
+from skewscope.core import aot, jit  # noqa: E402
+from skewscope.core.aot import FORMAT, MANIFEST, MODNAME, PKG, environment, sources_digest, status  # noqa: E402
+from skewscope.gen.presets import PRESETS  # noqa: E402
+from skewscope.sources.offline import parse_file  # noqa: E402
+
+
+def _module_file(mod: str):
+    """skewscope/<...>.py or <...>/__init__.py of a skewscope module name, else None."""
+    parts = mod.split(".")
+    if parts[0] != "skewscope":
+        return None
+    p = PKG.joinpath(*parts[1:])
+    if (p / "__init__.py").is_file():
+        return p / "__init__.py"
+    return p.with_suffix(".py") if p.with_suffix(".py").is_file() else None
+
+
+def _bound_imports(mod: str, path: Path) -> set[str]:
+    """The skewscope modules whose objects `mod`'s module-level imports bind into its globals
+    (the only names a kernel can see): `import a.b as x` -> a.b; `from a import b` -> a.b when
+    that is a module, else a. Imports inside functions bind nothing a kernel sees."""
+    is_pkg = path.name == "__init__.py"
+    out = set()
+
+    def walk(node):
+        for ch in ast.iter_child_nodes(node):
+            if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(ch, ast.Import):
+                out.update(a.name for a in ch.names)
+            elif isinstance(ch, ast.ImportFrom):
+                m = ch.module or ""
+                if ch.level:
+                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    m = ".".join(base[:len(base) - (ch.level - 1)] + ([ch.module] if ch.module else []))
+                for a in ch.names:
+                    sub = f"{m}.{a.name}"
+                    out.add(sub if _module_file(sub) is not None else m)
+            walk(ch)
+    walk(ast.parse(path.read_text()))
+    return {m for m in out if _module_file(m) is not None}
+
+
+def source_files(kernel_modules) -> list[str]:
+    """What the compiled code can depend on: the kernels' modules and, transitively, every
+    skewscope module their module-level imports bind (constants, dtypes and callee kernels are
+    frozen in from there), plus core/jit.py (the intrinsics). Paths relative to skewscope/."""
+    seen: dict[str, Path] = {}
+    todo = list(kernel_modules) + ["skewscope.core.jit"]
+    while todo:
+        m = todo.pop()
+        f = _module_file(m)
+        if m in seen or f is None:
+            continue
+        seen[m] = f
+        todo.extend(_bound_imports(m, f))
+    return sorted(p.relative_to(PKG).as_posix() for p in seen.values())
 
 
 TRAINING = ("ring-straggler", "tree-healthy", "moe-hot-expert", "pipeline-bubbles", "ipv6-ring", "vlan-alltoall",
@@ -109,7 +166,6 @@ def build(quick: bool = False, verbose: bool = True) -> Path:
         d[key] = cres.signature
         kernels[kernel.name] = kernel
 
-    digest = sources_digest()
     log("recording kernel signatures on the training workload (numba compiles what its cache lacks)")
     jit._recorder = record
     try:
@@ -117,8 +173,8 @@ def build(quick: bool = False, verbose: bool = True) -> Path:
             _workload(Path(tmp), quick=quick)
     finally:
         jit._recorder = None
-    if sources_digest() != digest:
-        raise RuntimeError("skewscope's sources changed during the build; run it again")
+    files = source_files({name.split(":")[0] for name in seen})
+    digest = sources_digest(files)
 
     def _compile_extra(typingctx, targetctx, func, args, return_type, flags, **kw):
         """pycc compiles every export with one Flags object, and numba's inliner sets
@@ -159,7 +215,7 @@ def build(quick: bool = False, verbose: bool = True) -> Path:
         built = [f for f in os.listdir(tmp) if f.startswith(MODNAME + ".") and f.endswith((".so", ".pyd"))]
         if len(built) != 1:
             raise RuntimeError(f"pycc produced {built}")
-        man = {"format": FORMAT, **environment(), "numba": numba.__version__, "digest": digest,
+        man = {"format": FORMAT, **environment(), "numba": numba.__version__, "digest": digest, "files": files,
                "build_id": build_id, "kernels": out}
         for old in PKG.glob(MODNAME + ".*.so"):
             if old.name != built[0]:
@@ -169,12 +225,16 @@ def build(quick: bool = False, verbose: bool = True) -> Path:
         with open(mtmp, "wb") as f:
             pickle.dump(man, f)
         os.replace(mtmp, MANIFEST)
-    log(f"wrote {PKG / built[0]} and {MANIFEST.name}")
+    if sources_digest(files) != digest:
+        MANIFEST.unlink()
+        raise RuntimeError("skewscope's kernel sources changed during the build; run it again")
+    log(f"wrote {PKG / built[0]} and {MANIFEST.name} (current while these {len(files)} files are unchanged: "
+        f"{', '.join(files)})")
     return PKG / built[0]
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m skewscope.core.aotbuild", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="tools/aotbuild.py", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="record the kernels' signatures and compile them")
     b.add_argument("--quick", action="store_true", help="three presets only (tests)")
