@@ -98,12 +98,14 @@ def _workload(tmp: Path, quick: bool = False) -> None:
     """Run what users run first, so the kernels' argument types are recorded."""
 
     def run(*argv):
-        try:
-            rv = cli.main(list(argv), standalone_mode=False)
-        except SystemExit as e:  # diagnose: exit code = worst severity
-            rv = e.code
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                rv = cli.main(list(argv), standalone_mode=False)
+            except SystemExit as e:  # diagnose: exit code = worst severity
+                rv = e.code
         if rv not in (0, None) and not (argv[0] == "diagnose" and rv in (1, 2)):
-            raise RuntimeError(f"training run `skewscope {' '.join(argv)}` exited {rv}")
+            raise RuntimeError(f"training run `skewscope {' '.join(argv)}` exited {rv}: {err.getvalue().strip()}")
 
     # one of each traffic kind (ring/tree all-reduce, all-to-all, pipeline, IPv6/VLAN, PFC and
     # loss, TP/EP decode, prefill/decode, mixed): the full preset list records no other
