@@ -19,6 +19,9 @@
  *   SS_REPLAY_CLOCK time comes from the clock map (BPF_PROG_TEST_RUN replay), not ktime
  *   SS_FC_SLOTS     flow cache slots per CPU (power of two; 0 = no cache, every packet looks
  *                   up the LRU hash)
+ *   SS_BENCH_FLOOR  benchmark build only: stop after the flow lookup (bench_dataplane.py)
+ *   SS_CTL_CLOCK    control packets take the per-CPU control clock (jiffies-checked reuse of
+ *                   the last clock read; bpf_jiffies64, Linux >= 5.5), not a clock read each
  *
  * Invariants: the program never changes or drops a packet (XDP_PASS / TC_ACT_UNSPEC always);
  * every frame is counted in exactly one category of skewscope.h's SS_G_* list; headers are
@@ -133,6 +136,60 @@ BPF_PERCPU_ARRAY(ev_head, __u64, 1);
 #ifdef SS_REPLAY_CLOCK
 BPF_PERCPU_ARRAY(clock, struct ss_replay, 1);
 #endif
+#if defined(SS_CTL_CLOCK) && !defined(SS_REPLAY_CLOCK)
+/* The control-packet clock (live builds): per CPU, the last bpf_ktime_get_ns() reading and
+ * the jiffies value read just before it. A control packet (ACK, CNP, READ response
+ * FIRST/LAST/ONLY, atomics, FLUSH: no message boundary) takes that reading while jiffies
+ * has not moved, else reads the clock and refreshes it; so its time is at most one kernel
+ * tick (1/HZ) early, and a clock read costs the CPU at most one per tick for control
+ * packets. bpf_jiffies64 (helper 118, Linux 5.5) is a plain load: the verifier inlines it
+ * on 64-bit JITs. Message boundaries (FIRST/LAST/ONLY, READ_REQUEST) and a flow's first
+ * packet always read the clock, and refresh this. See docs/datapath.md "Time". */
+static __u64 (*ss_jiffies64)(void) = (void *)118;
+struct ss_ctl_clock {
+	__u64 ns;
+	__u64 jiffies;
+};
+BPF_PERCPU_ARRAY(ctl_clock, struct ss_ctl_clock, 1);
+
+/* read the clock and keep the reading as this CPU's, with jiffies j read before it */
+static __always_inline __u64 ss_clock_read(struct ss_ctl_clock *c, __u64 j)
+{
+	__u64 ns = bpf_ktime_get_ns();
+
+	if (c) {
+		c->ns = ns;
+		c->jiffies = j;
+	}
+	return ns;
+}
+
+static __always_inline __u64 ss_now_fine(void)
+{
+	__u32 z = 0;
+	struct ss_ctl_clock *c = ctl_clock.lookup(&z);
+
+	return ss_clock_read(c, ss_jiffies64());
+}
+
+static __always_inline __u64 ss_now_ctl(void)
+{
+	__u32 z = 0;
+	struct ss_ctl_clock *c = ctl_clock.lookup(&z);
+	__u64 j = ss_jiffies64();
+
+	if (c && c->jiffies == j && c->ns)
+		return c->ns;
+	return ss_clock_read(c, j);
+}
+#define SS_NOW_FINE(rts) ss_now_fine()
+#define SS_NOW_CTL(rts) ss_now_ctl()
+#define SS_CTL_MONOTONE 1
+#else
+#define SS_NOW_FINE(rts) SS_NOW(rts)
+#define SS_NOW_CTL(rts) SS_NOW(rts)
+#endif
+
 #if SS_FC_SLOTS > 0
 /* The flow cache: SS_FC_SLOTS direct-mapped slots per CPU (CPU c owns entries
  * c*SS_FC_SLOTS ..), in front of the flows LRU hash. A slot holds the *current* copy of its
@@ -361,21 +418,36 @@ static __always_inline __u32 account(struct ss_flow_key *key, struct ss_pkt *p, 
 	f = flow_get(key);
 	if (!f)
 		return SS_G_NO_FLOW_SLOT;
-	/* The clock is read only on packets that carry a time we keep: the flow's first packet,
-	 * message boundaries (FIRST/LAST/ONLY, READ_REQUEST) and control packets (ACK, CNP,
-	 * atomics, READ_RESPONSE FIRST/LAST/ONLY, FLUSH). A middle packet (SEND/WRITE/READ_RESPONSE
-	 * MIDDLE: no FIRST/LAST flag, no RETH/AETH) leaves last_ts at the last such packet, so
-	 * last_ts is the time of the flow's last message boundary or control packet (the same
-	 * definition in the offline parser; docs/datapath.md "Time"). */
+#ifdef SS_BENCH_FLOOR
+	/* tools/bench/bench_dataplane.py only: parse + flow lookup + one count, the floor under
+	 * any per-flow accounting (never built otherwise) */
+	f->packets += 1;
+	return SS_G_ACCOUNTED;
+#endif
+	/* Time is taken only on packets that carry a time we keep: the flow's first packet and
+	 * message boundaries (FIRST/LAST/ONLY, READ_REQUEST) read the clock; control packets
+	 * (ACK, CNP, atomics, READ_RESPONSE FIRST/LAST/ONLY, FLUSH) take the CPU's control
+	 * clock (live: to within a kernel tick, see ss_now_ctl; replay: exact). A middle packet
+	 * (SEND/WRITE/READ_RESPONSE MIDDLE: no FIRST/LAST flag, no RETH/AETH) leaves last_ts at
+	 * the last such packet, so last_ts is the time of the flow's last message boundary or
+	 * control packet (the same definition in the offline parser; docs/datapath.md "Time").
+	 * ts is used below only by message boundaries. */
 	ts = 0;
 	if (f->packets == 0) {
-		ts = SS_NOW(rts);
+		ts = SS_NOW_FINE(rts);
 		f->first_ts = ts;
 		f->last_ts = ts;
-	} else if ((opinfo & (SS_OPT_FIRST | SS_OPT_LAST | SS_OPT_RETH | SS_OPT_AETH)) ||
-		   !((1u << cls) & SS_MID_CLASSES)) {
-		ts = SS_NOW(rts);
+	} else if (opinfo & (SS_OPT_FIRST | SS_OPT_LAST)) {
+		ts = SS_NOW_FINE(rts);
 		f->last_ts = ts;
+	} else if ((opinfo & (SS_OPT_RETH | SS_OPT_AETH)) || !((1u << cls) & SS_MID_CLASSES)) {
+		__u64 t = SS_NOW_CTL(rts);
+#ifdef SS_CTL_MONOTONE
+		/* the control clock may be up to a tick behind a boundary this flow had on another
+		 * CPU: last_ts never goes back */
+		if (t > f->last_ts)
+#endif
+			f->last_ts = t;
 	}
 
 	/* Plain (non-atomic) updates: a flow's packets are processed by one CPU at a time

@@ -23,7 +23,8 @@ Patterns (n nodes, E directed data edges, U the undirected edges):
                      (many_to_one / one_to_many) or a single pair
     kv_transfer      one way from >= 2 senders (prefill) into >= 2 receivers (decode), no node
                      both sends and receives (pattern prefill_decode; KV-cache blocks of P/D
-                     disaggregation); one-way pairs/stars consistent with it merge into it
+                     disaggregation); one-way pairs/stars consistent with it merge into it,
+                     and without it >= 2 one-way stars whose roles never mix are one
 
 One-host views (a DPU or mirror sees one host's port: every data edge touches that host,
 the "hub"): k predecessors -> hub -> k successors is a ring segment (ring_allreduce,
@@ -34,8 +35,10 @@ the collective is not visible.
 
 Ambiguous shapes (2 nodes, 3-node triangle, 3-node path) are settled by NCCL's message
 sizes: >= 256 KiB slices -> ring/tree SIMPLE; exactly 32/64/128 KiB chunks -> P2P /
-all-to-all. Confidence = how well the pattern fits (share of nodes/edges that fit) x 0.8
-when the sizes disagree with the pattern, x 0.7 for an ambiguous shape.
+all-to-all; 2 nodes exchanging LL/LL128 messages by their timing (exchange(): a 2-rank
+all-reduce's steps answer each other, an all-to-all's and a pipeline's do not). Confidence =
+how well the pattern fits (share of nodes/edges that fit) x 0.8 when the sizes disagree
+with the pattern, x 0.7 for an ambiguous shape.
 """
 from __future__ import annotations
 
@@ -48,6 +51,16 @@ from skewscope.analysis.hashing import build_u64
 from skewscope.core import layout as L
 
 KINDS = ("all_to_all", "ring_allreduce", "tree_allreduce", "p2p", "kv_transfer", "unknown")
+#: 2 nodes exchanging LL/LL128 messages are a 2-rank all-reduce when one direction starts at
+#: least this share of its messages as answers to the other's (exchange())
+PAIR_SHARE = 0.3
+#: "answer": starting within this fraction of the direction's 75th-percentile gap between
+#: its message starts after a message the other way ended
+PAIR_TOL = 0.25
+#: ... with the bytes of the two directions within this ratio (an all-reduce's are equal)
+PAIR_BALANCE = 0.8
+#: ... and at least this many messages each way
+PAIR_MIN_MESSAGES = 8
 KiB = 1024
 MiB = 1 << 20
 P2P_CHUNKS = (32 * KiB, 64 * KiB, 128 * KiB)
@@ -110,6 +123,72 @@ def size_hints(ctx, flows: np.ndarray) -> dict:
     return {"top_sizes": [[int(u[i]), int(c[i])] for i in top], "modal_size": modal_b,
             "protocol": proto, "protocol_shares": shares, "large": modal_b >= 256 * KiB and chunk_share < 0.5,
             "p2p_chunks": chunk_share >= 0.5}
+
+
+def exchange(ctx, flows: np.ndarray, a: int) -> tuple[float, float, int]:
+    """Between the 2 nodes of `flows` (one of them `a`): (answered, balance, n). answered:
+    the larger over the two directions of the share of its data messages that start soon
+    after a message the other way has ended (within PAIR_TOL of the direction's own 75th
+    percentile gap between message starts; the other's message ended strictly before);
+    balance: the smaller direction's data bytes over the larger's; n: messages in the
+    quieter direction. In a 2-rank all-reduce every step after the first answers the other
+    rank's chunk as it lands (a reduce, no compute): about half the messages, in at least
+    one direction. Messages sent at the same moment (an all-to-all's dispatch, its combine
+    after the expert compute) or a compute time after the other's (pipeline stages: forward
+    activations, backward gradients) are not answers."""
+    src = ctx.nodes.src[flows]
+    vol = ctx.volume[flows]
+    out_b, in_b = float(vol[src == a].sum()), float(vol[src != a].sum())
+    balance = min(out_b, in_b) / max(out_b, in_b) if max(out_b, in_b) > 0 else 0.0
+    if len(ctx.events) == 0:
+        return 0.0, balance, 0
+    way = np.full(len(ctx.flows), -1, dtype=np.int64)
+    way[flows] = np.where(src == a, 0, 1)
+    f = ctx.ev_flow
+    k = np.where(ctx.ev_data & (f >= 0), way[np.maximum(f, 0)], -1)
+    st = [np.sort(ctx.ev_start[k == w]) for w in (0, 1)]
+    en = [np.sort(ctx.ev_end[k == w]) for w in (0, 1)]
+    n = min(len(st[0]), len(st[1]))
+    if n < 2:
+        return 0.0, balance, n
+    answered = 0.0
+    for w in (0, 1):
+        s, oe = st[w], en[1 - w]
+        g = np.diff(s)
+        g = g[g > 0]
+        if not len(g):
+            continue
+        tol = PAIR_TOL * float(np.percentile(g, 75))
+        i = np.searchsorted(oe, s, side="left") - 1       # the other's last end before s
+        d = np.where(i >= 0, s - oe[np.maximum(i, 0)], np.inf)
+        answered = max(answered, float(np.mean(d <= tol)))
+    return answered, balance, n
+
+
+def small_pair_allreduce(ctx, flows: np.ndarray, a: int, hints: dict | None = None) -> str | None:
+    """The evidence that the data flows both ways between 2 nodes (one of them `a`), in
+    LL/LL128 messages or messages of a P2P chunk's size (a decode all-reduce of a larger
+    batch is 32/64 KiB too), are a 2-rank all-reduce (exchange()), or None."""
+    hints = hints or size_hints(ctx, flows)
+    label = {"ll": "LL", "ll128": "LL128", "p2p_chunks": "P2P-chunk-sized"}.get(hints["protocol"])
+    if label is None:
+        return None
+    pr, bal, nm = exchange(ctx, flows, a)
+    if pr < PAIR_SHARE or bal < PAIR_BALANCE or nm < PAIR_MIN_MESSAGES:
+        return None
+    return (f"2 nodes exchanging {label} messages step by step ({pr:.0%} of one side's "
+            f"sent as the other's lands; bytes {bal:.0%} balanced): a 2-rank all-reduce (2-way tensor parallel)")
+
+
+def pair_allreduce(ctx, flows: np.ndarray, a: int, hints: dict | None = None) -> str | None:
+    """Why the data flows both ways between 2 nodes (one of them `a`) are a 2-rank all-reduce
+    (ring or tree), or None: slices of >= 256 KiB, or LL/LL128 or P2P-chunk-sized steps that
+    answer each other (small_pair_allreduce). The one rule for the whole capture (match_pattern) and for one
+    DPU's view of a node with one peer (nodeview)."""
+    hints = hints or size_hints(ctx, flows)
+    if hints["large"]:
+        return "2 nodes both ways with >= 256 KiB slices: a 2-rank ring (or tree)"
+    return small_pair_allreduce(ctx, flows, a, hints)
 
 
 # ---- graph helpers -------------------------------------------------------------------------
@@ -232,10 +311,17 @@ def match_pattern(ctx, flows: np.ndarray) -> Group:
         if m == 1:
             (s, d), = E
             return G("p2p", [s, d], 0.9, "pair", why="one direction only")
-        if hints["large"]:
-            return G("ring_allreduce", [a, b], 0.5, "ring", {"ring": [a, b]},
-                     why="2 nodes both ways with >= 256 KiB slices: a 2-rank ring (or tree)")
-        return G("p2p", [a, b], 0.7, "pair", why="2 nodes both ways with P2P-sized chunks")
+        why = pair_allreduce(ctx, flows, a, hints)
+        if why:
+            return G("ring_allreduce", [a, b], 0.5, "ring", {"ring": [a, b]}, why=why)
+        if hints["p2p_chunks"]:
+            why = "2 nodes both ways with P2P-sized chunks"
+        elif hints["protocol"] in ("ll", "ll128"):
+            why = (f"2 nodes both ways in {hints['protocol'].upper()} messages that do not answer each other step by "
+                   "step: point-to-point (pipeline stages, expert-parallel exchange)")
+        else:
+            why = "2 nodes both ways, neither >= 256 KiB slices nor steps that answer each other: point-to-point"
+        return G("p2p", [a, b], 0.7, "pair", why=why)
     # one-host view (a DPU sees its own host's port): every edge touches one hub
     hub = [h for h in V if all(h in e for e in E)] if n >= 3 else []
     if hub and not (n == 3 and m == 6):
@@ -431,21 +517,41 @@ def _decompose(ctx, flows) -> list[Group]:
 _ONE_WAY = ("many_to_one", "one_to_many")
 
 
+def _one_way_ends(g: Group) -> tuple[list, list] | None:
+    """(senders, receivers) of a one-way p2p star or pair, else None."""
+    if g.kind != "p2p" or not (g.pattern in _ONE_WAY or (g.pattern == "pair" and "one direction only" in g.evidence[-1])):
+        return None
+    c = g.members[0]
+    return ([c], g.members[1:]) if g.pattern in ("one_to_many", "pair") else (g.members[1:], [c])
+
+
 def _merge_kv(groups: list[Group]) -> list[Group]:
     """One kv_transfer group per capture: the kv_transfer groups and the one-way pairs and
     stars whose senders only send and receivers only receive (a router's sparse pairs form
-    several components) merge into one; kept apart when no kv_transfer group exists."""
+    several components) merge into one. Without a kv_transfer group, >= 2 one-way stars
+    (each a node fanning out to, or gathering from, >= 2 nodes) whose roles never mix -- a
+    router that pins each prefill node to its own decode nodes -- are one too; one-way pairs
+    alone (two single-stage pipelines look the same) and a single star (incast) stay apart."""
     kv = [g for g in groups if g.kind == "kv_transfer"]
+    seeded = bool(kv)
     if not kv:
+        stars = [g for g in groups if g.kind == "p2p" and g.pattern in _ONE_WAY]
+        if len(stars) < 2:
+            return groups
+        kv = stars
+    snd, rcv = set(), set()
+    for g in kv:
+        s_, r_ = (g.extra["prefill"], g.extra["decode"]) if seeded else _one_way_ends(g)
+        snd |= set(s_)
+        rcv |= set(r_)
+    if not snd.isdisjoint(rcv) or len(snd) < 2 or len(rcv) < 2:
         return groups
-    snd = {v for g in kv for v in g.extra["prefill"]}
-    rcv = {v for g in kv for v in g.extra["decode"]}
     take = list(kv)
     for g in groups:
-        if g.kind != "p2p" or not (g.pattern in _ONE_WAY or (g.pattern == "pair" and "one direction only" in g.evidence[-1])):
+        ends = _one_way_ends(g) if not any(g is t for t in take) else None
+        if ends is None:
             continue
-        c = g.members[0]
-        s_, r_ = ([c], g.members[1:]) if g.pattern in ("one_to_many", "pair") else (g.members[1:], [c])
+        s_, r_ = ends
         if snd.isdisjoint(r_) and rcv.isdisjoint(s_):
             take.append(g)
             snd |= set(s_)
@@ -455,9 +561,14 @@ def _merge_kv(groups: list[Group]) -> list[Group]:
     ids = {id(g) for g in take}
     flows = np.concatenate([np.asarray(g.flows) for g in take])
     S, R = sorted(snd), sorted(rcv)
-    m = Group("kv_transfer", S + R, min(g.confidence for g in kv), list(kv[0].evidence), "prefill_decode",
-              dict(kv[0].extra, prefill=S, decode=R))
-    m.extra.pop("_hints", None)
+    if seeded:
+        m = Group("kv_transfer", S + R, flows, min(g.confidence for g in kv), list(kv[0].evidence),
+                  "prefill_decode", dict(kv[0].extra, prefill=S, decode=R))
+        m.extra.pop("_hints", None)
+    else:
+        m = Group("kv_transfer", S + R, flows, 0.7,
+                  [f"{len(S)} senders -> {len(R)} receivers one way in separate stars, no node both sends and "
+                   "receives: KV-cache transfers (prefill -> decode)"], "prefill_decode", {"prefill": S, "decode": R})
     m.evidence.append(f"merged from {len(take)} one-way components")
     return [g for g in groups if id(g) not in ids] + [m]
 

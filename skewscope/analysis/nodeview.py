@@ -13,7 +13,9 @@ Groups the node takes part in, from its own data flows (analysis.flows roles):
 * exactly one peer that only sends to the node (upstream) and one it only sends to
   (downstream): a ring member, ``tp_decode`` when its messages are small (mean below
   analysis.fleet.BULK_MIN_MESSAGE) and there are >= DECODE_MIN_COLLECTIVES collectives
-  per iteration, else ``ring``.
+  per iteration, else ``ring``; one peer both ways that is a 2-rank all-reduce (>= 256 KiB
+  slices, or LL steps that answer each other: analysis.collectives.pair_allreduce): the
+  same, with the peer as both upstream and downstream.
 
 Iterations (tokens) are the bursts of the group's activity on this node
 (timing.split_bursts: the first natural break whose bursts repeat regularly). Within an
@@ -498,6 +500,12 @@ def node_timing(snap, ip: str | None = None, samples: bool = False) -> dict | No
             sf = two[(src[two] == node) & (dst[two] == down[0])]
             rf = two[(dst[two] == node) & (src[two] == up[0])]
             groups.append(_ring(ctx, node, sf, rf, up[0], down[0]))
+        elif len(both) == 1 and not up and not down:
+            # one peer both ways: a ring of two (its upstream is its downstream) when the
+            # pair is a 2-rank all-reduce, as the whole-capture classification decides it
+            from skewscope.analysis.collectives import pair_allreduce  # (not a kernel's import)
+            if pair_allreduce(ctx, two, node):
+                groups.append(_ring(ctx, node, two[src[two] == node], two[dst[two] == node], both[0], both[0]))
         if len(kv):
             groups.append(_kv(ctx, node, kv))
     if not samples:

@@ -53,7 +53,7 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
     ctx = context(snap)
     members = list(members)
     nm = len(members)
-    if nm < 3 or iter_starts is None or len(iter_starts) == 0:
+    if nm < 2 or iter_starts is None or len(iter_starts) == 0:
         return None
     fm = np.zeros(len(ctx.flows), dtype=bool)
     fm[np.asarray(flows, dtype=np.int64)] = True
@@ -110,7 +110,7 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
         if k > 1:
             ready = np.maximum(E[:, :, :-1], RV[:, :, :-1])
             raw[:, :, 1:] = np.maximum(S[:, :, 1:] - ready, 0.0)
-        med = np.median(raw, axis=1)
+        med = _center(raw)
         # the first step of a collective (after compute / idle): every member waited, the
         # step's reference is its earliest send
         bound = np.zeros((na, k), dtype=bool)
@@ -124,7 +124,7 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
                 rb_ = bound & redo[:, None]
                 ref = S - S.min(axis=1, keepdims=True)
                 raw = np.where(rb_[:, None, :], ref, raw)
-                med = np.where(redo[:, None], np.median(raw, axis=1), med)
+                med = np.where(redo[:, None], _center(raw), med)
         lag_cols.append((raw - med[:, None, :]).transpose(1, 0, 2).reshape(nm, na * k))
         start_cols.append(S.min(axis=1).reshape(-1))
         it_of_col.append(np.repeat(np.arange(i, j), k))
@@ -141,8 +141,18 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
     last = np.argmax(lag, axis=0)
     top = lag[last, np.arange(lag.shape[1])]
     last = np.where(top >= STEP_FLOOR_NS, last, -1)
-    jitter = _spread(lag.ravel())
-    start_jitter = _spread(lag[:, bounds].ravel())
+    if nm == 2:
+        # two members: the earlier is the reference (lag 0) of every step, so pooling both
+        # would mix that 0 in; the jitter is how far apart the two are, over the steps
+        # inside collectives (a 2-rank collective has few: a late start, pooled with them,
+        # would be its own jitter), and over the collective starts
+        gap = lag.max(axis=0)
+        inner = gap[~bounds]
+        jitter = _spread(inner if len(inner) else gap)
+        start_jitter = _spread(gap[bounds])
+    else:
+        jitter = _spread(lag.ravel())
+        start_jitter = _spread(lag[:, bounds].ravel())
     bar = max(STEP_FLOOR_NS, GATE_JITTER * max(jitter, start_jitter))
     iters = np.unique(col_it)
     lost = np.zeros((len(iters), nm))
@@ -160,6 +170,12 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
             "collective_start": bounds, "waited": waited, "iterations": iters, "lost_ns": lost,
             "gates": np.asarray(gates, dtype=np.int64), "jitter_ns": jitter, "start_jitter_ns": start_jitter,
             "steps": int(lag.shape[1])}
+
+
+def _center(raw):
+    """A step's reference wait over the members (axis 1): their median; with two members the
+    earlier one (a median of two is their midpoint: the late member would show half its lag)."""
+    return raw.min(axis=1) if raw.shape[1] == 2 else np.median(raw, axis=1)
 
 
 def _spread(x) -> float:

@@ -18,8 +18,8 @@ Definitions: docs/metrics.md "Timing".
   series (each message's bytes spread over its on-wire time; bin = span / 65536, >= 1 us);
   jitter is then unknown (null).
 * phase offset of a member: per burst, the start of its first data message as a sender
-  minus the burst start; the member's start_lag_s is the median over bursts minus the
-  median over members.
+  minus the burst start; the member's start_lag_s is the median over bursts of that minus
+  the median over members (with two members: minus the earlier one's).
 """
 from __future__ import annotations
 
@@ -226,7 +226,9 @@ def group_timing(snap, flow_mask=None, members=None, ev_mask=None, level="iterat
             rel[~np.isfinite(rel)] = np.nan
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                ref = np.nanmedian(rel, axis=1)            # per burst: the typical member
+                # per burst: the typical member; of two, the earlier (their median is the
+                # midpoint, which would give the late one half its lag)
+                ref = np.nanmin(rel, axis=1) if nm == 2 else np.nanmedian(rel, axis=1)
                 dev = rel - ref[:, None]
                 med = np.nanmedian(dev, axis=0)
             res.append((med, dev))

@@ -117,6 +117,8 @@ class Config:
                       f"-DSS_KX_FRAGS_SIZE_OFF={kx['frags_size_off']}"]
         if kernel_at_least(5, 12):
             f.append("-DSS_ORDERED_SEQ=1")  # BPF_XCHG for the message-record seq stores
+        if kernel_at_least(5, 5):
+            f.append("-DSS_CTL_CLOCK=1")  # bpf_jiffies64: control packets reuse the tick's clock read
         return f
 
     def memory_bytes(self) -> dict:

@@ -1,19 +1,28 @@
 """skewscope's command line: the `main` group and the one explicit list of its commands.
 
 Each command group lives in its own module of this package (files, live, mirror, demo,
-diagnose, export, gen); they import what they share from cli.common, never this module, so
-there is no import cycle. A command module that fails to import is an error at start-up.
+diagnose, export, gen, watch); they import what they share from cli.common, never this
+module, so there is no import cycle. A command's module is imported when that command runs
+(`--help` imports them all, for their one-line help): `skewscope report` does not load the
+exporter's HTTP server, the demo's fabric or the generator's CLI.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
 
+# numpy's OpenBLAS starts a thread per CPU when numpy is imported, and those threads spin
+# for a while: on 2 vCPUs that was 50 ms of every command's start and a busy second core
+# while a capture is parsed (tools/bench/bench_startup.py). No command does linear algebra
+# beyond a tiny least-squares fit, so one thread; a user's own setting wins. Set here,
+# before any command module can import numpy.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import click
 
 from skewscope import __version__
-from skewscope.cli import demo, diagnose, export, files, gen, live, mirror, watch
 from skewscope.core.errors import EXIT_INTERRUPTED, EXIT_NOT_RUN, EXIT_USAGE
 
 EPILOG = """\b
@@ -30,7 +39,17 @@ Examples:
 class _Group(click.Group):
     """Click's own errors (usage, a command's ClickException) as one line on stderr with the
     documented exit codes: 2 usage, 3 could not run (click would print four lines and exit 1
-    for a ClickException); Ctrl-C outside a command's own handling exits 130."""
+    for a ClickException); Ctrl-C outside a command's own handling exits 130. Commands come
+    from COMMANDS, each imported on first use."""
+
+    def list_commands(self, ctx):
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx, name):
+        if name not in self.commands and name in COMMANDS:
+            mod, attr = COMMANDS[name]
+            self.add_command(getattr(importlib.import_module(f"skewscope.cli.{mod}"), attr), name)
+        return self.commands.get(name)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
@@ -74,18 +93,18 @@ def main():
     from a DPU or any mirror port, with eBPF."""
 
 
-COMMANDS = (
-    files.report, files.replay, files.detach,      # files: no root for report
-    live.top, live.capture,                        # live: attach to an interface
-    diagnose.diagnose,                             # runbooks: exit code = worst severity
-    watch.watch,                                   # controllers: finding events, webhooks
-    export.export, export.cluster,                 # fleet: Prometheus exporter, fusion
-    mirror.mirror,                                 # tc mirred rules that feed a DPU netdev
-    demo.demo,                                     # namespace fabric + pathologies + top
-    gen.gen,                                       # traffic generator with ground truth
-)
-for _cmd in COMMANDS:
-    main.add_command(_cmd)
+#: the one list of commands: name -> (module of this package, its click command)
+COMMANDS = {
+    "report": ("files", "report"), "replay": ("files", "replay"),     # files: no root for report
+    "detach": ("files", "detach"),
+    "top": ("live", "top"), "capture": ("live", "capture"),           # live: attach to an interface
+    "diagnose": ("diagnose", "diagnose"),                             # runbooks: exit code = worst severity
+    "watch": ("watch", "watch"),                                      # controllers: finding events, webhooks
+    "export": ("export", "export"), "cluster": ("export", "cluster"),  # fleet: Prometheus exporter, fusion
+    "mirror": ("mirror", "mirror"),                                   # tc mirred rules that feed a DPU netdev
+    "demo": ("demo", "demo"),                                         # namespace fabric + pathologies + top
+    "gen": ("gen", "gen"),                                            # traffic generator with ground truth
+}
 
 if __name__ == "__main__":
     main()

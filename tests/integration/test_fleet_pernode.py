@@ -12,7 +12,9 @@ No DPU sees another node's view: whatever `cluster` concludes about a ring or a 
 fused from per-node views through Prometheus (docs/fleet.md).
 
 Cases (variants of the presets, so the node counts, the blamed node and the sizes are not
-the presets' own): tp-decode-slow-shard (4-way TP, shard 2 late on every ring send),
+the presets' own): tp-decode-slow-shard (4-way TP, shard 2 late on every ring send), the
+same at 2-way TP (shard 0 late: a ring of two, each DPU seeing every flow) and a 2-node ring
+straggler (node 1) and a healthy 2-way TP (nothing may be blamed),
 ring-straggler at 5 nodes / 1 MiB / 1 channel / 6 iterations (node 1 at 0.4x, 20 us late per
 step; the stretched iteration stays shorter than an exporter read interval),
 ep-decode-hot-expert at 6 nodes (destination 2 gets 4x). Each case builds its own fabric,
@@ -72,6 +74,14 @@ CASES = {
     "hot_expert": (_variant("ep-decode-hot-expert", nodes=6, node=2), 4, "hot_destination", "hot_destination",
                    FPS, EXPORT_INTERVAL),
     "slow_tp_shard": ("tp-decode-slow-shard", 2, "slow_tp_shard", "slow_tp_shard", FPS, EXPORT_INTERVAL),
+    # 2-way TP: each DPU sees the whole job (its node is one of two ends of every flow), the
+    # ring is one of two members whose upstream is its downstream
+    "slow_tp_shard_2way": (_variant("tp-decode-slow-shard", nodes=2, node=0), 5, "slow_tp_shard", "slow_tp_shard",
+                           FPS, EXPORT_INTERVAL),
+    "ring_straggler_2way": (_variant("ring-straggler", nodes=2, node=1, bytes="1MiB", channels=1, iterations=6,
+                                     period_ms=3.0), 6, "straggler", "ring_straggler", FPS, EXPORT_INTERVAL),
+    # the same 2-way TP without a pathology: no member is blamed
+    "healthy_tp_2way": (_variant("tp-decode-healthy", nodes=2), 7, None, None, FPS, EXPORT_INTERVAL),
     "ring_straggler": (_variant("ring-straggler", nodes=5, node=1, bytes="1MiB", channels=1, iterations=6,
                                 period_ms=3.0), 3, "straggler", "ring_straggler", FPS, EXPORT_INTERVAL),
 }
@@ -104,7 +114,8 @@ def fleet(request, tmp_path_factory):
     scenario, seed, truth_kind, finding_kind, fps, interval = CASES[case]
     cap = skewgen.generate(scenario, seed=seed)
     truth = cap.truth
-    pat = next(p for p in truth["pathologies"] if p["kind"] == truth_kind)
+    pat = next((p for p in truth["pathologies"] if p["kind"] == truth_kind), None)
+    assert (pat is None) == (truth_kind is None), truth["pathologies"]
     n = int(cap.job.n)
     views = node_views(cap)
     assert len(views) == n and all(v["frames"] for v in views)
@@ -192,6 +203,12 @@ def test_each_dpu_sees_exactly_its_own_node(fleet):
 
 def test_cluster_names_the_injected_entity(fleet):
     doc, pat, kind = fleet["doc"], fleet["pat"], fleet["kind"]
+    if pat is None:      # a healthy job: no member of any group is blamed
+        blame = [f for f in doc["findings"] if f["kind"] in ("slow_tp_shard", "ring_straggler", "rotating_straggler",
+                                                             "straggler", "slow_link")]
+        assert blame == [], blame
+        assert doc["timing"]["groups"], doc["timing"]     # the group was seen, and timed
+        return
     blamed = pat["entities"]["ips"][0]
     got = [f for f in doc["findings"] if f["kind"] == kind]
     assert got, (f"{fleet['case']}: no {kind} finding (want {blamed}); findings: "

@@ -201,16 +201,37 @@ def test_stale_program_prompt_on_a_terminal(netns_pair, tmp_path):
             assert lo is None                           # removed, then ours detached on q
 
 
-def matrix_in_row(screen: str) -> dict:
-    """The matrix view's column labels -> the IN row's bit/s, read off the screen."""
+def _bits(x: str) -> float:
+    x = x.rstrip("•◆")
+    if x == "·":
+        return float("nan")
+    suffix = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+    return float(x[:-1]) * suffix[x[-1]] if x[-1] in suffix else float(x)
+
+
+def matrix_read(screen: str) -> tuple[dict, dict]:
+    """The matrix view read off the screen: ({column label: IN bit/s}, {(src, dst): bit/s})."""
     lines = screen.splitlines()
     head = next(ln for ln in lines if ln.startswith("SRC\\DST")).split()[1:-1]
     prefix = next((ln.split()[-1] for ln in lines if ln.startswith("labels: the address after")), "")
+    label = [c if c == "other" else prefix + c for c in head]
     inn = next(ln for ln in lines if ln.startswith("IN ")).split()[1:-1]
-    suffix = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
-    vals = [float(x[:-1]) * suffix[x[-1]] if x[-1] in suffix else float(x) for x in inn]
-    assert len(head) == len(vals), screen
-    return {(c if c == "other" else prefix + c): v for c, v in zip(head, vals)}
+    assert len(head) == len(inn), screen
+    cells = {}
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("SRC\\DST")) + 1
+    for ln in lines[start:]:
+        if ln.startswith("IN "):
+            break
+        row = ln.split()
+        assert len(row) == len(head) + 2, screen
+        src = row[0] if row[0] == "other" else prefix + row[0]
+        cells.update({(src, d): _bits(v) for d, v in zip(label, row[1:-1])})
+    return dict(zip(label, map(_bits, inn))), cells
+
+
+def matrix_in_row(screen: str) -> dict:
+    """The matrix view's column labels -> the IN row's bit/s, read off the screen."""
+    return matrix_read(screen)[0]
 
 
 def test_top_matrix_view_shows_the_hot_destination_column_and_m_returns(fabric, tmp_path):
@@ -235,15 +256,31 @@ def test_top_matrix_view_shows_the_hot_destination_column_and_m_returns(fabric, 
             time.sleep(REFRESH)
             scr = t.screen()
             inn = matrix_in_row(scr)
-            assert len(inn) == 8 and HOT in inn, scr               # 8 nodes fit 200 columns, full addresses
+            # an interval shows the nodes that sent or received in it: the slow sender can
+            # leave an interval with part of the ring only (seen in CI: 3 nodes); 8 nodes
+            # fit 200 columns with full addresses
+            assert len(inn) <= 8, scr
+            if len(inn) < 8 or HOT not in inn:
+                continue
             seen["interval"] = max(inn, key=inn.get) == HOT and f"hot destination {HOT}:" in scr
         assert seen["interval"], f"hot column never {HOT}:\n{scr}"
         t.keys("c")
         time.sleep(REFRESH + 0.5)
         scr = t.screen()
         assert "since start" in scr, scr
-        inn = matrix_in_row(scr)
-        assert max(inn, key=inn.get) == HOT, scr
+        # since start, the ring's steady bytes can outweigh the intermittent MoE in the IN
+        # row (seen in CI at 6 s: 10.0.0.3 33M, HOT 32M). What the generator guarantees is
+        # per sender: apart from its ring neighbour, every node sends the most to the hot
+        # expert (the cumulative view holds the MoE interval seen above)
+        inn, cells = matrix_read(scr)
+        assert len(inn) == 8, scr
+        for src in inn:
+            row = {d: v for (s_, d), v in cells.items() if s_ == src and d != src}
+            ring_next = max(row, key=row.get)
+            if src == HOT or ring_next == HOT:
+                continue
+            del row[ring_next]
+            assert max(row, key=row.get) == HOT, (src, scr)
         t.keys("m")
         time.sleep(1.0)
         scr = t.screen()

@@ -77,6 +77,44 @@ def test_live_build_uses_the_monotonic_clock(live_dp, kind):
     assert before <= int(ev["start_ts"]) <= int(ev["end_ts"]) <= after and int(ev["bytes"]) == 1024
 
 
+
+def test_control_packets_take_the_cpu_clock_of_the_current_tick(live_dp):
+    """Live build (docs/datapath.md "Time"): a flow's first packet and message boundaries read
+    CLOCK_MONOTONIC; a control packet (here an ACK) takes the last clock reading of its CPU
+    while the kernel tick (jiffies) has not moved, else reads the clock. Ground truth: the
+    caller's own monotonic clock around each test run, all on one CPU."""
+    import os
+
+    from skewscope.bpf import syscalls as bpfsys
+    fd = live_dp.prog_fd("xdp")
+    write = F.roce(0x0A, payload=256, dma_len=256, qp=0x21)  # WRITE_ONLY: a boundary, clock read
+    ack = F.roce(0x11, src="10.0.0.2", dst="10.0.0.1", qp=0x22)
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})  # test runs execute on the calling CPU
+    try:
+        reused = 0
+        for attempt in range(8):
+            live_dp.reset()
+            bpfsys.prog_test_run(fd, ack.frame)            # the ACK flow's first packet: timed
+            time.sleep(0.03)                               # > 1 tick at any HZ >= 100
+            t0 = time.monotonic_ns()
+            bpfsys.prog_test_run(fd, ack.frame)            # a new tick: reads the clock
+            t1 = time.monotonic_ns()
+            bpfsys.prog_test_run(fd, write.frame)          # a boundary on another flow, same CPU
+            bpfsys.prog_test_run(fd, ack.frame)            # same tick (almost always): reuses it
+            t2 = time.monotonic_ns()
+            fl = {int(f["dest_qp"]): f for f in live_dp.snapshot({"source": "test"}).flows}
+            a, w = fl[0x22], fl[0x21]
+            assert int(a["packets"]) == 3 and int(a["acks"]) == 3
+            assert int(a["first_ts"]) < t0 <= int(w["last_ts"]) <= int(a["last_ts"]) <= t2
+            assert t2 - int(a["last_ts"]) < 10_000_000     # at most one tick early (HZ >= 100)
+            reused += int(a["last_ts"]) == int(w["last_ts"])
+            if int(a["last_ts"]) != int(w["last_ts"]):
+                assert int(a["last_ts"]) >= t1             # the tick moved: a fresh reading
+        assert reused >= 4, f"the ACK reused the boundary's clock reading in {reused} of 8 attempts"
+    finally:
+        os.sched_setaffinity(0, cpus)
+
 # ---- jumbo frames (IB MTU 4096) through XDP with frags -----------------------------------------
 def test_jumbo_write_through_xdp_frags(kernel):
     """A 64 KiB WRITE at IB MTU 4096 (frames of 4170/4154 bytes: larger than one page's

@@ -210,6 +210,28 @@ def _check_slow_link(name, p, an, truth):
     assert not [f for f in findings(an, "ring_straggler") + findings(an, "straggler")]
 
 
+def _small_ring(nodes, slow=None, mtu=1024, nbytes="512KiB"):
+    sc = {"nodes": nodes, "mtu": mtu, "iterations": 3, "workloads": [{"kind": "ring_allreduce", "bytes": nbytes}]}
+    if slow is not None:
+        sc["pathologies"] = [{"kind": "slow_link", "node": slow, "mode": "slow", "speed_factor": 0.3}]
+    return sc
+
+
+@pytest.mark.parametrize("nodes,slow,seed", [(3, 1, 0), (3, 0, 1), (4, 2, 2), (5, 4, 3)])
+def test_slow_link_in_small_rings(nodes, slow, seed):
+    """A node's slow port slows its in- and out-link: in a ring of 3 those are two of the
+    three links, the median. It is judged against the links that do not touch it: found,
+    with the truth's ratio, and nobody else blamed; the same rings healthy stay quiet."""
+    from skewscope.analysis import analyze
+    truth, snap = genlib.get_any(_small_ring(nodes, slow), seed)
+    an = analyze(snap)
+    _check_slow_link(f"ring{nodes}", truth["pathologies"][0], an, truth)
+    assert [f["entities"]["ips"][0] for f in findings(an, "slow_link")] == [f"10.0.0.{slow + 1}"]
+    truth, snap = genlib.get_any(_small_ring(nodes), seed)
+    an = analyze(snap)
+    assert findings(an, "slow_link") == [] and findings(an, "ring_straggler") == [], an["findings"]
+
+
 CHECKS = {"straggler": _check_straggler, "hot_expert": _check_hot_expert, "incast": _check_incast,
           "congestion": _check_congestion, "loss": _check_loss, "pfc_pause": _check_pfc,
           "pipeline_bubble": _check_bubbles, "slow_link": _check_slow_link}

@@ -196,6 +196,9 @@ REGRESSIONS = [
     _SHB + _IDB + struct.pack("<III", 3, 12, 12),             # SPB with an empty body
     gzip.compress(_SHB + _IDB)[:20],                          # gzip stream cut short
     b"\x1f\x8b" + bytes(30),                                  # not really gzip
+    # (in the numba reader) SIGFPE: if_tsresol 10^-73 s, whose divisor 10^64 wraps to 0
+    _SHB + struct.pack("<II", 1, 32) + struct.pack("<HHI", 1, 0, 0) + struct.pack("<HHB3x", 9, 1, 73)
+    + struct.pack("<HHI", 0, 0, 32) + struct.pack("<IIIIIII", 6, 32, 0, 0, 12345, 0, 0) + struct.pack("<I", 32),
 ]
 
 
@@ -228,6 +231,7 @@ def warm_offline(tmp_path_factory):
 @example(blob=REGRESSIONS[1])
 @example(blob=REGRESSIONS[2])
 @example(blob=REGRESSIONS[3])
+@example(blob=REGRESSIONS[4])
 def test_offline_reader_raises_only_pcaperror(warm_offline, tmp_path, blob):
     p = tmp_path / "f.pcap"
     p.write_bytes(blob)
@@ -251,6 +255,7 @@ def test_offline_reader_raises_only_pcaperror(warm_offline, tmp_path, blob):
 @example(blob=REGRESSIONS[1])
 @example(blob=REGRESSIONS[2])
 @example(blob=REGRESSIONS[3])
+@example(blob=REGRESSIONS[4])
 def test_frame_reader_raises_only_pcaperror(warm_offline, tmp_path, blob):
     """offline.read_frames (the record API `skewscope replay` reads captures with) yields
     batches or raises PcapError with one line, exactly when parse_file does; the batches are

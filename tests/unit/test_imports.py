@@ -118,8 +118,19 @@ def test_every_module_imports_and_says_what_it_is_for(mod):
 
 
 def test_every_command_is_listed():
-    """cli.COMMANDS is the one list; main has exactly those commands."""
+    """cli.COMMANDS is the one list; main has exactly those commands, each found under its own
+    name in its module, and only the command that runs is imported."""
+    code = ("import sys, skewscope.cli as c; from click.testing import CliRunner; "
+            "r = CliRunner().invoke(c.main, ['report', '--help']); assert r.exit_code == 0, r.output; "
+            "print(','.join(sorted(m for m in sys.modules if m.startswith('skewscope.cli.'))))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "skewscope.cli.common,skewscope.cli.files", r.stdout
     from skewscope import cli
-    assert sorted(c.name for c in cli.COMMANDS) == sorted(cli.main.commands)
-    assert {"report", "replay", "detach", "top", "capture", "diagnose", "export", "cluster", "mirror",
-            "demo", "gen"} <= set(cli.main.commands)
+    names = cli.main.list_commands(None)
+    assert names == sorted(cli.COMMANDS)
+    assert {"report", "replay", "detach", "top", "capture", "diagnose", "watch", "export", "cluster", "mirror",
+            "demo", "gen"} == set(names)
+    for n in names:
+        assert cli.main.get_command(None, n).name == n
+    assert cli.main.get_command(None, "nosuch") is None

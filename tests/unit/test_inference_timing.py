@@ -124,6 +124,10 @@ VARIANTS = [
     dict(nodes=4, lag_us=5, slow=3),
     dict(nodes=16, lag_us=30, slow=9, tokens=4),
     dict(nodes=4, lag_us=30, slow=1, batch=8, hidden=8192),
+    # 2-way TP: a ring of two, where the median of a step is no reference
+    dict(nodes=2, lag_us=30, slow=1),
+    dict(nodes=2, lag_us=300, slow=0, hidden=8192, mtu=1024),
+    dict(nodes=2, lag_us=20, slow=1, hidden=5120, batch=2, layers=16),
 ]
 
 
@@ -137,7 +141,8 @@ def test_variant_slow_shard(kw):
 @pytest.mark.parametrize("sc", ["tp-decode-healthy", "ring-healthy", "tree-healthy", "alltoall-healthy",
                                 "pipeline-healthy", "tp-decode", "ring-ll128",
                                 "J:tp-decode-healthy-jitter", "J:tp3-jitter", "J:tp8-small",
-                                "J:ring-noise", "J:ring-jitter-small", "J:tree-jitter-small"])
+                                "J:ring-noise", "J:ring-jitter-small", "J:tree-jitter-small", "J:tp2",
+                                "J:tp2-jitter"])
 def test_healthy_raises_no_warning(sc):
     if sc == "J:tp-decode-healthy-jitter":
         from skewscope.gen.presets import PRESETS
@@ -147,6 +152,10 @@ def test_healthy_raises_no_warning(sc):
         sc = tp(nodes=3, jitter=0.2, compute_gap_us=800)
     elif sc == "J:tp8-small":
         sc = tp(nodes=8, hidden=1024, mtu=1024)
+    elif sc == "J:tp2":
+        sc = tp(nodes=2, hidden=7168, batch=2, layers=12)
+    elif sc == "J:tp2-jitter":
+        sc = tp(nodes=2, jitter=0.2, compute_gap_us=800)
     elif sc in ("J:ring-jitter-small", "J:tree-jitter-small"):
         # iteration starts jitter by 2 % of the period (below period_jitter's 5 %)
         from skewscope.gen.presets import PRESETS
@@ -207,20 +216,102 @@ def test_preset_rotating_straggler(seed):
 
 @pytest.mark.parametrize("kw", [dict(nodes=4, lag_us=100, order=[0, 1, 2, 3, 0, 1]),
                                 dict(nodes=8, lag_us=60, noise_us=0, every_step=True, iterations=8),
-                                dict(nodes=6, lag_us=50, nbytes="512KiB", iterations=8)],
-                         ids=["n4-order", "n8-every-step", "n6-small"])
+                                dict(nodes=6, lag_us=50, nbytes="512KiB", iterations=8),
+                                dict(nodes=2, lag_us=200),
+                                dict(nodes=2, lag_us=80, order=[0, 0, 1, 0, 1, 1], nbytes="4MiB"),
+                                # one rank gates half the iterations: late on average, but the
+                                # gate rotates (no ring_straggler for its mean start lag)
+                                dict(nodes=6, lag_us=300, order=[0, 3, 0, 5, 1, 0])],
+                         ids=["n4-order", "n8-every-step", "n6-small", "n2", "n2-order", "n6-half"])
 def test_variant_rotating(kw):
     truth, an, _ = run(rotating(**kw))
     check_rotating(truth, an)
 
 
-def test_persistent_ring_straggler_is_not_rotating():
+@pytest.mark.parametrize("nodes,late", [(6, 4), (2, 1)])
+def test_persistent_ring_straggler_is_not_rotating(nodes, late):
     # the same ring with one rank late in every iteration: ring_straggler, not rotating
-    truth, an, _ = run(rotating(nodes=6, lag_us=200, order=[4]))
+    truth, an, _ = run(rotating(nodes=nodes, lag_us=200, order=[late]))
     assert not warn(an, "rotating_straggler"), [f["message"] for f in an["findings"]]
     fs = warn(an, "ring_straggler")
-    assert fs and fs[0]["entities"]["ips"][0] == "10.0.0.5"
+    assert fs and fs[0]["entities"]["ips"][0] == f"10.0.0.{late + 1}"
     assert fs[0]["impact"]["seconds"] == pytest.approx(200e-6, rel=0.15)
+
+
+@pytest.mark.parametrize("nodes_lag", [(1, 30), (0, 50)])
+def test_two_rank_ring_straggler_lag_is_the_whole_lag(nodes_lag):
+    # a ring of two: the late rank's start lag is its lag behind the other (a median of two
+    # members would give it half)
+    node, lag = nodes_lag
+    truth, an, _ = run({"description": "test variant", "nodes": 2, "iterations": 4, "period_ms": 6.0,
+                        "workloads": [{"kind": "ring_allreduce", "bytes": "4MiB", "channels": 1}],
+                        "pathologies": [{"kind": "straggler", "node": node, "start_lag_us": lag}]})
+    (pat,) = path_of(truth, "straggler")
+    ip = pat["entities"]["ips"][0]
+    fs = warn(an, "ring_straggler")
+    assert len(fs) == 1 and fs[0]["entities"]["ips"][0] == ip, [f["message"] for f in an["findings"]]
+    (g,) = an["collectives"]
+    assert g["metrics"]["start_lag_s"][ip] == pytest.approx(lag * 1e-6, rel=0.1)
+    other = [m for m in g["members"] if m != ip][0]
+    assert g["metrics"]["start_lag_s"][other] == pytest.approx(0.0, abs=1e-6)
+
+
+TWO_NODE = [
+    # (scenario, truth group kind): TP decode all-reduces of LL messages both ways at once
+    (tp(nodes=2), "tp_decode_allreduce"),
+    (tp(nodes=2, hidden=5120, batch=4, layers=6, compute_gap_us=1500, layer_compute_us=25), "tp_decode_allreduce"),
+    (tp(nodes=2, lag_us=40, slow=0), "tp_decode_allreduce"),
+    # batch 4 x hidden 4096 / 8192 x bf16 = 32 / 64 KiB messages: a P2P chunk's size, told by the timing
+    (tp(nodes=2, batch=4), "tp_decode_allreduce"),
+    (tp(nodes=2, hidden=8192, batch=4), "tp_decode_allreduce"),
+    ({"description": "test variant", "nodes": 2, "workloads": [{"kind": "tp_decode", "layers": 16, "tokens": 3,
+      "token_ms": 4.0, "ar_bytes": "8KiB", "layer_compute_us": 15}]}, "tp_decode_allreduce"),
+    # pipelines of two stages, small (LL-sized) and P2P-chunked activations: forward and
+    # backward a compute time apart
+    ({"description": "test variant", "nodes": 2, "iterations": 3, "period_ms": 6.0,
+      "workloads": [{"kind": "p2p_pipeline", "activation_bytes": "16KiB", "microbatches": 8}]}, "p2p"),
+    ({"description": "test variant", "nodes": 2, "iterations": 2, "period_ms": 8.0,
+      "workloads": [{"kind": "p2p_pipeline", "activation_bytes": "1MiB", "microbatches": 6}]}, "p2p"),
+    ({"description": "test variant", "nodes": 2, "iterations": 3, "period_ms": 6.0,
+      "workloads": [{"kind": "p2p_pipeline", "activation_bytes": "64KiB", "microbatches": 8}]}, "p2p"),
+    ({"description": "test variant", "nodes": 2, "iterations": 3, "period_ms": 4.0,
+      "workloads": [{"kind": "ring_allreduce", "bytes": "8MiB", "channels": 2}]}, "ring_allreduce"),
+    # 2-way expert parallel decode: LL-sized all-to-all, dispatch and combine both ways at
+    # once: not an all-reduce (no step answers the other's)
+    ({"description": "test variant", "nodes": 2, "workloads": [{"kind": "decode_ep", "layers": 4, "tokens": 6,
+      "bytes_per_dest": "2KiB", "compute_gap_us": 2000}]}, "all_to_all"),
+    ({"description": "test variant", "nodes": 2, "workloads": [{"kind": "decode_ep", "layers": 6, "tokens": 4,
+      "bytes_per_dest": "6KiB", "compute_gap_us": 1500}],
+      "pathologies": [{"kind": "hot_destination", "node": 1, "factor": 4.0}]}, "all_to_all"),
+    ({"description": "test variant", "nodes": 2, "workloads": [{"kind": "moe_decode", "layers": 4, "tokens": 3,
+      "token_ms": 3.0, "bytes_per_peer": "12KiB", "zipf": 0.8}]}, "all_to_all"),
+    ({"description": "test variant", "nodes": 2, "workloads": [{"kind": "decode_ep", "layers": 4, "tokens": 6,
+      "bytes_per_dest": "64KiB", "compute_gap_us": 2000}]}, "all_to_all"),
+    ({"description": "test variant", "nodes": 2, "workloads": [{"kind": "decode_ep", "layers": 4, "tokens": 6,
+      "bytes_per_dest": "32KiB", "compute_gap_us": 800}]}, "all_to_all"),
+]
+
+
+@pytest.mark.parametrize("sc,kind", TWO_NODE, ids=lambda x: x if isinstance(x, str) else None)
+def test_two_node_groups_are_classified_by_their_timing(sc, kind):
+    """Two nodes exchanging data both ways: a 2-way TP decode is a 2-rank all-reduce
+    (ring_allreduce, decode workload: the decode detectors then apply); a 2-stage pipeline
+    and a 2-node all-to-all are not (p2p: the all_to_all kind needs >= 3 nodes). Truth: the
+    generator's group kind."""
+    truth, an, _ = run(sc)
+    assert [g["kind"] for g in truth["groups"]] == [kind]
+    (g,) = an["collectives"]
+    want = "ring_allreduce" if kind in ("tp_decode_allreduce", "ring_allreduce") else "p2p"
+    assert g["kind"] == want, g["evidence"]
+    if kind == "tp_decode_allreduce":
+        assert g["metrics"]["workload"] == "decode"
+    if want == "p2p":   # why, by the size class: P2P chunks, LL steps that do not answer each other, neither
+        why = g["evidence"][-1]
+        hint = g["metrics"]["protocol_hint"]
+        assert ("P2P-sized chunks" in why) == (hint == "p2p_chunks"), (hint, why)
+        assert ("LL" in why and "do not answer each other" in why) == (hint in ("ll", "ll128")), (hint, why)
+    lagged = path_of(truth, "slow_tp_shard")
+    assert len(warn(an, "slow_tp_shard")) == len(lagged), [f["message"] for f in an["findings"]]
 
 
 # ---- the JSON, the human outputs ---------------------------------------------------------

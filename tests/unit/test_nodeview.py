@@ -42,8 +42,15 @@ def views(tmp_path, scenario, seed=0, skew=0.0, samples=False):
     for ip, v in cap.views(clock_skew_us=skew).items():
         p = tmp_path / f"{ip}-{skew}.pcap"
         v.write_pcap(str(p), snaplen=128)
-        nt = node_timing(parse_file(str(p)), samples=samples)
-        assert nt is not None and nt["node"] == ip and nt["node_source"] == "inferred"
+        snap = parse_file(str(p))
+        nt = node_timing(snap, samples=samples)
+        how = "inferred"
+        if len(cap.truth["groups"][0]["members"]) == 2:
+            # two nodes: both are an end of every flow (each DPU sees the whole job), so the
+            # node cannot be inferred and is given, as `report --node-ip` does
+            assert nt is None
+            nt, how = node_timing(snap, ip, samples=samples), "given"
+        assert nt is not None and nt["node"] == ip and nt["node_source"] == how
         out[ip] = nt
     return cap, out
 
@@ -66,6 +73,9 @@ SLOW = [
     ("ring-straggler", 20.0, "ring"),
     (ring(5, 30, 2, mtu=2048), 30.0, "ring"),
     (ring(3, 15, 0, size="768KiB", channels=2), 15.0, "ring"),
+    # rings of two: the one peer is upstream and downstream
+    (tp(2, 20, 1), 20.0, "tp_decode"),
+    (tp(2, 40, 0, mtu=2048, hidden=5120, batch=2), 40.0, "tp_decode"),
 ]
 
 
@@ -95,8 +105,26 @@ def test_the_slow_nodes_own_forward_latency_stands_out(tmp_path, scenario, lag_u
     assert min(p50, key=p50.get) == slow and p50[slow] < -0.5 * lag_us * 1e-6, p50
 
 
+@pytest.mark.parametrize("slow,lag_us,size", [(1, 30, "4MiB"), (0, 60, "2MiB")])
+def test_ring_of_two_the_late_nodes_peer_data_is_there_first(tmp_path, slow, lag_us, size):
+    """A 2-rank training ring with a late rank, each node's own view: the peer is upstream
+    and downstream; the late node finds its peer's data there about the lag before it
+    sends (start offset), the other waits about the lag for the late one's."""
+    cap, nts = views(tmp_path, ring(2, lag_us, slow, size=size), seed=1)
+    late = cap.truth["pathologies"][0]["entities"]["ips"][0]
+    for ip, nt in nts.items():
+        g = ring_group(nt)
+        (peer,) = set(nts) - {ip}
+        assert g["role"] == "ring" and g["upstream"] == g["downstream"] == [peer]
+        p50 = g["start_offset_s"][peer]["p50"] * 1e6
+        if ip == late:      # (its own later steps wait on its late sends too: more than the lag)
+            assert p50 <= -0.8 * lag_us, (ip, p50)
+        else:
+            assert 0.8 * lag_us <= p50 <= 1.2 * lag_us, (ip, p50)
+
+
 @pytest.mark.parametrize("scenario", ["tp-decode-healthy", "ring-healthy", tp(6, 0, 0, jitter=0.05),
-                                      ring(4, 0, 0, mtu=1024, jitter=0.03)])
+                                      ring(4, 0, 0, mtu=1024, jitter=0.03), tp(2, 0, 0), ring(2, 0, 0)])
 def test_healthy_nodes_show_nothing_outstanding(tmp_path, scenario):
     cap, nts = views(tmp_path, scenario, seed=2)
     members = cap.truth["groups"][0]["members"]

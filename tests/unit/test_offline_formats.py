@@ -407,6 +407,29 @@ def test_pcapng_interfaces_link_types_and_resolutions(ref, ref_snap, tmp_path):
     assert pk["ts"].tolist() == expect_ts
 
 
+def test_every_if_tsresol_byte_gives_exact_ns(ref, tmp_path):
+    """if_tsresol is one byte from the file: every value (10^-e and 2^-s for e, s = 0..127)
+    gives the exact ns (Python integers: ns_of_ticks), wherever it fits in 63 bits. A damaged
+    or hostile file may hold any of them: 10^-73 s once killed the reader with SIGFPE (10^64
+    wraps to 0 in 64 bits and the compiled division had no zero check), found by
+    test_fuzz_offline's random IDB options."""
+    frame = ref[0].frame
+    ticks = (0, 1, 999_999_999, 12345 << 20, (1 << 40) + 7, (1 << 62) + 3, (1 << 63) - 1)
+    blocks, expect = [ng_shb()], []
+    for res in range(256):
+        blocks.append(ng_idb(1, res))
+    for res in range(256):
+        for t in ticks:
+            if ns_of_ticks(t, res) < 1 << 63:
+                blocks.append(ng_epb(res, t, frame, len(frame)))
+                expect.append(ns_of_ticks(t, res))
+    p = write(tmp_path / "tsresol.pcapng", b"".join(blocks))
+    assert offline.dissect(p)["ts"].tolist() == expect
+    snap = offline.parse_file(p)
+    assert int(snap.globals[L.G_FRAMES]) == len(expect)
+    assert snap.meta["warnings"] == []
+
+
 def test_spb_uses_interface_snaplen(ref, tmp_path):
     """SPB: no timestamp, interface 0; captured length = min(original, IDB snaplen), the
     block's padding is not data."""
@@ -521,3 +544,41 @@ def test_read_paths_agree(ref, ref_snap, tmp_path, monkeypatch):
     monkeypatch.setattr(offline, "_MapBuffer", NoMap)
     same_snapshot(offline.parse_file(p, chunk_bytes=1 << 16), mapped)
     assert int(mapped.globals[L.G_FRAMES]) == len(recs)
+
+
+def test_prefetched_windows_give_the_same_snapshot(ref, tmp_path, monkeypatch):
+    """The mapped windows come from the helper thread (the next window mapped during the
+    scan) or, for a record the prefetch does not cover (longer than its overlap), in place:
+    at every window size, both kinds happen and the snapshot is the read buffer's."""
+    import os
+    import threading
+    recs = [(x.ts, x.frame, len(x.frame)) for x in ref] * 300
+    jumbo = other(ref[-1].ts + 1)
+    jf = jumbo.frame + b"z" * 300_000      # longer than a 64 KiB and a 256 KiB window
+    recs = recs[:len(recs) // 2] + [(jumbo.ts, jf, len(jf))] + recs[len(recs) // 2:]
+    p = write(tmp_path / "w.pcap", pcap_bytes(recs))
+    maps = {"helper": 0, "in place": 0}
+    real_map, real_work = offline._MapBuffer._map, offline._MapBuffer._work
+
+    def work(self, *a):
+        maps["helper"] += 1
+        return real_work(self, *a)
+
+    def in_place(self, *a):
+        if threading.current_thread() is threading.main_thread():
+            maps["in place"] += 1
+        return real_map(self, *a)
+    monkeypatch.setattr(offline._MapBuffer, "_work", work)
+    monkeypatch.setattr(offline._MapBuffer, "_map", in_place)
+    fifo = tmp_path / "fifo.pcap"
+    os.mkfifo(fifo)
+    t = threading.Thread(target=lambda: fifo.write_bytes(p.read_bytes()))
+    t.start()
+    piped = offline.parse_file(fifo)
+    t.join()
+    for win in (1 << 16, 1 << 18, 1 << 20):
+        maps.update({"helper": 0, "in place": 0})
+        same_snapshot(offline.parse_file(p, chunk_bytes=win), piped)
+        # in place: the first window, and the jumbo's when it does not fit the prefetched one
+        assert maps["helper"] > 0 and maps["in place"] == (2 if win < len(jf) else 1), (win, maps)
+    assert int(piped.globals[L.G_FRAMES]) == len(recs)

@@ -183,7 +183,7 @@ class Trivial:
     def __init__(self, ifname):
         from bcc import BPF, lib
 
-        from skewscope.bpf import loader as dataplane
+        from skewscope.bpf import attach as dataplane
         from skewscope.bpf import syscalls as bpfsys
         self.b = BPF(text=TRIVIAL)
         st, sz = lib.bpf_function_start(self.b.module, b"trivial"), lib.bpf_function_size(self.b.module, b"trivial")
@@ -195,7 +195,7 @@ class Trivial:
         dataplane._xdp_set(self.idx, self.fd, dataplane.XDP_FLAGS_DRV_MODE)
 
     def close(self):
-        from skewscope.bpf import loader as dataplane
+        from skewscope.bpf import attach as dataplane
         dataplane._xdp_set(self.idx, -1, dataplane.XDP_FLAGS_DRV_MODE)
         os.close(self.fd)
         self.b.cleanup()
@@ -240,10 +240,9 @@ def main(argv=None) -> int:
                 if "sample" in name:
                     kw["sample_n"] = 8
                 sess = live.LiveSession(IF_B, **kw).open()
-                if "TC" in name:
-                    pid = live._tc_prog_ids(IF_B)[0][1]
-                else:
-                    pid = live.list_ours(IF_B)["xdp"]
+                pid = getattr(sess.att, "prog_id", 0)  # bpf_link (tcx, XDP link) or netlink
+                if not pid:
+                    pid = live._tc_prog_ids(IF_B)[0][1] if "TC" in name else live.list_ours(IF_B)["xdp"]
                 return sess, pid
 
         def detach(h):

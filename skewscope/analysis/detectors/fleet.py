@@ -376,7 +376,7 @@ def _member_view(inp, ip, role, upstream, downstream, late_s, slow_s):
 def timing_fusion(inp, em):
     for g in inp.timing_groups:
         role, mem = g["role"], g["members"]
-        if role not in ("ring", "tp_decode") or len(mem) < MIN_RING_LINKS:
+        if role not in ("ring", "tp_decode") or len(mem) < 2:
             continue
         kind = "slow_tp_shard" if role == "tp_decode" else "ring_straggler"
         t, tr = inp.th[kind], inp.th["rotating_straggler"]
@@ -385,7 +385,11 @@ def timing_fusion(inp, em):
         down = {mem[k]: mem[(k + 1) % n] for k in range(n)}
         ents = [inp.entry(ip, role) for ip in mem]
         fwd = np.array([_mean(e["hist"].get("forward_latency")) if e else np.nan for e in ents])
-        med = float(np.nanmedian(fwd)) if np.isfinite(fwd).any() else float("nan")
+        # the reference forward latency: the group median; of a ring of two (2-way TP: each
+        # member's upstream is its downstream) the earlier member's, as in analysis.steps and
+        # analysis.timing -- a median of two is their midpoint and would halve the lag
+        ref = np.nanmedian if n >= 3 else np.nanmin
+        med = float(ref(fwd)) if np.isfinite(fwd).any() else float("nan")
         starts = [e["peers"].get(up[ip], {}).get("start") if e else None for ip, e in zip(mem, ents)]
         # the healthy start offset: the smallest |median| of a member's (the late one's own
         # and its downstream's are shifted by the lag)

@@ -11,9 +11,9 @@ from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
 
 
 def kv(inp, em):
-    for gi, g, r, _ in inp.groups:
+    for gi, g, r, ev in inp.groups:
         if g.kind == "kv_transfer" and r.get("per_decode"):
-            _imbalance(em, inp.ctx, g, r, inp.th["pd_imbalance"], gi)
+            _imbalance(em, inp.ctx, g, r, inp.th["pd_imbalance"], gi, _requests(inp.ctx, r, ev.kv))
             _slow(em, inp.ctx, g, r, inp.th["kv_transfer_slow"], gi)
 
 
@@ -23,29 +23,48 @@ def _flows(ctx, g, src=None, dst=None):
             and (dst is None or ips[ctx.nodes.dst[f]] == dst)]
 
 
-def _imbalance(em, ctx, g, r, t, gi):
+def _requests(ctx, r, kv) -> dict:
+    """Requests into each decode node. A transfer is a gap-separated burst on one (prefill,
+    decode) pair, and two requests a router sends one after the other to the same pair queue
+    back to back into one burst (the overloaded node's most of all): each transfer counts
+    its bytes over the group's median transfer's, rounded, at least 1 (a ratio: a request's
+    size is what the median transfer carries)."""
+    pd = r["per_decode"]
+    tb = np.asarray(kv["t_bytes"] if kv else [], dtype=np.float64)
+    typical = float(np.median(tb)) if len(tb) else 0.0
+    if typical <= 0:
+        return {ip: d["transfers"] for ip, d in pd.items()}
+    per = np.maximum(1, np.rint(tb / typical)).astype(np.int64)
+    node = {a: i for i, a in enumerate(ctx.nodes.ips)}
+    dst = np.asarray(kv["t_dst"])
+    return {ip: int(per[dst == node[ip]].sum()) for ip in pd}
+
+
+def _imbalance(em, ctx, g, r, t, gi, req):
     pd = r["per_decode"]
     if len(pd) < 2:
         return
     fair = 1.0 / len(pd)
+    n = sum(req.values())
     for ip, d in sorted(pd.items(), key=lambda kv: -kv[1]["share"]):
         ratio = d["share"] / fair
-        n = sum(x["transfers"] for x in pd.values())
-        # chance: a router spreading n transfers evenly at random gives a node n/D +- sd
-        z = (d["transfers"] - n * fair) / max(1e-9, float(np.sqrt(n * fair * (1 - fair))))
-        if ratio < t["warning"] or d["transfers"] < t["min_transfers"] or z < t["min_z"]:
+        # chance: a router spreading n requests evenly at random gives a node n/D +- sd
+        z = (req[ip] - n * fair) / max(1e-9, float(np.sqrt(n * fair * (1 - fair))))
+        if ratio < t["warning"] or req[ip] < t["min_transfers"] or z < t["min_z"]:
             continue
         others = [x["transfer_time_p50_s"] for k, x in pd.items() if k != ip and x["transfer_time_p50_s"] is not None]
         lost = None
         if others and d["transfer_time_p50_s"] is not None:
             lost = max(0.0, d["transfer_time_p50_s"] - float(np.median(others)))
         em.add("pd_imbalance", sev(ratio, t["warning"], t["critical"]), [ip] + list(r["prefill_nodes"]),
-               f"decode node {ip} receives {pct(d['share'])} of the KV-cache bytes ({d['transfers']} transfers, "
+               f"decode node {ip} receives {pct(d['share'])} of the KV-cache bytes ({req[ip]} requests in "
+               f"{d['transfers']} transfers, "
                f"{ratio:.2f}x its fair share {pct(fair)} of {len(pd)} decode nodes); its transfers take "
                f"{us((d['transfer_time_p50_s'] or 0) * 1e9)} p50: the router overloads it; check the P/D router's "
                "load balancing (KV-cache / session affinity)",
                {"share": d["share"], "fair_share": round(fair, 4), "share_over_fair": round(ratio, 4),
-                "transfers_z": round(z, 3), "transfers_total": n,
+                "transfers_z": round(z, 3), "transfers_total": sum(x["transfers"] for x in pd.values()),
+                "requests": req[ip], "requests_total": n,
                 "transfers": d["transfers"], "messages": d["messages"], "bytes": d["bytes"],
                 "transfer_time_p50_s": d["transfer_time_p50_s"], "transfer_time_p99_s": d["transfer_time_p99_s"],
                 "others_transfer_time_p50_s": float(np.median(others)) if others else None,
@@ -83,13 +102,15 @@ DETECTORS = [
         kinds=(
             Kind("pd_imbalance",
                  fires='kv_transfer group with ≥ 2 decode nodes: a decode node\'s share of the KV bytes / its fair share '
-                       '(1 / decode nodes) ≥ `warning` (1.5), ≥ `critical` (2.5), over ≥ `min_transfers` (3) transfers, and its transfer '
-                       'count ≥ `min_z` (2) standard deviations above an even random spread (n/D ± √(n·(1/D)(1−1/D))): not chance',
+                       '(1 / decode nodes) ≥ `warning` (1.5), ≥ `critical` (2.5), over ≥ `min_transfers` (3) requests, and its request '
+                       'count ≥ `min_z` (2) standard deviations above an even random spread (n/D ± √(n·(1/D)(1−1/D))): not chance; '
+                       'requests = its transfers, each counted as its bytes / the median transfer\'s, rounded, ≥ 1 (requests queued '
+                       'back to back on a pair are one burst)',
                  blames='the decode node, then the prefill nodes',
                  thresholds=(Threshold("warning", 1.5, "ratio", "a decode node's KV byte share / fair share: warning"),
                              Threshold("critical", 2.5, "ratio", "a decode node's KV byte share / fair share: critical"),
-                             Threshold("min_transfers", 3, "count", "KV transfers into the decode node, at least"),
-                             Threshold("min_z", 2.0, "ratio", "(its transfers - the fair count) / the binomial standard deviation, at least"))),
+                             Threshold("min_transfers", 3, "count", "KV requests into the decode node, at least"),
+                             Threshold("min_z", 2.0, "ratio", "(its requests - the fair count) / the binomial standard deviation, at least"))),
             Kind("kv_transfer_slow",
                  fires='kv_transfer group with ≥ 3 links: a prefill → decode link\'s rate (90th percentile of its '
                        'messages\' rates: uncontended) / the median link\'s ≤ `warning` (0.5), ≤ `critical` (0.25), '

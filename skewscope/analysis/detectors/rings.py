@@ -66,15 +66,26 @@ def rates_and_lags(inp, em):
         t = th[kind]
         sr = np.full(nm, np.nan)
         rr = np.full(nm, np.nan)
+        # slow both ways (a node's own port): its links against the links that do not touch
+        # it -- a slow port slows two links of the ring, which in a ring of 3 are the
+        # median; the straggler ratios (sr, rr) keep the ring median
+        sb = np.full(nm, np.nan)
+        rb = np.full(nm, np.nan)
         reliable = np.zeros(nm, dtype=bool)
         if links is not None and len(links):
             ratio = links["rate_ratio"]
+            rmed = links["rate_med_bps"]
             for i, m in enumerate(mem):
                 o = (links["src"] == m) & np.isfinite(ratio)
                 n_ = (links["dst"] == m) & np.isfinite(ratio)
                 if ring:
                     sr[i] = ratio[o].min() if o.any() else np.nan
                     rr[i] = ratio[n_].min() if n_.any() else np.nan
+                    away = (links["src"] != m) & (links["dst"] != m) & np.isfinite(rmed)
+                    ref = float(np.median(rmed[away])) if away.any() else np.nan
+                    if ref > 0 and o.any() and n_.any():
+                        sb[i] = float(rmed[o].min()) / ref
+                        rb[i] = float(rmed[n_].min()) / ref
                 rel = (links["src"] == m) | (links["dst"] == m)
                 reliable[i] = bool(rel.any()) and float(np.median(links["pkts_per_msg"][rel])) >= MIN_PKTS_PER_MSG
         if g.pattern == "tree_node":
@@ -99,6 +110,8 @@ def rates_and_lags(inp, em):
             if nt is not None:
                 sr = nt["send_ratio"]
                 rr = nt["recv_ratio"]
+        if not ring or hub is not None:
+            sb, rb = sr, rr
         gf = np.asarray(g.flows, dtype=np.int64)
         out_flows = split_by(gf, ctx.nodes.src[gf], mem)
         in_flows = split_by(gf, ctx.nodes.dst[gf], mem)
@@ -108,19 +121,19 @@ def rates_and_lags(inp, em):
         # 1. slow both ways: the node's own link
         both = set()
         for i, m in enumerate(mem):
-            if not reliable[i] or not (sr[i] <= tl["warning"] and rr[i] <= rthr):
+            if not reliable[i] or not (sb[i] <= tl["warning"] and rb[i] <= rthr):
                 continue
             if ce_explained(inp, in_flows[m]) or m in blamed:
                 continue
             both.add(m)
-            worst = float(max(sr[i], rr[i]))
+            worst = float(max(sb[i], rb[i]))
             rate = [float(x) for x in (links["rate_bps"][(links["src"] == m) | (links["dst"] == m)] if links is not None else [])
                     if np.isfinite(x)]
             em.add("slow_link", sev(worst, tl["warning"], tl["critical"], higher_is_worse=False), [m],
-                   f"{ips[m]}'s link is slow both ways: it sends at {sr[i]:.2f}x and receives at {rr[i]:.2f}x its "
+                   f"{ips[m]}'s link is slow both ways: it sends at {sb[i]:.2f}x and receives at {rb[i]:.2f}x its "
                    f"peers' rate{(' (' + gbps(float(np.median(rate))) + ' per QP)') if rate else ''}: check its port "
                    "speed, cable/optics, FEC errors and NIC link state",
-                   {"send_ratio": float(sr[i]), "recv_ratio": float(rr[i]), "mode": "slow"},
+                   {"send_ratio": float(sb[i]), "recv_ratio": float(rb[i]), "mode": "slow"},
                    flows=out_flows[m] + in_flows[m], group=gi)
         # 2. silent both ways in some iterations: flaps
         sd, rd = ev.send_dev_ns, ev.recv_dev_ns
@@ -154,6 +167,10 @@ def rates_and_lags(inp, em):
         lag = ev.start_lag_ns if symmetric and not r.get("decode") else None
         lagged = dict(lag_outliers(lag, t["lag_mad"], t["min_lag_s"] * 1e9))
         steps = r.get("_steps") if ring else None
+        if lagged and rotation(steps, th["rotating_straggler"], nm) is not None:
+            # a member late on average because it gated some of the iterations, while the
+            # gate moves between members: rotating_straggler, not a straggler of its own
+            lagged = {}
         if steps is not None and not r.get("decode"):
             # the member last to send in most ring steps (analysis.steps), at any volume
             hit = persistent(steps, t, nm)
@@ -221,6 +238,25 @@ def rates_and_lags(inp, em):
                        {"recv_ratio": float(rr[i])}, flows=in_flows[m], group=gi)
 
 
+def rotation(steps: dict | None, t: dict, nm: int):
+    """(which iterations have a gate, the gating member of each of those, gates per member)
+    when the ring's gate rotates: enough gated iterations, >= 2 distinct gates, none gating
+    more than persistent_share; else None."""
+    if steps is None:
+        return None
+    gates = steps["gates"]
+    n_it = len(gates)
+    lost = steps["lost_ns"]
+    ok = np.array([x >= 0 and lost[k, x] >= t["min_lag_s"] * 1e9 for k, x in enumerate(gates)], dtype=bool)
+    gated = gates[ok]
+    if len(gated) < t["min_iterations"] or len(gated) < t["gated_share"] * n_it:
+        return None
+    cnt = np.bincount(gated, minlength=nm)
+    if cnt.max() > t["persistent_share"] * len(gated) or (cnt > 0).sum() < 2:
+        return None                            # one member gates most: a persistent straggler
+    return ok, gated, cnt
+
+
 def rotating(inp, em):
     """rotating_straggler: per iteration (token) the member that gated it
     (analysis.steps); the gate moving between members, none gating most iterations."""
@@ -230,16 +266,13 @@ def rotating(inp, em):
         steps = r.get("_steps")
         if steps is None or g.kind != "ring_allreduce":
             continue
+        rot = rotation(steps, t, len(g.members))
+        if rot is None:
+            continue
+        ok, gated, cnt = rot
         gates = steps["gates"]
         n_it = len(gates)
         lost = steps["lost_ns"]
-        ok = np.array([x >= 0 and lost[k, x] >= t["min_lag_s"] * 1e9 for k, x in enumerate(gates)], dtype=bool)
-        gated = gates[ok]
-        if len(gated) < t["min_iterations"] or len(gated) < t["gated_share"] * n_it:
-            continue
-        cnt = np.bincount(gated, minlength=len(g.members))
-        if cnt.max() > t["persistent_share"] * len(gated) or (cnt > 0).sum() < 2:
-            continue                           # one member gates most: a persistent straggler
         if em.has("ring_straggler", lambda f: f.group == gi) or em.has("slow_tp_shard", lambda f: f.group == gi):
             continue
         order = [int(x) for x in np.argsort(-cnt, kind="stable") if cnt[x] > 0]
@@ -271,7 +304,7 @@ DETECTORS = [
         doc="ring/tree/all-to-all members: rate ratios and start lags -> the slow link, the straggler, the slow receiver",
         kinds=(
             Kind("ring_straggler",
-                 fires="ring: a member's out-link median-message rate / ring median ≤ `warning` (0.8) (≤ `critical` 0.5), or its start lag ≥ max(`min_lag_s` 5 µs, median + `lag_mad` (4) × MAD of the others), or it is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps by a median lag ≥ max(`min_lag_s`, `lag_jitter` (4) × the step jitter). Not when its successor is slow both ways (slow_link), nor when its flows are CE-marked (ecn_congestion)",
+                 fires="ring: a member's out-link median-message rate / ring median ≤ `warning` (0.8) (≤ `critical` 0.5), or its start lag ≥ max(`min_lag_s` 5 µs, median + `lag_mad` (4) × MAD of the others), or it is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps by a median lag ≥ max(`min_lag_s`, `lag_jitter` (4) × the step jitter). Not when its successor is slow both ways (slow_link), nor when its flows are CE-marked (ecn_congestion); the start lag alone not while the ring's gate rotates (rotating_straggler: a member that gated some iterations is late on average)",
                  blames='the sender, then its successor',
                  thresholds=_lag_thresholds("ring link (fleet: link rate over active time)") + STEP_THRESHOLDS),
             Kind("straggler",
@@ -284,7 +317,7 @@ DETECTORS = [
                  thresholds=(Threshold("warning", 0.8, "ratio", "receive throughput / the members' median: warning at or below"),
                              Threshold("critical", 0.5, "ratio", "receive throughput / the members' median: critical at or below"))),
             Kind("slow_link",
-                 fires="a node slow both ways: send and receive ratio ≤ `warning` 0.8 (critical 0.5) (`mode: slow`); or late ≥ `min_late_s` (50 µs) both as sender and receiver in ≥ 2 and ≥ `late_share` (30 %) of the iterations (`mode: flapping`); or the stalled data flows (a message ≥ 2× its flow's typical time, by ≥ `min_stall_s` = 50 µs) concentrate on it — ≥ 80 % of them touch it, in both directions (`mode: stalls`). Flaps and stalls are node faults only as outliers: when they spread over more than a quarter of the nodes, one `sampling` info says the capture's timing is irregular instead",
+                 fires="a node slow both ways: send and receive ratio ≤ `warning` 0.8 (critical 0.5) (`mode: slow`; in a ring its slowest out- and in-link against the median of the links that do not touch it: its port slows two links, in a ring of 3 the median); or late ≥ `min_late_s` (50 µs) both as sender and receiver in ≥ 2 and ≥ `late_share` (30 %) of the iterations (`mode: flapping`); or the stalled data flows (a message ≥ 2× its flow's typical time, by ≥ `min_stall_s` = 50 µs) concentrate on it — ≥ 80 % of them touch it, in both directions (`mode: stalls`). Flaps and stalls are node faults only as outliers: when they spread over more than a quarter of the nodes, one `sampling` info says the capture's timing is irregular instead",
                  blames='the node',
                  thresholds=(Threshold("warning", 0.8, "ratio", "send and receive rate / the median, both: warning at or below"),
                              Threshold("critical", 0.5, "ratio", "send and receive rate / the median: critical at or below (tree: the receive side's bar)"),

@@ -258,7 +258,7 @@ def ss_slot(v, nslots):
 
 @njit(cache=True)
 def mulshift(t, c, s):
-    """floor(t * c / 2**s) exactly, for 0 <= t < 2**63, 0 <= c < 2**32, 0 <= s < 64."""
+    """floor(t * c / 2**s) exactly, for 0 <= t < 2**63, 0 <= c < 2**32, 0 <= s < 128."""
     m32 = np.int64(0xFFFFFFFF)
     a = t >> 32
     b = t & m32
@@ -271,6 +271,8 @@ def mulshift(t, c, s):
     high = (x >> 32) + (mid >> 32)
     if s == 0:
         return low
+    if s >= 64:     # (a shift by 64 or more is undefined: its result is whatever the CPU leaves)
+        return high >> (s - 64)
     return (high << (64 - s)) | ((low >> s) & ((np.int64(1) << (64 - s)) - 1))
 
 
@@ -884,7 +886,8 @@ def record(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opta
 # ---- record scanner -----------------------------------------------------------------------
 @njit(cache=True)
 def pcapng_ts(ticks, res):
-    """if_tsresol -> ns, exactly (integer arithmetic, no float rounding at ns)."""
+    """if_tsresol -> ns, exactly (integer arithmetic, no float rounding at ns), for every value
+    the option's byte can hold: 2^-s s for s = 0..127, 10^-e s for e = 0..127."""
     if res & 0x80:
         return mulshift(ticks, 1000000000, res & 0x7F)
     if res <= 9:
@@ -892,6 +895,11 @@ def pcapng_ts(ticks, res):
         for _ in range(9 - res):
             m *= 10
         return ticks * m
+    if res > 9 + 18:
+        # ticks < 2^63 < 10^19: 0 ns. (Not only a shortcut: 10^k wraps int64 to 0 from k = 64,
+        # and the compiler, which takes a product of nonzero factors for nonzero, drops the
+        # zero check: the divide instruction then kills the process with SIGFPE.)
+        return 0
     d = 1
     for _ in range(res - 9):
         d *= 10
