@@ -519,7 +519,9 @@ _ONE_WAY = ("many_to_one", "one_to_many")
 
 def _one_way_ends(g: Group) -> tuple[list, list] | None:
     """(senders, receivers) of a one-way p2p star or pair, else None."""
-    if g.kind != "p2p" or not (g.pattern in _ONE_WAY or (g.pattern == "pair" and "one direction only" in g.evidence[-1])):
+    # a pair's "one direction only" is not always its last line: a pair separated from a
+    # mixed component by message size has that said after it
+    if g.kind != "p2p" or not (g.pattern in _ONE_WAY or (g.pattern == "pair" and "one direction only" in g.evidence)):
         return None
     c = g.members[0]
     return ([c], g.members[1:]) if g.pattern in ("one_to_many", "pair") else (g.members[1:], [c])

@@ -7,8 +7,9 @@ interference, the slow tensor-parallel shard. Definitions: docs/metrics.md "Infe
   <= decode.max_duty (0.8) x the median interval; back-to-back bursts are the steps of one
   large collective), and small messages (median <= decode.max_message_bytes, 64 KiB: LL
   sizes; larger ones are training steps).
-* collectives: when the lowest break is the tokens' own (every gap inside a token alike)
-  and leaves too few collectives, the wire's bursts at gaps >= 1 us instead (collective_source "wire_bursts", else
+* collectives: when the lowest break leaves too few collectives (it is the tokens' own:
+  every gap inside a token alike; or other traffic on the links blurs the layer gaps), the
+  wire's bursts at gaps >= 1 us instead (collective_source "wire_bursts", else
   "breaks"); the cadence is then the wire's, not the collectives' (decode_jitter skips it).
 * prefill messages: messages >= max(64 KiB, 8 x the group's median message size) in a group
   that also has small ones; the decode cadence is measured on the other messages only.
@@ -83,7 +84,7 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
     tm_it, ti_it = group_timing(ctx, fm, ev_mask=dmask)
     its = ti_it["bursts_start"]
     src = "breaks"
-    if len(bs) <= len(its) and len(bs) < int(th["min_collectives"]) and len(tinfo["activity"][0]):
+    if len(bs) < int(th["min_collectives"]) and len(tinfo["activity"][0]):
         src = "wire_bursts"
         # no break below the tokens (a late shard's waits as long as the layer compute
         # make every gap inside a token alike): the wire's own bursts (gaps >= 1 us)

@@ -6,6 +6,8 @@ and KV-cache transfers of a kv_transfer group (P/D disaggregation) into the deco
 members, sharing their links (_kv_interference)."""
 from __future__ import annotations
 
+from math import comb
+
 import numpy as np
 
 from skewscope.analysis.detectors.common import STEP_THRESHOLDS, impact_of, lag_outliers, pct, sev, us
@@ -91,7 +93,8 @@ def kv_intervals(steps, t_start, t_end):
 def _kv_interference(em, ctx, g, dec, r, kvs, t, gi):
     """KV transfers into the decode group's members stretch its collective spacings: the
     spacings a KV transfer covers for at least half their length are >= `kv_ratio` x the
-    others (median vs median, >= `kv_min_intervals` of each, inside tokens). Impact: the
+    others (median vs median, >= `kv_min_intervals` of each, inside tokens; >= 2 covered
+    ones suffice when they are the longest by a chance <= `kv_chance`). Impact: the
     spacings a transfer touches, above the clean median of their kind (inside a token /
     across a token boundary), summed, as a share of the span, x the token period."""
     ips = ctx.nodes.ips
@@ -110,11 +113,17 @@ def _kv_interference(em, ctx, g, dec, r, kvs, t, gi):
     over = inner & (ov >= 0.5 * d)
     clean = inner & (ov <= 0)
     n_min = int(t["kv_min_intervals"])
-    if over.sum() < n_min or clean.sum() < n_min:
+    n_over = int(over.sum())
+    if n_over < 2 or clean.sum() < n_min:
         return
     med_o, med_c = float(np.median(d[over])), float(np.median(d[clean]))
     ratio = med_o / med_c if med_c > 0 else 0.0
     if ratio < t["kv_ratio"]:
+        return
+    # fewer covered spacings than kv_min_intervals (a short capture, few transfers landing
+    # inside tokens) count when they are the longest ones by more than chance would have it
+    p_chance = _top_chance(d[over], d[over | clean])
+    if n_over < n_min and p_chance > t["kv_chance"]:
         return
     extra = 0.0
     for kind in (inner, bnd):
@@ -145,6 +154,14 @@ def _kv_interference(em, ctx, g, dec, r, kvs, t, gi):
             "token_interval_s": period, "kv_groups": [int(k) for k, _, _ in hit]},
            flows=[int(f) for f in g.flows if int(ctx.nodes.src[f]) in recv or int(ctx.nodes.dst[f]) in recv],
            group=gi, impact=imp)
+
+
+def _top_chance(picked, pool) -> float:
+    """The chance that len(picked) spacings drawn at random from pool are all at least as
+    long as the shortest of picked: C(q, k) / C(n, k), q = the pool's spacings that long."""
+    k, n = len(picked), len(pool)
+    q = int((pool >= float(np.min(picked))).sum())
+    return comb(q, k) / comb(n, k) if n >= k > 0 else 1.0
 
 
 def _prefill_impact(dec, r, pre):
@@ -197,13 +214,14 @@ DETECTORS = [
                  fires='decode group with ≥ `min_intervals` (1) interfered spacings (prefill messages in its own flows); '
                        'else a kv_transfer group sends into its members and its collective spacings that a KV transfer covers '
                        'for ≥ half their length have a median ≥ `kv_ratio` (1.5) × the median of those no transfer touches, '
-                       'over ≥ `kv_min_intervals` (4) of each; severity by `stall_share` (KV: the impact share) ≥ `warning` (2 %) / `critical` (20 %)',
+                       'over ≥ `kv_min_intervals` (4) of each (of the covered ones ≥ 2 suffice when they are the longest by a chance ≤ `kv_chance`, 0.001); severity by `stall_share` (KV: the impact share) ≥ `warning` (2 %) / `critical` (20 %)',
                  blames='the members (KV: the members receiving the transfers)',
                  thresholds=(Threshold("warning", 0.02, "fraction", "decode time stalled by prefill traffic: warning"),
                              Threshold("critical", 0.2, "fraction", "decode time stalled by prefill traffic: critical"),
                              Threshold("min_intervals", 1, "count", "decode spacings with prefill on the wire, at least"),
                              Threshold("kv_ratio", 1.5, "ratio", "KV cause: median spacing of the collectives a KV transfer covers / of those it does not, at least"),
-                             Threshold("kv_min_intervals", 4, "count", "KV cause: collective spacings covered by a KV transfer, and untouched, at least (each)"))),
+                             Threshold("kv_min_intervals", 4, "count", "KV cause: collective spacings covered by a KV transfer, and untouched, at least (each)"),
+                             Threshold("kv_chance", 0.001, "fraction", "KV cause, fewer covered spacings than kv_min_intervals (>= 2): the chance that as many random spacings would be as long, at most"))),
             Kind("slow_tp_shard",
                  fires="decode ring: a member is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps, by a median lag ≥ max(`min_lag_s` 1 µs, `lag_jitter` (4) × the step jitter) (docs: \"Steps and gates\"); critical when the time it costs is ≥ `critical_share` (50 %) of the token. Decode groups without ring steps: the collective-level start lag ≥ max(`min_lag_s`, `lag_fraction` (0.1) × collective duration, median + `lag_mad` × MAD)",
                  blames='the shard, then the others',

@@ -30,6 +30,32 @@ MIN_LATE_ITERATIONS = 2
 #: slow_receiver is withheld when at least this share of its senders are blamed stragglers
 #: (their slowness explains its low receive rate)
 BLAMED_SENDERS_SHARE = 0.5
+#: a node's downlink is shared when, while the group runs, data of other flows arrives at it
+#: of at least this share of the group's own bytes into it (KV transfers into a TP decode
+#: member): its ring links' slowness is the sharing, not its port
+CROSS_SHARE = 0.25
+
+
+def _cross_loaded(ctx, g) -> np.ndarray:
+    """Per node: data from flows outside the group arrives at it during the group's span, at
+    least CROSS_SHARE x the group's own bytes into it."""
+    n = ctx.nodes.n
+    out = np.zeros(max(1, n), dtype=bool)
+    gf = np.asarray(g.flows, dtype=np.int64)
+    if not len(gf):
+        return out
+    fl = ctx.flows
+    first, last = fl["first_ts"], fl["last_ts"]
+    t0, t1 = float(first[gf].min()), float(last[gf].max())
+    mine = np.zeros(len(fl), dtype=bool)
+    mine[gf] = True
+    other = ctx.data & ~mine & (last >= t0) & (first <= t1)
+    dst = ctx.nodes.dst
+    vol = np.asarray(ctx.volume, dtype=np.float64)
+    own = np.bincount(dst[gf], weights=vol[gf], minlength=n)
+    cross = np.bincount(dst[other], weights=vol[other], minlength=n)
+    out[:n] = (own > 0) & (cross >= CROSS_SHARE * own)
+    return out
 
 
 def _lag_thresholds(what):
@@ -120,11 +146,18 @@ def rates_and_lags(inp, em):
         rthr = tl["warning"] if g.kind != "tree_allreduce" else tl["critical"]
         # 1. slow both ways: the node's own link
         both = set()
+        shared = _cross_loaded(ctx, g) if ring else None
         for i, m in enumerate(mem):
             if not reliable[i] or not (sb[i] <= tl["warning"] and rb[i] <= rthr):
                 continue
             if ce_explained(inp, in_flows[m]) or m in blamed:
                 continue
+            if shared is not None and shared[m]:
+                # its slowest out-link ends at a node whose downlink is shared too: both
+                # directions are explained by other traffic arriving, not by its port
+                o = (links["src"] == m) & np.isfinite(links["rate_med_bps"])
+                if o.any() and shared[int(links["dst"][o][np.argmin(links["rate_med_bps"][o])])]:
+                    continue
             both.add(m)
             worst = float(max(sb[i], rb[i]))
             rate = [float(x) for x in (links["rate_bps"][(links["src"] == m) | (links["dst"] == m)] if links is not None else [])
@@ -317,7 +350,7 @@ DETECTORS = [
                  thresholds=(Threshold("warning", 0.8, "ratio", "receive throughput / the members' median: warning at or below"),
                              Threshold("critical", 0.5, "ratio", "receive throughput / the members' median: critical at or below"))),
             Kind("slow_link",
-                 fires="a node slow both ways: send and receive ratio ≤ `warning` 0.8 (critical 0.5) (`mode: slow`; in a ring its slowest out- and in-link against the median of the links that do not touch it: its port slows two links, in a ring of 3 the median); or late ≥ `min_late_s` (50 µs) both as sender and receiver in ≥ 2 and ≥ `late_share` (30 %) of the iterations (`mode: flapping`); or the stalled data flows (a message ≥ 2× its flow's typical time, by ≥ `min_stall_s` = 50 µs) concentrate on it — ≥ 80 % of them touch it, in both directions (`mode: stalls`). Flaps and stalls are node faults only as outliers: when they spread over more than a quarter of the nodes, one `sampling` info says the capture's timing is irregular instead",
+                 fires="a node slow both ways: send and receive ratio ≤ `warning` 0.8 (critical 0.5) (`mode: slow`; in a ring its slowest out- and in-link against the median of the links that do not touch it: its port slows two links, in a ring of 3 the median; not when other traffic arriving at the node and at the end of its slowest out-link, while the ring runs, is ≥ 25 % of the ring's bytes into each: shared downlinks, e.g. KV transfers into decode members); or late ≥ `min_late_s` (50 µs) both as sender and receiver in ≥ 2 and ≥ `late_share` (30 %) of the iterations (`mode: flapping`); or the stalled data flows (a message ≥ 2× its flow's typical time, by ≥ `min_stall_s` = 50 µs) concentrate on it — ≥ 80 % of them touch it, in both directions (`mode: stalls`). Flaps and stalls are node faults only as outliers: when they spread over more than a quarter of the nodes, one `sampling` info says the capture's timing is irregular instead",
                  blames='the node',
                  thresholds=(Threshold("warning", 0.8, "ratio", "send and receive rate / the median, both: warning at or below"),
                              Threshold("critical", 0.5, "ratio", "send and receive rate / the median: critical at or below (tree: the receive side's bar)"),
