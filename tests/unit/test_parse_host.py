@@ -68,36 +68,56 @@ def _cat_name(c: int) -> str:
 
 
 # ---- the host-compiled parser -----------------------------------------------------------
-@pytest.fixture(scope="module")
-def host_parser(tmp_path_factory):
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    assert gcc, "gcc not found: `make setup` installs it (tools/setup.sh PKGS)"
-    d = tmp_path_factory.mktemp("parse_host")
-    exe = d / "parse_host"
+def _build(gcc: str, exe: Path, defines: list[str]) -> bool:
+    """Build parse_host.c into exe (AddressSanitizer + UBSan when the toolchain has them);
+    returns whether it is sanitized."""
     base = [gcc, "-std=gnu11", "-g", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas", f"-I{EBPF}",
-            "-o", str(exe), str(HOST_C)]
+            *defines, "-o", str(exe), str(HOST_C)]
     # parse.h reads its naturally aligned wire structs at 2-byte packet offsets on purpose
     san = ["-O1", "-fsanitize=address,undefined", "-fno-sanitize=alignment", "-fno-sanitize-recover=all"]
     r = subprocess.run(base[:1] + san + base[1:], capture_output=True, text=True)
-    sanitized = r.returncode == 0
-    if not sanitized:
-        if "sanitize" not in r.stderr and "asan" not in r.stderr.lower():
-            pytest.fail(f"parse.h does not build with the host compiler:\n{r.stderr}")
-        r = subprocess.run(base[:1] + ["-O2"] + base[1:], capture_output=True, text=True)
-        assert r.returncode == 0, f"parse.h does not build with the host compiler:\n{r.stderr}"
+    if r.returncode == 0:
+        return True
+    if "sanitize" not in r.stderr and "asan" not in r.stderr.lower():
+        pytest.fail(f"parse.h does not build with the host compiler:\n{r.stderr}")
+    r = subprocess.run(base[:1] + ["-O2"] + base[1:], capture_output=True, text=True)
+    assert r.returncode == 0, f"parse.h does not build with the host compiler:\n{r.stderr}"
+    return False
+
+
+@pytest.fixture(scope="module")
+def host_parser(tmp_path_factory):
+    """run(pcap) -> the host-compiled ss_parse's answers for every record. parse.h is built
+    twice: as the program builds it (the fast path for the common frame first) and with
+    -DSS_NO_FAST_PARSE (every frame through the general parser); every record must get the
+    same category, counters and, when accounted, the same parsed packet from both, and the
+    first build's answers are returned (the tests compare them with the offline parser)."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    assert gcc, "gcc not found: `make setup` installs it (tools/setup.sh PKGS)"
+    d = tmp_path_factory.mktemp("parse_host")
+    exe, exe_general = d / "parse_host", d / "parse_host_general"
+    sanitized = _build(gcc, exe, [])
+    _build(gcc, exe_general, ["-DSS_NO_FAST_PARSE=1"])
     optab = d / "optable.bin"
     np.ascontiguousarray(L.OPCODE_TABLE, dtype="<u4").tofile(optab)
 
-    def run(pcap: Path) -> np.ndarray:
-        out = pcap.with_suffix(".host")
-        p = subprocess.run([str(exe), str(pcap), str(out), str(optab)], capture_output=True, text=True,
+    def run_one(binary: Path, pcap: Path) -> np.ndarray:
+        out = pcap.with_suffix(f".{binary.name}")
+        p = subprocess.run([str(binary), str(pcap), str(out), str(optab)], capture_output=True, text=True,
                            env={"ASAN_OPTIONS": "detect_leaks=0", "UBSAN_OPTIONS": "print_stacktrace=1"})
         assert p.returncode == 0, f"host-compiled parse.h failed on {pcap.name} (rc {p.returncode}):\n{p.stderr[-4000:]}"
         size, gn, n = (int(x) for x in p.stdout.split())
         assert size == HOST_DTYPE.itemsize and gn == L.G_N, \
             f"struct ss_host_out is {size} bytes / SS_G_N {gn}: update HOST_DTYPE"
         a = np.fromfile(out, dtype=HOST_DTYPE)
+        out.unlink()
         assert len(a) == n
+        return a
+
+    def run(pcap: Path) -> np.ndarray:
+        a, g = run_one(exe, pcap), run_one(exe_general, pcap)
+        compare(host_fields(a), host_fields(g), lambda i: f"record {i} of {pcap.name}", pcap.name,
+                names=("parse.h with its fast path", "parse.h's general parser (-DSS_NO_FAST_PARSE)"))
         return a
 
     run.sanitized = sanitized
@@ -212,8 +232,9 @@ def offline_fields(path: Path) -> dict:
 
 
 # ---- comparison ---------------------------------------------------------------------------
-def compare(host: dict, off: dict, describe, what: str) -> None:
-    """Fail naming frame and field for every disagreement (the first 25 listed)."""
+def compare(host: dict, off: dict, describe, what: str, names=("host parse.h", "offline")) -> None:
+    """Fail naming frame and field for every disagreement (the first 25 listed); names: what
+    the two sides are called in the message."""
     n = len(host["category"])
     assert len(off["category"]) == n, (what, n, len(off["category"]))
     bad, per_field = [], {}
@@ -234,9 +255,9 @@ def compare(host: dict, off: dict, describe, what: str) -> None:
                 bad.append((int(i), name, hv, ov))
     if bad:
         bad.sort()
-        lines = [f"{what}: frame {i} ({describe(i)}), field {name}: host parse.h {hv}, offline {ov}"
+        lines = [f"{what}: frame {i} ({describe(i)}), field {name}: {names[0]} {hv}, {names[1]} {ov}"
                  for i, name, hv, ov in bad[:25]]
-        pytest.fail(f"parse.h and the offline parser disagree ({per_field} frames per field):\n" + "\n".join(lines))
+        pytest.fail(f"{names[0]} and {names[1]} disagree ({per_field} frames per field):\n" + "\n".join(lines))
 
 
 def _hexhead(b: np.ndarray, recs, i: int, k: int = 48) -> str:
