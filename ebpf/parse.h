@@ -10,9 +10,10 @@
  * (ebpf/skewscope.bpf.c) does those. What the parser needs from its environment comes in
  * through two macros the includer defines before including this file:
  *
- *   SS_PARSE_OPINFO(opp)    __u32 *: the opcode table entry of BTH opcode *opp (__u32 *opp);
- *                           NULL or an entry without SS_OPT_VALID: unknown opcode (the
- *                           program: its op_table map)
+ *   SS_PARSE_OPINFO(op)     __u32: the opcode table entry of BTH opcode op (__u32); 0 or
+ *                           an entry without SS_OPT_VALID: unknown opcode (the program:
+ *                           its op_table map, behind compile-time constants for the
+ *                           commonest opcodes)
  *   SS_PARSE_COUNT(idx, n)  add n to global counter idx, for the counters that are not the
  *                           frame's category: SS_G_DECAP, SS_G_PFC_* (the program: gcount)
  *
@@ -31,7 +32,7 @@
 #include "skewscope.h"
 
 #ifndef SS_PARSE_OPINFO
-#error "define SS_PARSE_OPINFO(opp) (the opcode table lookup) before including parse.h"
+#error "define SS_PARSE_OPINFO(op) (the opcode table lookup) before including parse.h"
 #endif
 #ifndef SS_PARSE_COUNT
 #error "define SS_PARSE_COUNT(idx, n) (a global counter add) before including parse.h"
@@ -122,15 +123,15 @@ static __always_inline __u32 parse_bth(void *bth_p, void *data_end, void *cap_en
 					 struct ss_pkt *p)
 {
 	struct ss_bth *bth = bth_p;
-	__u32 *oi, op, ext, prefix, pad, need;
+	__u32 oi, op, ext, prefix, pad, need;
 
 	if (OOB(bth + 1))
 		return SS_G_TRUNC_BTH;
 	op = bth->opcode;
-	oi = SS_PARSE_OPINFO(&op);
-	if (!oi || !(*oi & SS_OPT_VALID))
+	oi = SS_PARSE_OPINFO(op);
+	if (!(oi & SS_OPT_VALID))
 		return SS_G_UNKNOWN_OPCODE;
-	p->opinfo = *oi;
+	p->opinfo = oi;
 	p->opcode = op;
 	p->reth_len = 0;
 	p->syndrome = 0;

@@ -231,12 +231,27 @@ static __always_inline void gcount(__u32 idx, __u64 n)
 }
 
 /* The parser (parse.h) reaches the opcode table and the global counters only through these
- * two hooks. */
-static __always_inline __u32 *ss_opinfo(__u32 *op)
+ * two hooks. The commonest opcodes' entries are compile-time constants (SS_HOT_OP_x /
+ * SS_HOT_INFO_x, which user space sets from the same table it fills op_table with): the
+ * map lookup takes the opcode through the stack (the inlined lookup reads its key from
+ * memory), a store-to-load round trip on the path everything after the BTH depends on,
+ * where a compare with a constant is predicted and costs nothing. */
+static __always_inline __u32 ss_opinfo(__u32 op)
 {
-	return op_table.lookup(op);
+	__u32 *oi;
+
+#ifdef SS_HOT_OP_A
+	if (op == SS_HOT_OP_A)
+		return SS_HOT_INFO_A;
+#endif
+#ifdef SS_HOT_OP_B
+	if (op == SS_HOT_OP_B)
+		return SS_HOT_INFO_B;
+#endif
+	oi = op_table.lookup(&op);
+	return oi ? *oi : 0;
 }
-#define SS_PARSE_OPINFO(opp) ss_opinfo(opp)
+#define SS_PARSE_OPINFO(op) ss_opinfo(op)
 #define SS_PARSE_COUNT(idx, n) gcount((idx), (n))
 #include "parse.h"
 
@@ -427,6 +442,13 @@ static __always_inline void count_packet(struct ss_flow_stats *f, struct ss_pkt 
 		f->fecn += p->fb >> 7;
 		f->becn += (p->fb >> 6) & 1;
 	}
+}
+
+/* The flow's "last seen" fields. Stored after every other access to the flow in the packet:
+ * they share a 64-bit word with flags and next_psn, and a load of one of those behind a
+ * narrow store into the same word waits for the store (x86 store forwarding). */
+static __always_inline void note_last(struct ss_flow_stats *f, struct ss_pkt *p)
+{
 	f->sport = p->sport;
 	f->tclass = p->tclass;
 	f->last_opcode = p->opcode;
@@ -467,6 +489,56 @@ static __always_inline void send_bytes(struct ss_flow_stats *f, struct ss_pkt *p
 #endif
 }
 
+/* The message part of a packet that starts or ends a message, or is a SEND: starts, sizes,
+ * gaps, records. ts: the packet's time (message boundaries read the clock). */
+static __always_inline void account_message(struct ss_flow_key *key, struct ss_flow_stats *f,
+					    struct ss_pkt *p, __u32 opinfo, __u32 cls, __u64 ts)
+{
+	if (opinfo & SS_OPT_FIRST) {
+		f->messages += 1;
+		if (opinfo & SS_OPT_RETH) {
+			f->msg_hist[ss_slot(p->reth_len, SS_MSG_SLOTS)] += 1;
+			f->msg_bytes += p->reth_len;
+		}
+#if SS_SAMPLE_N <= 1
+		if (f->flags & SS_FF_MSG_STARTED) {
+			__u64 gap = ts >= f->last_msg_ts ? ts - f->last_msg_ts : 0;
+			f->gap_hist[ss_slot(gap, SS_GAP_SLOTS)] += 1;
+		}
+		f->last_msg_ts = ts;
+		f->flags |= SS_FF_MSG_STARTED | SS_FF_MSG_OPEN;
+		f->msg_start_ts = ts;
+		f->msg_class = cls;
+		f->msg_cur_bytes = (cls == SS_OPC_SEND) ? 0 : p->reth_len;
+		if (cls == SS_OPC_READ_REQ) {
+			emit_record(key, ts, ts, p->reth_len, SS_OPC_READ_REQ);
+			f->flags &= ~SS_FF_MSG_OPEN;
+		}
+#endif
+	}
+	send_bytes(f, p, cls);
+#if SS_SAMPLE_N <= 1
+	if (opinfo & SS_OPT_LAST) {
+		if ((f->flags & SS_FF_MSG_OPEN) && f->msg_class == cls) {
+			if (cls == SS_OPC_SEND) {
+				f->msg_hist[ss_slot(f->msg_cur_bytes, SS_MSG_SLOTS)] += 1;
+				f->msg_bytes += f->msg_cur_bytes;
+			}
+			emit_record(key, f->msg_start_ts, ts, f->msg_cur_bytes, cls);
+			f->flags &= ~SS_FF_MSG_OPEN;
+		} else {
+			gcount(SS_G_MSG_PARTIAL, 1);
+		}
+	}
+#else
+	/* counters-only sampling: SEND sizes need every packet; count ONLY sends only */
+	if (cls == SS_OPC_SEND && (opinfo & SS_OPT_FIRST) && (opinfo & SS_OPT_LAST)) {
+		f->msg_hist[ss_slot(p->payload, SS_MSG_SLOTS)] += 1;
+		f->msg_bytes += p->payload;
+	}
+#endif
+}
+
 /* Account one parsed RoCE packet to its flow. Returns the frame's category: accounted,
  * sampled_out or no_flow_slot. The clock is read only here, after the flow lookup, and not
  * for middle packets: frames that are not accounted never pay for it. */
@@ -495,10 +567,11 @@ static __always_inline __u32 account(struct ss_flow_key *key, struct ss_pkt *p, 
 	 * drift). */
 	if (__builtin_expect(!(opinfo & (SS_OPT_FIRST | SS_OPT_LAST | SS_OPT_RETH | SS_OPT_AETH)) &&
 			     ((1u << cls) & SS_MID_CLASSES) && f->packets, 1)) {
-		count_packet(f, p, cls);
 		if (opinfo & SS_OPT_REQUEST)
 			track_psn(f, p, cls);
 		send_bytes(f, p, cls);
+		count_packet(f, p, cls);
+		note_last(f, p);
 		return SS_G_ACCOUNTED;
 	}
 	/* Time is taken only on packets that carry a time we keep: the flow's first packet and
@@ -546,55 +619,11 @@ static __always_inline __u32 account(struct ss_flow_key *key, struct ss_pkt *p, 
 	if (opinfo & SS_OPT_REQUEST)
 		track_psn(f, p, cls);
 
-	/* Hot path: a packet that neither starts nor ends a message and is not a SEND (WRITE
-	 * MIDDLE, READ_RESPONSE, ACK, CNP) is done. */
-	if (!(opinfo & (SS_OPT_FIRST | SS_OPT_LAST)) && cls != SS_OPC_SEND)
-		return SS_G_ACCOUNTED;
-
-	/* Messages: starts, sizes, gaps, records. */
-	if (opinfo & SS_OPT_FIRST) {
-		f->messages += 1;
-		if (opinfo & SS_OPT_RETH) {
-			f->msg_hist[ss_slot(p->reth_len, SS_MSG_SLOTS)] += 1;
-			f->msg_bytes += p->reth_len;
-		}
-#if SS_SAMPLE_N <= 1
-		if (f->flags & SS_FF_MSG_STARTED) {
-			__u64 gap = ts >= f->last_msg_ts ? ts - f->last_msg_ts : 0;
-			f->gap_hist[ss_slot(gap, SS_GAP_SLOTS)] += 1;
-		}
-		f->last_msg_ts = ts;
-		f->flags |= SS_FF_MSG_STARTED | SS_FF_MSG_OPEN;
-		f->msg_start_ts = ts;
-		f->msg_class = cls;
-		f->msg_cur_bytes = (cls == SS_OPC_SEND) ? 0 : p->reth_len;
-		if (cls == SS_OPC_READ_REQ) {
-			emit_record(key, ts, ts, p->reth_len, SS_OPC_READ_REQ);
-			f->flags &= ~SS_FF_MSG_OPEN;
-		}
-#endif
-	}
-	send_bytes(f, p, cls);
-#if SS_SAMPLE_N <= 1
-	if (opinfo & SS_OPT_LAST) {
-		if ((f->flags & SS_FF_MSG_OPEN) && f->msg_class == cls) {
-			if (cls == SS_OPC_SEND) {
-				f->msg_hist[ss_slot(f->msg_cur_bytes, SS_MSG_SLOTS)] += 1;
-				f->msg_bytes += f->msg_cur_bytes;
-			}
-			emit_record(key, f->msg_start_ts, ts, f->msg_cur_bytes, cls);
-			f->flags &= ~SS_FF_MSG_OPEN;
-		} else {
-			gcount(SS_G_MSG_PARTIAL, 1);
-		}
-	}
-#else
-	/* counters-only sampling: SEND sizes need every packet; count ONLY sends only */
-	if (cls == SS_OPC_SEND && (opinfo & SS_OPT_FIRST) && (opinfo & SS_OPT_LAST)) {
-		f->msg_hist[ss_slot(p->payload, SS_MSG_SLOTS)] += 1;
-		f->msg_bytes += p->payload;
-	}
-#endif
+	/* A packet that neither starts nor ends a message and is not a SEND (READ_RESPONSE
+	 * FIRST/LAST/ONLY, ACK, CNP, atomics) has no message part. */
+	if ((opinfo & (SS_OPT_FIRST | SS_OPT_LAST)) || cls == SS_OPC_SEND)
+		account_message(key, f, p, opinfo, cls, ts);
+	note_last(f, p);
 	return SS_G_ACCOUNTED;
 }
 

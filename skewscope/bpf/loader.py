@@ -48,6 +48,10 @@ def possible_cpus() -> int:
         return os.cpu_count() or 1
 
 
+#: opcodes whose opcode-table entries the program has as constants (ss_opinfo), commonest first
+HOT_OPCODES = (0x07, 0x11)  # RDMA_WRITE_MIDDLE, ACKNOWLEDGE
+
+
 def kernel_at_least(major: int, minor: int) -> bool:
     try:
         parts = os.uname().release.split(".")
@@ -119,6 +123,10 @@ class Config:
             f.append("-DSS_ORDERED_SEQ=1")  # BPF_XCHG for the message-record seq stores
         if kernel_at_least(5, 5):
             f.append("-DSS_CTL_CLOCK=1")  # bpf_jiffies64: control packets reuse the tick's clock read
+        # the commonest opcodes' op_table entries as constants (ss_opinfo): RDMA WRITE MIDDLE, the
+        # bulk of NCCL's traffic, and ACKNOWLEDGE; from the table op_table is filled with
+        for tag, op in zip("AB", HOT_OPCODES):
+            f += [f"-DSS_HOT_OP_{tag}={op}", f"-DSS_HOT_INFO_{tag}={int(L.OPCODE_TABLE[op])}"]
         return f
 
     def memory_bytes(self) -> dict:

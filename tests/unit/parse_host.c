@@ -39,11 +39,11 @@ typedef uint32_t __be32;
 static const __u32 *host_optable;   /* 256 entries: layout.OPCODE_TABLE */
 static __u64 *host_counts;          /* SS_G_N entries, the frame's non-category counters */
 
-static __always_inline __u32 *host_opinfo(__u32 *op)
+static __always_inline __u32 host_opinfo(__u32 op)
 {
-	return (__u32 *)&host_optable[*op & 0xFF];
+	return host_optable[op & 0xFF];
 }
-#define SS_PARSE_OPINFO(opp) host_opinfo(opp)
+#define SS_PARSE_OPINFO(op) host_opinfo(op)
 #define SS_PARSE_COUNT(idx, n) (host_counts[(idx)] += (n))
 
 #include "parse.h"
