@@ -134,7 +134,7 @@ def cpu_model() -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=1_000_000, help="test-run repeat count (>= 1e6 for the table)")
-    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds; the median is reported")
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds; the median is reported")
     ap.add_argument("--tc", action="store_true", help="also measure the TC entry (frames < 3.5 KB only)")
     a = ap.parse_args(argv)
     if os.geteuid() != 0:
