@@ -116,6 +116,26 @@ struct ss_pkt {
 	__u8  roce;      /* the key's: 2 (RoCEv2) or 1 (RoCEv1) */
 };
 
+/* An IPv4 RoCEv2 packet's key addresses (::ffff:a.b.c.d, whole words) and its IP and UDP
+ * fields, for the general parser and the fast path alike. */
+static __always_inline void ss_v4_fields(struct ss_ipv4 *ip, struct ss_udp *udp, struct ss_flow_key *key,
+					 struct ss_pkt *p)
+{
+	__u32 sa, da;
+
+	__builtin_memcpy(&sa, ip->saddr, 4);
+	__builtin_memcpy(&da, ip->daddr, 4);
+	SS_KW(key)[0] = 0;
+	SS_KW(key)[1] = SS_V4MAPPED(sa);
+	SS_KW(key)[2] = 0;
+	SS_KW(key)[3] = SS_V4MAPPED(da);
+	p->ipver = 4;
+	p->roce = 2;
+	p->tclass = ip->tos;
+	p->ecn_valid = 1;
+	p->sport = ss_ntohs(udp->source);
+}
+
 /* Parse BTH + extension headers at bth; fills p. Returns a category (SS_G_ACCOUNTED
  * when the packet is good to account). avail = bytes the transport may span (UDP length
  * - 8 for RoCEv2, GRH payload length for RoCEv1). */
@@ -326,21 +346,7 @@ static __always_inline __u32 parse_l3(void *cur, __u16 proto, void *data_end, vo
 		ulen = ss_ntohs(udp->len);
 		if (ulen < 8 || tot < ihl + ulen)
 			return SS_G_BAD_LENGTH;
-		{
-			__u32 sa, da;
-
-			__builtin_memcpy(&sa, ip->saddr, 4);
-			__builtin_memcpy(&da, ip->daddr, 4);
-			SS_KW(key)[0] = 0;
-			SS_KW(key)[1] = SS_V4MAPPED(sa);
-			SS_KW(key)[2] = 0;
-			SS_KW(key)[3] = SS_V4MAPPED(da);
-		}
-		p->ipver = 4;
-		p->roce = 2;
-		p->tclass = ip->tos;
-		p->ecn_valid = 1;
-		p->sport = ss_ntohs(udp->source);
+		ss_v4_fields(ip, udp, key, p);
 		*l3end = l3off + tot;
 		return parse_bth(udp + 1, data_end, cap_end, ulen - 8, p);
 	} else if (proto == 0x86DD) {
@@ -427,7 +433,7 @@ static __always_inline __u32 ss_parse_fast(void *data, void *data_end, void *cap
 	struct ss_eth *eth = data;
 	struct ss_ipv4 *ip = data + sizeof(*eth);
 	struct ss_udp *udp;
-	__u32 tot, ulen, sa, da, cat;
+	__u32 tot, ulen, cat;
 	__u64 l3off;
 	__be16 proto;
 
@@ -451,20 +457,12 @@ static __always_inline __u32 ss_parse_fast(void *data, void *data_end, void *cap
 	asm volatile("" : "+r"(l3off));
 	if (ulen < 8 || tot < sizeof(*ip) + ulen || l3off + 4 * pre_tags + tot > wire_len)
 		return SS_FAST_MISS;
-	__builtin_memcpy(&sa, ip->saddr, 4);
-	__builtin_memcpy(&da, ip->daddr, 4);
-	SS_KW(key)[0] = 0;
-	SS_KW(key)[1] = SS_V4MAPPED(sa);
-	SS_KW(key)[2] = 0;
-	SS_KW(key)[3] = SS_V4MAPPED(da);
-	p->tclass = ip->tos;
-	p->ecn_valid = 1;
-	p->sport = ss_ntohs(udp->source);
+	ss_v4_fields(ip, udp, key, p);
 	cat = parse_bth(udp + 1, data_end, cap_end, ulen - 8, p);
 	if (cat != SS_G_ACCOUNTED)
 		return cat;
 	p->wire_len = wire_len;
-	SS_KW(key)[4] = SS_KEY_W4(p->dest_qp, 4, 2);
+	SS_KW(key)[4] = SS_KEY_W4(p->dest_qp, p->ipver, p->roce);
 	return SS_G_ACCOUNTED;
 }
 
