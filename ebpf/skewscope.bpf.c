@@ -444,9 +444,9 @@ static __always_inline void count_packet(struct ss_flow_stats *f, struct ss_pkt 
 	}
 }
 
-/* The flow's "last seen" fields. Stored after every other access to the flow in the packet:
- * they share a 64-bit word with flags and next_psn, and a load of one of those behind a
- * narrow store into the same word waits for the store (x86 store forwarding). */
+/* The flow's "last seen" fields, stored after every other access to the flow in the packet:
+ * they share a 64-bit word with flags and next_psn, and on x86 a load behind a narrow store
+ * into the same word can wait for the store. */
 static __always_inline void note_last(struct ss_flow_stats *f, struct ss_pkt *p)
 {
 	f->sport = p->sport;
