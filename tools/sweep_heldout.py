@@ -162,13 +162,15 @@ def cases():
         out.append((f"instances {k}x{m} hot{hot} batch{batch}", sc,
                     [({"instance_load_imbalance"}, f"10.0.0.{hot * m + 1}")]))
         out.append((f"instances {k}x{m} healthy", {"nodes": k * m, "workloads": [dict(w, batch=1) for w in wls]}))
-    # prefill into a TP decode group: its token period stretches. Known gap (KNOWN below):
-    # KV from 2 prefill nodes into 1 decode node is a many_to_one star, not a kv_transfer
-    # group, and the stretched 2-way TP has no token split (no steps) to compare spacings.
-    # 3 KV receivers of a 4-way TP group (period +8 %): the KV load blurs the layer gaps
-    # (too few collectives at the lowest break: the wire's bursts instead) and only 3
-    # covered spacings fall inside its 4 tokens (they count when they are the longest)
-    for dec, into, blk, gap in [([2, 3], [2], "512KiB", "KV into one decode node (a star) stretching a 2-way TP"),
+    # prefill into a TP decode group: its token period stretches. KV from 2 prefill nodes
+    # into 1 decode node is a many_to_one star, not a kv_transfer group (one-way bulk into
+    # a decode member: decode._bulk_into), and the 2-way TP stretched 3.2x has no regular
+    # token period (no ring steps): its tokens are rebuilt from the clean spacings
+    # (decode.token_positions). 3 KV receivers of a 4-way TP group (period +8 %): the KV
+    # load blurs the layer gaps (too few collectives at the lowest break: the wire's bursts
+    # instead) and only 3 covered spacings fall inside its 4 tokens (they count when they
+    # are the longest)
+    for dec, into, blk, gap in [([2, 3], [2], "512KiB", None),
                                 ([3, 4, 5, 6], [4, 5, 6], "256KiB", None)]:
         sc = copy.deepcopy(PRESETS["prefill-interference"])
         sc.pop("description", None)
@@ -179,6 +181,33 @@ def cases():
         if gap is None:          # shared downlinks at a small MTU: not a slow port (slow_link)
             out.append((f"prefill-interference decode{len(dec)} into{len(into)} {blk} mtu1024",
                         dict(copy.deepcopy(sc), mtu=1024), None, None))
+    # KV stars and pairs into decode members (p2p components, not a kv_transfer group): the
+    # decode group's stretched spacings against its clean ones at the same token position
+    # (no ring steps when the stretch leaves no regular token period); a 1:1 pair and a 2:2
+    # layout whose queues stretch nothing measurably are neutral in the truth, and a ring
+    # link into the KV receiver is not a straggler. Known gap: a 2-way TP under KV for the
+    # whole capture at MTU 1024 (no clean spacing to compare with; the layer gaps blur)
+    for dec, pre, into, blk, extra, gap in [
+            ([3, 4], [0, 1, 2], [3], "1MiB", {"mtu": 2048}, None),
+            ([1, 2], [0], [1], "512KiB", {}, None),
+            ([2, 3, 4, 5], [0, 1], [2], "512KiB", {}, None),
+            ([2, 3], [0, 1], [2, 3], "512KiB", {}, None),
+            ([2, 3], [0, 1], [2], "128KiB", {"layers": 8}, None),
+            ([4, 5], [0, 1, 2, 3], [4], "512KiB", {"requests": 6}, None),
+            ([2, 3], [0, 1], [2], "256KiB", {"mtu": 1024}, "2-way TP under KV for the whole capture at MTU 1024")]:
+        sc = copy.deepcopy(PRESETS["prefill-interference"])
+        sc.pop("description", None)
+        sc["nodes"] = max(dec + pre + into) + 1
+        sc["workloads"][0]["members"] = dec
+        sc["workloads"][1].update(prefill=pre, decode=into, block_bytes=blk)
+        if "mtu" in extra:
+            sc["mtu"] = extra["mtu"]
+        if "layers" in extra:
+            sc["workloads"][0]["layers"] = extra["layers"]
+        if "requests" in extra:
+            sc["workloads"][1]["requests"] = extra["requests"]
+        tag = " ".join(f"{k}{v}" for k, v in extra.items())
+        out.append((f"kv {len(pre)}p into {len(into)} of {len(dec)}-way TP {blk} {tag}".rstrip(), sc, None, gap))
     return [(*c, None, None)[:4] for c in out]
 
 

@@ -535,6 +535,35 @@ def test_prefill_interference_stretches_token_period(case, seed):
     assert max(max(v) for v in d.values()) > 50_000
 
 
+@pytest.mark.parametrize("seed", [0, 6])
+def test_kv_queues_that_stretch_nothing_leave_prefill_interference_undecided(seed):
+    """One prefill node's KV into one member of a 2-way TP decode group queues on its
+    downlink but, measured on the wire, does not stretch the token period (< 2 %): the
+    truth neither expects prefill_interference nor forbids it (neutral_kinds), while the
+    same group with the heavy KV of the prefill-interference preset expects it."""
+    sc = int_sc(tp=(1, 2), pre=(0,), kvdec=(1,), nodes=3)
+    sc["workloads"][1]["block_bytes"] = "512KiB"
+    truth, _, msgs = run(sc, seed)
+    inf = truth["inference"]
+    assert {m["dst"] for m in msgs if m["kind"] == "write"} == {ip(1)}   # KV into a decode member
+    gap = truth["scenario"]["workloads"][0]["compute_gap_us"] * 1e3
+    T = {ip(1), ip(2)}
+    firsts = sorted(m["first"] for m in msgs if m["kind"] == "data" and m["src"] in T and m["dst"] in T)
+    st = [c[0] for c in clusters(firsts, gap / 2)]
+    _, _, m2 = run(int_sc(tp=(1, 2), nodes=3, with_kv=False), seed)
+    f2 = sorted(m["first"] for m in m2 if m["kind"] == "data" and m["src"] in T and m["dst"] in T)
+    st2 = [c[0] for c in clusters(f2, gap / 2)]
+    assert len(st) == len(st2) == inf["tokens"]
+    per, per2 = (st[-1] - st[0]) / (len(st) - 1), (st2[-1] - st2[0]) / (len(st2) - 1)
+    assert per < 1.02 * per2                       # nothing measurable on the wire
+    assert "prefill_interference" in inf["neutral_kinds"]
+    assert "prefill_interference" not in inf["expected_kinds"] + inf["absent_kinds"]
+    heavy = int_sc(tp=(2, 3), pre=(0, 1), kvdec=(2,), nodes=4)
+    heavy["workloads"][1]["block_bytes"] = "512KiB"
+    hinf = run(heavy, seed)[0]["inference"]
+    assert hinf["expected_kinds"] == ["prefill_interference"] and not hinf.get("neutral_kinds")
+
+
 def test_inference_presets_listed_and_old_truth_keys_unchanged():
     names = ["tp-decode-healthy", "tp-decode-slow-shard", "ep-decode-healthy",
              "ep-decode-hot-expert", "ep-decode-hot-drift", "ring-rotating-straggler",

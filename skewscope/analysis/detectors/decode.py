@@ -12,16 +12,55 @@ import numpy as np
 
 from skewscope.analysis.detectors.common import STEP_THRESHOLDS, impact_of, lag_outliers, pct, sev, us
 from skewscope.analysis.detectors.registry import Detector, Kind, Parameters, Threshold
+from skewscope.analysis.collectives import Group, _one_way_ends
+from skewscope.analysis.intervals import natural_break
+from skewscope.analysis.kv import kv_metrics
 from skewscope.analysis.steps import persistent
+from skewscope.analysis.timing import BREAK_RATIO
 
 
 def decode(inp, em):
-    kvs = [(i, ev.kv) for i, g, _, ev in inp.groups if g.kind == "kv_transfer" and ev.kv is not None]
+    kvs = [(i, ev.kv, True) for i, g, _, ev in inp.groups if g.kind == "kv_transfer" and ev.kv is not None]
     for gi, g, r, ev in inp.groups:
         dec = r.get("decode")
         if dec:
             if not _one(em, inp.ctx, g, dec, ev, inp.th, gi, r):
-                _kv_interference(em, inp.ctx, g, dec, r, kvs, inp.th["prefill_interference"], gi)
+                _kv_interference(em, inp.ctx, g, dec, r, kvs + _bulk_into(inp, g), inp.th["prefill_interference"],
+                                 gi, ev.decode_colls)
+
+
+def _bulk_into(inp, g) -> list:
+    """One-way p2p components (a star, a pair) that send bulk messages into members of the
+    decode group g from nodes outside it: the KV-cache transfers of a P/D deployment that
+    the grouping left as p2p (a single star or pair is not a kv_transfer group on its own).
+    Bulk: their median message >= max(64 KiB, 8 x the decode group's median message), the
+    prefill_split rule. [(group index, per-transfer arrays (analysis.kv), False)]."""
+    ctx = inp.ctx
+    mem = {int(m) for m in g.members}
+    mine = _median_message(ctx, g.flows)
+    out = []
+    for hi, h, _, _ in inp.groups:
+        ends = _one_way_ends(h)
+        if ends is None or mine is None:
+            continue
+        snd, rcv = ends
+        if mem.isdisjoint(rcv) or not mem.isdisjoint(snd):
+            continue
+        theirs = _median_message(ctx, h.flows)
+        if theirs is None or theirs < max(64 * 1024, 8 * mine):
+            continue
+        pseudo = Group("kv_transfer", list(snd) + list(rcv), h.flows, h.confidence, [], "prefill_decode",
+                       {"prefill": list(snd), "decode": list(rcv)})
+        out.append((hi, kv_metrics(ctx, pseudo)["_kv"], False))
+    return out
+
+
+def _median_message(ctx, flows) -> float | None:
+    fm = np.zeros(len(ctx.flows), dtype=bool)
+    fm[np.asarray(flows, dtype=np.int64)] = True
+    ok = ctx.ev_data.copy()
+    ok[ok] &= fm[ctx.ev_flow[ok]]
+    return float(np.median(ctx.events["bytes"][ok])) if ok.any() else None
 
 
 def _one(em, ctx, g, dec, ev, th, gi, r):
@@ -68,6 +107,19 @@ def _one(em, ctx, g, dec, ev, th, gi, r):
     return fired
 
 
+def _overlaps(a, b, t_start, t_end):
+    """Per spacing [a_i, b_i): the largest single overlap with a transfer [t_start, t_end)."""
+    ov = np.zeros(len(a))
+    if len(t_start):
+        o = np.argsort(t_start)
+        ts, te = np.asarray(t_start, dtype=np.float64)[o], np.asarray(t_end, dtype=np.float64)[o]
+        for i in range(len(a)):
+            k = int(np.searchsorted(ts, b[i], side="left"))      # transfers starting before b
+            if k:
+                ov[i] = max(0.0, float((np.minimum(te[:k], b[i]) - np.maximum(ts[:k], a[i])).max()))
+    return ov
+
+
 def kv_intervals(steps, t_start, t_end):
     """The decode group's collective spacings (consecutive collective starts of its ring
     steps) against KV transfers [t_start, t_end) (ns): (spacing ns, crosses a token boundary,
@@ -79,81 +131,171 @@ def kv_intervals(steps, t_start, t_end):
     if len(cs) < 2:
         return None
     a, b = cs[:-1].astype(np.float64), cs[1:].astype(np.float64)
-    ov = np.zeros(len(a))
-    if len(t_start):
-        o = np.argsort(t_start)
-        ts, te = np.asarray(t_start, dtype=np.float64)[o], np.asarray(t_end, dtype=np.float64)[o]
-        for i in range(len(a)):
-            k = int(np.searchsorted(ts, b[i], side="left"))      # transfers starting before b
-            if k:
-                ov[i] = max(0.0, float((np.minimum(te[:k], b[i]) - np.maximum(ts[:k], a[i])).max()))
-    return b - a, ci[1:] != ci[:-1], ov
+    return b - a, ci[1:] != ci[:-1], _overlaps(a, b, t_start, t_end)
 
 
-def _kv_interference(em, ctx, g, dec, r, kvs, t, gi):
-    """KV transfers into the decode group's members stretch its collective spacings: the
-    spacings a KV transfer covers for at least half their length are >= `kv_ratio` x the
-    others (median vs median, >= `kv_min_intervals` of each, inside tokens; >= 2 covered
-    ones suffice when they are the longest by a chance <= `kv_chance`). Impact: the
-    spacings a transfer touches, above the clean median of their kind (inside a token /
-    across a token boundary), summed, as a share of the span, x the token period."""
-    ips = ctx.nodes.ips
-    mem = set(int(m) for m in g.members)
-    hit = [(kg, kv, np.isin(kv["t_dst"], list(mem))) for kg, kv in kvs]
-    hit = [(kg, kv, sel) for kg, kv, sel in hit if sel.any()]
-    if not hit:
-        return
-    ts = np.concatenate([kv["t_start_ns"][sel] for _, kv, sel in hit])
-    te = ts + np.concatenate([kv["t_dur_ns"][sel] for _, kv, sel in hit])
-    got = kv_intervals(r.get("_steps"), ts, te)
-    if got is None:
-        return
-    d, bnd, ov = got
+def token_positions(d, clean, min_tokens=3):
+    """Token structure of a decode group's collective spacings d when no token split is
+    known (interference stretched the token period out of regularity): every token has the
+    same number n of collectives (2 x layers for tensor-parallel decode), so the token
+    boundaries are the spacings above the top natural break of the `clean` ones (no
+    transfer touches them: the compute gap between tokens against the spacings inside a
+    token), n the smallest distance between two of them in collectives, and the other
+    boundaries fall every n spacings from the first. (position of each spacing inside its
+    token: 0 .. n-2 inside, n-1 = the boundary) or None: fewer than `min_tokens` clean
+    boundaries, or ones that do not fall on one such grid (>= 80 % must)."""
+    thr = natural_break(d[clean], BREAK_RATIO)
+    if not np.isfinite(thr):
+        return None
+    idx = np.nonzero(clean & (d > thr))[0]
+    if len(idx) < min_tokens:
+        return None
+    n = int(np.diff(idx).min())
+    if n < 2:
+        return None
+    k0 = int(idx[0]) % n
+    on_grid = (idx - k0) % n == 0
+    if on_grid.mean() < 0.8:
+        return None
+    return (np.arange(len(d)) - k0 - 1) % n
+
+
+def _stretch_by_steps(d, bnd, ov, t) -> dict | None:
+    """Ring steps' collective spacings d (crossing a token boundary: bnd) against the
+    transfers' overlaps ov: the covered ones inside tokens (>= half their length) against the
+    untouched ones, median vs median (see _kv_interference)."""
     inner = ~bnd
     over = inner & (ov >= 0.5 * d)
     clean = inner & (ov <= 0)
     n_min = int(t["kv_min_intervals"])
     n_over = int(over.sum())
     if n_over < 2 or clean.sum() < n_min:
-        return
-    med_o, med_c = float(np.median(d[over])), float(np.median(d[clean]))
+        return None
+    med_c, med_o = float(np.median(d[clean])), float(np.median(d[over]))
     ratio = med_o / med_c if med_c > 0 else 0.0
     if ratio < t["kv_ratio"]:
-        return
+        return None
     # fewer covered spacings than kv_min_intervals (a short capture, few transfers landing
     # inside tokens) count when they are the longest ones by more than chance would have it
-    p_chance = _top_chance(d[over], d[over | clean])
-    if n_over < n_min and p_chance > t["kv_chance"]:
-        return
+    if n_over < n_min and _top_chance(d[over], d[over | clean]) > t["kv_chance"]:
+        return None
     extra = 0.0
     for kind in (inner, bnd):
-        ref = d[kind & (ov <= 0)]
-        if len(ref):
-            extra += float(np.maximum(d[kind & (ov > 0)] - np.median(ref), 0.0).sum())
+        r0 = d[kind & (ov <= 0)]
+        if len(r0):
+            extra += float(np.maximum(d[kind & (ov > 0)] - np.median(r0), 0.0).sum())
+    return {"d": d, "over": over, "clean": clean, "ratio": ratio, "med_o": med_o, "med_c": med_c, "extra": extra}
+
+
+def stretch_by_position(d, ov, t) -> dict | None:
+    """A decode group's collective spacings d without ring steps, against the transfers'
+    overlaps ov: tokens rebuilt by token_positions; each spacing's reference is the median
+    of the clean ones (no overlap) at its position in the token (attention and MLP
+    all-reduces, the steps inside one, are spaced differently); the covered ones inside
+    tokens (>= half their length) must sum to >= `kv_ratio` x their references, with more
+    of them >= `kv_ratio` x their reference than a binomial chance <= `kv_chance` allows
+    (the chance of one taken from the clean spacings: a transfer stretches some spacings,
+    e.g. those between all-reduces, not the steps inside one). None: no token structure,
+    too few spacings, or no such stretch. extra: the touched spacings' time above their
+    references."""
+    pos = token_positions(d, ov <= 0)
+    if pos is None:
+        return None
+    inner = pos != pos.max()
+    ref = np.full(len(d), np.nan)
+    for q in np.unique(pos):
+        c = d[(pos == q) & (ov <= 0)]
+        if len(c):                                # a short capture may have one clean token
+            ref[pos == q] = float(np.median(c))
+    known = np.isfinite(ref)
+    over = inner & (ov >= 0.5 * d) & known
+    clean = inner & (ov <= 0) & known
+    n_over = int(over.sum())
+    if n_over < 2 or clean.sum() < int(t["kv_min_intervals"]):
+        return None
+    ratio = float(d[over].sum() / ref[over].sum())
+    long_ = d >= t["kv_ratio"] * ref
+    q = (int((clean & long_).sum()) + 1) / (int(clean.sum()) + 1)
+    if ratio < t["kv_ratio"] or _tail(int((over & long_).sum()), n_over, q) > t["kv_chance"]:
+        return None
+    touched = (ov > 0) & known
+    return {"d": d, "over": over, "clean": clean, "ratio": ratio, "med_o": float(np.median(d[over])),
+            "med_c": float(np.median(d[clean])), "extra": float(np.maximum(d[touched] - ref[touched], 0.0).sum()),
+            "pos": pos}
+
+
+def _kv_interference(em, ctx, g, dec, r, kvs, t, gi, colls=None):
+    """KV transfers into the decode group's members stretch its collective spacings: the
+    spacings a KV transfer covers for at least half their length are >= `kv_ratio` x the
+    others (median vs median, >= `kv_min_intervals` of each, inside tokens; >= 2 covered
+    ones suffice when they are the longest by a chance <= `kv_chance`). Impact: the
+    spacings a transfer touches, above the clean median of their kind (inside a token /
+    across a token boundary), summed, as a share of the span, x the token period.
+    Transfers: the kv_transfer groups' (kvs, grouped True) and one-way bulk components into
+    the members (_bulk_into). A group without ring steps (its token period stretched out of
+    regularity) is read on its decode collectives `colls`, tokens rebuilt by
+    token_positions, each covered spacing against the clean median at its position in the
+    token: the covered ones' sum >= `kv_ratio` x their references' sum, and more of them
+    >= `kv_ratio` x their reference than a binomial chance <= `kv_chance` allows, the chance
+    of one taken from the clean spacings."""
+    ips = ctx.nodes.ips
+    mem = set(int(m) for m in g.members)
+    hit = [(kg, kv, np.isin(kv["t_dst"], list(mem)), grouped) for kg, kv, grouped in kvs]
+    hit = [(kg, kv, sel, grouped) for kg, kv, sel, grouped in hit if sel.any()]
+    if not hit:
+        return
+    ts = np.concatenate([kv["t_start_ns"][sel] for _, kv, sel, _ in hit])
+    te = ts + np.concatenate([kv["t_dur_ns"][sel] for _, kv, sel, _ in hit])
+    got = kv_intervals(r.get("_steps"), ts, te)
+    if got is not None:
+        res = _stretch_by_steps(*got, t)
+    elif colls is not None and len(colls[0]) >= 3:
+        # no ring steps: the decode collectives, tokens rebuilt from the clean spacings
+        cs = np.asarray(colls[0], dtype=np.float64)
+        res = stretch_by_position(cs[1:] - cs[:-1], _overlaps(cs[:-1], cs[1:], ts, te), t)
+    else:
+        return
+    if res is None:
+        return
+    d, over, clean, ratio, med_o, med_c, extra = (res[k] for k in ("d", "over", "clean", "ratio", "med_o", "med_c",
+                                                                    "extra"))
+    pos = res.get("pos")
     span = float(d.sum())
     share = extra / span if span > 0 else 0.0
     period = dec.get("token_interval_s") or r.get("period_s")
     imp = impact_of(share * period, period) if period else None
     severity = sev(imp["share"] if imp and imp["share"] is not None else share, t["warning"], t["critical"]) or "warning"
     # the affected members: those receiving the transfers that overlap the stretched spacings
-    recv = sorted({int(x) for _, kv, sel in hit for x in kv["t_dst"][sel]})
-    senders = sorted({ips[int(x)] for _, kv, sel in hit for x in kv["t_src"][sel]})
+    recv = sorted({int(x) for _, kv, sel, _ in hit for x in kv["t_dst"][sel]})
+    senders = sorted({ips[int(x)] for _, kv, sel, _ in hit for x in kv["t_src"][sel]})
     per = "token" if dec.get("token_interval_s") else "iteration"
+    grouped = all(gr for _, _, _, gr in hit)
+    what = ("KV-cache transfers from prefill nodes" if grouped else
+            "one-way bulk transfers (KV-cache from prefill, by their shape) from")
     em.add("prefill_interference", severity, [ips[m] for m in recv],
-           f"decode group {', '.join(ips[m] for m in g.members)}: its collective spacings while KV-cache transfers "
-           f"from prefill nodes {', '.join(senders)} arrive at {', '.join(ips[m] for m in recv)} take "
-           f"{us(med_o)} (median of {int(over.sum())}) vs {us(med_c)} without ({int(clean.sum())}), {ratio:.1f}x: "
-           f"each {per} loses about {us(share * (period or 0) * 1e9)}"
-           + (f" ({pct(share)})" if period else "")
+           f"decode group {', '.join(ips[m] for m in g.members)}: its collective spacings while {what} "
+           f"{', '.join(senders)} arrive at {', '.join(ips[m] for m in recv)} take "
+           + (f"{us(med_o)} (median of {int(over.sum())}) vs {us(med_c)} without ({int(clean.sum())}), {ratio:.1f}x: "
+              if pos is None else
+              f"{ratio:.1f}x as long in all as the same spacings of the tokens no transfer touches "
+              f"({int(over.sum())} spacings; median {us(med_o)} vs {us(med_c)}): ")
+           + (f"each {per} loses about {us(share * period * 1e9)} ({pct(share)})" if period else
+              f"decode lost {us(extra)} ({pct(share)} of its span)")
            + "; schedule or rate-limit the KV transfers, or separate prefill traffic from decode "
            "(another traffic class / priority, disaggregated links)",
-           {"cause": "kv_transfer", "prefill_senders": senders, "kv_receivers": [ips[m] for m in recv],
+           {"cause": "kv_transfer" if grouped else "one_way_bulk", "prefill_senders": senders,
+            "kv_receivers": [ips[m] for m in recv], "reference": "all tokens" if pos is None else "same position in the token",
             "kv_transfers": int(len(ts)), "overlapping_intervals": int(over.sum()), "clean_intervals": int(clean.sum()),
             "interval_overlapping_p50_s": med_o / 1e9, "interval_clean_p50_s": med_c / 1e9,
             "interval_ratio": round(ratio, 4), "stall_s": extra / 1e9, "stall_share": share,
-            "token_interval_s": period, "kv_groups": [int(k) for k, _, _ in hit]},
+            "token_interval_s": period, "kv_groups": [int(k) for k, _, _, _ in hit]},
            flows=[int(f) for f in g.flows if int(ctx.nodes.src[f]) in recv or int(ctx.nodes.dst[f]) in recv],
            group=gi, impact=imp)
+
+
+def _tail(k: int, n: int, q: float) -> float:
+    """P(X >= k), X ~ Binomial(n, q)."""
+    return float(sum(comb(n, j) * q ** j * (1 - q) ** (n - j) for j in range(k, n + 1))) if k > 0 else 1.0
 
 
 def _top_chance(picked, pool) -> float:
@@ -212,9 +354,14 @@ DETECTORS = [
                              Threshold("critical", 3.0, "ratio", "p99 / p50 of the decode collective spacing: critical"))),
             Kind("prefill_interference",
                  fires='decode group with ≥ `min_intervals` (1) interfered spacings (prefill messages in its own flows); '
-                       'else a kv_transfer group sends into its members and its collective spacings that a KV transfer covers '
+                       'else a kv_transfer group, or a one-way star or pair of bulk messages (median ≥ max(64 KiB, 8 × the group\'s)) '
+                       'from outside the group, sends into its members and its collective spacings that a transfer covers '
                        'for ≥ half their length have a median ≥ `kv_ratio` (1.5) × the median of those no transfer touches, '
-                       'over ≥ `kv_min_intervals` (4) of each (of the covered ones ≥ 2 suffice when they are the longest by a chance ≤ `kv_chance`, 0.001); severity by `stall_share` (KV: the impact share) ≥ `warning` (2 %) / `critical` (20 %)',
+                       'over ≥ `kv_min_intervals` (4) of each (of the covered ones ≥ 2 suffice when they are the longest by a chance ≤ `kv_chance`, 0.001); '
+                       'a group without ring steps (its token period stretched out of regularity): tokens rebuilt from the clean spacings '
+                       '(every token has the same number of collectives), the covered spacings sum to ≥ `kv_ratio` × their clean references '
+                       'at the same token position and more of them are ≥ `kv_ratio` × their reference than a binomial chance ≤ `kv_chance` allows; '
+                       'severity by `stall_share` (KV: the impact share) ≥ `warning` (2 %) / `critical` (20 %)',
                  blames='the members (KV: the members receiving the transfers)',
                  thresholds=(Threshold("warning", 0.02, "fraction", "decode time stalled by prefill traffic: warning"),
                              Threshold("critical", 0.2, "fraction", "decode time stalled by prefill traffic: critical"),

@@ -219,6 +219,8 @@ def rates_and_lags(inp, em):
             slow = reliable[i] and sr[i] <= t["warning"]
             if slow and ring and succ_both.get(m, set()) & both:
                 slow = False                       # its successor's port is the slow one
+            if slow and shared is not None and any(shared[d] for d in succ_both.get(m, ())):
+                slow = False                       # its successor's downlink is shared (KV into a decode member)
             if slow and ce_explained(inp, out_flows[m]):
                 slow = False
             lag_ns = lagged.get(i)
@@ -337,7 +339,7 @@ DETECTORS = [
         doc="ring/tree/all-to-all members: rate ratios and start lags -> the slow link, the straggler, the slow receiver",
         kinds=(
             Kind("ring_straggler",
-                 fires="ring: a member's out-link median-message rate / ring median ≤ `warning` (0.8) (≤ `critical` 0.5), or its start lag ≥ max(`min_lag_s` 5 µs, median + `lag_mad` (4) × MAD of the others), or it is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps by a median lag ≥ max(`min_lag_s`, `lag_jitter` (4) × the step jitter). Not when its successor is slow both ways (slow_link), nor when its flows are CE-marked (ecn_congestion); the start lag alone not while the ring's gate rotates (rotating_straggler: a member that gated some iterations is late on average)",
+                 fires="ring: a member's out-link median-message rate / ring median ≤ `warning` (0.8) (≤ `critical` 0.5), or its start lag ≥ max(`min_lag_s` 5 µs, median + `lag_mad` (4) × MAD of the others), or it is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps by a median lag ≥ max(`min_lag_s`, `lag_jitter` (4) × the step jitter). Not when its successor is slow both ways (slow_link), nor (by rate) when its successor's downlink is shared (other traffic arriving there while the ring runs ≥ 25 % of the ring's bytes into it: KV transfers into a decode member), nor when its flows are CE-marked (ecn_congestion); the start lag alone not while the ring's gate rotates (rotating_straggler: a member that gated some iterations is late on average)",
                  blames='the sender, then its successor',
                  thresholds=_lag_thresholds("ring link (fleet: link rate over active time)") + STEP_THRESHOLDS),
             Kind("straggler",
