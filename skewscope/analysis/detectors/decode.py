@@ -19,14 +19,31 @@ from skewscope.analysis.steps import persistent
 from skewscope.analysis.timing import BREAK_RATIO
 
 
+class _Held:
+    """Findings held back to be emitted after others (an emitter's add, recorded)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def add(self, *a, **k):
+        self.calls.append((a, k))
+
+
 def decode(inp, em):
     kvs = [(i, ev.kv, True) for i, g, _, ev in inp.groups if g.kind == "kv_transfer" and ev.kv is not None]
+    t = inp.th["prefill_interference"]
     for gi, g, r, ev in inp.groups:
         dec = r.get("decode")
-        if dec:
-            if not _one(em, inp.ctx, g, dec, ev, inp.th, gi, r):
-                _kv_interference(em, inp.ctx, g, dec, r, kvs + _bulk_into(inp, g), inp.th["prefill_interference"],
-                                 gi, ev.decode_colls)
+        if not dec:
+            continue
+        pre = dec.get("prefill")
+        kv = _Held()
+        if not (pre and pre["interfered_intervals"] >= t["min_intervals"]):
+            # KV transfers into the members (judged first: decode_jitter then points at them)
+            _kv_interference(kv, inp.ctx, g, dec, r, kvs + _bulk_into(inp, g), t, gi, ev.decode_colls)
+        _one(em, inp.ctx, g, dec, ev, inp.th, gi, r, kv_cause=bool(kv.calls))
+        for a, k in kv.calls:
+            em.add(*a, **k)
 
 
 def _bulk_into(inp, g) -> list:
@@ -63,8 +80,9 @@ def _median_message(ctx, flows) -> float | None:
     return float(np.median(ctx.events["bytes"][ok])) if ok.any() else None
 
 
-def _one(em, ctx, g, dec, ev, th, gi, r):
-    """The group's own findings; True when it raised prefill_interference (in-group prefill)."""
+def _one(em, ctx, g, dec, ev, th, gi, r, kv_cause=False):
+    """The group's own findings; True when it raised prefill_interference (in-group prefill).
+    kv_cause: KV transfers into its members stretch its spacings (a finding that follows)."""
     ips = ctx.nodes.ips
     t = th["decode_jitter"]
     ratio = dec["decode_jitter_ratio"]
@@ -75,6 +93,7 @@ def _one(em, ctx, g, dec, ev, th, gi, r):
            f"decode collectives every {us(dec['collective_interval_p50_s'] * 1e9)} (p50) but p99 "
            f"{us(dec['collective_interval_p99_s'] * 1e9)} ({ratio:.1f}x): token latency tail"
            + (" — mostly prefill interference, see below" if pre and pre["interfered_intervals"] else
+              " — KV-cache transfers into its members, see prefill_interference below" if kv_cause else
               "; look for host interference or a slow shard"),
            {"interval_p50_s": dec["collective_interval_p50_s"], "interval_p99_s": dec["collective_interval_p99_s"],
             "interval_max_s": dec["collective_interval_max_s"], "jitter_ratio": ratio,
