@@ -96,6 +96,23 @@ def check(sc, seed, expect=None) -> tuple[bool, str]:
     return not why, "; ".join(why) + f"  [groups {sorted({c['kind'] for c in an['collectives']})}]"
 
 
+def _kv_into_decode(dec, pre, into, blk, mtu=None, layers=None, requests=None) -> dict:
+    """The prefill-interference preset with the TP decode group on nodes `dec`, prefill
+    nodes `pre` sending KV blocks of `blk` into decode nodes `into`."""
+    sc = copy.deepcopy(PRESETS["prefill-interference"])
+    sc.pop("description", None)
+    sc["nodes"] = max(dec + pre + into) + 1
+    sc["workloads"][0]["members"] = dec
+    sc["workloads"][1].update(prefill=pre, decode=into, block_bytes=blk)
+    if mtu:
+        sc["mtu"] = mtu
+    if layers:
+        sc["workloads"][0]["layers"] = layers
+    if requests:
+        sc["workloads"][1]["requests"] = requests
+    return sc
+
+
 def cases():
     out = []
     for n, mtu, hid, bat, lag in [(2, 4096, 4096, 1, 15), (3, 1024, 4096, 1, 20), (5, 1024, 8192, 2, 8),
@@ -172,11 +189,7 @@ def cases():
     # are the longest)
     for dec, into, blk, gap in [([2, 3], [2], "512KiB", None),
                                 ([3, 4, 5, 6], [4, 5, 6], "256KiB", None)]:
-        sc = copy.deepcopy(PRESETS["prefill-interference"])
-        sc.pop("description", None)
-        sc["nodes"] = max(dec) + 1
-        sc["workloads"][0]["members"] = dec
-        sc["workloads"][1].update(prefill=list(range(min(dec))), decode=into, block_bytes=blk)
+        sc = _kv_into_decode(dec, list(range(min(dec))), into, blk)
         out.append((f"prefill-interference decode{len(dec)} into{len(into)} {blk}", sc, None, gap))
         if gap is None:          # shared downlinks at a small MTU: not a slow port (slow_link)
             out.append((f"prefill-interference decode{len(dec)} into{len(into)} {blk} mtu1024",
@@ -195,17 +208,7 @@ def cases():
             ([2, 3], [0, 1], [2], "128KiB", {"layers": 8}, None),
             ([4, 5], [0, 1, 2, 3], [4], "512KiB", {"requests": 6}, None),
             ([2, 3], [0, 1], [2], "256KiB", {"mtu": 1024}, "2-way TP under KV for the whole capture at MTU 1024")]:
-        sc = copy.deepcopy(PRESETS["prefill-interference"])
-        sc.pop("description", None)
-        sc["nodes"] = max(dec + pre + into) + 1
-        sc["workloads"][0]["members"] = dec
-        sc["workloads"][1].update(prefill=pre, decode=into, block_bytes=blk)
-        if "mtu" in extra:
-            sc["mtu"] = extra["mtu"]
-        if "layers" in extra:
-            sc["workloads"][0]["layers"] = extra["layers"]
-        if "requests" in extra:
-            sc["workloads"][1]["requests"] = extra["requests"]
+        sc = _kv_into_decode(dec, pre, into, blk, **extra)
         tag = " ".join(f"{k}{v}" for k, v in extra.items())
         out.append((f"kv {len(pre)}p into {len(into)} of {len(dec)}-way TP {blk} {tag}".rstrip(), sc, None, gap))
     return [(*c, None, None)[:4] for c in out]

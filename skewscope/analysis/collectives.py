@@ -98,11 +98,7 @@ def size_hints(ctx, flows: np.ndarray) -> dict:
     """NCCL hints from the exact message sizes of a set of data flows."""
     if len(flows) == 0 or len(ctx.events) == 0:
         return {"top_sizes": [], "protocol": None, "large": False, "p2p_chunks": False}
-    fm = np.zeros(len(ctx.flows), dtype=bool)
-    fm[flows] = True
-    f = ctx.ev_flow
-    ok = ctx.ev_data.copy()
-    ok[ok] &= fm[f[ok]]
+    ok = ctx.data_events(flows)
     sizes = ctx.events["bytes"][ok].astype(np.int64)
     if len(sizes) == 0:
         return {"top_sizes": [], "protocol": None, "large": False, "p2p_chunks": False}

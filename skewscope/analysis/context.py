@@ -135,6 +135,14 @@ class Context:
         """Records of data flows that carry data (WRITE/SEND)."""
         return self._evcols[3]
 
+    def data_events(self, flows) -> np.ndarray:
+        """ev_data restricted to the records of `flows` (flow rows): a new bool array."""
+        fm = np.zeros(len(self.flows), dtype=bool)
+        fm[np.asarray(flows, dtype=np.int64)] = True
+        ok = self.ev_data.copy()
+        ok[ok] &= fm[self.ev_flow[ok]]
+        return ok
+
     # ---- node pairs --------------------------------------------------------------------
     @cached_property
     def pair_index(self):

@@ -251,8 +251,7 @@ def alltoall_metrics(snap, g, tinfo) -> dict:
     pos[mem] = np.arange(n)
     fm = _flow_mask(ctx, g.flows)
     f = ctx.ev_flow
-    ok = ctx.ev_data.copy()
-    ok[ok] &= fm[f[ok]]
+    ok = ctx.data_events(g.flows)
     by = ctx.events["bytes"][ok].astype(np.float64)
     si = pos[ctx.nodes.src[f[ok]]]
     di = pos[ctx.nodes.dst[f[ok]]]
@@ -527,10 +526,8 @@ def node_throughput(snap, flows, members):
     collective's shape; a congested or paused ingress lowers the receive one."""
     ctx = context(snap)
     flows = np.asarray(flows, dtype=np.int64)
-    fm = _flow_mask(ctx, flows)
     f = ctx.ev_flow
-    ok = ctx.ev_data.copy()
-    ok[ok] &= fm[f[ok]]
+    ok = ctx.data_events(flows)
     nn = max(1, ctx.nodes.n)
     res = {}
     for name, nodes_of in (("send", ctx.nodes.src), ("recv", ctx.nodes.dst)):

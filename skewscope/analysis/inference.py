@@ -44,11 +44,7 @@ KiB = 1024
 
 def prefill_split(ctx, flows):
     """(is_prefill per event or None, threshold bytes)."""
-    fm = np.zeros(len(ctx.flows), dtype=bool)
-    fm[flows] = True
-    f = ctx.ev_flow
-    ok = ctx.ev_data.copy()
-    ok[ok] &= fm[f[ok]]
+    ok = ctx.data_events(flows)
     by = ctx.events["bytes"]
     sizes = by[ok]
     if len(sizes) < 8:
@@ -71,9 +67,7 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
     big, thr = prefill_split(ctx, g.flows)
     dmask = None if big is None else ~big
     # decode collectives are small (LL-sized messages); larger ones are training steps
-    f = ctx.ev_flow
-    sel = ctx.ev_data.copy()
-    sel[sel] &= fm[f[sel]]
+    sel = ctx.data_events(g.flows)
     if dmask is not None:
         sel &= dmask
     if not sel.any() or float(np.median(ctx.events["bytes"][sel])) > float(th["max_message_bytes"]):
@@ -142,7 +136,6 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
         out["token_comm_share"] = float(np.median(np.minimum(1.0, (ite[:-1] - its[:-1]) / itl)))
     # prefill interference
     if big is not None:
-        f = ctx.ev_flow
         pb = big
         ps, pe, _ = merge_sorted(np.ascontiguousarray(ctx.ev_start[pb]), np.ascontiguousarray(ctx.ev_end[pb]), 0.0)
         pps, ppe, _ = merge_sorted(ps, pe, max(1e3, p50 * 0.5))

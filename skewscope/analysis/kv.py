@@ -39,11 +39,8 @@ def kv_metrics(snap, g) -> dict:
     pre = list(g.extra.get("prefill") or [])
     dec = list(g.extra.get("decode") or [])
     fl = np.asarray(g.flows, dtype=np.int64)
-    fm = np.zeros(len(ctx.flows), dtype=bool)
-    fm[fl] = True
     f = ctx.ev_flow
-    ok = ctx.ev_data.copy()
-    ok[ok] &= fm[f[ok]]
+    ok = ctx.data_events(fl)
     idx = np.nonzero(ok)[0]
     rf = f[idx]
     st, en = ctx.ev_start[idx], ctx.ev_end[idx]

@@ -55,10 +55,7 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
     nm = len(members)
     if nm < 2 or iter_starts is None or len(iter_starts) == 0:
         return None
-    fm = np.zeros(len(ctx.flows), dtype=bool)
-    fm[np.asarray(flows, dtype=np.int64)] = True
-    ok = ctx.ev_data.copy()
-    ok[ok] &= fm[ctx.ev_flow[ok]]
+    ok = ctx.data_events(flows)
     if ev_mask is not None:
         ok &= ev_mask
     idx = np.nonzero(ok)[0]

@@ -56,9 +56,11 @@ def _bulk_into(inp, g) -> list:
     mem = {int(m) for m in g.members}
     mine = _median_message(ctx, g.flows)
     out = []
+    if mine is None:
+        return out
     for hi, h, _, _ in inp.groups:
         ends = _one_way_ends(h)
-        if ends is None or mine is None:
+        if ends is None:
             continue
         snd, rcv = ends
         if mem.isdisjoint(rcv) or not mem.isdisjoint(snd):
@@ -73,10 +75,7 @@ def _bulk_into(inp, g) -> list:
 
 
 def _median_message(ctx, flows) -> float | None:
-    fm = np.zeros(len(ctx.flows), dtype=bool)
-    fm[np.asarray(flows, dtype=np.int64)] = True
-    ok = ctx.ev_data.copy()
-    ok[ok] &= fm[ctx.ev_flow[ok]]
+    ok = ctx.data_events(flows)
     return float(np.median(ctx.events["bytes"][ok])) if ok.any() else None
 
 
