@@ -133,6 +133,7 @@ def _group_result(ctx, g, th) -> dict:
     r["_start_lag_ns"] = lags
     r["_send_dev_ns"] = tinfo.get("send_dev_ns")
     r["_recv_dev_ns"] = tinfo.get("recv_dev_ns")
+    r["_bursts_start_ns"] = tinfo.get("bursts_start")
     if g.kind != "ring_allreduce":
         nt = node_throughput(ctx, g.flows, g.members)
         r["_node_tp"] = nt

@@ -167,6 +167,9 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
             k = int(np.nanargmax(lags))
             out["slowest_shard"] = {"ip": ips[g.members[k]], "start_lag_s": float(lags[k]) / 1e9}
     tinfo["iter_starts"] = its if tok_src == "iterations" else None
+    # token bursts without a regular period (a slow shard from an onset on stretches the
+    # later tokens; prefill): the ring steps are still aligned per burst (analysis.steps)
+    tinfo["token_bursts"] = its if 2 <= len(its) < len(bs) and big is None else None
     # the collectives this cadence was measured on: what the detectors compare spacings on
     # when the group has no ring steps (a token period stretched out of regularity)
     tinfo["coll_start"], tinfo["coll_end"] = bs, be

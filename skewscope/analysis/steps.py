@@ -42,14 +42,25 @@ GATE_RATIO = 2.0
 #: a gate: its lost time at least this many step jitters (the larger of all steps' and the
 #: collective-start steps')
 GATE_JITTER = 4.0
+#: a ring's steps depend on each other when at least this share of the sends start after the
+#: predecessor's previous step arrived (ring_steps); below it the streams are independent
+DEPENDENT_SHARE = 0.8
+#: a step is barrier-timed when every member starts it no earlier than this before the end
+#: of the last message of the previous step (timestamp noise)
+BARRIER_TOL_NS = 100.0
+#: ... and more members wait within this of the least wait when measured from the barrier than
+#: from their own dependencies
+MODEL_TOL_NS = 250.0
 #: a step where every member waited this many times the typical step's wait starts a
 #: collective (they all waited for compute): its reference is its earliest send
 BOUNDARY_FACTOR = 4.0
 
 
-def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
+def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> dict | None:
     """Step matrix evidence of a ring group (ns), or None when there are no aligned
-    iterations. iter_starts: the iteration (token) burst starts (timing.group_timing)."""
+    iterations. iter_starts: the iteration (token) burst starts (timing.group_timing).
+    Bursts that do not align on their own are merged with the next ones (up to
+    MERGE_BURSTS) when together they do (_merge_bursts)."""
     ctx = context(snap)
     members = list(members)
     nm = len(members)
@@ -78,7 +89,7 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
         bounds_ = np.searchsorted(key[o], np.arange(nk + 1))
         groups.append((o, bounds_))
     (so, sb), (ro, rb) = groups
-    lag_cols, start_cols, it_of_col, bound_cols, wait_cols = [], [], [], [], []
+    lag_cols, start_cols, it_of_col, bound_cols, wait_cols, step_cols, cost_cols = [], [], [], [], [], [], []
     # an iteration is aligned when every member sent and received the same number k > 0 of
     # messages; runs of consecutive aligned iterations with one k are computed together as
     # (iterations, members, steps) arrays (the same values as one iteration at a time)
@@ -87,6 +98,12 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
     cr = np.diff(rb)[:nk].reshape(ni, nm)
     kk = cs[:, 0]
     aligned = (kk > 0) & (cs == kk[:, None]).all(axis=1) & (cr == kk[:, None]).all(axis=1)
+    if _merge and not aligned.all():
+        # a burst split inside an iteration (a lag as long as the idle time between
+        # iterations): the smallest runs of consecutive bursts that align together
+        keep = _merge_bursts(cs, cr)
+        if len(keep) < ni:
+            return ring_steps(snap, flows, members, its[keep], ev_mask, _merge=False)
     i = 0
     while i < ni:
         if not aligned[i]:
@@ -102,34 +119,81 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
         S = st[s_idx].reshape(na, nm, k)                           # (iterations, members, steps)
         E = en[s_idx].reshape(na, nm, k)
         RV = en[r_idx].reshape(na, nm, k)                          # the j-th message received
-        raw = np.empty_like(S)
-        raw[:, :, 0] = S[:, :, 0] - S[:, :, 0].min(axis=1, keepdims=True)
-        if k > 1:
-            ready = np.maximum(E[:, :, :-1], RV[:, :, :-1])
-            raw[:, :, 1:] = np.maximum(S[:, :, 1:] - ready, 0.0)
-        med = _center(raw)
+        # D: how many columns back a message's own previous step is (its channels' messages
+        # of one step run side by side: D = the channels; pieces of a step back to back: 1);
+        # R: how many columns back the predecessor's data it forwards is (a multiple of D:
+        # the messages of one step), None when the sends do not wait for what arrives
+        D = _dep_distance(S, E)
+        R = k if k <= D else _rv_distance(S, E, RV, D, max(D, k // (2 * (nm - 1))))
+        if R is None:
+            # the members' sends do not wait for what they receive (independent streams on
+            # a ring of connections, e.g. a benchmark): no steps, no one waits for anyone
+            i = j
+            continue
+        raw0 = np.empty_like(S)                                    # wait after its dependencies
+        raw0[:, :, :R] = S[:, :, :R] - S[:, :, :R].min(axis=1, keepdims=True)
+        raw = raw0.copy()                                          # its own delay (the hop removed)
+        cost = raw0.copy()
+        if k > R:
+            Sx, Eo, Rv = S[:, :, R:], E[:, :, R - D:k - D], RV[:, :, :k - R]
+            raw0[:, :, R:] = np.maximum(Sx - np.maximum(Eo, Rv), 0.0)
+            # data flow: a member forwards a step a hop (reduction, processing) after its
+            # predecessor's data arrived and its own previous message is out; the hop is the
+            # step's typical one (centre over the members), so a member's own delay is its
+            # start after max(own previous end, arrival + hop)
+            h = _center(Sx - Rv)[:, None, :]
+            rdf = np.maximum(Sx - np.maximum(Eo, Rv + h), 0.0)
+            # barrier: every member starts a step a hop after the last message of the
+            # previous step ended (each waits for the slowest)
+            Bm = Eo.max(axis=1, keepdims=True)
+            hb = _center(Sx - Bm)[:, None, :]
+            rbar = np.maximum(Sx - np.maximum(Eo, Bm + hb), 0.0)
+            # barrier-timed when nobody started before the barrier and more members start
+            # right after it than right after their own dependencies (the healthy members
+            # agree on the barrier, and wait different times for their own data; a laggard
+            # stands out from it)
+            barrier = (Sx >= Bm - BARRIER_TOL_NS).all(axis=1, keepdims=True) & (
+                _at_min(rbar) > _at_min(raw0[:, :, R:]))
+            raw[:, :, R:] = np.where(barrier, rbar, rdf)
+            # what the step lost to a member (the impact): under data flow its wait beyond
+            # the typical member's (a lag that overlaps the hop everyone waits anyway costs
+            # nothing more), under a barrier its delay after it
+            cost[:, :, R:] = np.where(barrier, rbar, raw0[:, :, R:])
         # the first step of a collective (after compute / idle): every member waited, the
-        # step's reference is its earliest send
+        # step's reference is its earliest send. Found on each message's wait after its
+        # previous step's message sent and the one received as many columns back (D)
+        rold = np.empty_like(S)
+        rold[:, :, :D] = S[:, :, :D] - S[:, :, :D].min(axis=1, keepdims=True)
+        if k > D:
+            rold[:, :, D:] = np.maximum(S[:, :, D:] - np.maximum(E[:, :, :-D], RV[:, :, :-D]), 0.0)
         bound = np.zeros((na, k), dtype=bool)
         bound[:, 0] = True
         if k > 2:
-            least = raw.min(axis=1)
-            typical = np.median(med[:, 1:], axis=1)
-            bound[:, 1:] = least[:, 1:] > np.maximum(BOUNDARY_FACTOR * typical, typical + STEP_FLOOR_NS)[:, None]
-            redo = bound[:, 1:].any(axis=1)
+            least = rold.min(axis=1)
+            typical = np.median(_center(rold)[:, 1:], axis=1)
+            cand = np.zeros((na, k), dtype=bool)
+            cand[:, 1:] = least[:, 1:] > np.maximum(BOUNDARY_FACTOR * typical, typical + STEP_FLOOR_NS)[:, None]
+            redo = cand[:, 1:].any(axis=1)
             if redo.any():
-                rb_ = bound & redo[:, None]
+                rb_ = cand & redo[:, None]
                 ref = S - S.min(axis=1, keepdims=True)
                 raw = np.where(rb_[:, None, :], ref, raw)
-                med = np.where(redo[:, None], _center(raw), med)
+                rold = np.where(rb_[:, None, :], ref, rold)
+                cost = np.where(rb_[:, None, :], ref, cost)
+            # one collective start per step: its channels' D columns
+            bound[:, 1:] = cand[:, 1:] & ~cand[:, :-1] if D > 1 else cand[:, 1:]
+        med = _center(raw)
         lag_cols.append((raw - med[:, None, :]).transpose(1, 0, 2).reshape(nm, na * k))
+        cost_cols.append((cost - _center(cost)[:, None, :]).transpose(1, 0, 2).reshape(nm, na * k))
         start_cols.append(S.min(axis=1).reshape(-1))
         it_of_col.append(np.repeat(np.arange(i, j), k))
+        step_cols.append(np.tile(np.arange(k) // D, na))         # the step (D columns side by side)
         bound_cols.append(bound.reshape(-1))
-        wait_cols.append((raw.max(axis=1) >= STEP_FLOOR_NS).reshape(-1))
+        wait_cols.append((rold.max(axis=1) >= STEP_FLOOR_NS).reshape(-1))
         i = j
     if not lag_cols:
         return None
+
     lag = np.hstack(lag_cols)
     col_t = np.hstack(start_cols)
     col_it = np.hstack(it_of_col)
@@ -157,7 +221,16 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
     if has.any():
         cols = np.nonzero(has)[0]
         k_of = np.searchsorted(iters, col_it[cols])
-        np.add.at(lost, (k_of, last[cols]), np.maximum(lag[last[cols], cols], 0.0))
+        # the columns of one step run side by side (channels): a member loses the largest
+        # of its lags in them, not their sum
+        col_step = np.hstack(step_cols)
+        blk = np.unique(np.stack([col_it[cols], col_step[cols]]), axis=1, return_inverse=True)[1].reshape(-1)
+        per = np.zeros((int(blk.max()) + 1, nm))
+        cst = np.hstack(cost_cols)
+        np.maximum.at(per, (blk, last[cols]), np.maximum(cst[last[cols], cols], 0.0))
+        b_it = np.zeros(per.shape[0], dtype=np.int64)
+        b_it[blk] = k_of
+        np.add.at(lost, b_it, per)
     gates = []
     for k in range(len(iters)):
         o = np.argsort(-lost[k])
@@ -167,6 +240,68 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None) -> dict | None:
             "collective_start": bounds, "waited": waited, "iterations": iters, "lost_ns": lost,
             "gates": np.asarray(gates, dtype=np.int64), "jitter_ns": jitter, "start_jitter_ns": start_jitter,
             "steps": int(lag.shape[1])}
+
+
+def _at_min(raw):
+    """Per (iteration, column): how many members' waits are within MODEL_TOL_NS of the
+    smallest (axis 1 = members), keepdims."""
+    return (raw <= raw.min(axis=1, keepdims=True) + MODEL_TOL_NS).sum(axis=1, keepdims=True)
+
+
+def _rv_distance(S, E, RV, D: int, rmax: int):
+    """The smallest multiple R of D (<= rmax: a ring all-reduce has 2(n-1) steps) such that,
+    for every member, >= DEPENDENT_SHARE of its messages start after the message it received
+    R columns before ended (within half a message time: the last packets may still drain):
+    the step's data it forwards. None when no such R: its sends do not wait for its receives."""
+    k = S.shape[2]
+    for r in range(D, min(k - 1, rmax) + 1, D):
+        dur = E[:, :, :k - r] - S[:, :, :k - r]
+        ok = S[:, :, r:] >= RV[:, :, :k - r] - 0.5 * dur
+        if float(ok.mean(axis=(0, 2)).min()) >= DEPENDENT_SHARE:
+            return r
+    return None
+
+
+def _dep_distance(S, E, dmax: int = 64) -> int:
+    """The smallest d such that a member's message d columns back was past its midpoint when
+    it started (one after the other, the next may start while the last packets of the
+    previous drain), for >= 90 % of the (iteration, member, column) entries: the columns a
+    step spans (channels sending side by side start together). S, E: (iterations, members,
+    columns)."""
+    k = S.shape[2]
+    for d in range(1, min(k, dmax + 1)):
+        if float(np.mean(S[:, :, d:] >= 0.5 * (S[:, :, :-d] + E[:, :, :-d]))) >= 0.9:
+            return d
+    return 1
+
+
+#: at most this many consecutive bursts merge into one iteration (_merge_bursts)
+MERGE_BURSTS = 8
+
+
+def _merge_bursts(cs, cr) -> np.ndarray:
+    """Indices of the bursts that start an iteration when unaligned bursts (members' sent /
+    received message counts cs, cr [burst, member] unequal) are merged with the following
+    ones: from each unaligned burst, the smallest run of <= MERGE_BURSTS bursts whose summed
+    counts are equal over the members (and > 0) is one iteration; a burst that aligns with
+    no such run stays on its own (left out as before)."""
+    ni = len(cs)
+    out = []
+    i = 0
+    while i < ni:
+        out.append(i)
+        a = cs[i].copy()
+        b = cr[i].copy()
+        j = i
+        while not (a[0] > 0 and (a == a[0]).all() and (b == a[0]).all()) and j + 1 < min(ni, i + MERGE_BURSTS):
+            j += 1
+            a += cs[j]
+            b += cr[j]
+        if a[0] > 0 and (a == a[0]).all() and (b == a[0]).all():
+            i = j + 1
+        else:
+            i += 1
+    return np.asarray(out, dtype=np.int64)
 
 
 def _center(raw):
@@ -183,34 +318,165 @@ def _spread(x) -> float:
     return 1.4826 * float(np.median(np.abs(x - np.median(x))))
 
 
-def member_summary(steps: dict, m: int) -> dict:
+def member_summary(steps: dict, m: int, cols=None) -> dict:
     """A member's step numbers: steps it was last in (count, share of the waited steps:
     those with a last member or where any member waited >= 1 us; continuation messages
     sent back to back by everyone are not steps of their own), its median lag in them (ns), its lost time per iteration (ns, median over the
-    aligned iterations) and the iterations it gated."""
+    aligned iterations) and the iterations it gated. cols: a bool mask of the step columns
+    to count (a segment of the capture: onset), default all; the iterations are then those
+    the segment's steps belong to."""
     last = steps["last"]
-    mine = last == m
-    with_last = int(((last >= 0) | steps["waited"]).sum())
+    sel = np.ones(len(last), dtype=bool) if cols is None else np.asarray(cols, dtype=bool)
+    mine = (last == m) & sel
+    with_last = int((((last >= 0) | steps["waited"]) & sel).sum())
     lag = steps["lag_ns"][m, mine]
+    its = np.isin(steps["iterations"], np.unique(steps["col_iteration"][sel]))
+    lost = steps["lost_ns"][its, m]
     return {"last_steps": int(mine.sum()), "steps_with_last": with_last,
             "last_share": float(mine.sum()) / with_last if with_last else 0.0,
             "lag_ns": float(np.median(lag)) if len(lag) else 0.0,
-            "lost_per_iteration_ns": float(np.median(steps["lost_ns"][:, m])) if len(steps["lost_ns"]) else 0.0,
-            "steps_per_iteration": float(mine.sum()) / max(1, len(steps["iterations"])),
-            "gated": int((steps["gates"] == m).sum())}
+            "lost_per_iteration_ns": float(np.median(lost)) if len(lost) else 0.0,
+            "steps_per_iteration": float(mine.sum()) / max(1, int(its.sum())),
+            "gated": int((steps["gates"][its] == m).sum())}
 
 
-def persistent(steps: dict, th: dict, nm: int):
-    """(member index, member_summary) of the member that is last in most steps with a lag
-    well above the step jitter, or None. th: a ring_straggler / slow_tp_shard section
-    (min_lag_s, lag_jitter, last_share, min_steps)."""
+#: onset: outside a member's slow segment, at most this share of the waited steps may have it
+#: last by the lag bar for that part to count as healthy (a change point, not noise)
+HEALTHY_SHARE = 0.25
+#: onset: a slow segment that neither starts nor ends with the data spans at least this many
+#: iterations (tokens): one late iteration is a rotating straggler's gate, not an episode
+MIN_EPISODE_ITERATIONS = 2
+
+
+def member_jitter(steps: dict, m: int, min_steps: int = 8) -> float:
+    """The step jitter a member's lags are judged against: of two members, the spread of
+    their step gaps over the steps (inside collectives) where m was not the last -- a member
+    slow for part of the capture would otherwise widen the spread with its own lags (half
+    the gaps 0, half its lag); with fewer such steps than min_steps, or more than two
+    members (its lags are 1/n of the values), the group's step jitter."""
+    if steps["lag_ns"].shape[0] != 2:
+        return steps["jitter_ns"]
+    gap = steps["lag_ns"].max(axis=0)
+    sel = ~steps["collective_start"] & (steps["last"] != m)
+    if int(sel.sum()) < min_steps:
+        sel = steps["last"] != m             # a 2-rank ring has few steps inside collectives
+        if int(sel.sum()) < min_steps:
+            return steps["jitter_ns"]
+    return _spread(gap[sel])
+
+
+def _best_segment(z, p):
+    """(a, b) inclusive bounds of the contiguous run of z (0/1) maximising sum(z - p)
+    (the CUSUM segment of an elevated rate; maximum subarray by prefix sums), or None when
+    no run scores > 0."""
+    if not len(z):
+        return None
+    c = np.concatenate([[0.0], np.cumsum(np.asarray(z, dtype=np.float64) - p)])
+    lo = np.minimum.accumulate(c[:-1])          # min prefix before each end
+    gain = c[1:] - lo
+    b = int(np.argmax(gain))
+    if gain[b] <= 0:
+        return None
+    a = int(np.argmax(c[:b + 1] == lo[b]))      # the first prefix reaching that minimum
+    return a, b
+
+
+def _passes(s: dict, th: dict, bar: float) -> bool:
+    return s["last_steps"] >= th["min_steps"] and s["last_share"] >= th["last_share"] and s["lag_ns"] >= bar
+
+
+def slow_segment(steps: dict, th: dict, m: int, min_lag_ns: float | None = None):
+    """The member's slow stretch: (member_summary over it, since_ns, until_ns or None), or
+    None. A change point on the member's per-step series: z = it is the step's last member by
+    a lag >= the bar (max(min_lag, lag_jitter x step jitter)), over the waited steps; the run
+    with the largest excess of z over `last_share` (Kadane) is the candidate. A side before
+    (after) it counts as healthy -- the condition began (ended) there -- when it has
+    >= max(min_steps, half an iteration) steps and z in <= HEALTHY_SHARE of its waited ones;
+    otherwise the stretch extends to that edge of the data. The stretch then has to pass the
+    persistent criteria (>= min_steps last, share >= last_share, median lag >= the bar), and
+    one with a healthy side has to span >= MIN_EPISODE_ITERATIONS iterations. since_ns: the
+    start of its first step (of the data's first step without a healthy side before);
+    until_ns: the start of the first step after it, None while it still holds at the end;
+    the summary's "began": a healthy side before it (an onset inside the capture)."""
+    lag, last = steps["lag_ns"], steps["last"]
+    ncol = lag.shape[1]
+    if not ncol:
+        return None
+    floor = th["min_lag_s"] * 1e9 if min_lag_ns is None else min_lag_ns
+    jit = member_jitter(steps, m, th["min_steps"])
+    bar = max(floor, th["lag_jitter"] * jit)
+    waited = (last >= 0) | steps["waited"]
+    W = np.nonzero(waited)[0]
+    z = ((last == m) & (lag[m] >= bar)).astype(np.float64)
+    col_it = steps["col_iteration"]
+    spi = float(np.median(np.bincount(col_it - col_it.min()))) if len(col_it) else 0.0
+    side_min = max(float(th["min_steps"]), 0.5 * spi)
+
+    def healthy(cols):
+        if len(cols) < side_min:
+            return False
+        w = cols[waited[cols]]
+        return not len(w) or float(z[w].mean()) <= HEALTHY_SHARE
+    seg = _best_segment(z[W], float(th["last_share"])) if len(W) else None
+    if seg is not None:
+        c0, c1 = int(W[seg[0]]), int(W[seg[1]])
+        h0, h1 = healthy(np.arange(0, c0)), healthy(np.arange(c1 + 1, ncol))
+        a = c0 if h0 else 0
+        b = c1 if h1 else ncol - 1
+        sel = np.zeros(ncol, dtype=bool)
+        sel[a:b + 1] = True
+        s = member_summary(steps, m, sel)
+        hit = (last == m) & sel & (lag[m] >= bar)
+        if _passes(s, th, bar) and (not (h0 or h1) or len(np.unique(col_it[hit])) >= MIN_EPISODE_ITERATIONS):
+            s["began"] = bool(h0)
+            s["jitter_ns"] = jit
+            return s, float(steps["col_start_ns"][a]), (float(steps["col_start_ns"][b + 1]) if h1 else None)
+    s = member_summary(steps, m)
+    if _passes(s, th, bar):
+        s["began"] = False
+        s["jitter_ns"] = jit
+        return s, float(steps["col_start_ns"][0]), None
+    return None
+
+
+def start_lag_onset(dev, starts, thr_ns, min_side: int = 2) -> dict | None:
+    """Onset of a member's start lag over the iterations (bursts): dev = its lateness per
+    burst (ns, NaN unknown), starts = the bursts' starts; z = dev >= thr_ns. The run with the
+    largest excess of z over 1/2 (_best_segment); a side with >= min_side bursts and z in
+    <= HEALTHY_SHARE of them is healthy (the lag began / ended there). {"since_ns",
+    "until_ns", "began"} or None when z never holds."""
+    dev = np.asarray(dev, dtype=np.float64)
+    z = (np.nan_to_num(dev, nan=-np.inf) >= thr_ns).astype(np.float64)
+    seg = _best_segment(z, 0.5)
+    if seg is None or not len(starts):
+        return None
+    a, b = seg
+
+    def healthy(part):
+        return len(part) >= min_side and float(part.mean()) <= HEALTHY_SHARE
+    h0, h1 = healthy(z[:a]), healthy(z[b + 1:])
+    if (h0 or h1) and b - a + 1 < MIN_EPISODE_ITERATIONS:
+        h0 = h1 = False
+    return {"since_ns": float(starts[a] if h0 else starts[0]),
+            "until_ns": float(starts[b + 1]) if h1 else None, "began": bool(h0)}
+
+
+def persistent(steps: dict, th: dict, nm: int, min_lag_ns: float | None = None, skip=()):
+    """(member index, member_summary with "since_ns" / "until_ns") of the member that is last
+    in most steps of its slow stretch (slow_segment: the whole capture, or from an onset /
+    up to a recovery) with a lag well above the step jitter, or None. th: a ring_straggler /
+    slow_tp_shard section (min_lag_s, lag_jitter, last_share, min_steps); min_lag_ns
+    overrides min_lag_s; skip: member indices not to blame (their messages are seen late for
+    another reason: a shared downlink at their successor)."""
     best = None
     for m in range(nm):
-        s = member_summary(steps, m)
-        if s["last_steps"] < th["min_steps"] or s["last_share"] < th["last_share"]:
+        if m in skip:
             continue
-        if s["lag_ns"] < max(th["min_lag_s"] * 1e9, th["lag_jitter"] * steps["jitter_ns"]):
+        got = slow_segment(steps, th, m, min_lag_ns)
+        if got is None:
             continue
+        s, since, until = got
+        s = dict(s, since_ns=since, until_ns=until)
         if best is None or s["last_steps"] > best[1]["last_steps"]:
             best = (m, s)
     return best
@@ -244,15 +510,23 @@ def group_steps(snap, g, r: dict, tinfo: dict) -> dict | None:
     if dec is not None:
         dt = dec.get("_tinfo") or {}
         its, mask = dt.get("iter_starts"), dt.get("ev_mask")
+        regular = its is not None
+        if its is None:
+            its = dt.get("token_bursts")          # token bursts without a regular period
+        if its is None and dt.get("bursts_start") is not None and len(dt["bursts_start"]):
+            its = dt["bursts_start"]              # no token level: its collectives
         coll = hierarchy_level(dt.get("bursts_start", ()))
     else:
         its, mask = tinfo.get("bursts_start"), None
         coll = None
+        regular = True
     it_level = {"period_s": r.get("period_s"), "jitter_s": r.get("period_jitter_s"),
                 "count": int(r.get("iterations") or 0)}
     steps = None
     if g.kind == "ring_allreduce" and its is not None:
         steps = ring_steps(ctx, g.flows, g.members, its, ev_mask=mask)
+        if steps is not None:
+            steps["regular_tokens"] = regular
     step_level = {"period_s": None, "jitter_s": None, "count": 0}
     if steps is not None:
         t = steps["col_start_ns"]

@@ -49,7 +49,8 @@ def test_checks_filter_and_thresholds_change_outcome():
     # relax the straggler thresholds: 0.4x is no longer critical, then no longer anything
     a3 = analyze(snap, thresholds={"ring_straggler.critical": 0.3})
     assert a3["findings"][0]["severity"] == "warning"
-    a4 = analyze(snap, thresholds={"ring_straggler": {"warning": 0.3, "critical": 0.2, "min_lag_s": 1.0}})
+    a4 = analyze(snap, thresholds={"ring_straggler": {"warning": 0.3, "critical": 0.2, "min_lag_s": 1.0,
+                                                      "min_step_lag_s": 1.0}})
     assert a4["findings"] == []
     assert a4["thresholds"]["ring_straggler"]["warning"] == 0.3
 

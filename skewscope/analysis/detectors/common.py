@@ -49,6 +49,91 @@ class Emitter:
         return any(f.kind == kind and pred(f) for f in self.out)
 
 
+# ---- shared downlinks ------------------------------------------------------------------------
+#: a node's downlink is shared when, while the group runs, data of other flows arrives at it
+#: of at least this share of the group's own bytes into it (KV transfers into a TP decode
+#: member): its ring links' slowness is the sharing, not its port
+CROSS_SHARE = 0.25
+
+
+def cross_loaded(ctx, g) -> np.ndarray:
+    """Per node: data from flows outside the group arrives at it during the group's span, at
+    least CROSS_SHARE x the group's own bytes into it."""
+    n = ctx.nodes.n
+    out = np.zeros(max(1, n), dtype=bool)
+    gf = np.asarray(g.flows, dtype=np.int64)
+    if not len(gf):
+        return out
+    fl = ctx.flows
+    first, last = fl["first_ts"], fl["last_ts"]
+    t0, t1 = float(first[gf].min()), float(last[gf].max())
+    mine = np.zeros(len(fl), dtype=bool)
+    mine[gf] = True
+    other = ctx.data & ~mine & (last >= t0) & (first <= t1)
+    dst = ctx.nodes.dst
+    vol = np.asarray(ctx.volume, dtype=np.float64)
+    own = np.bincount(dst[gf], weights=vol[gf], minlength=n)
+    cross = np.bincount(dst[other], weights=vol[other], minlength=n)
+    out[:n] = (own > 0) & (cross >= CROSS_SHARE * own)
+    return out
+
+
+def shared_successors(ctx, g, shared=None) -> set:
+    """Indices (in g.members) of the members that send to a node whose downlink is shared
+    (cross_loaded): on the fabric vantage their messages are seen where the switch puts them
+    on that downlink, queued behind the other traffic, so they look late without being late."""
+    if shared is None:
+        shared = cross_loaded(ctx, g)
+    gf = np.asarray(g.flows, dtype=np.int64)
+    if not len(gf) or not shared.any():
+        return set()
+    out = set()
+    src, dst = ctx.nodes.src[gf], ctx.nodes.dst[gf]
+    for i, m in enumerate(g.members):
+        d = dst[src == m]
+        if len(d) and shared[d].any():
+            out.add(i)
+    return out
+
+
+# ---- onset ---------------------------------------------------------------------------------
+def with_onset(evidence: dict, since_ns, until_ns) -> dict:
+    """The evidence of a timing finding with its onset: since_s (first step / token where the
+    condition holds) and until_s (where it stopped holding; None = still holding at the end),
+    pcap / monotonic seconds as the snapshot's first_ts/last_ts."""
+    evidence["since_s"] = None if since_ns is None else float(since_ns) / 1e9
+    evidence["until_s"] = None if until_ns is None else float(until_ns) / 1e9
+    return evidence
+
+
+def mark_onset(em, before: int) -> None:
+    """After em.add: the finding it added (if any, i.e. em.out grew past `before`) gets
+    the `since` / `until` fields, when the Finding has them, from its evidence's
+    since_s / until_s."""
+    if len(em.out) <= before:
+        return
+    f = em.out[-1]
+    for k in ("since", "until"):
+        if hasattr(f, k) and k + "_s" in f.evidence:
+            setattr(f, k, f.evidence[k + "_s"])
+
+
+def onset_words(ctx, since_ns, until_ns, began: bool) -> str:
+    """' (from 12.50 ms into the capture on)' / ' (until ...)': the onset (began: the condition
+    started inside the capture) and recovery in a message; '' when it holds throughout."""
+    t0 = ctx.t0
+    parts = []
+    if began and since_ns is not None:
+        parts.append(f"from {_rel(since_ns - t0)} into the capture")
+    if until_ns is not None:
+        parts.append(f"until {_rel(until_ns - t0)} into the capture, not since")
+    return (" (" + ", ".join(parts) + ")") if parts else ""
+
+
+def _rel(ns) -> str:
+    return f"{ns / 1e9:.3f} s" if ns >= 1e9 else f"{ns / 1e6:.2f} ms"
+
+
 # ---- impact -------------------------------------------------------------------------------
 #: the step-level blame of a persistent straggler (analysis.steps.persistent), shared by
 #: ring_straggler and slow_tp_shard (docs/metrics.md "Steps and gates")

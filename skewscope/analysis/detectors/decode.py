@@ -10,7 +10,17 @@ from math import comb
 
 import numpy as np
 
-from skewscope.analysis.detectors.common import STEP_THRESHOLDS, impact_of, lag_outliers, pct, sev, us
+from skewscope.analysis.detectors.common import (
+    STEP_THRESHOLDS,
+    impact_of,
+    lag_outliers,
+    mark_onset,
+    onset_words,
+    pct,
+    sev,
+    shared_successors,
+    us,
+)
 from skewscope.analysis.detectors.registry import Detector, Kind, Parameters, Threshold
 from skewscope.analysis.collectives import Group, _one_way_ends
 from skewscope.analysis.intervals import natural_break
@@ -264,7 +274,9 @@ def _kv_interference(em, ctx, g, dec, r, kvs, t, gi, colls=None):
         return
     ts = np.concatenate([kv["t_start_ns"][sel] for _, kv, sel, _ in hit])
     te = ts + np.concatenate([kv["t_dur_ns"][sel] for _, kv, sel, _ in hit])
-    got = kv_intervals(r.get("_steps"), ts, te)
+    steps = r.get("_steps")
+    # steps over token bursts without a regular period: the collectives by token position
+    got = kv_intervals(steps if steps is None or steps.get("regular_tokens", True) else None, ts, te)
     if got is not None:
         res = _stretch_by_steps(*got, t)
     elif colls is not None and len(colls[0]) >= 3:
@@ -335,7 +347,7 @@ def _prefill_impact(dec, r, pre):
 def _steps_shard(em, ctx, g, dec, r, steps, t, gi):
     """The shard last to send in most ring steps, by a lag well above the step jitter."""
     ips = ctx.nodes.ips
-    hit = persistent(steps, t, len(g.members))
+    hit = persistent(steps, t, len(g.members), skip=shared_successors(ctx, g))
     if hit is None:
         return
     i, s = hit
@@ -346,18 +358,22 @@ def _steps_shard(em, ctx, g, dec, r, steps, t, gi):
     share = imp["share"] if imp else None
     severity = "critical" if share is not None and share >= t["critical_share"] else "warning"
     per = "token" if dec.get("token_interval_s") else "iteration"
+    n0 = len(em.out)
     em.add("slow_tp_shard", severity, [ips[m]] + [ips[x] for x in g.members if x != m],
-           f"tensor-parallel shard {ips[m]} is the last to send in {s['last_steps']} of {s['steps_with_last']} "
-           f"ring steps, {us(s['lag_ns'])} after the others each time (step jitter {us(steps['jitter_ns'])}): "
+           f"tensor-parallel shard {ips[m]}{onset_words(ctx, s['since_ns'], s['until_ns'], s['began'])} "
+           f"is the last to send in {s['last_steps']} of {s['steps_with_last']} "
+           f"ring steps, {us(s['lag_ns'])} after the others each time (step jitter {us(s.get('jitter_ns', steps['jitter_ns']))}): "
            f"every {per} waits {us(lost * 1e9)} for it"
            + (f" ({pct(share)} of the {us(period * 1e9)} {'inter-token latency' if per == 'token' else 'period'})"
               if share is not None else "")
            + "; check that GPU/host (clocks, thermal throttling, a noisy neighbour, its NIC/PCIe)",
            {"lag_per_step_s": s["lag_ns"] / 1e9, "last_steps": s["last_steps"], "steps": s["steps_with_last"],
             "last_share": s["last_share"], "steps_per_token": s["steps_per_iteration"],
-            "lost_per_token_s": lost, "token_share": share, "step_jitter_s": steps["jitter_ns"] / 1e9,
-            "token_interval_s": period, "gated_tokens": s["gated"], "tokens": int(len(steps["iterations"]))},
+            "lost_per_token_s": lost, "token_share": share, "step_jitter_s": s.get("jitter_ns", steps["jitter_ns"]) / 1e9,
+            "token_interval_s": period, "gated_tokens": s["gated"], "tokens": int(len(steps["iterations"])),
+            "since_s": s["since_ns"] / 1e9, "until_s": None if s["until_ns"] is None else s["until_ns"] / 1e9},
            flows=[f for f in g.flows if ctx.nodes.src[f] == m], group=gi, impact=imp)
+    mark_onset(em, n0)
 
 
 DETECTORS = [
@@ -388,7 +404,7 @@ DETECTORS = [
                              Threshold("kv_min_intervals", 4, "count", "KV cause: collective spacings covered by a KV transfer, and untouched, at least (each)"),
                              Threshold("kv_chance", 0.001, "fraction", "KV cause, fewer covered spacings than kv_min_intervals (>= 2): the chance that as many random spacings would be as long, at most"))),
             Kind("slow_tp_shard",
-                 fires="decode ring: a member is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps, by a median lag ≥ max(`min_lag_s` 1 µs, `lag_jitter` (4) × the step jitter) (docs: \"Steps and gates\"); critical when the time it costs is ≥ `critical_share` (50 %) of the token. Decode groups without ring steps: the collective-level start lag ≥ max(`min_lag_s`, `lag_fraction` (0.1) × collective duration, median + `lag_mad` × MAD)",
+                 fires="decode ring: a member is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps of its slow stretch (the whole capture, or from an onset / up to a recovery: a change point on its per-step lag, `since`/`until`), by a median lag ≥ max(`min_lag_s` 1 µs, `lag_jitter` (4) × the step jitter) (docs: \"Steps and gates\"), not when its successor's downlink is shared (other traffic arriving there ≥ 25 % of the group's bytes into it: its messages are seen queued behind KV transfers); critical when the time it costs is ≥ `critical_share` (50 %) of the token. Decode groups without ring steps: the collective-level start lag ≥ max(`min_lag_s`, `lag_fraction` (0.1) × collective duration, median + `lag_mad` × MAD)",
                  blames='the shard, then the others',
                  thresholds=(Threshold("min_lag_s", 1e-6, "s", "a shard's own lag per step, at least (timestamp resolution / one packet)"),
                              *STEP_THRESHOLDS,

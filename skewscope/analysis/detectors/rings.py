@@ -9,18 +9,23 @@ import numpy as np
 from skewscope.analysis.detectors.common import (
     STEP_THRESHOLDS,
     ce_explained,
+    cross_loaded,
     few,
     gbps,
     impact_of,
     irregular,
     lag_outliers,
+    mark_onset,
+    onset_words,
     pct,
     sev,
+    shared_successors,
     split_by,
     us,
+    with_onset,
 )
 from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
-from skewscope.analysis.steps import member_summary, persistent
+from skewscope.analysis.steps import member_summary, persistent, start_lag_onset
 
 #: a member's rate is judged only when its links' messages have >= this many packets (median):
 #: a rate over 1-2 packets is the capture's timestamp granularity, not the link
@@ -30,34 +35,6 @@ MIN_LATE_ITERATIONS = 2
 #: slow_receiver is withheld when at least this share of its senders are blamed stragglers
 #: (their slowness explains its low receive rate)
 BLAMED_SENDERS_SHARE = 0.5
-#: a node's downlink is shared when, while the group runs, data of other flows arrives at it
-#: of at least this share of the group's own bytes into it (KV transfers into a TP decode
-#: member): its ring links' slowness is the sharing, not its port
-CROSS_SHARE = 0.25
-
-
-def _cross_loaded(ctx, g) -> np.ndarray:
-    """Per node: data from flows outside the group arrives at it during the group's span, at
-    least CROSS_SHARE x the group's own bytes into it."""
-    n = ctx.nodes.n
-    out = np.zeros(max(1, n), dtype=bool)
-    gf = np.asarray(g.flows, dtype=np.int64)
-    if not len(gf):
-        return out
-    fl = ctx.flows
-    first, last = fl["first_ts"], fl["last_ts"]
-    t0, t1 = float(first[gf].min()), float(last[gf].max())
-    mine = np.zeros(len(fl), dtype=bool)
-    mine[gf] = True
-    other = ctx.data & ~mine & (last >= t0) & (first <= t1)
-    dst = ctx.nodes.dst
-    vol = np.asarray(ctx.volume, dtype=np.float64)
-    own = np.bincount(dst[gf], weights=vol[gf], minlength=n)
-    cross = np.bincount(dst[other], weights=vol[other], minlength=n)
-    out[:n] = (own > 0) & (cross >= CROSS_SHARE * own)
-    return out
-
-
 def _lag_thresholds(what):
     return (Threshold("warning", 0.8, "ratio", f"{what} send rate / the median: warning at or below"),
             Threshold("critical", 0.5, "ratio", f"{what} send rate / the median: critical at or below"),
@@ -146,7 +123,7 @@ def rates_and_lags(inp, em):
         rthr = tl["warning"] if g.kind != "tree_allreduce" else tl["critical"]
         # 1. slow both ways: the node's own link
         both = set()
-        shared = _cross_loaded(ctx, g) if ring else None
+        shared = cross_loaded(ctx, g) if ring else None
         for i, m in enumerate(mem):
             if not reliable[i] or not (sb[i] <= tl["warning"] and rb[i] <= rthr):
                 continue
@@ -199,16 +176,28 @@ def rates_and_lags(inp, em):
         # 3. slow senders
         lag = ev.start_lag_ns if symmetric and not r.get("decode") else None
         lagged = dict(lag_outliers(lag, t["lag_mad"], t["min_lag_s"] * 1e9))
+        if lagged and ev.send_dev_ns is not None:
+            # "starts each step late" needs repetition: late in >= MIN_LATE_ITERATIONS bursts
+            # (one late start -- a process that came up later, a capture edge -- is not a
+            # straggler; a single burst is one observation)
+            sd = np.nan_to_num(np.asarray(ev.send_dev_ns, dtype=np.float64), nan=-np.inf)
+            lagged = {i: v for i, v in lagged.items()
+                      if int((sd[:, i] >= max(t["min_lag_s"] * 1e9, 0.5 * v)).sum()) >= MIN_LATE_ITERATIONS}
         steps = r.get("_steps") if ring else None
         if lagged and rotation(steps, th["rotating_straggler"], nm) is not None:
             # a member late on average because it gated some of the iterations, while the
             # gate moves between members: rotating_straggler, not a straggler of its own
             lagged = {}
+        seg = {}
         if steps is not None and not r.get("decode"):
-            # the member last to send in most ring steps (analysis.steps), at any volume
-            hit = persistent(steps, t, nm)
-            if hit is not None and hit[0] not in lagged:
-                lagged[hit[0]] = hit[1]["lag_ns"]
+            # the member last to send in most ring steps of its slow stretch (analysis.steps:
+            # the whole capture, or from an onset / up to a recovery), at any volume
+            hit = persistent(steps, t, nm, min_lag_ns=t["min_step_lag_s"] * 1e9,
+                             skip=shared_successors(ctx, g, shared))
+            if hit is not None:
+                seg[hit[0]] = hit[1]
+                if hit[0] not in lagged:
+                    lagged[hit[0]] = hit[1]["lag_ns"]
         succ_both = {}
         if ring and links is not None:
             for k in range(len(links)):
@@ -238,8 +227,13 @@ def rates_and_lags(inp, em):
             evd = {"send_ratio": None if not np.isfinite(sr[i]) else float(sr[i]),
                    "start_lag_s": None if lag_ns is None else lag_ns / 1e9}
             imp = None
+            when = seg.get(i)
+            if when is None and lag_ns is not None and ev.send_dev_ns is not None and ev.bursts_start_ns is not None:
+                when = start_lag_onset(ev.send_dev_ns[:, i], ev.bursts_start_ns, 0.5 * lag_ns)
+            if when is not None:
+                with_onset(evd, when["since_ns"], when["until_ns"])
             if steps is not None:
-                ms = member_summary(steps, i)
+                ms = seg.get(i) or member_summary(steps, i)
                 imp = impact_of(ms["lost_per_iteration_ns"] / 1e9, r.get("period_s"))
                 evd.update(lag_per_step_s=ms["lag_ns"] / 1e9, last_steps=ms["last_steps"],
                            last_share=ms["last_share"], lost_per_iteration_s=ms["lost_per_iteration_ns"] / 1e9,
@@ -251,10 +245,14 @@ def rates_and_lags(inp, em):
             if imp is not None and imp["seconds"] > 0:
                 cost = f"; each iteration waits {us(imp['seconds'] * 1e9)} for it" + (
                     f" ({pct(imp['share'])} of the period)" if imp["share"] is not None else "")
+            n0 = len(em.out)
             em.add(kind, severity, [m] + dsts,
-                   f"{what} straggler {ips[m]}: " + " and ".join(parts) + cost
+                   f"{what} straggler {ips[m]}"
+                   + (onset_words(ctx, when["since_ns"], when["until_ns"], when.get("began", False)) if when else "")
+                   + ": " + " and ".join(parts) + cost
                    + "; every rank waits for it: check that host's GPU/NIC (clocks, PCIe, thermal) or its uplink",
                    evd, flows=out_flows[m], group=gi, impact=imp)
+            mark_onset(em, n0)
             blamed.add(m)
         # 4. slow receivers (all-to-all: every sender slows down towards one node)
         if g.kind == "all_to_all":
@@ -277,8 +275,8 @@ def rotation(steps: dict | None, t: dict, nm: int):
     """(which iterations have a gate, the gating member of each of those, gates per member)
     when the ring's gate rotates: enough gated iterations, >= 2 distinct gates, none gating
     more than persistent_share; else None."""
-    if steps is None:
-        return None
+    if steps is None or not steps.get("regular_tokens", True):
+        return None                            # iterations that are not a regular token cadence
     gates = steps["gates"]
     n_it = len(gates)
     lost = steps["lost_ns"]
@@ -339,9 +337,10 @@ DETECTORS = [
         doc="ring/tree/all-to-all members: rate ratios and start lags -> the slow link, the straggler, the slow receiver",
         kinds=(
             Kind("ring_straggler",
-                 fires="ring: a member's out-link median-message rate / ring median ≤ `warning` (0.8) (≤ `critical` 0.5), or its start lag ≥ max(`min_lag_s` 5 µs, median + `lag_mad` (4) × MAD of the others), or it is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps by a median lag ≥ max(`min_lag_s`, `lag_jitter` (4) × the step jitter). Not when its successor is slow both ways (slow_link), nor (by rate) when its successor's downlink is shared (other traffic arriving there while the ring runs ≥ 25 % of the ring's bytes into it: KV transfers into a decode member), nor when its flows are CE-marked (ecn_congestion); the start lag alone not while the ring's gate rotates (rotating_straggler: a member that gated some iterations is late on average)",
+                 fires="ring: a member's out-link median-message rate / ring median ≤ `warning` (0.8) (≤ `critical` 0.5), or its start lag ≥ max(`min_lag_s` 5 µs, median + `lag_mad` (4) × MAD of the others), or it is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps of its slow stretch by a median lag ≥ max(`min_step_lag_s` 1 µs, `lag_jitter` (4) × the step jitter) (the stretch: the whole capture, or from an onset / up to a recovery found by a change point on its per-step lag; `since`/`until` in the evidence; docs: \"Steps and gates\"). Not when its successor is slow both ways (slow_link), nor (by rate or by steps) when its successor's downlink is shared (other traffic arriving there while the ring runs ≥ 25 % of the ring's bytes into it: KV transfers into a decode member; its messages are seen queued there), nor when its flows are CE-marked (ecn_congestion); the start lag alone not while the ring's gate rotates (rotating_straggler: a member that gated some iterations is late on average)",
                  blames='the sender, then its successor',
-                 thresholds=_lag_thresholds("ring link (fleet: link rate over active time)") + STEP_THRESHOLDS),
+                 thresholds=_lag_thresholds("ring link (fleet: link rate over active time)") + STEP_THRESHOLDS
+                 + (Threshold("min_step_lag_s", 1e-6, "s", "steps: its median lag per step, at least (timestamp resolution / one packet; the start lag floor is min_lag_s)"),)),
             Kind("straggler",
                  fires="tree/all-to-all: a member's send throughput over active time / members' median ≤ `warning` 0.8 (critical 0.5), or start lag as above (all-to-all)",
                  blames='the sender, then its receivers',
