@@ -211,6 +211,21 @@ def cases():
         sc = _kv_into_decode(dec, pre, into, blk, **extra)
         tag = " ".join(f"{k}{v}" for k, v in extra.items())
         out.append((f"kv {len(pre)}p into {len(into)} of {len(dec)}-way TP {blk} {tag}".rstrip(), sc, None, gap))
+    # issue 25 classes 2 and 3 (tools/heldout_timing.py crosses them): barrier-timed steps, a
+    # lag on every send, a slow shard / straggler from an onset or up to a recovery
+    for n, sync, lag, per, extra in [(8, "barrier", 80, "step", {}), (4, "barrier", 300, "send", {}),
+                                     (6, "dataflow", 200, "send", {"since_ms": 7.0}),
+                                     (5, "barrier", 40, "send", {"until_ms": 7.0})]:
+        tag = f"{sync} lag{lag}us per-{per}" + "".join(f" {k[:5]}{v:g}ms" for k, v in extra.items())
+        out.append((f"tp-slow n{n} {tag}", variant("tp-decode-slow-shard", nodes=n, node=n - 1, wl={"step_sync": sync},
+                                                   path=dict(extra, lag_us=lag, lag_per=per))))
+    out.append(("tp-healthy n8 barrier", variant("tp-decode-healthy", nodes=8, wl={"step_sync": "barrier"})))
+    for n, ch, sync, extra in [(8, 2, "dataflow", {}), (6, 4, "barrier", {}), (12, 1, "dataflow", {"since_ms": 4.0})]:
+        tag = f"{sync} ch{ch}" + "".join(f" {k[:5]}{v:g}ms" for k, v in extra.items())
+        out.append((f"ring-straggler n{n} {tag} 80us per-send", variant(
+            "ring-straggler", nodes=n, node=n // 2, wl={"channels": ch, "step_sync": sync},
+            path=dict(extra, rate_factor=1.0, start_lag_us=80, lag_per="send"), iterations=4, period_ms=8.0)))
+        out.append((f"ring-healthy n{n} {sync} ch{ch}", variant("ring-healthy", nodes=n, wl={"channels": ch, "step_sync": sync})))
     return [(*c, None, None)[:4] for c in out]
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from skewscope.analysis.context import context
 from skewscope.analysis.intervals import merge_sorted
-from skewscope.analysis.timing import MIN_GAP_NS, group_timing
+from skewscope.analysis.timing import MIN_GAP_NS, group_timing, split_bursts
 
 KiB = 1024
 
@@ -86,6 +86,18 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
         bs, be, _ = merge_sorted(np.ascontiguousarray(a_s), np.ascontiguousarray(a_e), MIN_GAP_NS)
     if len(bs) < int(th["min_collectives"]):
         return None
+    if len(its) > 0.5 * len(bs) and len(tinfo["activity"][0]):
+        # "iterations" with fewer than 2 collectives each are the steps of a slowed ring (a
+        # shard's lag much longer than a step, the steps repeating regularly): the tokens are
+        # the top-level bursts (their period need not be regular: a shard slow from an onset),
+        # or unknown when those are no coarser
+        a_s, a_e = tinfo["activity"]
+        top, _, _ = split_bursts(a_s, a_e, level="top")
+        if 2 <= len(top) < len(its):
+            its = top
+        else:
+            its = its[:0]                # no token level to be seen: unknown, not the steps
+        tm_it = dict(tm_it, period_s=None)
     d_all = np.diff(bs)
     if 2 <= len(its) < len(bs):
         it_of = np.searchsorted(its, bs, side="right") - 1

@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.analysis.context import context
+from skewscope.analysis.intervals import natural_break
 
 #: a step lag below 1 us is the capture's timestamp resolution / one packet time, not a delay
 STEP_FLOOR_NS = 1000.0
@@ -90,6 +91,7 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
         groups.append((o, bounds_))
     (so, sb), (ro, rb) = groups
     lag_cols, start_cols, it_of_col, bound_cols, wait_cols, step_cols, cost_cols = [], [], [], [], [], [], []
+    span = [np.inf, -np.inf]
     # an iteration is aligned when every member sent and received the same number k > 0 of
     # messages; runs of consecutive aligned iterations with one k are computed together as
     # (iterations, members, steps) arrays (the same values as one iteration at a time)
@@ -98,6 +100,25 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
     cr = np.diff(rb)[:nk].reshape(ni, nm)
     kk = cs[:, 0]
     aligned = (kk > 0) & (cs == kk[:, None]).all(axis=1) & (cr == kk[:, None]).all(axis=1)
+    if _merge and ni >= 4 and aligned.any():
+        # bursts that hold at most one message per flow are single steps (a lag much longer
+        # than a step leaves the wire idle between steps, and the steps repeat regularly):
+        # the iterations are the bursts merged across the gaps below the natural break of
+        # the gaps between them (the compute between tokens / iterations); without one that
+        # merges at least half of them, the whole capture
+        per_flow = float(np.median(kk[aligned])) / max(1.0, _flows_per_member(ctx, flows, members))
+        if per_flow <= 1.0:
+            gaps = np.diff(its)
+            thr = natural_break(gaps, 3.0, 1000.0)
+            keep = np.concatenate([[0], np.nonzero(gaps > thr)[0] + 1]) if np.isfinite(thr) else np.zeros(1, np.int64)
+            if len(keep) > 0.5 * ni:
+                # no gap stands out (the compute between tokens as long as the lag): the
+                # capture is one iteration, its columns aligned by each member's ordinal
+                out = ring_steps(snap, flows, members, its[:1], ev_mask, _merge=True)
+                if out is not None:
+                    out["whole_capture"] = True
+                return out
+            return ring_steps(snap, flows, members, its[keep], ev_mask, _merge=True)
     if _merge and not aligned.all():
         # a burst split inside an iteration (a lag as long as the idle time between
         # iterations): the smallest runs of consecutive bursts that align together
@@ -186,6 +207,8 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
         lag_cols.append((raw - med[:, None, :]).transpose(1, 0, 2).reshape(nm, na * k))
         cost_cols.append((cost - _center(cost)[:, None, :]).transpose(1, 0, 2).reshape(nm, na * k))
         start_cols.append(S.min(axis=1).reshape(-1))
+        span[0] = min(span[0], float(S.min()))
+        span[1] = max(span[1], float(E.max()))
         it_of_col.append(np.repeat(np.arange(i, j), k))
         step_cols.append(np.tile(np.arange(k) // D, na))         # the step (D columns side by side)
         bound_cols.append(bound.reshape(-1))
@@ -239,7 +262,7 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
     return {"lag_ns": lag, "last": last, "col_start_ns": col_t, "col_iteration": col_it,
             "collective_start": bounds, "waited": waited, "iterations": iters, "lost_ns": lost,
             "gates": np.asarray(gates, dtype=np.int64), "jitter_ns": jitter, "start_jitter_ns": start_jitter,
-            "steps": int(lag.shape[1])}
+            "steps": int(lag.shape[1]), "span_ns": span[1] - span[0], "whole_capture": False}
 
 
 def _at_min(raw):
@@ -273,6 +296,13 @@ def _dep_distance(S, E, dmax: int = 64) -> int:
         if float(np.mean(S[:, :, d:] >= 0.5 * (S[:, :, :-d] + E[:, :, :-d]))) >= 0.9:
             return d
     return 1
+
+
+def _flows_per_member(ctx, flows, members) -> float:
+    """The median number of data flows a member sends on in the group (channels x QPs)."""
+    f = np.asarray(flows, dtype=np.int64)
+    src = ctx.nodes.src[f]
+    return float(np.median([int((src == m).sum()) for m in members])) if len(f) else 1.0
 
 
 #: at most this many consecutive bursts merge into one iteration (_merge_bursts)
@@ -344,7 +374,8 @@ def member_summary(steps: dict, m: int, cols=None) -> dict:
 #: last by the lag bar for that part to count as healthy (a change point, not noise)
 HEALTHY_SHARE = 0.25
 #: onset: a slow segment that neither starts nor ends with the data spans at least this many
-#: iterations (tokens): one late iteration is a rotating straggler's gate, not an episode
+#: iterations (tokens) -- one late iteration is a rotating straggler's gate, not an episode --
+#: unless no other iteration has a gate (the ring was healthy but for it)
 MIN_EPISODE_ITERATIONS = 2
 
 
@@ -352,15 +383,16 @@ def member_jitter(steps: dict, m: int, min_steps: int = 8) -> float:
     """The step jitter a member's lags are judged against: of two members, the spread of
     their step gaps over the steps (inside collectives) where m was not the last -- a member
     slow for part of the capture would otherwise widen the spread with its own lags (half
-    the gaps 0, half its lag); with fewer such steps than min_steps, or more than two
-    members (its lags are 1/n of the values), the group's step jitter."""
+    the gaps 0, half its lag); with fewer such steps than max(4, min_steps / 2), or more
+    than two members (its lags are 1/n of the values), the group's step jitter."""
     if steps["lag_ns"].shape[0] != 2:
         return steps["jitter_ns"]
     gap = steps["lag_ns"].max(axis=0)
+    need = max(4, min_steps // 2)
     sel = ~steps["collective_start"] & (steps["last"] != m)
-    if int(sel.sum()) < min_steps:
+    if int(sel.sum()) < need:
         sel = steps["last"] != m             # a 2-rank ring has few steps inside collectives
-        if int(sel.sum()) < min_steps:
+        if int(sel.sum()) < need:
             return steps["jitter_ns"]
     return _spread(gap[sel])
 
@@ -381,6 +413,13 @@ def _best_segment(z, p):
     return a, b
 
 
+def _gated_elsewhere(steps: dict, its_in) -> bool:
+    """Some iteration outside its_in has a gate (a member that held it up): the ring's gate
+    moves, so one slow iteration is a rotating gate, not an episode of its own."""
+    out = ~np.isin(steps["iterations"], its_in)
+    return bool((steps["gates"][out] >= 0).any())
+
+
 def _passes(s: dict, th: dict, bar: float) -> bool:
     return s["last_steps"] >= th["min_steps"] and s["last_share"] >= th["last_share"] and s["lag_ns"] >= bar
 
@@ -391,10 +430,11 @@ def slow_segment(steps: dict, th: dict, m: int, min_lag_ns: float | None = None)
     a lag >= the bar (max(min_lag, lag_jitter x step jitter)), over the waited steps; the run
     with the largest excess of z over `last_share` (Kadane) is the candidate. A side before
     (after) it counts as healthy -- the condition began (ended) there -- when it has
-    >= max(min_steps, half an iteration) steps and z in <= HEALTHY_SHARE of its waited ones;
+    >= max(4, min_steps / 2, half an iteration) steps and z in <= HEALTHY_SHARE of its waited ones;
     otherwise the stretch extends to that edge of the data. The stretch then has to pass the
     persistent criteria (>= min_steps last, share >= last_share, median lag >= the bar), and
-    one with a healthy side has to span >= MIN_EPISODE_ITERATIONS iterations. since_ns: the
+    one with a healthy side has to span >= MIN_EPISODE_ITERATIONS iterations, or be the only
+    gated iteration(s) of the capture. since_ns: the
     start of its first step (of the data's first step without a healthy side before);
     until_ns: the start of the first step after it, None while it still holds at the end;
     the summary's "began": a healthy side before it (an onset inside the capture)."""
@@ -409,8 +449,8 @@ def slow_segment(steps: dict, th: dict, m: int, min_lag_ns: float | None = None)
     W = np.nonzero(waited)[0]
     z = ((last == m) & (lag[m] >= bar)).astype(np.float64)
     col_it = steps["col_iteration"]
-    spi = float(np.median(np.bincount(col_it - col_it.min()))) if len(col_it) else 0.0
-    side_min = max(float(th["min_steps"]), 0.5 * spi)
+    spi = float(np.median(np.bincount(col_it - col_it.min()))) if len(col_it) and not steps.get("whole_capture") else 0.0
+    side_min = max(4.0, float(th["min_steps"]) // 2, 0.5 * spi)
 
     def healthy(cols):
         if len(cols) < side_min:
@@ -427,7 +467,9 @@ def slow_segment(steps: dict, th: dict, m: int, min_lag_ns: float | None = None)
         sel[a:b + 1] = True
         s = member_summary(steps, m, sel)
         hit = (last == m) & sel & (lag[m] >= bar)
-        if _passes(s, th, bar) and (not (h0 or h1) or len(np.unique(col_it[hit])) >= MIN_EPISODE_ITERATIONS):
+        its_in = np.unique(col_it[hit])
+        if _passes(s, th, bar) and (not (h0 or h1) or len(its_in) >= MIN_EPISODE_ITERATIONS
+                                    or not _gated_elsewhere(steps, its_in)):
             s["began"] = bool(h0)
             s["jitter_ns"] = jit
             return s, float(steps["col_start_ns"][a]), (float(steps["col_start_ns"][b + 1]) if h1 else None)

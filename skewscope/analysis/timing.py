@@ -55,15 +55,16 @@ def activity(ctx, flow_mask=None, ev_mask=None):
 def split_bursts(s, e, min_gap=MIN_GAP_NS, ratio=BREAK_RATIO, level="iteration"):
     """Bursts of activity intervals (s, e sorted): (burst starts, burst ends, threshold).
     Among the natural breaks of the gaps (top level first) the first whose bursts repeat
-    regularly (fit_period) wins: iterations rather than sub-phases; else the top break."""
+    regularly (fit_period) wins: iterations rather than sub-phases; else the top break.
+    level "collective": the lowest break; "top": the top break."""
     if len(s) == 0:
         return np.zeros(0), np.zeros(0), np.inf
     gaps = s[1:] - e[:-1]
     cands = break_candidates(gaps, min_ratio=ratio, floor=min_gap)
     if not cands:
         return np.array([s[0]]), np.array([e.max()]), np.inf
-    if level == "collective":
-        thr = cands[-1]
+    if level in ("collective", "top"):
+        thr = cands[-1] if level == "collective" else cands[0]
         bs, be, _ = merge_sorted(np.ascontiguousarray(s), np.ascontiguousarray(e), float(thr))
         return bs, be, thr
     first = None

@@ -80,8 +80,10 @@ def cross_loaded(ctx, g) -> np.ndarray:
 
 def shared_successors(ctx, g, shared=None) -> set:
     """Indices (in g.members) of the members that send to a node whose downlink is shared
-    (cross_loaded): on the fabric vantage their messages are seen where the switch puts them
-    on that downlink, queued behind the other traffic, so they look late without being late."""
+    (cross_loaded), or whose own downlink is: on the fabric vantage their messages are seen
+    where the switch puts them on that downlink, queued behind the other traffic, and a
+    member's clear-to-send from its successor queues on its own downlink (its data waits
+    for it), so they look late without being slow."""
     if shared is None:
         shared = cross_loaded(ctx, g)
     gf = np.asarray(g.flows, dtype=np.int64)
@@ -91,7 +93,7 @@ def shared_successors(ctx, g, shared=None) -> set:
     src, dst = ctx.nodes.src[gf], ctx.nodes.dst[gf]
     for i, m in enumerate(g.members):
         d = dst[src == m]
-        if len(d) and shared[d].any():
+        if shared[m] or (len(d) and shared[d].any()):
             out.add(i)
     return out
 

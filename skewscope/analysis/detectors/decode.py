@@ -354,22 +354,33 @@ def _steps_shard(em, ctx, g, dec, r, steps, t, gi):
     m = g.members[i]
     period = dec.get("token_interval_s") or r.get("period_s")
     lost = s["lost_per_iteration_ns"] / 1e9
-    imp = impact_of(lost, period)
+    whole = bool(steps.get("whole_capture"))
+    if whole:
+        # no token (iteration) boundary to be seen: what it cost over the captured steps
+        span = steps["span_ns"] / 1e9
+        imp = {"seconds": lost, "share": min(1.0, lost / span) if span > 0 else None}
+        period = None
+    else:
+        imp = impact_of(lost, period)
     share = imp["share"] if imp else None
     severity = "critical" if share is not None and share >= t["critical_share"] else "warning"
     per = "token" if dec.get("token_interval_s") else "iteration"
+    cost = (f"the ring waited {us(lost * 1e9)} for it in {us(steps['span_ns'])} of collectives"
+            + (f" ({pct(share)})" if share is not None else "") if whole else
+            f"every {per} waits {us(lost * 1e9)} for it"
+            + (f" ({pct(share)} of the {us(period * 1e9)} {'inter-token latency' if per == 'token' else 'period'})"
+               if share is not None else ""))
     n0 = len(em.out)
     em.add("slow_tp_shard", severity, [ips[m]] + [ips[x] for x in g.members if x != m],
            f"tensor-parallel shard {ips[m]}{onset_words(ctx, s['since_ns'], s['until_ns'], s['began'])} "
            f"is the last to send in {s['last_steps']} of {s['steps_with_last']} "
            f"ring steps, {us(s['lag_ns'])} after the others each time (step jitter {us(s.get('jitter_ns', steps['jitter_ns']))}): "
-           f"every {per} waits {us(lost * 1e9)} for it"
-           + (f" ({pct(share)} of the {us(period * 1e9)} {'inter-token latency' if per == 'token' else 'period'})"
-              if share is not None else "")
-           + "; check that GPU/host (clocks, thermal throttling, a noisy neighbour, its NIC/PCIe)",
+           + cost + "; check that GPU/host (clocks, thermal throttling, a noisy neighbour, its NIC/PCIe)",
            {"lag_per_step_s": s["lag_ns"] / 1e9, "last_steps": s["last_steps"], "steps": s["steps_with_last"],
             "last_share": s["last_share"], "steps_per_token": s["steps_per_iteration"],
-            "lost_per_token_s": lost, "token_share": share, "step_jitter_s": s.get("jitter_ns", steps["jitter_ns"]) / 1e9,
+            "lost_per_token_s": None if whole else lost, "token_share": None if whole else share,
+            "lost_in_capture_s": lost if whole else None, "capture_share": share if whole else None,
+            "step_jitter_s": s.get("jitter_ns", steps["jitter_ns"]) / 1e9,
             "token_interval_s": period, "gated_tokens": s["gated"], "tokens": int(len(steps["iterations"])),
             "since_s": s["since_ns"] / 1e9, "until_s": None if s["until_ns"] is None else s["until_ns"] / 1e9},
            flows=[f for f in g.flows if ctx.nodes.src[f] == m], group=gi, impact=imp)
@@ -404,7 +415,7 @@ DETECTORS = [
                              Threshold("kv_min_intervals", 4, "count", "KV cause: collective spacings covered by a KV transfer, and untouched, at least (each)"),
                              Threshold("kv_chance", 0.001, "fraction", "KV cause, fewer covered spacings than kv_min_intervals (>= 2): the chance that as many random spacings would be as long, at most"))),
             Kind("slow_tp_shard",
-                 fires="decode ring: a member is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps of its slow stretch (the whole capture, or from an onset / up to a recovery: a change point on its per-step lag, `since`/`until`), by a median lag ≥ max(`min_lag_s` 1 µs, `lag_jitter` (4) × the step jitter) (docs: \"Steps and gates\"), not when its successor's downlink is shared (other traffic arriving there ≥ 25 % of the group's bytes into it: its messages are seen queued behind KV transfers); critical when the time it costs is ≥ `critical_share` (50 %) of the token. Decode groups without ring steps: the collective-level start lag ≥ max(`min_lag_s`, `lag_fraction` (0.1) × collective duration, median + `lag_mad` × MAD)",
+                 fires="decode ring: a member is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps of its slow stretch (the whole capture, or from an onset / up to a recovery: a change point on its per-step lag, `since`/`until`), by a median lag ≥ max(`min_lag_s` 1 µs, `lag_jitter` (4) × the step jitter) (docs: \"Steps and gates\"), not when its own or its successor's downlink is shared (other traffic arriving there ≥ 25 % of the group's bytes into it: its messages, or its successor's clear-to-send, queue behind KV transfers); critical when the time it costs is ≥ `critical_share` (50 %) of the token. Decode groups without ring steps: the collective-level start lag ≥ max(`min_lag_s`, `lag_fraction` (0.1) × collective duration, median + `lag_mad` × MAD)",
                  blames='the shard, then the others',
                  thresholds=(Threshold("min_lag_s", 1e-6, "s", "a shard's own lag per step, at least (timestamp resolution / one packet)"),
                              *STEP_THRESHOLDS,

@@ -234,7 +234,13 @@ def rates_and_lags(inp, em):
                 with_onset(evd, when["since_ns"], when["until_ns"])
             if steps is not None:
                 ms = seg.get(i) or member_summary(steps, i)
-                imp = impact_of(ms["lost_per_iteration_ns"] / 1e9, r.get("period_s"))
+                if steps.get("whole_capture"):
+                    # no iteration boundary to be seen: what it cost over the captured steps
+                    lost, span = ms["lost_per_iteration_ns"] / 1e9, steps["span_ns"] / 1e9
+                    imp = {"seconds": lost, "share": min(1.0, lost / span) if span > 0 else None}
+                    evd.update(lost_in_capture_s=lost, capture_share=imp["share"])
+                else:
+                    imp = impact_of(ms["lost_per_iteration_ns"] / 1e9, r.get("period_s"))
                 evd.update(lag_per_step_s=ms["lag_ns"] / 1e9, last_steps=ms["last_steps"],
                            last_share=ms["last_share"], lost_per_iteration_s=ms["lost_per_iteration_ns"] / 1e9,
                            gated_iterations=ms["gated"], iterations=int(len(steps["iterations"])))
@@ -242,7 +248,10 @@ def rates_and_lags(inp, em):
                     parts.append(f"is the last to send in {ms['last_steps']} of {ms['steps_with_last']} steps "
                                  f"({us(ms['lag_ns'])} each)")
             cost = ""
-            if imp is not None and imp["seconds"] > 0:
+            if imp is not None and imp["seconds"] > 0 and steps is not None and steps.get("whole_capture"):
+                cost = (f"; the ring waited {us(imp['seconds'] * 1e9)} for it in {us(steps['span_ns'])} of steps"
+                        + (f" ({pct(imp['share'])})" if imp["share"] is not None else ""))
+            elif imp is not None and imp["seconds"] > 0:
                 cost = f"; each iteration waits {us(imp['seconds'] * 1e9)} for it" + (
                     f" ({pct(imp['share'])} of the period)" if imp["share"] is not None else "")
             n0 = len(em.out)
@@ -337,7 +346,7 @@ DETECTORS = [
         doc="ring/tree/all-to-all members: rate ratios and start lags -> the slow link, the straggler, the slow receiver",
         kinds=(
             Kind("ring_straggler",
-                 fires="ring: a member's out-link median-message rate / ring median ≤ `warning` (0.8) (≤ `critical` 0.5), or its start lag ≥ max(`min_lag_s` 5 µs, median + `lag_mad` (4) × MAD of the others), or it is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps of its slow stretch by a median lag ≥ max(`min_step_lag_s` 1 µs, `lag_jitter` (4) × the step jitter) (the stretch: the whole capture, or from an onset / up to a recovery found by a change point on its per-step lag; `since`/`until` in the evidence; docs: \"Steps and gates\"). Not when its successor is slow both ways (slow_link), nor (by rate or by steps) when its successor's downlink is shared (other traffic arriving there while the ring runs ≥ 25 % of the ring's bytes into it: KV transfers into a decode member; its messages are seen queued there), nor when its flows are CE-marked (ecn_congestion); the start lag alone not while the ring's gate rotates (rotating_straggler: a member that gated some iterations is late on average)",
+                 fires="ring: a member's out-link median-message rate / ring median ≤ `warning` (0.8) (≤ `critical` 0.5), or its start lag ≥ max(`min_lag_s` 5 µs, median + `lag_mad` (4) × MAD of the others), or it is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps of its slow stretch by a median lag ≥ max(`min_step_lag_s` 1 µs, `lag_jitter` (4) × the step jitter) (the stretch: the whole capture, or from an onset / up to a recovery found by a change point on its per-step lag; `since`/`until` in the evidence; docs: \"Steps and gates\"). Not when its successor is slow both ways (slow_link), nor (by rate) when its successor's downlink is shared (other traffic arriving there while the ring runs ≥ 25 % of the ring's bytes into it: KV transfers into a decode member; its messages are seen queued there), nor (by steps) when its own or its successor's is (its successor's clear-to-send queues on its own), nor when its flows are CE-marked (ecn_congestion); the start lag alone not while the ring's gate rotates (rotating_straggler: a member that gated some iterations is late on average)",
                  blames='the sender, then its successor',
                  thresholds=_lag_thresholds("ring link (fleet: link rate over active time)") + STEP_THRESHOLDS
                  + (Threshold("min_step_lag_s", 1e-6, "s", "steps: its median lag per step, at least (timestamp resolution / one packet; the start lag floor is min_lag_s)"),)),
