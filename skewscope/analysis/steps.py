@@ -1,33 +1,45 @@
 """Ring steps: per step, each member's own delay; per iteration (token), the member that
-gated it. Definitions: docs/metrics.md "Steps and gates".
+gated it; the slow stretch of a member (onset / recovery). Definitions: docs/metrics.md
+"Steps and gates".
 
 A ring member sends its step-k message once it has its own previous message out and the
-step-(k-1) message from its predecessor in. Each member sends the same number of messages
-per iteration, so within an iteration the j-th message of every member is the same step
-(a column of the step matrix).
+step-(k-1) message from its predecessor in (data-flow timing, NCCL), or once every member's
+step k-1 has ended (barrier timing: simulators, test rigs). Each member sends the same
+number of messages per iteration, so within an iteration the j-th message of every member
+is the same step (a column of the step matrix); with channels side by side, a member's own
+previous step is D columns back and the predecessor's data R columns back (found from the
+data; no such R: the sends do not wait for what arrives, and there are no steps).
 
-* ready time of step j > 0: the later of the end of the member's step j-1 send and the end
-  of the (j-1)-th message it received in the iteration; raw wait = send start - ready time.
-* the first step of an iteration, and a step in which every member waited > 4x the typical
-  step's median wait (and > it + 1 us: the first step of a collective after compute):
-  raw wait = send start - the step's earliest send.
-* step lag of a member: its raw wait minus the median raw wait of the step's members:
-  the delay it adds to the step on its own (a lag handed on by the ring is not counted
-  again downstream: the next member's ready time already includes it).
+* raw wait of column j >= D: send start - max(own message j-D end, received message j-D
+  end); the first columns of an iteration and a collective's first step (every member
+  waited > 4x the typical wait and > it + 1 us): send start - the step's earliest send.
+* own delay: data flow, send start - max(own previous end, predecessor's data end + the
+  step's hop); barrier (nobody starts before the previous step's last end, and more members
+  start right after it than right after their own data): send start - max(own previous end,
+  that last end + the step's hop).
+* step lag of a member: its own delay minus the median of the step's members: the delay it
+  adds to the step on its own (a lag handed on by the ring is not counted again
+  downstream: the next member's ready time already includes it).
 * the step's last member: the one with the largest lag, when that lag is >= the floor
   (STEP_FLOOR_NS); steps where nobody stands out have no last member. A member's share
   of last places counts over the waited steps (a last member, or any member waiting
   >= the floor): messages that every member sends back to back (the later pieces of a
   large step) are not steps of their own.
-* lost per iteration of a member: the sum of its lags over the steps it was last in.
+* lost per iteration of a member: the sum, over the steps it was last in, of its cost
+  (data flow: its raw wait beyond the step's median; barrier: its lag), the largest over a
+  step's side-by-side columns.
 * jitter: 1.4826 x MAD of all the members' step lags (the spread of a healthy step);
   start jitter: the same over the collective-start steps only.
 * gate of an iteration: the member with the largest lost time in it, when that is
   >= max(1 us, 4 x the larger jitter) and >= 2x the next member's (otherwise no gate:
   nobody held the iteration up).
+* slow stretch (slow_segment): a change point on the member's per-step series of "last by a
+  lag above the bar"; since / until of the finding.
 
 Iterations whose members did not send the same number of messages (capture edges, a lost
-record) are left out.
+record) are merged with the next ones until they align, else left out; bursts that are
+single steps (a lag longer than a step idles the wire between steps) are merged into
+iterations.
 """
 from __future__ import annotations
 
@@ -145,7 +157,7 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
         # R: how many columns back the predecessor's data it forwards is (a multiple of D:
         # the messages of one step), None when the sends do not wait for what arrives
         D = _dep_distance(S, E)
-        R = k if k <= D else _rv_distance(S, E, RV, D, max(D, k // (2 * (nm - 1))))
+        R = k if k <= D else _rv_distance(S, E, RV, D, max(D, min(k // (2 * (nm - 1)), 16 * D)))
         if R is None:
             # the members' sends do not wait for what they receive (independent streams on
             # a ring of connections, e.g. a benchmark): no steps, no one waits for anyone
@@ -272,7 +284,8 @@ def _at_min(raw):
 
 
 def _rv_distance(S, E, RV, D: int, rmax: int):
-    """The smallest multiple R of D (<= rmax: a ring all-reduce has 2(n-1) steps) such that,
+    """The smallest multiple R of D (<= rmax: a ring all-reduce has 2(n-1) steps; at most 16
+    messages per channel and step) such that,
     for every member, >= DEPENDENT_SHARE of its messages start after the message it received
     R columns before ended (within half a message time: the last packets may still drain):
     the step's data it forwards. None when no such R: its sends do not wait for its receives."""
