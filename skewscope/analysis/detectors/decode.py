@@ -121,7 +121,7 @@ def _one(em, ctx, g, dec, ev, th, gi, r, kv_cause=False):
     t = th["slow_tp_shard"]
     steps = r.get("_steps")
     if steps is not None:
-        _steps_shard(em, ctx, g, dec, r, steps, t, gi)
+        _steps_shard(em, ctx, g, dec, r, steps, t, gi, ev.decode_start_lag_ns)
         return fired
     # no step evidence (not a ring): the collective-level start lag
     busy = dec.get("collective_busy_p50_s", 0) * 1e9
@@ -344,8 +344,9 @@ def _prefill_impact(dec, r, pre):
     return impact_of(pre["stall_share"] * period, period)
 
 
-def _steps_shard(em, ctx, g, dec, r, steps, t, gi):
-    """The shard last to send in most ring steps, by a lag well above the step jitter."""
+def _steps_shard(em, ctx, g, dec, r, steps, t, gi, start_lags=None):
+    """The shard last to send in most ring steps, by a lag well above the step jitter.
+    start_lags: the members' collective-level start lags (ns), for the evidence."""
     ips = ctx.nodes.ips
     hit = persistent(steps, t, len(g.members), skip=shared_successors(ctx, g))
     if hit is None:
@@ -382,7 +383,9 @@ def _steps_shard(em, ctx, g, dec, r, steps, t, gi):
             "lost_in_capture_s": lost if whole else None, "capture_share": share if whole else None,
             "step_jitter_s": s.get("jitter_ns", steps["jitter_ns"]) / 1e9,
             "token_interval_s": period, "gated_tokens": s["gated"], "tokens": int(len(steps["iterations"])),
-            "since_s": s["since_ns"] / 1e9, "until_s": None if s["until_ns"] is None else s["until_ns"] / 1e9},
+            "since_s": s["since_ns"] / 1e9, "until_s": None if s["until_ns"] is None else s["until_ns"] / 1e9,
+            "start_lag_s": (float(start_lags[i]) / 1e9 if start_lags is not None and i < len(start_lags)
+                            and np.isfinite(start_lags[i]) else None)},
            flows=[f for f in g.flows if ctx.nodes.src[f] == m], group=gi, impact=imp)
     mark_onset(em, n0)
 
