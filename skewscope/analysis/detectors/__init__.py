@@ -46,6 +46,7 @@ from skewscope.analysis.detectors.registry import (  # noqa: F401 (the public na
     kinds,
     list_checks_lines,
     markdown_tables,
+    onset_table,
     param_sections,
     parameters,
     register,
@@ -66,6 +67,7 @@ for _m in FAMILIES:
 def _run(dets, inp, em) -> list[dict]:
     for d in dets:
         d.fn(inp, em)
+    em.fill_onsets()
     # severity, then the estimated time lost (impact), then kind
     em.out.sort(key=lambda f: (-SEV_RANK[f.severity], -impact_key(f), f.kind))
     return [f.to_dict() for f in em.out]

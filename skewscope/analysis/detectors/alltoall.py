@@ -17,6 +17,7 @@ import numpy as np
 
 from skewscope.analysis.detectors.common import impact_of, pct, sev
 from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.onset import series_onset
 
 _MIN_OBS = Threshold("min_observations", 4, "count",
                      "skewed (source, phase) observations naming the same hottest destination, at least")
@@ -123,6 +124,23 @@ def hot_windows(cells, t) -> tuple[list[dict], list[int], np.ndarray]:
     return found, per_it, valid.any(axis=(1, 2))
 
 
+def hot_onset(cells, t, hot_positions):
+    """Onset of a hot destination (set): per iteration (collective), the largest share over
+    its phases of the (source) observations whose hottest destination is skewed and one of
+    `hot_positions` (analysis.onset.series_onset, threshold `majority`); None without
+    iteration times."""
+    st, en = np.asarray(cells["start_ns"], dtype=np.float64), np.asarray(cells["end_ns"], dtype=np.float64)
+    if len(st) < 2 or not (st > 0).all():
+        return None
+    hot, _, _, valid, _ = observations(cells, t["warning"])
+    named = (np.isin(hot, list(hot_positions)) & valid).sum(axis=2)      # [I, K]
+    nv = valid.sum(axis=2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(nv > 0, named / np.maximum(nv, 1), np.nan)
+    y = np.where(np.isfinite(share).any(axis=1), np.nanmax(np.where(np.isfinite(share), share, -1.0), axis=1), np.nan)
+    return series_onset(st, y, worse=1, thr=t["majority"], t_end=en)
+
+
 def _one(em, inp, g, r, cells, gi):
     ctx, th = inp.ctx, inp.th
     ips = ctx.nodes.ips
@@ -163,6 +181,7 @@ def _one(em, inp, g, r, cells, gi):
         lost = sum(w["_excess"] for w in found) * 8 * ctx.scale / (link * 1e9) / n_it
     imp = impact_of(lost, period)
     wins = [{k: v for k, v in w.items() if not k.startswith("_")} for w in found]
+    onset = hot_onset(cells, t, order)
     ev = {"max_over_mean": mom, "share": share, "fair_share": round(1 / n, 4),
           "persistence": persistence[hot_ips[0]], "persistence_by_destination": persistence,
           "observations": sum(w["observations"] for w in mine),
@@ -181,7 +200,7 @@ def _one(em, inp, g, r, cells, gi):
            f"{hot_ips[0]} receives {mom:.2f}x the mean destination's bytes, hottest in "
            f"{ev['observations']} (source, phase) observations ({pct(share or 0)} of its phases' bytes, fair share "
            f"{pct(1 / n)}); {where}: hot expert/rank; rebalance experts or check the router's load-balancing loss",
-           ev, flows=into_hot, group=gi, impact=imp)
+           ev, flows=into_hot, group=gi, impact=imp, onset=onset)
     t2 = th["alltoall_destination_skew"]
     ps = float(np.max([w["per_source_max_over_mean"] for w in found]))
     if sum(w["observations"] for w in found) >= t2["min_observations"]:
@@ -192,7 +211,7 @@ def _one(em, inp, g, r, cells, gi):
                {"per_source_max_over_mean": ps, "dest_max_over_mean": ds.get("max_over_mean"),
                 "dest_gini": ds.get("gini"), "dest_jain": ds.get("jain"), "phase": r.get("dest_skew_phase"),
                 "hot_destination": hot_ips[0], "persistence": persistence[hot_ips[0]], "drift": drift,
-                "windows": wins}, flows=into_hot, group=gi, impact=imp)
+                "windows": wins}, flows=into_hot, group=gi, impact=imp, onset=onset)
 
 
 DETECTORS = [
@@ -206,7 +225,8 @@ DETECTORS = [
                  blames='the hot destination(s), then the members',
                  thresholds=(Threshold("warning", 1.5, "ratio", "per-source max/mean bytes per destination: warning"),
                              Threshold("critical", 3.0, "ratio", "per-source max/mean bytes per destination: critical"),
-                             _MIN_OBS)),
+                             _MIN_OBS),
+                 onset="as `hot_destination` (the same observations)"),
             Kind("hot_destination",
                  fires='all-to-all: one destination is the hottest (≥ `warning` 1.5 × the source\'s mean per destination) '
                        'in ≥ `min_observations` (4) (source, phase) observations and in > `majority` (50 %) of its window\'s '
@@ -216,6 +236,10 @@ DETECTORS = [
                                        "destination: an observation counts as skewed (fleet: a typical source's bytes "
                                        "to it / to each other node): warning"),
                              Threshold("critical", 3.0, "ratio", "the hot destination's bytes / the mean destination's (median over its phases): critical"),
-                             _MIN_OBS, _MAJORITY, _MIN_Z)),
+                             _MIN_OBS, _MAJORITY, _MIN_Z),
+                 onset="per iteration (collective), the largest share over its phases of the sources whose hottest "
+                       "destination is skewed and one of the finding's hot destinations (a drifting one: any of its "
+                       "windows'); the stretch of iterations with a median share ≥ `majority` against the rest below "
+                       "it (the series scan); since/until at an iteration's start / end"),
         )),
 ]

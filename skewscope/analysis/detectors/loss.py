@@ -6,6 +6,7 @@ import numpy as np
 
 from skewscope.analysis.detectors.common import by_pair, pct, qp_list
 from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.onset import resend_onset
 
 
 def loss(inp, em):
@@ -29,7 +30,7 @@ def loss(inp, em):
                "config and link errors on that path",
                {"psn_gaps": gaps, "psn_skipped": skipped, "loss_rate": rate,
                 "retransmissions": float(cg["retransmissions"][f].sum()), "naks_psn_sequence": naks,
-                "flows": len(f)}, flows=f)
+                "flows": len(f)}, flows=f, onset=resend_onset(ctx, f, int(gaps)))
     t = th["retransmissions"]
     for s, d, f in by_pair(ctx, np.nonzero(cg["retransmissions"] >= max(1, t["min_packets"]))[0]):
         retx = float(cg["retransmissions"][f].sum())
@@ -38,7 +39,8 @@ def loss(inp, em):
                f"{int(retx)} retransmitted packets on {ips[s]} -> {ips[d]} (QP {qp_list(ctx, f)})"
                + (" (go-back-N recovery of the loss above)" if with_gap else
                   ": losses after this observation point or ACK timeouts; check the receiver side of the path"),
-               {"retransmissions": retx, "psn_gaps": float(cg["psn_gaps"][f].sum()), "flows": len(f)}, flows=f)
+               {"retransmissions": retx, "psn_gaps": float(cg["psn_gaps"][f].sum()), "flows": len(f)}, flows=f,
+               onset=resend_onset(ctx, f, int(cg["psn_gaps"][f].sum()) or int(retx)))
     t = th["nak_errors"]
     tot = cg["nak_seq"] + cg["nak_rnr"] + cg["nak_other"]
     for s, d, f in by_pair(ctx, np.nonzero(tot >= max(1, t["min_naks"]))[0]):
@@ -58,7 +60,8 @@ def loss(inp, em):
         em.add("nak_errors", severity, [d, s],
                f"{int(seq + rnr + oth)} NAK(s) from {ips[s]} to {ips[d]} (QP {qp_list(ctx, f)}): {why}",
                {"psn_sequence_error": seq, "rnr": rnr, "other": oth, "flows": len(f)}, flows=data_flows + f.tolist(),
-               qps=sorted({int(q) for q in fl["dest_qp"][f]} | {int(q) for q in fl["dest_qp"][data_flows]}))
+               qps=sorted({int(q) for q in fl["dest_qp"][f]} | {int(q) for q in fl["dest_qp"][data_flows]}),
+               onset=resend_onset(ctx, data_flows, int(seq + rnr + oth)))
 
 
 DETECTORS = [
@@ -70,14 +73,20 @@ DETECTORS = [
                  fires='per link: PSN gaps ≥ `min_gaps` (1); critical when PSNs skipped / requests ≥ `critical` (0.1 %)',
                  blames='src, dst; the lossy flows',
                  thresholds=(Threshold("min_gaps", 1, "count", "PSN gaps on a flow, at least"),
-                             Threshold("critical", 1e-3, "fraction", "PSNs skipped / requests: critical"))),
+                             Threshold("critical", 1e-3, "fraction", "PSNs skipped / requests: critical")),
+                 onset="the flow table counts losses without time, but a go-back-N resend stretches the message it hits: "
+                       "the flows' N most stretched messages (N = the PSN gaps; wire time / what the flow's median message "
+                       "rate predicts, ≥ 4 robust standard deviations above the flows' median, ≥ +1 %) as an episode "
+                       "against the flows' data; none, or no records (live): generic"),
             Kind("retransmissions",
                  fires='per link: retransmitted packets ≥ `min_packets`; info when every flow also shows gaps (recovery of the loss above), else warning (loss after the observation point, timeouts)',
                  blames='src, dst',
-                 thresholds=(Threshold("min_packets", 1, "count", "retransmitted packets on a flow, at least"),)),
+                 thresholds=(Threshold("min_packets", 1, "count", "retransmitted packets on a flow, at least"),),
+                 onset="as `packet_loss` (N = the PSN gaps, else the retransmitted packets)"),
             Kind("nak_errors",
                  fires='per link of NAK senders: NAKs ≥ `min_naks`; other syndromes (remote access / invalid request) critical, RNR warning, PSN sequence errors info when the data flow shows gaps, else warning',
                  blames='the requester, then the responder',
-                 thresholds=(Threshold("min_naks", 1, "count", "NAKs on a flow, at least"),)),
+                 thresholds=(Threshold("min_naks", 1, "count", "NAKs on a flow, at least"),),
+                 onset="as `packet_loss` (N = the NAKs), on the data flows the NAKs answer"),
         )),
 ]
