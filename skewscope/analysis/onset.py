@@ -45,9 +45,10 @@ CLEAN_Z = 1.5
 #: this share of the rest's level (median against median)
 MIN_EFFECT = 0.2
 #: episode: a first (last) occurrence within this many typical gaps between occurrences
-#: of the first (last) data is "from the start" ("still holding"): with occurrences at a
-#: steady rate, a silence that long happens by chance with probability ~exp(-5) < 1 %
-EPISODE_GAPS = 5.0
+#: (their mean spacing) of the first (last) data is "from the start" ("still holding"): a
+#: periodic condition would have shown up in that many periods, and occurrences at a steady
+#: random rate leave a silence that long with probability ~exp(-3) = 5 %
+EPISODE_GAPS = 3.0
 #: episode with fewer occurrences than this (no typical gap): a last occurrence within
 #: this share of the data's span of its end is "still holding"
 EPISODE_TAIL_SHARE = 0.02
@@ -130,6 +131,30 @@ def _coarsen(t, te, y, max_points):
     return t[edges[:-1]], te[edges[1:] - 1], ys
 
 
+def _edge(bad, k, lo, hi, rising: bool) -> int:
+    """The edge near k (within [lo, hi], at most a quarter of the series away) that
+    misclassifies the fewest observations around it: rising = bad after the edge (a start),
+    else bad before it (an end). An edge at 0 / len stays (no part outside)."""
+    n = len(bad)
+    if k in (0, n):
+        return k
+    w = max(MIN_SEG, n // 4)
+    a0, a1 = max(lo, k - w), min(hi, k + w)
+    if a1 <= a0:
+        return k
+    seg = bad[a0:a1 + 1] if a1 < n else bad[a0:a1]
+    c = np.concatenate(([0], np.cumsum(seg)))
+    m = len(seg)
+    ks = np.arange(a0, a1 + 1)
+    j = ks - a0
+    j = j[j <= m]
+    ks = ks[: len(j)]
+    before_bad, after_bad = c[j], c[m] - c[j]
+    cost = before_bad + ((m - j) - after_bad) if rising else ((j - before_bad) + after_bad)
+    best = np.flatnonzero(cost == cost.min())
+    return int(ks[best[np.argmin(np.abs(ks[best] - k))]])
+
+
 def series_onset(t, y, worse: int = 1, thr: float | None = None, t_end=None, min_seg: int = MIN_SEG,
                  max_points: int = MAX_POINTS) -> Onset:
     """Onset of a condition from its series: y[i] at observation i (start t[i], end t_end[i],
@@ -171,6 +196,9 @@ def series_onset(t, y, worse: int = 1, thr: float | None = None, t_end=None, min
     clean = bad[inside].mean() >= CLEAN_SHARE and (~bad[~inside]).mean() >= CLEAN_SHARE
     if z < z_min(n) and not clean:
         return whole
+    # the scan on ranks places an edge a little inside a lopsided stretch (its weakest
+    # members rank below the middle); the edges go where the observations cross the cut
+    a, b = _edge(bad, a, 0, b - min_seg, rising=True), _edge(bad, b, a + min_seg, n, rising=False)
     since = float(tc[a]) if a > 0 else float(t[0])
     until = float(tec[b - 1]) if b < n else None
     return Onset(since, until)
@@ -180,9 +208,10 @@ def episode(starts, ends, first: float, last: float, gaps: float = EPISODE_GAPS,
     """Onset of a condition seen as occurrences [starts, ends) (ns) within data that runs
     from `first` to `last`: since = the first occurrence's start, until = the last one's end
     (None when it is within `gaps` typical gaps of `last`: still holding); the first within
-    `gaps` typical gaps of `first` counts from `first`. The typical gap: the median spacing
-    of the occurrences' starts (>= 3 occurrences), or `gap` when the caller knows it (a
-    CNP rate limit); with fewer and no `gap`, only a last occurrence within
+    `gaps` typical gaps of `first` counts from `first`. The typical gap: the mean spacing
+    of the occurrences' starts (>= 3 occurrences: robust to occurrences that come in
+    clusters), or `gap` when the caller knows it; with fewer and no `gap`, only a last
+    occurrence within
     EPISODE_TAIL_SHARE of the span of `last` is still holding. No occurrence: NONE."""
     s = np.asarray(starts, dtype=np.float64)
     e = np.asarray(ends, dtype=np.float64)
@@ -197,9 +226,7 @@ def episode(starts, ends, first: float, last: float, gaps: float = EPISODE_GAPS,
     if gap is not None and np.isfinite(gap) and gap > 0:
         lead, tail = gaps * gap, gaps * gap
     elif len(s) >= 3:
-        d = np.diff(s)
-        d = d[d > 0]
-        g = float(np.median(d)) if len(d) else 0.0
+        g = (float(s[-1]) - s0) / (len(s) - 1)
         lead, tail = gaps * g, gaps * g
     else:
         lead, tail = 0.0, EPISODE_TAIL_SHARE * (last - first)
@@ -259,9 +286,10 @@ def bins_for(t0: float, t1: float, n_obs: int, per_bin: int = 2, max_bins: int =
 
 def rate_ratio_series(ctx, flows, ref_flows, edges=None):
     """Per time bin: the median message rate of `flows` / the median message rate of
-    `ref_flows` in the same bin (bins with messages of both). (first start, last end of
-    `flows`' messages in the bin, ratio) -- the series of slow_link (mode slow),
-    slow_receiver, kv_transfer_slow, the congestion kinds."""
+    `ref_flows` in the same bin (a bin without reference messages: their median over all
+    bins -- the blamed flows still sending after the others finished). (first start, last
+    end of `flows`' messages in the bin, ratio), bins with messages of `flows` -- the series
+    of slow_link (mode slow), slow_receiver, kv_transfer_slow, the congestion kinds."""
     _, sa, ea, ra, _ = messages(ctx, flows)
     _, sb, _, rb, _ = messages(ctx, ref_flows)
     if not len(sa) or not len(sb):
@@ -272,6 +300,7 @@ def rate_ratio_series(ctx, flows, ref_flows, edges=None):
     ia = np.clip(np.searchsorted(edges, sa, side="right") - 1, 0, k - 1)
     ib = np.clip(np.searchsorted(edges, sb, side="right") - 1, 0, k - 1)
     ma, mb = _bin_median(ia, ra, k), _bin_median(ib, rb, k)
+    mb = np.where(np.isfinite(mb), mb, float(np.median(rb)))
     first = np.full(k, np.inf)
     last = np.full(k, -np.inf)
     np.minimum.at(first, ia, sa)

@@ -81,8 +81,16 @@ class Clock:
         d = datetime.fromtimestamp(w, timezone.utc)
         return d.strftime("%H:%M:%S.") + (f"{d.microsecond // 1000:03d}" if span >= 10 else f"{d.microsecond:06d}")
 
-    def _off(self, t: float) -> str:
-        return f"+{rel(t - self.first)}" if self.first is not None else ""
+    def _off(self, t: float, dur: float | None = None) -> str:
+        """+offset into the capture; next to a duration much shorter than the offset, with
+        enough digits to tell the two ends apart (+87.812 s to +87.834 s)."""
+        if self.first is None:
+            return ""
+        o = t - self.first
+        if dur is not None and o >= 1 and dur < 0.1 * o:
+            d = min(6, max(1, math.ceil(-math.log10(max(dur, 1e-6))) + 1))
+            return f"+{o:.{d}f} s"
+        return f"+{rel(o)}"
 
     def text(self, since: float | None, until: float | None = None) -> str:
         """One phrase for a finding's since/until ("" without since)."""
@@ -98,13 +106,15 @@ class Clock:
             a = self._at(since)
             return (f"since {a}{utc} ({self._off(since)} into the capture), still at its end" if a
                     else f"since {self._off(since)} into the capture, still at its end")
-        dur = rel(max(0.0, until - since))
+        d_s = max(0.0, until - since)
+        dur = rel(d_s)
         if at_start:
             return (f"from the capture's start to {self._at(until)}{utc} ({self._off(until)}; {dur})" if utc
                     else f"from the capture's start to {self._off(until)} ({dur})")
+        a, b = self._off(since, d_s), self._off(until, d_s)
         if utc:
-            return f"from {self._at(since)} to {self._at(until)}{utc} ({self._off(since)} to {self._off(until)}; {dur})"
-        return f"from {self._off(since)} to {self._off(until)} into the capture ({dur})"
+            return f"from {self._at(since)} to {self._at(until)}{utc} ({a} to {b}; {dur})"
+        return f"from {a} to {b} into the capture ({dur})"
 
 
 def finding_text(f: dict, clock: Clock) -> str:
