@@ -244,13 +244,29 @@ def first_last(t) -> Onset:
 
 
 # ---- evidence helpers over the message records -----------------------------------------------
+def flow_events(ctx, flows) -> np.ndarray:
+    """Indices of the data records of `flows` (flow rows), in time order, through the records'
+    grouping by flow (analysis.flows.flow_event_stats): O(their records), not a pass over
+    all of them (a capture with hundreds of lossy links asks once per link)."""
+    r = np.unique(np.asarray(flows, dtype=np.int64))
+    if not len(r) or not len(ctx.events):
+        return np.zeros(0, dtype=np.int64)
+    _, order, off = ctx._fstat
+    a, n = off[r], off[r + 1] - off[r]
+    tot = int(n.sum())
+    if not tot:
+        return np.zeros(0, dtype=np.int64)
+    pos = np.repeat(a - np.concatenate(([0], np.cumsum(n)[:-1])), n) + np.arange(tot)
+    idx = np.sort(order[pos])
+    return idx[ctx.ev_data[idx]]
+
+
 def messages(ctx, flows):
     """The data messages of `flows` (flow rows) that carry timing (>= 2 packets, packets not
     at one timestamp): (index into the records, start ns, end ns, rate bytes/ns over the
     message's wire time, stretch = wire time / what the flow's median per-message rate
     predicts). The definitions of analysis.flows (wire time = span x n / (n - 1))."""
-    ok = ctx.data_events(flows)
-    idx = np.flatnonzero(ok)
+    idx = flow_events(ctx, flows)
     f = ctx.ev_flow[idx]
     ev = ctx.events
     by = ev["bytes"][idx].astype(np.float64)
@@ -259,7 +275,9 @@ def messages(ctx, flows):
     mtu = np.maximum(ctx.fstat["mtu"][f], 1).astype(np.float64)
     npk = np.maximum(1.0, np.ceil(by / mtu))
     keep = (npk >= 2) & (span > 0)
-    idx, f, by, st, span, npk = idx[keep], f[keep], by[keep], st[keep], span[keep], npk[keep]
+    if not keep.all():
+        k = np.flatnonzero(keep)
+        idx, f, by, st, span, npk = idx[k], f[k], by[k], st[k], span[k], npk[k]
     wire = span * npk / (npk - 1)
     rate = by / wire
     med = ctx.fstat["rate_med_bps"][f] / 8e9
@@ -366,23 +384,29 @@ def data_span(ctx, flows) -> tuple[float, float]:
 
 def slowdown_onset(ctx, flows, ref_flows=None, thr: float | None = None) -> Onset | None:
     """Onset of a slowdown of `flows`: their per-bin median message rate over the reference
-    flows' in the same bins (default: every other data flow; without any, over their own
-    median), lower is worse (series_onset with thr). None when they have no timed message."""
+    flows' in the same bins (rate_ratio_series), lower is worse (series_onset with thr);
+    without reference flows, over their own median rate (a change of their own speed: one
+    pass over their records only, however many findings ask). None when they have no timed
+    message."""
     flows = np.asarray(flows, dtype=np.int64)
-    if ref_flows is None:
-        other = ctx.data.copy()
-        other[flows] = False
-        ref_flows = np.flatnonzero(other)
-    t0, t1, y = rate_ratio_series(ctx, flows, ref_flows)
-    if not len(y):
+    if ref_flows is not None:
+        t0, t1, y = rate_ratio_series(ctx, flows, ref_flows)
+    else:
         _, st, en, rate, _ = messages(ctx, flows)
         if not len(st):
             return None
         edges = bins_for(float(st.min()), float(st.max()), len(st))
         k = len(edges) - 1
-        med = _bin_median(np.clip(np.searchsorted(edges, st, side="right") - 1, 0, k - 1), rate, k)
-        sel = np.isfinite(med)
-        t0, t1, y = edges[:-1][sel], edges[1:][sel], med[sel] / float(np.median(rate))
+        ix = np.clip(np.searchsorted(edges, st, side="right") - 1, 0, k - 1)
+        mine = _bin_median(ix, rate, k)
+        first = np.full(k, np.inf)
+        last = np.full(k, -np.inf)
+        np.minimum.at(first, ix, st)
+        np.maximum.at(last, ix, en)
+        sel = np.isfinite(mine)
+        t0, t1, y = first[sel], last[sel], mine[sel] / float(np.median(rate))
+    if not len(y):
+        return None
     return series_onset(t0, y, worse=-1, thr=thr, t_end=t1)
 
 

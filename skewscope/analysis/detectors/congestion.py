@@ -88,8 +88,9 @@ DETECTORS = [
                              Threshold("critical", 0.10, "fraction", "CE / ECN-capable packets: critical"),
                              Threshold("min_ce", 10, "count", "CE-marked packets, at least")),
                  onset="CE marks and CNPs carry no time (flow-table counters): the marked flows' slowdown does -- per "
-                       "time bin, the median message rate of its flows / the other data flows' (series scan, lower is "
-                       "worse, no threshold); live (no records) or no timed message: generic"),
+                       "time bin, the median message rate of its flows / their median over the capture (series scan, "
+                       "lower is worse, no threshold: a change of ≥ 20 %); live (no records) or no timed message: "
+                       "generic"),
             Kind("cnp_storm",
                  fires='per CNP sender (the congested receiver): Σ CNPs ≥ `min_cnp` (10) and the highest per-QP CNP rate over active time ≥ `warning` (1,000/s), critical ≥ 10,000/s; all QPs it throttles listed',
                  blames='the CNP sender, then the throttled senders',
