@@ -156,12 +156,13 @@ def _edge(bad, k, lo, hi, rising: bool) -> int:
 
 
 def series_onset(t, y, worse: int = 1, thr: float | None = None, t_end=None, min_seg: int = MIN_SEG,
-                 max_points: int = MAX_POINTS) -> Onset:
+                 max_points: int = MAX_POINTS, first: float | None = None) -> Onset:
     """Onset of a condition from its series: y[i] at observation i (start t[i], end t_end[i],
     default t[i]; sorted by time), higher worse (worse=+1) or lower (-1). thr: the kind's
     threshold on y (the condition holds where y is at or beyond it): a stretch counts only
-    when its median is at or beyond thr and the rest's median is not. NaN observations are
-    dropped. No observation: NONE."""
+    when its median is at or beyond thr and the rest's median is not. first: the time of
+    "from the start" (the entity's first data when its first observation comes later;
+    default the first observation). NaN observations are dropped. No observation: NONE."""
     t = np.asarray(t, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     te = t if t_end is None else np.asarray(t_end, dtype=np.float64)
@@ -171,7 +172,8 @@ def series_onset(t, y, worse: int = 1, thr: float | None = None, t_end=None, min
         return NONE
     o = np.argsort(t, kind="stable")
     t, te, y = t[o], te[o], y[o]
-    whole = Onset(float(t[0]), None)
+    t_first = float(t[0]) if first is None or not np.isfinite(first) else min(float(first), float(t[0]))
+    whole = Onset(t_first, None)
     tc, tec, yc = _coarsen(t, te, y, max_points)
     n = len(yc)
     a, b, z = scan(yc, worse, min_seg)
@@ -199,7 +201,7 @@ def series_onset(t, y, worse: int = 1, thr: float | None = None, t_end=None, min
     # the scan on ranks places an edge a little inside a lopsided stretch (its weakest
     # members rank below the middle); the edges go where the observations cross the cut
     a, b = _edge(bad, a, 0, b - min_seg, rising=True), _edge(bad, b, a + min_seg, n, rising=False)
-    since = float(tc[a]) if a > 0 else float(t[0])
+    since = float(tc[a]) if a > 0 else t_first
     until = float(tec[b - 1]) if b < n else None
     return Onset(since, until)
 
