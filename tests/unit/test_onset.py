@@ -433,3 +433,21 @@ def test_onset_functions_never_fail_on_odd_series():
         e = O.episode(t, t + 5, 0.0, 1e9 + 10)
         if n:
             assert 0 <= e.since_ns <= t.min() and (e.until_ns is None or e.since_ns <= e.until_ns <= 1e9 + 10)
+
+
+def test_top_marks_an_onset_inside_its_window():
+    """top: a finding that began inside the analysed window gets "(since HH:MM:SS)" in local
+    time (the window's clock on the wall through its last read); one there from the window's
+    start gets nothing (it began before the window)."""
+    import time
+
+    from skewscope.outputs.topview import onset_note
+    meta = {"first_ts": 100_000_000_000, "last_ts": 110_000_000_000, "clock": "monotonic"}
+    an = {"_clock": Clock.of(meta, wall_end=1_700_000_000.0)}
+    f = {"since": 104.0, "until": None}
+    want = time.strftime("%H:%M:%S", time.localtime(1_700_000_000.0 - 6.0))
+    assert onset_note(f, an) == f" (since {want})"
+    ended = time.strftime("%H:%M:%S", time.localtime(1_700_000_000.0 - 2.0))
+    assert onset_note({"since": 104.0, "until": 108.0}, an) == f" ({want}-{ended})"
+    assert onset_note({"since": 100.0, "until": None}, an) == ""
+    assert onset_note({"since": None}, an) == "" and onset_note(f, {}) == ""
