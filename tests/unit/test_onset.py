@@ -32,8 +32,8 @@ KV = {"kind": "kv_transfer", "prefill": [0, 1, 2, 3], "decode": [4, 5, 6, 7], "i
       "block_bytes": "64KiB", "block_bytes_max": "256KiB", "blocks_per_request": 16, "prefill_us": 50}
 
 
-def _one(an, kind):
-    fs = [f for f in an["findings"] if f["kind"] == kind]
+def _one(an, kind, ip=None):
+    fs = [f for f in an["findings"] if f["kind"] == kind and (ip is None or f["entities"]["ips"][0] == ip)]
     assert fs, f"no {kind} finding: {[f['kind'] for f in an['findings']]}"
     return fs[0]
 
@@ -151,6 +151,14 @@ GEN = {
                                                            "bytes_per_dest": "2KiB", "compute_gap_us": 2000}],
                                 "pathologies": [{"kind": "hot_destination", "node": 5, "factor": 4.0, "since_ms": 12}]},
                                "hot_destination", 5e6, None),
+    # a sender slow by rate (no start lag): the rate series (detectors.rings ONSET_FNS)
+    "ring_straggler_rate": (_ring({"kind": "straggler", "node": 3, "rate_factor": 0.4, "start_lag_us": 0,
+                                   "since_ms": 18}, nodes=8, it=6, period_ms=6.0),
+                            ("ring_straggler", "10.0.0.4"), 2e5, None),
+    "tree_straggler": ({"nodes": 8, "iterations": 6, "period_ms": 6.0,
+                        "workloads": [{"kind": "tree_allreduce", "bytes": "4MiB", "channels": 2}],
+                        "pathologies": [{"kind": "straggler", "node": 5, "rate_factor": 0.4, "since_ms": 18}]},
+                       ("straggler", "10.0.0.6"), 2e5, None),
 }
 
 
@@ -164,7 +172,7 @@ def test_onset_against_generator_truth(case):
     sc, kind, late, early = GEN[case]
     truth, snap = genlib.get_any(sc)
     t_since, t_until = _truth_window(truth)
-    f = _one(analyze(snap), kind)
+    f = _one(analyze(snap), *(kind if isinstance(kind, tuple) else (kind,)))
     since, until = _ns(f["since"]), _ns(f["until"])
     if t_since is None:
         assert since <= snap.meta["first_ts"] + 1e5, (since, snap.meta["first_ts"])

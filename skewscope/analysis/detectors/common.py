@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from skewscope.analysis.detectors.registry import Entities, Finding, Threshold
+from skewscope.analysis.detectors.registry import ONSET_FNS, Entities, Finding, Threshold
 
 #: the MAD floor of an outlier test (ns): a spread of start lags below 1 us is clock noise
 #: and would make a few-us lag look like many MADs
@@ -53,10 +53,17 @@ class Emitter:
     def has(self, kind, pred=lambda f: True) -> bool:
         return any(f.kind == kind and pred(f) for f in self.out)
 
-    def fill_onsets(self) -> None:
-        """The generic onset (registry.ONSET_FALLBACK) for the findings whose detector set
-        no `since`: the first data record of the finding's flows (else their first packet),
-        until null."""
+    def fill_onsets(self, inp=None) -> None:
+        """The onset of the findings whose detector set no `since`: the kind's own late
+        function (registry.ONSET_FNS, given the Inputs), else the generic one
+        (registry.ONSET_FALLBACK): the first data record of the finding's flows (else their
+        first packet), until null."""
+        if inp is not None:
+            for f in self.out:
+                if f.since is None and f.kind in ONSET_FNS:
+                    o = ONSET_FNS[f.kind][0](inp, f)
+                    if o is not None and o.since_ns is not None:
+                        f.since, f.until = o.seconds()
         todo = [f for f in self.out if f.since is None and f.rows is not None and len(f.rows)]
         if not todo:
             return

@@ -112,6 +112,10 @@ class Parameters:
 
 REGISTRY: list[Detector] = []
 PARAMETERS: list[Parameters] = []
+#: kind -> (fn(inputs, finding) -> analysis.onset.Onset | None, what it reads): the onset of
+#: a finding its detector left without one, tried before ONSET_FALLBACK (a family module's
+#: ONSET_FNS; Emitter.fill_onsets)
+ONSET_FNS: dict[str, tuple[Callable[[Any, Any], Any], str]] = {}
 
 
 def register(d: Detector) -> Detector:
@@ -131,6 +135,12 @@ def register(d: Detector) -> Detector:
         raise ValueError(f"detector {d.name} registered twice")
     REGISTRY.append(d)
     return d
+
+
+def register_onset(kind_name: str, fn, doc: str) -> None:
+    if kind_name in ONSET_FNS:
+        raise ValueError(f"onset function for {kind_name} declared twice")
+    ONSET_FNS[kind_name] = (fn, doc)
 
 
 def parameters(p: Parameters) -> Parameters:
@@ -301,7 +311,9 @@ def onset_table() -> str:
         if det.scope != "node":
             continue
         for k in det.kinds:
-            lines.append(f"| `{k.name}` | {k.onset or 'generic'} |")
+            extra = ONSET_FNS.get(k.name, (None, ""))[1]
+            text = k.onset or (f"{extra}; else generic" if extra else "generic")
+            lines.append(f"| `{k.name}` | {text} |")
     return "\n".join(lines) + "\n\ngeneric: " + ONSET_FALLBACK + ".\n"
 
 

@@ -397,3 +397,25 @@ DETECTORS = [
                              Threshold("min_lag_s", 5e-6, "s", "a gate's lost time in its iteration, at least"))),
         )),
 ]
+
+
+def _rate_onset(inp, f):
+    """A sender blamed by its rate (evidence send_ratio at or below the kind's `warning`):
+    its flows' message rate against the group's other senders' (slowdown_onset)."""
+    r = f.evidence.get("send_ratio")
+    if f.group is None or r is None or not f.evidence or r > inp.th[f.kind]["warning"] or f.rows is None:
+        return None
+    ctx = inp.ctx
+    g = inp.groups[f.group].group
+    me = int(ctx.nodes.src[f.rows[0]]) if len(f.rows) else -1
+    gf = np.asarray(g.flows, dtype=np.int64)
+    others = gf[ctx.nodes.src[gf] != me]
+    return slowdown_onset(ctx, f.rows, others, thr=inp.th[f.kind]["warning"]) if len(others) else None
+
+
+#: the onset of a straggler its detector left without one (the steps give ring stragglers
+#: theirs): by rate (registry.ONSET_FNS)
+_RATE_DOC = ("a sender blamed by rate: per time bin, its flows' median message rate / the group's other senders' "
+             "(series scan, lower is worse, threshold `warning`)")
+ONSET_FNS = {"straggler": (_rate_onset, _RATE_DOC), "ring_straggler": (_rate_onset, _RATE_DOC)}
+
