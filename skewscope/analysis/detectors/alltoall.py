@@ -3,12 +3,13 @@
 Evidence is repetition over sources and over time (issue 12 item 1, issue 25 class 1). An
 observation is one source's bytes per destination in one (iteration, phase) cell
 (group_metrics._iteration_cells; a phase may be the only collective of the capture; the
-one-host view: the hub's sends, and its receives). An observation is skewed when its
-single hottest destination (ties: none) gets >= `warning` x the source's mean per
-destination. A destination is hot in a window when it is the hottest of >= `min_observations`
-skewed observations and of a majority (> `majority`) of the window's skewed observations,
-and not by chance: one of two tests reaches `min_z` standard deviations after the
-look-elsewhere correction (x the destinations it could have been, x the two tests):
+one-host view: the hub's sends, and its receives). An observation counts when its source
+sent to >= 2 destinations, and is skewed when its single hottest destination (ties: none)
+gets >= `warning` x the mean of the source's other destinations. A destination is hot in a
+window when it is the hottest of >= `min_observations` skewed observations and of a
+majority (> `majority`) of the window's skewed observations, and not by chance: one of two
+tests reaches `min_z` standard deviations after the look-elsewhere correction (x the
+destinations it could have been, x the two tests, x the windows):
 
 * votes: the exact binomial tail of its votes among the skewed observations of the sources
   that could name it, against 1 / (n - 1) (every destination equally likely the hottest);
@@ -25,7 +26,10 @@ drifting hot expert gives one window per position). Persistence: share of the it
 decode dispatch repeated 24 times is as significant as a 64 MiB training one.
 
 Vantage (what an SRE can conclude from where the capture was taken):
-* a mirror/fabric capture sees every source: a hot destination there is the job's;
+* a mirror/fabric capture sees every source: the window's bytes are added up per
+  (source, phase) and the sources are the observations of both tests (a fixed random
+  imbalance repeated every iteration is no evidence; a per-iteration random one averages
+  out); a warning needs >= MIN_SOURCES (3) sources naming it, fewer is info;
 * one node's view (alltoall_star) sees one source's sends (and the peers' sends to it): the
   finding says "as seen from <node>" and is a warning only when the hot destination repeats
   over >= 2 iterations (its routing, every iteration); one collective from one node is info;
