@@ -104,6 +104,26 @@ def test_mirror_names_the_hot_destination(n, factor, iters, ipv, seed, tmp_path_
     # the contrast is the generator's factor (dispatch only: combine off)
     assert ev["contrast"] == pytest.approx(factor, rel=0.05)
     assert ev["iterations"] == iters
+    # the hot downlink's queue slows every sender's flows into it: no healthy member is
+    # blamed as a straggler / slow receiver for it (an info says what explains it)
+    rate = [x for x in an["findings"] if x["kind"] in ("straggler", "slow_receiver")]
+    assert not [x for x in rate if x["severity"] != "info" and x["entities"]["ips"][0] != hot], \
+        [(x["kind"], x["severity"], x["message"]) for x in rate]
+    assert all(x["evidence"].get("hot_destination") == hot for x in rate if x["evidence"].get("explained_by"))
+
+
+@pytest.mark.parametrize("n,factor,iters,strag,combine,seed", [(12, 2.0, 3, 2, False, 2), (8, 3.0, 3, 1, True, 2),
+                                                               (12, 2.0, 1, 4, False, 2)])
+def test_real_straggler_next_to_a_hot_expert_keeps_its_warning(n, factor, iters, strag, combine, seed,
+                                                               tmp_path_factory):
+    sc = a2a(n, factor, iters, combine=combine)
+    sc["pathologies"].append({"kind": "straggler", "node": strag, "rate_factor": 0.5, "start_lag_us": 0})
+    truth, an, _ = run(sc, seed, (), tmp_path_factory)
+    slow = next(p for p in truth["pathologies"] if p["kind"] == "straggler")["entities"]["ips"][0]
+    assert [x for x in alarms(an) if x["kind"] == "hot_destination"][0]["entities"]["ips"][0] == truth_hot(truth)
+    st = [x for x in an["findings"] if x["kind"] == "straggler" and x["entities"]["ips"][0] == slow]
+    assert st and st[0]["severity"] in ("warning", "critical"), [(x["kind"], x["severity"], x["message"])
+                                                                  for x in an["findings"]]
 
 
 @pytest.mark.parametrize("factor,iters,ipv,seed", [(4.0, 1, 4, 1), (3.0, 5, 6, 2), (2.0, 8, 4, 5)])

@@ -45,6 +45,7 @@ import numpy as np
 
 from skewscope.analysis.detectors.common import impact_of, pct, sev
 from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.group_metrics import node_throughput
 from skewscope.analysis.significance import additive_contrast, binom_sf, t_sf, z_of
 
 _MIN_OBS = Threshold("min_observations", 3, "count",
@@ -432,6 +433,8 @@ def _one(em, inp, g, r, cells, gi):
            f"bytes{contrast}, hottest in {ev['observations']} (source, phase) observations of {who} ({pct(share or 0)} "
            f"of its phases' bytes, fair share {pct(1 / n)}); {where}: {tail}",
            ev, flows=into_hot, group=gi, impact=imp)
+    if seen is None and cap != "info":
+        _explained_rates(em, inp, g, gi, hot_nodes, hot_ips[0])
     t2 = th["alltoall_destination_skew"]
     ps = float(np.max([w["per_source_max_over_mean"] for w in found]))
     if sum(w["observations"] for w in found) >= t2["min_observations"]:
@@ -446,6 +449,41 @@ def _one(em, inp, g, r, cells, gi):
                 "dest_gini": ds.get("gini"), "dest_jain": ds.get("jain"), "phase": r.get("dest_skew_phase"),
                 "hot_destination": hot_ips[0], "persistence": persistence[hot_ips[0]], "drift": drift,
                 "windows": wins, "vantage": ev["vantage"], "seen_from": seen}, flows=into_hot, group=gi, impact=imp)
+
+
+#: rate-based verdicts on other members that a hot destination explains
+EXPLAINED_KINDS = {"straggler": "send_ratio", "slow_receiver": "recv_ratio"}
+
+
+def _explained_rates(em, inp, g, gi, hot_nodes, hot_ip):
+    """A hot destination's downlink queues every sender's flows into it: their send (and
+    their other receivers' receive) throughput over active time drops, and healthy members
+    look like stragglers or slow receivers. A straggler / slow_receiver finding of this group
+    on another member whose ratio is back above its warning without the flows to and from
+    the hot node(s) is the hot destination's doing: info, saying so. A member slow on its
+    other flows too (a real straggler next to a hot expert) keeps its finding."""
+    ctx, th = inp.ctx, inp.th
+    mine = [f for f in em.out if f.group == gi and f.kind in EXPLAINED_KINDS and f.severity != "info"]
+    if not mine:
+        return
+    gf = np.asarray(g.flows, dtype=np.int64)
+    rest = gf[~np.isin(ctx.nodes.src[gf], hot_nodes) & ~np.isin(ctx.nodes.dst[gf], hot_nodes)]
+    if not len(rest):
+        return
+    nt = node_throughput(ctx, rest, g.members)
+    pos = {ctx.nodes.ips[m]: i for i, m in enumerate(g.members)}
+    hot_set = {ctx.nodes.ips[int(h)] for h in hot_nodes}
+    for f in mine:
+        ip = f.entities.ips[0] if f.entities.ips else None
+        if ip is None or ip in hot_set or ip not in pos:
+            continue
+        r = float(nt[EXPLAINED_KINDS[f.kind]][pos[ip]])
+        if np.isfinite(r) and r > th[f.kind]["warning"]:
+            f.severity = "info"
+            f.evidence = dict(f.evidence, explained_by="hot_destination", hot_destination=hot_ip,
+                              ratio_without_hot=round(r, 4))
+            f.message += (f" -- explained by the hot destination {hot_ip}: without the flows to and from it the "
+                          f"ratio is {r:.2f}")
 
 
 def _capped(s, cap):
@@ -506,7 +544,10 @@ DETECTORS = [
                        'standard deviations after × 2 tests × the destinations; severity by its bytes / the mean '
                        'destination\'s in those phases (median) ≥ `warning` / ≥ `critical` 3.0; no byte floor. One node\'s '
                        'view: "as seen from", a warning only when it repeats over ≥ 2 iterations, else info; the hot node\'s '
-                       'own view: info when (nearly) every peer sends it ≥ `warning` × what it sends back in one phase',
+                       'own view: info when (nearly) every peer sends it ≥ `warning` × what it sends back in one phase. '
+                       'From a mirror it also turns a `straggler` / `slow_receiver` of the group on another member into '
+                       'info when that member\'s ratio is above its warning without the flows to and from the hot node '
+                       '(evidence `explained_by`, `ratio_without_hot`): the hot downlink\'s queue, not the member',
                  blames='the hot node (a drifting one: every window\'s, most observations first); flows into it',
                  thresholds=(Threshold("warning", 1.5, "ratio", "a source's bytes to its hottest destination / its mean per "
                                        "destination: an observation counts as skewed (fleet: a typical source's bytes "
