@@ -416,7 +416,8 @@ def _one(em, inp, g, r, cells, gi):
              if drift else f"hottest in {pct(persistence[hot_ips[0]])} of {n_it} iteration(s)")
     cs = [w["contrast"] for w in mine if w["contrast"]]
     ev["contrast"] = float(np.median(cs)) if cs else None
-    contrast = f" ({ev['contrast']:.2f}x what the same sources send each other destination)" if cs else ""
+    contrast = (f" ({ev['contrast']:.2f}x what {'it sends' if hub is not None else 'the same sources send'} "
+                f"each other destination)" if cs else "")
     if seen is None:
         who = f"{ev['sources']} source(s)"
         tail = ("hot expert/rank; rebalance experts or check the router's load-balancing loss"
