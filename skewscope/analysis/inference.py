@@ -6,7 +6,9 @@ interference, the slow tensor-parallel shard. Definitions: docs/metrics.md "Infe
   them <= decode.max_interval_s (5 ms), idle in between (median collective duration
   <= decode.max_duty (0.8) x the median interval; back-to-back bursts are the steps of one
   large collective), and small messages (median <= decode.max_message_bytes, 64 KiB: LL
-  sizes; larger ones are training steps).
+  sizes; larger ones are training steps). A ring whose iterations hold fewer than 2
+  all-reduces each (its messages per link per iteration < 2 x 2(N - 1)) is training: a TP
+  decode token runs >= 2 per layer, and the "collectives" found were the steps of one.
 * collectives: when the lowest break leaves too few collectives (it is the tokens' own:
   every gap inside a token alike; or other traffic on the links blurs the layer gaps), the
   wire's bursts at gaps >= 1 us instead (collective_source "wire_bursts", else
@@ -58,6 +60,18 @@ def prefill_split(ctx, flows):
     return big, thr
 
 
+def ring_allreduces_per_iteration(ctx, g, sel, iterations: int) -> float:
+    """A ring group's all-reduces per iteration from its messages: a ring all-reduce of N
+    members sends 2(N - 1) messages on each link (one per step; a SIMPLE step of more than
+    one slice sends more, which only overcounts)."""
+    f = ctx.ev_flow[sel]
+    if not len(f):
+        return 0.0
+    links = len(set(zip(ctx.nodes.src[f].tolist(), ctx.nodes.dst[f].tolist())))
+    steps = 2 * max(1, len(g.members) - 1)
+    return float(len(f)) / max(1, links) / steps / max(1, iterations)
+
+
 def decode_metrics(snap, g, th: dict) -> dict | None:
     """Decode cadence / prefill / slow shard metrics of a group, or None if it is not a
     decode-like group."""
@@ -85,6 +99,11 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
         a_s, a_e = tinfo["activity"]
         bs, be, _ = merge_sorted(np.ascontiguousarray(a_s), np.ascontiguousarray(a_e), MIN_GAP_NS)
     if len(bs) < int(th["min_collectives"]):
+        return None
+    if g.kind == "ring_allreduce" and 2 <= len(its) < len(bs) and \
+            ring_allreduces_per_iteration(ctx, g, sel, len(its)) < 2:
+        # a token of TP decode runs >= 2 all-reduces per layer; an iteration that holds one
+        # (its bursts are the ring's steps) is a training step, however small its messages
         return None
     d_all = np.diff(bs)
     if 2 <= len(its) < len(bs):

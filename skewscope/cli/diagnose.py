@@ -119,7 +119,8 @@ def run(snap, checks=None, thresholds=None) -> tuple[dict, int]:
         "status": status, "exit_code": code, "counts": counts, "findings": fs,
         "collectives": [{"kind": c["kind"], "pattern": c["pattern"], "members": c["members"],
                          "confidence": c["confidence"], "workload": c["metrics"].get("workload"),
-                         "period_s": c["metrics"].get("period_s")} for c in a["collectives"]],
+                         "period_s": c["metrics"].get("period_s"), "timing": c.get("timing")}
+                        for c in a["collectives"]],
         "timing": a["timing"],
         "checks": sorted(resolve_checks(checks or None)),
         "thresholds": a["thresholds"],

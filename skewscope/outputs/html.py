@@ -831,7 +831,14 @@ def _render(Figure, snap, doc) -> str:
     # timing
     parts.append('<h2 id="timing">Timing hierarchy (steps / collectives / iterations or tokens)</h2>')
     tm = doc.get("timing")
-    if tm:
+    timed = [(i, c) for i, c in enumerate(colls) if c.get("timing")]
+    if len(timed) > 1:              # two jobs on one fabric: every group's own timing
+        for i, c in timed:
+            gt = c["timing"]
+            parts.append(f"<p>group {i} ({_esc(c['kind'])}, {_esc(gt.get('workload') or '')}): "
+                         + _esc("; ".join(x.strip() for x in R.timing_lines(gt)) or f"period {_dur(gt.get('period_s'))}")
+                         + "</p>")
+    elif tm:
         parts.append("<p>" + _esc("; ".join(x.strip() for x in R.timing_lines(tm)) or
                                   f"period {_dur(tm.get('period_s'))}") + "</p>")
     if t1 > t0:

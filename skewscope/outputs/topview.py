@@ -460,8 +460,22 @@ def findings_sorted(analysis: dict | None) -> list[dict]:
 
 
 def timing_lines(analysis: dict | None) -> list[str]:
-    """The capture's timing (token period, ITL, step -> collective -> iteration), as report."""
-    return [x.strip() for x in R.timing_lines((analysis or {}).get("timing"))]
+    """The timing (token period, ITL, step -> collective -> iteration), as report: the
+    capture's; with several groups that have a rhythm (two jobs on one fabric), each
+    group's, prefixed by the group (index, kind, first member, workload)."""
+    a = analysis or {}
+    timed = [(i, c) for i, c in enumerate(a.get("collectives") or []) if isinstance(c, dict) and c.get("timing")]
+    if len(timed) <= 1:
+        return [x.strip() for x in R.timing_lines(a.get("timing"))]
+    out = []
+    for i, c in timed:
+        tm = c["timing"]
+        mem = c.get("members") or ["?"]
+        head = f"group {i} {c.get('kind')} {mem[0]}{'..+' + str(len(mem) - 1) if len(mem) > 1 else ''}"
+        per = f"period {tm['period_s'] * 1e3:.3f} ms" if tm.get("period_s") else ""
+        out.append(f"{head} {tm.get('workload') or ''}: {per}".rstrip(": "))
+        out += ["  " + x.strip() for x in R.timing_lines(tm)]
+    return out
 
 
 def collective_lines(analysis: dict | None, limit: int = 8) -> list[str]:
@@ -479,6 +493,8 @@ def collective_lines(analysis: dict | None, limit: int = 8) -> list[str]:
         parts = [str(c.get("kind") or "?"), f"{len(members)} nodes"]
         if c.get("confidence") is not None:
             parts.append(f"conf {float(c['confidence']):.2f}")
+        if m.get("workload"):                 # the group's own (two jobs on one fabric)
+            parts.append(str(m["workload"]))
         ds = m.get("dest_skew") or {}
         sl = m.get("slowest_link") or {}
         lr = m.get("link_rate_skew") or {}
