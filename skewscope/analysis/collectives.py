@@ -171,9 +171,13 @@ def exchange(ctx, flows: np.ndarray, a: int) -> tuple[float, float, int]:
 def small_pair_allreduce(ctx, flows: np.ndarray, a: int, hints: dict | None = None) -> str | None:
     """The evidence that the data flows both ways between 2 nodes (one of them `a`), in
     LL/LL128 messages or messages of a P2P chunk's size (a decode all-reduce of a larger
-    batch is 32/64 KiB too), are a 2-rank all-reduce (exchange()), or None."""
+    batch is 32/64 KiB too), or of sizes no NCCL protocol uses (another library), are a
+    2-rank all-reduce (exchange()), or None."""
     hints = hints or size_hints(ctx, flows)
-    label = {"ll": "LL", "ll128": "LL128", "p2p_chunks": "P2P-chunk-sized"}.get(hints["protocol"])
+    # NCCL's LL/LL128 or P2P-chunk sizes; or sizes of no NCCL class at all (another library:
+    # Open MPI's eager SENDs carry its header), where the timing alone decides
+    label = {"ll": "LL", "ll128": "LL128", "p2p_chunks": "P2P-chunk-sized", "other": "non-NCCL-sized"}.get(
+        hints["protocol"])
     if label is None:
         return None
     pr, bal, nm = exchange(ctx, flows, a)

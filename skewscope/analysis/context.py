@@ -164,6 +164,12 @@ class Context:
         flow (_event_columns)."""
         return self._evcols[3]
 
+    @cached_property
+    def ev_read(self) -> np.ndarray:
+        """Records that are an RDMA READ's data (reassigned to the flow its data comes back
+        on): their start is the request's, their on-wire time is not known."""
+        return self._records[1] == L.OPC_READ_RESP
+
     def data_events(self, flows) -> np.ndarray:
         """ev_data restricted to the records of `flows` (flow rows): a new bool array."""
         fm = np.zeros(len(self.flows), dtype=bool)
