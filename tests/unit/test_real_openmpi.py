@@ -126,10 +126,12 @@ def test_each_dpu_sees_its_ring_segment_and_the_token_period(vm, truth):
     assert len(rings) == 1 and rings[0]["upstream"] == [up] and rings[0]["downstream"] == [down]
     assert not [x for x in nt["groups"] if x["role"] == "kv_transfer"]    # barriers are no KV transfer
     assert rings[0]["iteration_s"]["p50"] == pytest.approx(truth["mpi"]["token_period_s"], rel=0.05)
-    # one DPU names nobody else as slow (its upstream's late data is an observation)
-    blamed = {f["entities"]["ips"][0] for f in an["findings"] if f["severity"] != "info"
-              and f["kind"] in ("ring_straggler", "slow_tp_shard", "straggler")}
-    assert blamed <= {ip}
+    # one DPU names nobody else (its upstream's late data is an observation), and no healthy
+    # node: the stalls every VM's link shows in and out at different times are the capture's
+    # and its peers' pacing (the mirror sees them on every node), not its port
+    slow = _slow(truth)
+    blamed = {(f["entities"]["ips"] or [None])[0] for f in an["findings"] if f["severity"] != "info"}
+    assert blamed <= ({ip} if ip in slow else set()), [(f["kind"], f["message"]) for f in an["findings"]]
 
 
 def test_the_slow_ranks_own_dpu_sees_it_start_late(truth):
