@@ -59,19 +59,20 @@ class Context:
     def _records(self):
         """(flow, opclass) of every record as the analysis reads them: an RDMA READ's record
         (written at its READ REQUEST, on the requester -> responder flow) belongs to the flow
-        its data comes back on, with opclass READ_RESP; -1 for a flow row out of range."""
+        its data comes back on, with opclass READ_RESP (flow rows out of range: -1 then)."""
         ev = self.events
         nf = len(self.flows)
+        if not (nf and len(ev) and (self.read_flow >= 0).any()):
+            # no READ to reassign: the records as they are (the kernels range-check the rows)
+            return np.ascontiguousarray(ev["flow"]), np.ascontiguousarray(ev["opclass"])
         f = ev["flow"].astype(np.int64)
         f = np.where((f >= 0) & (f < nf), f, -1)
         op = ev["opclass"].copy()
-        if nf and len(ev):
-            rf = self.read_flow
-            if (rf >= 0).any():
-                r = (op == L.OPC_READ_REQ) & (f >= 0)
-                r[r] &= rf[f[r]] >= 0
-                f[r] = rf[f[r]]
-                op[r] = L.OPC_READ_RESP
+        rf = self.read_flow
+        r = (op == L.OPC_READ_REQ) & (f >= 0)
+        r[r] &= rf[f[r]] >= 0
+        f[r] = rf[f[r]]
+        op[r] = L.OPC_READ_RESP
         return f, op
 
     @cached_property
