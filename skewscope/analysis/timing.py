@@ -87,6 +87,8 @@ COUNT_MIN_BURSTS = 3
 COUNT_DENSE = 64
 COUNT_GROWTH = 1.05
 COUNT_MAX_CUTS = 1 << 16
+#: ... counts within this share of the modal count are the same count (>= 50 messages)
+COUNT_TOL = 0.02
 #: ... and with a steady rate: at least COUNT_STEADY_SHARE of the spacings (per iteration)
 #: within COUNT_STEADY x their median
 COUNT_STEADY = (2.0 / 3.0, 1.5)
@@ -128,15 +130,19 @@ def count_bursts(s, e, c, floor=MIN_GAP_NS):
         cnt = cum[edges[1:]] - cum[edges[:-1]]
         vals, k = np.unique(cnt, return_counts=True)
         best = int(np.argmax(k * vals))                   # the count holding the most messages
-        if k[best] >= COUNT_MIN_BURSTS and k[best] * vals[best] >= COUNT_SHARE * total and vals[best] >= 2:
+        v = int(vals[best])
+        # one count, give or take COUNT_TOL of it (a message the capture lost or cut at an edge)
+        near = np.abs(cnt - v) <= int(COUNT_TOL * v)
+        nk = int(near.sum())
+        if nk >= COUNT_MIN_BURSTS and float(cnt[near].sum()) >= COUNT_SHARE * total and v >= 2:
             lo = gaps[order[m]] if m < len(order) else floor
             thr = float(np.sqrt(max(lo, 1.0) * g_m))
             bs = s[edges[:-1]]
             be = np.maximum.reduceat(e, edges[:-1])
-            modal = np.nonzero(cnt == vals[best])[0]
+            modal = np.nonzero(near)[0]
             # the spacing of two consecutive modal bursts over the iterations between them
             # (their messages / the modal count: a split or merged iteration in between)
-            units = np.round((cum[edges[modal[1:]]] - cum[edges[modal[:-1]]]) / float(vals[best]))
+            units = np.round((cum[edges[modal[1:]]] - cum[edges[modal[:-1]]]) / float(v))
             ok = units >= 1
             d = np.diff(bs[modal])[ok] / units[ok]
             per = float(np.median(d)) if len(d) else 0.0
