@@ -234,6 +234,19 @@ def cases():
         sc = _kv_into_decode(dec, pre, into, blk, **extra)
         tag = " ".join(f"{k}{v}" for k, v in extra.items())
         out.append((f"kv {len(pre)}p into {len(into)} of {len(dec)}-way TP {blk} {tag}".rstrip(), sc, None, gap))
+    # another collective library: Open MPI over verbs (generator library: mpi) -- eager SENDs
+    # or RDMA READ by the receiver (eager limit), control SENDs back, a start-up exchange
+    # between every pair (an MPI step is slower: iterations kept apart as compute keeps them)
+    for n, eager in [(3, "12KiB"), (6, "64KiB"), (12, "12KiB")]:
+        mpi = {"library": "mpi", "mpi": {"eager_bytes": eager}}
+        out.append((f"mpi ring-straggler n{n} eager{eager}",
+                    variant("ring-straggler", nodes=n, node=n // 2, period_ms=24.0, **mpi)))
+        out.append((f"mpi ring-healthy n{n} eager{eager}", variant("ring-healthy", nodes=n, period_ms=16.0, **mpi)))
+        out.append((f"mpi tp-slow n{n} eager{eager}", variant("tp-decode-slow-shard", nodes=n, node=n - 1, **mpi)))
+        out.append((f"mpi tp-healthy n{n} eager{eager}", variant("tp-decode-healthy", nodes=n, **mpi)))
+        if n > 3:
+            out.append((f"mpi alltoallv-hot n{n} eager{eager}", variant("mpi-alltoallv-hot", nodes=n, node=1, **mpi)))
+            out.append((f"mpi alltoall-healthy n{n} eager{eager}", variant("alltoall-healthy", nodes=n, **mpi)))
     return [(*c, None, None)[:4] for c in out]
 
 

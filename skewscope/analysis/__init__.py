@@ -116,7 +116,10 @@ def clean(x):
 def _group_result(ctx, g, th) -> dict:
     fm = np.zeros(len(ctx.flows), dtype=bool)
     fm[g.flows] = True
-    tm, tinfo = group_timing(ctx, fm, members=g.members)
+    dec = decode_metrics(ctx, g, th["decode"]) if g.kind in ("ring_allreduce", "all_to_all", "tree_allreduce") else None
+    # a decode group's tokens are decode_metrics' (natural breaks); iterations by their
+    # message counts would be its collectives when prefill makes the tokens' counts differ
+    tm, tinfo = group_timing(ctx, fm, members=g.members, counts=dec is None)
     r = dict(tm)
     r["bytes"] = float(ctx.volume[g.flows].sum())
     r["flows"] = int(len(g.flows))
@@ -151,11 +154,10 @@ def _group_result(ctx, g, th) -> dict:
         r.update(kv_metrics(ctx, g))
     else:
         r.update(p2p_metrics(ctx, g, tinfo))
+    if dec is not None:
+        r["decode"] = dec
+        r["workload"] = "decode"
     if g.kind in ("ring_allreduce", "all_to_all", "tree_allreduce"):
-        dec = decode_metrics(ctx, g, th["decode"])
-        if dec is not None:
-            r["decode"] = dec
-            r["workload"] = "decode"
         r["_steps"] = group_steps(ctx, g, r, tinfo)       # hierarchy, gates (analysis.steps)
     r.setdefault("workload", "training" if r.get("period_s") else None)
     return r, GroupEvidence.split(r)

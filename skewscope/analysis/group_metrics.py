@@ -256,6 +256,10 @@ def alltoall_metrics(snap, g, tinfo) -> dict:
     si = pos[ctx.nodes.src[f[ok]]]
     di = pos[ctx.nodes.dst[f[ok]]]
     ps, pe, ordn, K = phases(ctx, g.flows, tinfo)
+    # most bytes moved by RDMA READs (Open MPI's RGET): their records carry the request time
+    # only, no on-wire time whose gaps could separate phases; each READ is a transfer of its
+    # own, and its ordinal on its flow inside the iteration is its phase
+    reads = bool(ok.any()) and float(by[ctx.ev_read[ok]].sum()) > 0.5 * float(by.sum())
     # whole window matrix (without message records -- sampling, records lost -- from the
     # flows' payload bytes)
     if ok.any():
@@ -269,11 +273,11 @@ def alltoall_metrics(snap, g, tinfo) -> dict:
     mats = []
     cells = None
     coverage = None
-    if K >= 2:
+    if K >= 2 or reads:
         # phase of a message = ordinal of its transfer on its own flow inside the iteration
         # (transfers: the flow's messages merged across gaps <= the phase break): robust to
         # a late node, whose phases are shifted in time but not in order
-        thr = tinfo.get("phase_threshold_ns")
+        thr = 0.0 if reads else tinfo.get("phase_threshold_ns")
         rec_ord, K2 = _flow_phase_ordinals(ctx, g.flows, ok, tinfo["bursts_start"], thr)
         if K2 >= 1:
             K = K2

@@ -89,7 +89,9 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
     tm, tinfo = group_timing(ctx, fm, members=g.members, ev_mask=dmask, level="collective")
     bs, be = tinfo["bursts_start"], tinfo["bursts_end"]
     # iterations (tokens, or prefill cycles) above the collective level, when there are any
-    tm_it, ti_it = group_timing(ctx, fm, ev_mask=dmask)
+    # (tokens by their natural breaks only: a token split by a KV stall into pieces of other
+    # message counts must keep that stall inside the cadence)
+    tm_it, ti_it = group_timing(ctx, fm, ev_mask=dmask, counts=False)
     its = ti_it["bursts_start"]
     src = "breaks"
     if len(bs) < int(th["min_collectives"]) and len(tinfo["activity"][0]):

@@ -11,9 +11,11 @@ def stalls(inp, em):
     ips = inp.ctx.nodes.ips
     st = inp.ctx.fstat
     done = {tuple(f.entities.ips[:1]) for f in em.out if f.kind == "slow_link"}
-    culprits, total, irr = inp.stall_culprits
+    culprits, total, irr, one_host = inp.stall_culprits
     if irr:
-        irregular(em, f"{total} data flows stall, spread over most nodes", None)
+        irregular(em, f"{total} data flows stall, " + ("in and out of this host at different times (one host's "
+                                                        "view: its peers' pacing, not its port)" if one_host else
+                                                        "spread over most nodes"), None)
     for m, fl in culprits:
         if (ips[m],) in done:
             continue
