@@ -101,11 +101,11 @@ class Clock:
         utc = " UTC" if self.offset is not None else ""
         if until is None:
             if at_start:
-                return (f"since the capture's start ({self._at(since)}{utc}), still at its end" if utc
-                        else "since the capture's start, still at its end")
+                return (f"since the capture's start ({self._at(since)}{utc}), still holding at the end of the data" if utc
+                        else "since the capture's start, still holding at the end of the data")
             a = self._at(since)
-            return (f"since {a}{utc} ({self._off(since)} into the capture), still at its end" if a
-                    else f"since {self._off(since)} into the capture, still at its end")
+            return (f"since {a}{utc} ({self._off(since)} into the capture), still holding at the end of the data" if a
+                    else f"since {self._off(since)} into the capture, still holding at the end of the data")
         d_s = max(0.0, until - since)
         dur = rel(d_s)
         if at_start:

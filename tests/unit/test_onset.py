@@ -337,8 +337,8 @@ def test_every_finding_has_since_until_json():
 def test_when_text_and_clock():
     ck = Clock.of({"first_ts": 1_700_000_000_000_000_000, "last_ts": 1_700_000_093_000_000_000})
     assert ck.text(None) == ""
-    assert ck.text(1_700_000_000.0) == "since the capture's start (22:13:20.000 UTC), still at its end"
-    assert ck.text(1_700_000_012.3) == "since 22:13:32.300 UTC (+12.3 s into the capture), still at its end"
+    assert ck.text(1_700_000_000.0) == "since the capture's start (22:13:20.000 UTC), still holding at the end of the data"
+    assert ck.text(1_700_000_012.3) == "since 22:13:32.300 UTC (+12.3 s into the capture), still holding at the end of the data"
     assert ck.text(1_700_000_087.812, 1_700_000_087.834) == \
         "from 22:14:47.812 to 22:14:47.834 UTC (+87.812 s to +87.834 s; 22 ms)"
     # a live window (monotonic ns): its last read's wall time puts it on the wall clock
@@ -349,7 +349,7 @@ def test_when_text_and_clock():
     assert cap.wall(7.5) == pytest.approx(2002.5)
     # no wall clock at all: offsets only
     bare = Clock.of({"first_ts": 5_000_000_000, "last_ts": 15_000_000_000, "clock": "monotonic"})
-    assert bare.text(7.5) == "since +2.5 s into the capture, still at its end"
+    assert bare.text(7.5) == "since +2.5 s into the capture, still holding at the end of the data"
 
 
 def test_tracker_opens_at_the_onset():
@@ -395,7 +395,7 @@ def test_watch_from_file_opens_at_the_onset(tmp_path):
     assert "since 2025-01-01T00:00:00.001Z, still holding" in r.output
     # diagnose: the line under the finding, and the JSON's clock
     r = CliRunner().invoke(main, ["diagnose", str(out)])
-    assert "since 00:00:00.0010" in r.output and "into the capture), still at its end" in r.output
+    assert "since 00:00:00.0010" in r.output and "into the capture), still holding at the end of the data" in r.output
     d = json.loads(CliRunner().invoke(main, ["diagnose", str(out), "--json"]).output)
     f = [x for x in d["findings"] if x["kind"] == "incast"][0]
     assert d["capture"]["first_s"] <= f["since"] <= d["capture"]["last_s"] and d["capture"]["clock"] == "pcap"
