@@ -8,10 +8,11 @@ Two kinds of evidence over time, one function each:
   its share, rate ratio, lag, ...): `series_onset(t, y, ...)` looks for the one stretch
   [a, b) of the series that stands out in the worse direction from the rest (an "epidemic"
   change-point scan on the ranks: robust to outliers, no distribution assumed), at least
-  MIN_SEG observations inside and in each part outside, significant against the scan's own
-  chance level (z_min). Without such a stretch, or when the rest is not on the healthy
-  side of the kind's threshold (a condition that only changes strength), the condition
-  held over the whole series: since = its first observation, until = None. A stretch at
+  MIN_SEG observations inside and outside (MIN_EDGE in each part outside), significant
+  against the scan's own chance level (z_min). Without such a stretch, or when the rest
+  is not on the healthy side of the kind's threshold (a condition that only changes
+  strength), the condition held over the whole series: since = its first observation,
+  until = None. A stretch at
   the start: it ended (until = the end of its last observation); at the end: it began
   (since = the start of its first observation); in the middle: both.
 * **occurrences** (sparse events: stalled messages, CNPs, interfered spacings, incast
@@ -34,6 +35,9 @@ from skewscope.analysis.intervals import keyed_intervals
 
 #: observations inside the stretch, and in each part of the series outside it, at least
 MIN_SEG = 3
+#: each part outside the stretch (before, after) has at least this many observations, or none
+#: (a healthy stretch at both ends of a short series: 2 + 2 around the condition)
+MIN_EDGE = 2
 #: a series longer than this is averaged in consecutive groups down to this many points
 #: (the scan is O(n^2)); the onset's resolution is then one group
 MAX_POINTS = 240
@@ -70,8 +74,8 @@ def z_min(n: int) -> float:
     """The scan's significance bar for n observations: the 99.9th percentile of the
     largest standardized rank sum over the admissible stretches of n iid observations
     (measured by simulation, tests/unit/test_onset.py::test_scan_chance_level), rounded up:
-    ~3.7 at n = 20, ~3.9 at 40, ~4.6 at 240."""
-    return 2.5 + 0.9 * math.log10(max(2, n))
+    ~3.8 at n = 20, ~4.0 at 40, ~4.7 at 240."""
+    return 2.6 + 0.9 * math.log10(max(2, n))
 
 
 def _ranks(y: np.ndarray) -> np.ndarray:
@@ -93,7 +97,7 @@ def scan(y, worse: int = 1, min_seg: int = MIN_SEG) -> tuple[int, int, float]:
     is worse, -1: lower) from the rest, and its z (the standardized sum of its standardized
     ranks: ~N(0, 1) for one stretch of an exchangeable series). Admissible: >= min_seg
     observations inside and outside; an outside part before (after) it is empty or has
-    >= min_seg. (0, n, 0.0) when nothing is admissible or the series is constant."""
+    >= min(min_seg, MIN_EDGE). (0, n, 0.0) when nothing is admissible or the series is constant."""
     y = np.asarray(y, dtype=np.float64)
     n = len(y)
     if n < 2 * min_seg:
@@ -108,7 +112,8 @@ def scan(y, worse: int = 1, min_seg: int = MIN_SEG) -> tuple[int, int, float]:
     b = np.arange(n + 1)[None, :]
     n_in = b - a
     n_out = n - n_in
-    ok = (n_in >= min_seg) & (n_out >= min_seg) & ((a == 0) | (a >= min_seg)) & ((b == n) | (n - b >= min_seg))
+    edge = min(min_seg, MIN_EDGE)
+    ok = (n_in >= min_seg) & (n_out >= min_seg) & ((a == 0) | (a >= edge)) & ((b == n) | (n - b >= edge))
     if not ok.any():
         return 0, n, 0.0
     with np.errstate(invalid="ignore", divide="ignore"):
