@@ -136,6 +136,8 @@ def _group_result(ctx, g, th) -> dict:
     r["_start_lag_ns"] = lags
     r["_send_dev_ns"] = tinfo.get("send_dev_ns")
     r["_recv_dev_ns"] = tinfo.get("recv_dev_ns")
+    if tinfo.get("bursts_start") is not None:
+        r["_bursts"] = (tinfo["bursts_start"], tinfo["bursts_end"])
     if g.kind != "ring_allreduce":
         nt = node_throughput(ctx, g.flows, g.members)
         r["_node_tp"] = nt

@@ -174,7 +174,10 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
                           "bytes": int(ctx.events["bytes"][pb].sum()),
                           "interfered_intervals": int(len(hit)), "stretched_intervals": int(len(stretched)),
                           "stall_s": stall / 1e9, "stall_share": stall / span if span > 0 else 0.0,
-                          "max_interval_s": float(d[hit].max()) / 1e9 if hit else None}
+                          "max_interval_s": float(d[hit].max()) / 1e9 if hit else None,
+                          # the interfered spacings [end of a collective, start of the next]
+                          # (ns): the onset's occurrences (not in the JSON)
+                          "_hit_ns": (be[hit], bs[np.asarray(hit, dtype=np.int64) + 1]) if hit else None}
         # cadence without the interfered intervals
         clean = np.delete(d, hit) if hit else d
         if len(clean):

@@ -20,6 +20,7 @@ import numpy as np
 
 from skewscope.core import layout as L
 from skewscope.core.snapshot import Snapshot, ip_str
+from skewscope.outputs.when import Clock
 
 
 def hist_pairs(row: np.ndarray) -> list[list[int]]:
@@ -184,9 +185,13 @@ def human(snap: Snapshot, analysis: dict | None = None, top: int = 20, console=N
         fs = analysis["findings"]
         if not fs:
             con.print("[green]no findings: traffic looks healthy[/green]")
+        clock = Clock.of(m)
         for fd in fs:
             color = {"critical": "red", "warning": "yellow"}.get(fd["severity"], "cyan")
             con.print(f"[{color}]{fd['severity'].upper():8s}[/{color}] {fd['kind']}: {fd['message']}")
+            when = clock.text(fd.get("since"), fd.get("until"))
+            if when:
+                con.print(f"{'':9s}{when}", highlight=False)
 
 
 def _kv_lines(m: dict) -> list[str]:

@@ -46,6 +46,7 @@ import numpy as np
 from skewscope.analysis.detectors.common import impact_of, pct, sev
 from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
 from skewscope.analysis.group_metrics import node_throughput
+from skewscope.analysis.onset import series_onset
 from skewscope.analysis.significance import additive_contrast, binom_sf, t_sf, z_of
 
 _MIN_OBS = Threshold("min_observations", 3, "count",
@@ -348,6 +349,23 @@ def own_asymmetry(cells, t) -> dict | None:
     return best
 
 
+def hot_onset(cells, t, hot_positions):
+    """Onset of a hot destination (set): per iteration (collective), the largest share over
+    its phases of the (source) observations whose hottest destination is skewed and one of
+    `hot_positions` (analysis.onset.series_onset, threshold `majority`); None without
+    iteration times."""
+    st, en = np.asarray(cells["start_ns"], dtype=np.float64), np.asarray(cells["end_ns"], dtype=np.float64)
+    if len(st) < 2 or not (st > 0).all():
+        return None
+    hot, _, _, valid, _ = observations(cells, t["warning"])
+    named = (np.isin(hot, list(hot_positions)) & valid).sum(axis=2)      # [I, K]
+    nv = valid.sum(axis=2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(nv > 0, named / np.maximum(nv, 1), np.nan)
+    y = np.where(np.isfinite(share).any(axis=1), np.nanmax(np.where(np.isfinite(share), share, -1.0), axis=1), np.nan)
+    return series_onset(st, y, worse=1, thr=t["majority"], t_end=en)
+
+
 def _one(em, inp, g, r, cells, gi):
     ctx, th = inp.ctx, inp.th
     ips = ctx.nodes.ips
@@ -391,6 +409,7 @@ def _one(em, inp, g, r, cells, gi):
         lost = sum(w["_excess"] for w in found) * 8 * ctx.scale / (link * 1e9) / n_it
     imp = impact_of(lost, period)
     wins = [{k: v for k, v in w.items() if not k.startswith("_")} for w in found]
+    onset = hot_onset(cells, t, order)
     # vantage: a mirror sees every source; one node's view sees its own sends (a warning
     # only when its routing repeats the hot destination over iterations)
     seen = ips[mem[hub]] if hub is not None else None
@@ -433,7 +452,7 @@ def _one(em, inp, g, r, cells, gi):
            f"{'as seen from ' + seen + ': ' if seen else ''}{hot_ips[0]} receives {mom:.2f}x the mean destination's "
            f"bytes{contrast}, hottest in {ev['observations']} (source, phase) observations of {who} ({pct(share or 0)} "
            f"of its phases' bytes, fair share {pct(1 / n)}); {where}: {tail}",
-           ev, flows=into_hot, group=gi, impact=imp)
+           ev, flows=into_hot, group=gi, impact=imp, onset=onset)
     if seen is None and cap != "info":
         _explained_rates(em, inp, g, gi, hot_nodes, hot_ips[0])
     t2 = th["alltoall_destination_skew"]
@@ -449,7 +468,8 @@ def _one(em, inp, g, r, cells, gi):
                {"per_source_max_over_mean": ps, "dest_max_over_mean": ds.get("max_over_mean"),
                 "dest_gini": ds.get("gini"), "dest_jain": ds.get("jain"), "phase": r.get("dest_skew_phase"),
                 "hot_destination": hot_ips[0], "persistence": persistence[hot_ips[0]], "drift": drift,
-                "windows": wins, "vantage": ev["vantage"], "seen_from": seen}, flows=into_hot, group=gi, impact=imp)
+                "windows": wins, "vantage": ev["vantage"], "seen_from": seen}, flows=into_hot, group=gi, impact=imp,
+               onset=onset)
 
 
 #: rate-based verdicts on other members that a hot destination explains
@@ -535,7 +555,8 @@ DETECTORS = [
                  blames='the hot destination(s), then the members',
                  thresholds=(Threshold("warning", 1.5, "ratio", "per-source max/mean bytes per destination: warning"),
                              Threshold("critical", 3.0, "ratio", "per-source max/mean bytes per destination: critical"),
-                             _MIN_OBS)),
+                             _MIN_OBS),
+                 onset="as `hot_destination` (the same observations)"),
             Kind("hot_destination",
                  fires='all-to-all: one destination is the single hottest (≥ `warning` 1.5 × the source\'s mean per '
                        'destination) in ≥ `min_observations` (3) (source, phase) observations — sources of one collective '
@@ -554,6 +575,11 @@ DETECTORS = [
                                        "destination: an observation counts as skewed (fleet: a typical source's bytes "
                                        "to it / to each other node): warning"),
                              Threshold("critical", 3.0, "ratio", "the hot destination's bytes / the mean destination's (median over its phases): critical"),
-                             _MIN_OBS, _MAJORITY, _MIN_Z, _NOISE)),
+                             _MIN_OBS, _MAJORITY, _MIN_Z, _NOISE),
+                 onset="per iteration (collective), the largest share over its phases of the sources whose hottest "
+                       "destination is skewed and one of the finding's hot destinations (a drifting one: any of its "
+                       "windows'); the stretch of iterations with a median share ≥ `majority` against the rest below "
+                       "it (the series scan); since/until at an iteration's start / end. The hot node's own view "
+                       "(info): generic"),
         )),
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from skewscope.analysis.detectors.registry import Entities, Finding, Threshold
+from skewscope.analysis.detectors.registry import ONSET_FNS, Entities, Finding, Threshold
 
 #: the MAD floor of an outlier test (ns): a spread of start lags below 1 us is clock noise
 #: and would make a few-us lag look like many MADs
@@ -21,9 +21,12 @@ class Emitter:
         self.checks = checks
         self.out: list[Finding] = []
 
-    def add(self, kind, severity, ips, message, evidence, flows=(), qps=None, group=None, impact=None):
+    def add(self, kind, severity, ips, message, evidence, flows=(), qps=None, group=None, impact=None,
+            onset=None, since=None, until=None):
         """ips: node indices or IP strings (the blamed first; duplicates dropped); flows:
-        flow indices; qps: default = the flows' dest QPs; impact: impact_of(...) or None."""
+        flow indices; qps: default = the flows' dest QPs; impact: impact_of(...) or None;
+        onset: an analysis.onset.Onset (ns), or since/until in seconds (the Finding's unit);
+        neither: the generic onset (fill_onsets, after every detector ran)."""
         if kind not in self.checks or severity is None:
             return
         ips_out = []
@@ -34,8 +37,10 @@ class Emitter:
         fl = self.ctx.flow_keys(flows) if len(flows) else []  # analysis.context: the node table's strings
         if qps is None:
             qps = sorted({k[2] for k in fl})
+        if onset is not None:
+            since, until = onset.seconds()
         self.out.append(Finding(kind, severity, Entities(ips_out, [int(q) for q in qps], fl), evidence, message,
-                                group, impact))
+                                group, impact, since, until, rows=np.asarray(flows, dtype=np.int64)))
 
     def add_fleet(self, kind, severity, ips, message, evidence, pairs=(), impact=None):
         """A fleet finding: ips as strings; pairs: (src, dst) node pairs, entities.flows
@@ -47,6 +52,33 @@ class Emitter:
 
     def has(self, kind, pred=lambda f: True) -> bool:
         return any(f.kind == kind and pred(f) for f in self.out)
+
+    def fill_onsets(self, inp=None) -> None:
+        """The onset of the findings whose detector set no `since`: the kind's own late
+        function (registry.ONSET_FNS, given the Inputs), else the generic one
+        (registry.ONSET_FALLBACK): the first data record of the finding's flows (else their
+        first packet), until null."""
+        if inp is not None:
+            for f in self.out:
+                if f.since is None and f.kind in ONSET_FNS:
+                    o = ONSET_FNS[f.kind][0](inp, f)
+                    if o is not None and o.since_ns is not None:
+                        f.since, f.until = o.seconds()
+        todo = [f for f in self.out if f.since is None and f.rows is not None and len(f.rows)]
+        if not todo:
+            return
+        ctx = self.ctx
+        fs = ctx.__dict__.get("_fstat")          # the records' stats, only when already computed
+        first = fs[0]["first_start"] if fs is not None else np.full(len(ctx.flows), np.nan)
+        pkt = ctx.cols["first_ts"].astype(np.float64)
+        for f in todo:
+            r = f.rows
+            t = first[r]
+            t = t[np.isfinite(t)]
+            if not len(t):
+                t = pkt[r][ctx.cols["packets"][r] > 0]
+            if len(t):
+                f.since, f.until = float(t.min()) / 1e9, None
 
 
 # ---- impact -------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ class GroupEvidence:
     a2a_cells: dict | None = None             # all-to-all: per (iteration, phase) volume matrices (group_metrics._iteration_cells)
     kv: dict | None = None                    # kv_transfer: per-transfer arrays (analysis.kv.kv_metrics)
     decode_colls: tuple | None = None         # decode groups: (collective starts, ends) ns (analysis.inference)
+    bursts: tuple | None = None               # (iteration starts, ends) ns (timing.group_timing): onset series
+    decode_iters: np.ndarray | None = None    # decode groups: token (iteration) starts ns, or None
 
     @classmethod
     def of(cls, r: dict) -> "GroupEvidence":
@@ -41,7 +43,7 @@ class GroupEvidence:
         return cls(links=r.get("_links"), node_tp=r.get("_node_tp"), start_lag_ns=r.get("_start_lag_ns"),
                    send_dev_ns=r.get("_send_dev_ns"), recv_dev_ns=r.get("_recv_dev_ns"),
                    decode_start_lag_ns=tinfo.get("start_lag_ns"), a2a_cells=r.get("_a2a_cells"), kv=r.get("_kv"),
-                   decode_colls=_colls(tinfo))
+                   decode_colls=_colls(tinfo), bursts=r.get("_bursts"), decode_iters=tinfo.get("iter_starts"))
 
     @classmethod
     def split(cls, r: dict) -> "GroupEvidence":
@@ -52,7 +54,8 @@ class GroupEvidence:
         return cls(links=r.pop("_links", None), node_tp=r.pop("_node_tp", None),
                    start_lag_ns=r.pop("_start_lag_ns", None), send_dev_ns=r.pop("_send_dev_ns", None),
                    recv_dev_ns=r.pop("_recv_dev_ns", None), decode_start_lag_ns=tinfo.get("start_lag_ns"),
-                   a2a_cells=r.pop("_a2a_cells", None), kv=r.pop("_kv", None), decode_colls=_colls(tinfo))
+                   a2a_cells=r.pop("_a2a_cells", None), kv=r.pop("_kv", None), decode_colls=_colls(tinfo),
+                   bursts=r.pop("_bursts", None), decode_iters=tinfo.get("iter_starts"))
 
 
 def _colls(tinfo: dict) -> tuple | None:

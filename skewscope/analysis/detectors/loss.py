@@ -6,6 +6,7 @@ import numpy as np
 
 from skewscope.analysis.detectors.common import by_pair, pct, qp_list
 from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.onset import resend_onset
 from skewscope.core import layout as L
 
 
@@ -66,7 +67,7 @@ def loss(inp, em):
                   if severity == "info" else ""),
                {"psn_gaps": gaps, "psn_skipped": skipped, "loss_rate": rate,
                 "retransmissions": float(cg["retransmissions"][f].sum()), "naks_psn_sequence": naks,
-                "flows": len(f), "resent_share": cost}, flows=f)
+                "flows": len(f), "resent_share": cost}, flows=f, onset=resend_onset(ctx, f, int(gaps)))
     t = th["retransmissions"]
     for s, d, f in by_pair(ctx, np.nonzero(cg["retransmissions"] >= max(1, t["min_packets"]))[0]):
         retx = float(cg["retransmissions"][f].sum())
@@ -80,7 +81,8 @@ def loss(inp, em):
                   + (f" ({_share(share)} of its packets: no measurable cost)" if severity == "info" else
                      f" ({_share(share)} of its packets resent)")),
                {"retransmissions": retx, "psn_gaps": float(cg["psn_gaps"][f].sum()), "flows": len(f),
-                "retransmitted_share": share}, flows=f)
+                "retransmitted_share": share}, flows=f,
+               onset=resend_onset(ctx, f, int(cg["psn_gaps"][f].sum()) or int(retx)))
     t = th["nak_errors"]
     tot = cg["nak_seq"] + cg["nak_rnr"] + cg["nak_other"]
     raw_naks = ctx.cols["nak_seq"] + ctx.cols["nak_rnr"] + ctx.cols["nak_other"]
@@ -110,7 +112,8 @@ def loss(inp, em):
                + (f" ({_share(share)} of the requests: no measurable cost)" if severity == "info" and not gaps else ""),
                {"psn_sequence_error": seq, "rnr": rnr, "other": oth, "flows": len(f), "nak_share": share},
                flows=data_flows + f.tolist(),
-               qps=sorted({int(q) for q in fl["dest_qp"][f]} | {int(q) for q in fl["dest_qp"][data_flows]}))
+               qps=sorted({int(q) for q in fl["dest_qp"][f]} | {int(q) for q in fl["dest_qp"][data_flows]}),
+               onset=resend_onset(ctx, data_flows, int(seq + rnr + oth)))
 
 
 DETECTORS = [
@@ -124,20 +127,26 @@ DETECTORS = [
                  thresholds=(Threshold("min_gaps", 1, "count", "PSN gaps on a flow, at least"),
                              Threshold("critical", 1e-3, "fraction", "PSNs skipped / requests: critical"),
                              Threshold("warning", 1e-3, "fraction", "(skipped + retransmitted) / requests: warning at or above"),
-                             Threshold("warning_events", 2, "count", "PSN gaps on the link: warning at or above"))),
+                             Threshold("warning_events", 2, "count", "PSN gaps on the link: warning at or above")),
+                 onset="the flow table counts losses without time, but a go-back-N resend stretches the message it hits: "
+                       "the flows' N most stretched messages (N = the PSN gaps; wire time / what the flow's median message "
+                       "rate predicts, ≥ 4 robust standard deviations above the flows' median, ≥ +1 %) as an episode "
+                       "against the flows' data; none, or no records (live): generic"),
             Kind("retransmissions",
                  fires='per link: retransmitted packets ≥ `min_packets`; info when every flow also shows gaps (recovery of the loss above); else (loss after the observation point, timeouts) by what the resends cost: critical when retransmitted / requests ≥ `critical` (1 %), warning when ≥ `warning` (0.1 %) and ≥ `warning_events` (2) packets, else info (one resend in a long run: a line, not a page)',
                  blames='src, dst',
                  thresholds=(Threshold("min_packets", 1, "count", "retransmitted packets on a flow, at least"),
                              Threshold("warning", 1e-3, "fraction", "retransmitted / requests: warning at or above"),
                              Threshold("warning_events", 2, "count", "retransmitted packets: warning at or above"),
-                             Threshold("critical", 1e-2, "fraction", "retransmitted / requests: critical"))),
+                             Threshold("critical", 1e-2, "fraction", "retransmitted / requests: critical")),
+                 onset="as `packet_loss` (N = the PSN gaps, else the retransmitted packets)"),
             Kind("nak_errors",
                  fires='per link of NAK senders: NAKs ≥ `min_naks`; other syndromes (remote access / invalid request) critical; PSN sequence errors info when the data flow shows gaps (the loss above); RNR and the other PSN sequence errors by what they cost: critical when NAKs / the NAKed requests ≥ `critical` (1 %), warning when ≥ `warning` (0.1 %) and ≥ `warning_events` (2) NAKs, else info',
                  blames='the requester, then the responder',
                  thresholds=(Threshold("min_naks", 1, "count", "NAKs on a flow, at least"),
                              Threshold("warning", 1e-3, "fraction", "NAKs / the NAKed requests: warning at or above"),
                              Threshold("warning_events", 2, "count", "NAKs: warning at or above"),
-                             Threshold("critical", 1e-2, "fraction", "NAKs / the NAKed requests: critical"))),
+                             Threshold("critical", 1e-2, "fraction", "NAKs / the NAKed requests: critical")),
+                 onset="as `packet_loss` (N = the NAKs), on the data flows the NAKs answer"),
         )),
 ]

@@ -20,6 +20,7 @@ from skewscope.analysis.detectors.common import (
     us,
 )
 from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.onset import episode, slowdown_onset
 from skewscope.analysis.steps import member_summary, persistent
 
 #: a member's rate is judged only when its links' messages have >= this many packets (median):
@@ -167,7 +168,10 @@ def rates_and_lags(inp, em):
                    f"peers' rate{(' (' + gbps(float(np.median(rate))) + ' per QP)') if rate else ''}: check its port "
                    "speed, cable/optics, FEC errors and NIC link state",
                    {"send_ratio": float(sb[i]), "recv_ratio": float(rb[i]), "mode": "slow"},
-                   flows=out_flows[m] + in_flows[m], group=gi)
+                   flows=out_flows[m] + in_flows[m], group=gi,
+                   onset=slowdown_onset(ctx, out_flows[m] + in_flows[m],
+                                        [f for f in gf.tolist() if int(ctx.nodes.src[f]) != m and int(ctx.nodes.dst[f]) != m],
+                                        thr=tl["warning"]))
         # 2. silent both ways in some iterations: flaps
         sd, rd = ev.send_dev_ns, ev.recv_dev_ns
         late = set()
@@ -191,7 +195,8 @@ def rates_and_lags(inp, em):
                            f"{len(bl)} iterations while its peers proceed: a flapping link or port; check link "
                            "down/up events and error counters",
                            {"late_iterations": int(bl.sum()), "iterations": int(len(bl)), "max_delay_s": worst / 1e9,
-                            "mode": "flapping"}, flows=out_flows[m] + in_flows[m], group=gi)
+                            "mode": "flapping"}, flows=out_flows[m] + in_flows[m], group=gi,
+                           onset=_late_onset(ev.bursts, bl))
             elif cand:
                 irregular(em, f"{len(cand)} of {nm} members of a {g.kind} are late both ways in the same "
                           "iterations", gi)
@@ -270,7 +275,20 @@ def rates_and_lags(inp, em):
                        [m] + sorted(srcs),
                        f"every sender slows down towards {ips[m]} ({rr[i]:.2f}x the median receive rate) without CE "
                        "marks: its ingress is the bottleneck (PFC-paused port, receiver NIC/PCIe, ECN disabled?)",
-                       {"recv_ratio": float(rr[i])}, flows=in_flows[m], group=gi)
+                       {"recv_ratio": float(rr[i])}, flows=in_flows[m], group=gi,
+                       onset=slowdown_onset(ctx, in_flows[m], [f for x in mem if x != m for f in in_flows[x]],
+                                            thr=t["warning"]))
+
+
+def _late_onset(bursts, late):
+    """A flap's onset: the iterations it was late both ways in, as an episode against the
+    group's iterations."""
+    if bursts is None or late is None or not late.any():
+        return None
+    bs, be = (np.asarray(x, dtype=np.float64) for x in bursts)
+    k = min(len(bs), len(late))
+    sel = np.asarray(late[:k], dtype=bool)
+    return episode(bs[:k][sel], be[:k][sel], float(bs[0]), float(be.max()))
 
 
 def rotation(steps: dict | None, t: dict, nm: int):
@@ -350,7 +368,9 @@ DETECTORS = [
                  fires="all-to-all: a member's receive throughput ratio ≤ `warning` 0.8 (critical 0.5), not CE-marked, not explained by slow senders",
                  blames='the receiver, then its senders',
                  thresholds=(Threshold("warning", 0.8, "ratio", "receive throughput / the members' median: warning at or below"),
-                             Threshold("critical", 0.5, "ratio", "receive throughput / the members' median: critical at or below"))),
+                             Threshold("critical", 0.5, "ratio", "receive throughput / the members' median: critical at or below")),
+                 onset="per time bin, the median message rate into it / into the other members (series scan, lower is "
+                       "worse, threshold `warning`)"),
             Kind("slow_link",
                  fires="a node slow both ways: send and receive ratio ≤ `warning` 0.8 (critical 0.5) (`mode: slow`; in a ring its slowest out- and in-link against the median of the links that do not touch it: its port slows two links, in a ring of 3 the median; not when other traffic arriving at the node and at the end of its slowest out-link, while the ring runs, is ≥ 25 % of the ring's bytes into each: shared downlinks, e.g. KV transfers into decode members); or late ≥ `min_late_s` (50 µs) both as sender and receiver in ≥ 2 and ≥ `late_share` (30 %) of the iterations (`mode: flapping`); or the stalled data flows (a message ≥ 2× its flow's typical time, by ≥ `min_stall_s` = 50 µs) concentrate on it — ≥ 80 % of them touch it, in both directions (`mode: stalls`). Flaps and stalls are node faults only as outliers: when they spread over more than a quarter of the nodes, one `sampling` info says the capture's timing is irregular instead; in one host's view (every data flow touches it, so it collects every stall) its stalls are its port's only when its in- and out-stalls coincide for ≥ 50 % of the smaller side's stalled time, else the same `sampling` info",
                  blames='the node',
@@ -358,7 +378,11 @@ DETECTORS = [
                              Threshold("critical", 0.5, "ratio", "send and receive rate / the median: critical at or below (tree: the receive side's bar)"),
                              Threshold("min_stall_s", 50e-6, "s", "a stalled message's excess over its flow's typical time"),
                              Threshold("min_late_s", 50e-6, "s", "lateness both as sender and receiver in an iteration (flap)"),
-                             Threshold("late_share", 0.3, "fraction", "a flap: late both ways in at least this share of the iterations"))),
+                             Threshold("late_share", 0.3, "fraction", "a flap: late both ways in at least this share of the iterations")),
+                 onset="`mode: slow`: per time bin, the median message rate of its links / the group's other links "
+                       "(series scan, lower is worse, threshold `warning`); `flapping`: the iterations it was late both "
+                       "ways in, as an episode against the group's iterations; `stalls`: its stalled messages as an "
+                       "episode against its flows' data"),
         )),
     Detector(
         "rotating_straggler", rotating, needs=frozenset({"flows", "records", "groups"}), stage=25,
@@ -373,3 +397,25 @@ DETECTORS = [
                              Threshold("min_lag_s", 5e-6, "s", "a gate's lost time in its iteration, at least"))),
         )),
 ]
+
+
+def _rate_onset(inp, f):
+    """A sender blamed by its rate (evidence send_ratio at or below the kind's `warning`):
+    its flows' message rate against the group's other senders' (slowdown_onset)."""
+    r = f.evidence.get("send_ratio")
+    if f.group is None or r is None or not f.evidence or r > inp.th[f.kind]["warning"] or f.rows is None:
+        return None
+    ctx = inp.ctx
+    g = inp.groups[f.group].group
+    me = int(ctx.nodes.src[f.rows[0]]) if len(f.rows) else -1
+    gf = np.asarray(g.flows, dtype=np.int64)
+    others = gf[ctx.nodes.src[gf] != me]
+    return slowdown_onset(ctx, f.rows, others, thr=inp.th[f.kind]["warning"]) if len(others) else None
+
+
+#: the onset of a straggler its detector left without one (the steps give ring stragglers
+#: theirs): by rate (registry.ONSET_FNS)
+_RATE_DOC = ("a sender blamed by rate: per time bin, its flows' median message rate / the group's other senders' "
+             "(series scan, lower is worse, threshold `warning`)")
+ONSET_FNS = {"straggler": (_rate_onset, _RATE_DOC), "ring_straggler": (_rate_onset, _RATE_DOC)}
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from skewscope.analysis.detectors.common import irregular, us
 from skewscope.analysis.detectors.registry import Detector
+from skewscope.analysis.onset import stall_onset
 
 
 def stalls(inp, em):
@@ -23,7 +24,8 @@ def stalls(inp, em):
                f"{len(fl)} flows): its link pauses in both directions; check link flaps, error counters and PFC "
                "from that port",
                {"stalled_flows": int(len(fl)), "stall_s": float(st["stall_ns"][fl].sum()) / 1e9,
-                "max_stall_s": float(st["stall_max_ns"][fl].max()) / 1e9, "mode": "stalls"}, flows=fl)
+                "max_stall_s": float(st["stall_max_ns"][fl].max()) / 1e9, "mode": "stalls"}, flows=fl,
+               onset=stall_onset(inp.ctx, fl, inp.th["slow_link"]["min_stall_s"] * 1e9))
 
 
 DETECTORS = [
