@@ -91,7 +91,7 @@ def source_files(kernel_modules) -> list[str]:
 
 TRAINING = ("ring-straggler", "tree-healthy", "moe-hot-expert", "pipeline-bubbles", "ipv6-ring", "vlan-alltoall",
             "pfc", "loss", "tp-decode-slow-shard", "ep-decode-hot-drift", "pd-imbalanced", "tp-decode-instances",
-            "prefill-interference", "demo-mix")
+            "prefill-interference", "demo-mix", "mpi-alltoallv-hot")
 
 
 def _workload(tmp: Path, quick: bool = False) -> None:
@@ -108,7 +108,8 @@ def _workload(tmp: Path, quick: bool = False) -> None:
             raise RuntimeError(f"training run `skewscope {' '.join(argv)}` exited {rv}: {err.getvalue().strip()}")
 
     # one of each traffic kind (ring/tree all-reduce, all-to-all, pipeline, IPv6/VLAN, PFC and
-    # loss, TP/EP decode, prefill/decode, mixed): the full preset list records no other
+    # loss, TP/EP decode, prefill/decode, mixed, Open MPI's SENDs and RDMA READs): the full
+    # preset list records no other
     # signature and takes 2.5x as long
     names = [n for n in TRAINING if n in PRESETS]
     if quick:

@@ -113,6 +113,15 @@ def _kv_into_decode(dec, pre, into, blk, mtu=None, layers=None, requests=None) -
     return sc
 
 
+def _random_matrix(n, seed, lo, hi) -> list:
+    """Per-pair all-to-all volumes uniform in lo-hi KiB (seeded): size jitter (205-307: 256
+    +-20 %) or random imbalance (16-256), no destination favoured -- a healthy variant."""
+    import numpy as np
+    m = np.random.default_rng(seed).integers(lo, hi + 1, (n, n)) * 1024
+    np.fill_diagonal(m, 0)
+    return m.tolist()
+
+
 def cases():
     out = []
     for n, mtu, hid, bat, lag in [(2, 4096, 4096, 1, 15), (3, 1024, 4096, 1, 20), (5, 1024, 8192, 2, 8),
@@ -163,6 +172,20 @@ def cases():
                                                                     wl={"bytes_per_peer": b})))
         out.append((f"congestion n{n} mtu{mtu} {b}", variant("congestion", nodes=n, mtu=mtu, wl={"bytes_per_peer": b},
                                                               path={"into": 1})))
+    # a hot destination named by the sources of one collective (issue 25 class 1): no
+    # iterations to repeat over, the dispatch alone (no combine phase), IPv6 too
+    for n, mtu, fac, it, ipv in [(4, 1024, 4.0, 1, 4), (6, 4096, 2.0, 1, 6), (12, 2048, 2.5, 1, 4),
+                                 (5, 4096, 1.5, 3, 6), (16, 1024, 3.0, 1, 6)]:
+        out.append((f"a2a-hot n{n} mtu{mtu} x{fac} it{it} v{ipv}",
+                    variant("moe-hot-expert", nodes=n, mtu=mtu, node=n - 2, wl={"combine": False},
+                            path={"factor": fac}, iterations=it, ip_version=ipv)))
+        out.append((f"a2a-jitter n{n} mtu{mtu} it{it} v{ipv}",
+                    variant("alltoall-healthy", nodes=n, mtu=mtu, iterations=it, ip_version=ipv,
+                            wl={"bytes_per_peer": None, "matrix": _random_matrix(n, n * 7 + it, 205, 307)})))
+        out.append((f"a2a-random n{n} mtu{mtu} it{it} v{ipv}",
+                    variant("alltoall-healthy", nodes=n, mtu=mtu, iterations=it, ip_version=ipv,
+                            wl={"bytes_per_peer": None, "matrix": _random_matrix(n, n * 7 + it, 16, 256)}),
+                    None, "rate-based straggler/slow_receiver on random per-pair volumes (rates_and_lags)"))
     for n, mtu in [(3, 1024), (6, 4096)]:
         out.append((f"pipeline-bubbles n{n} mtu{mtu}", variant("pipeline-bubbles", nodes=n, mtu=mtu,
                                                                 path={"stage": n - 2})))
@@ -226,6 +249,19 @@ def cases():
             "ring-straggler", nodes=n, node=n // 2, wl={"channels": ch, "step_sync": sync},
             path=dict(extra, rate_factor=1.0, start_lag_us=80, lag_per="send"), iterations=4, period_ms=8.0)))
         out.append((f"ring-healthy n{n} {sync} ch{ch}", variant("ring-healthy", nodes=n, wl={"channels": ch, "step_sync": sync})))
+    # another collective library: Open MPI over verbs (generator library: mpi) -- eager SENDs
+    # or RDMA READ by the receiver (eager limit), control SENDs back, a start-up exchange
+    # between every pair (an MPI step is slower: iterations kept apart as compute keeps them)
+    for n, eager in [(3, "12KiB"), (6, "64KiB"), (12, "12KiB")]:
+        mpi = {"library": "mpi", "mpi": {"eager_bytes": eager}}
+        out.append((f"mpi ring-straggler n{n} eager{eager}",
+                    variant("ring-straggler", nodes=n, node=n // 2, period_ms=24.0, **mpi)))
+        out.append((f"mpi ring-healthy n{n} eager{eager}", variant("ring-healthy", nodes=n, period_ms=16.0, **mpi)))
+        out.append((f"mpi tp-slow n{n} eager{eager}", variant("tp-decode-slow-shard", nodes=n, node=n - 1, **mpi)))
+        out.append((f"mpi tp-healthy n{n} eager{eager}", variant("tp-decode-healthy", nodes=n, **mpi)))
+        if n > 3:
+            out.append((f"mpi alltoallv-hot n{n} eager{eager}", variant("mpi-alltoallv-hot", nodes=n, node=1, **mpi)))
+            out.append((f"mpi alltoall-healthy n{n} eager{eager}", variant("alltoall-healthy", nodes=n, **mpi)))
     return [(*c, None, None)[:4] for c in out]
 
 

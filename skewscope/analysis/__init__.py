@@ -116,7 +116,10 @@ def clean(x):
 def _group_result(ctx, g, th) -> dict:
     fm = np.zeros(len(ctx.flows), dtype=bool)
     fm[g.flows] = True
-    tm, tinfo = group_timing(ctx, fm, members=g.members)
+    dec = decode_metrics(ctx, g, th["decode"]) if g.kind in ("ring_allreduce", "all_to_all", "tree_allreduce") else None
+    # a decode group's tokens are decode_metrics' (natural breaks); iterations by their
+    # message counts would be its collectives when prefill makes the tokens' counts differ
+    tm, tinfo = group_timing(ctx, fm, members=g.members, counts=dec is None)
     r = dict(tm)
     r["bytes"] = float(ctx.volume[g.flows].sum())
     r["flows"] = int(len(g.flows))
@@ -133,7 +136,8 @@ def _group_result(ctx, g, th) -> dict:
     r["_start_lag_ns"] = lags
     r["_send_dev_ns"] = tinfo.get("send_dev_ns")
     r["_recv_dev_ns"] = tinfo.get("recv_dev_ns")
-    r["_bursts_start_ns"] = tinfo.get("bursts_start")
+    if tinfo.get("bursts_start") is not None:
+        r["_bursts"] = (tinfo["bursts_start"], tinfo["bursts_end"])
     if g.kind != "ring_allreduce":
         nt = node_throughput(ctx, g.flows, g.members)
         r["_node_tp"] = nt
@@ -150,11 +154,10 @@ def _group_result(ctx, g, th) -> dict:
         r.update(kv_metrics(ctx, g))
     else:
         r.update(p2p_metrics(ctx, g, tinfo))
+    if dec is not None:
+        r["decode"] = dec
+        r["workload"] = "decode"
     if g.kind in ("ring_allreduce", "all_to_all", "tree_allreduce"):
-        dec = decode_metrics(ctx, g, th["decode"])
-        if dec is not None:
-            r["decode"] = dec
-            r["workload"] = "decode"
         r["_steps"] = group_steps(ctx, g, r, tinfo)       # hierarchy, gates (analysis.steps)
     r.setdefault("workload", "training" if r.get("period_s") else None)
     return r, GroupEvidence.split(r)
@@ -217,6 +220,29 @@ def _extra(ctx, th):
             "congestion": congestion_columns(ctx), "pfc": pfc_summary(ctx, link_gbps), "stalls": node_stalls(ctx)}
 
 
+def group_timing_summary(i, g, r) -> dict | None:
+    """A group's timing as the report prints it (the `timing` shape: period, jitter,
+    iterations, workload, decode cadence and tokens, hierarchy; "group" = its index), or
+    None: no period, or not a rhythm (a lone pair's, a kv_transfer's)."""
+    # a rhythm is a collective's (or a pipeline's), not a lone pair's
+    if g.kind not in ("ring_allreduce", "tree_allreduce", "all_to_all") and g.pattern != "pipeline":
+        return None
+    if not r.get("period_s"):
+        return None
+    tim = {k: r.get(k) for k in ("period_s", "period_jitter_s", "period_cv", "iterations", "busy_fraction",
+                                 "burst_busy_s", "period_source", "interval_p50_s", "interval_p99_s")}
+    tim["group"] = i
+    tim["workload"] = r.get("workload")
+    dec = r.get("decode")
+    if dec:
+        tim.update({k: dec.get(k) for k in ("collectives_per_s", "collective_interval_p50_s",
+                                            "collective_interval_p99_s", "decode_jitter_ratio",
+                                            "token_interval_s", "tokens_per_s", "itl_p50_s", "itl_p99_s",
+                                            "itl_max_s", "token_comm_share")})
+    tim["hierarchy"] = r.get("hierarchy")
+    return tim
+
+
 def analyze(snap, thresholds=None, checks=None) -> dict:
     """All metrics, collective groups, timing and findings of a Snapshot (JSON-ready).
     thresholds: {"KIND.NAME": value} or {"KIND": {"NAME": value}} over findings.DEFAULTS;
@@ -240,24 +266,14 @@ def analyze(snap, thresholds=None, checks=None) -> dict:
         coll.append({"kind": g.kind, "pattern": g.pattern, "members": [ips[m] for m in g.members],
                      "confidence": g.confidence, "evidence": g.evidence,
                      "metrics": {k: v for k, v in r.items() if not k.startswith("_")}})
+    # every group keeps its own timing (two jobs on one fabric: a training ring's iterations
+    # next to a decode group's tokens); "timing" stays the first one's (the capture's rhythm)
     tim = None
     for i, (g, r) in enumerate(zip(groups, results)):
-        # the capture's rhythm is a collective's (or a pipeline's), not a lone pair's
-        if g.kind not in ("ring_allreduce", "tree_allreduce", "all_to_all") and g.pattern != "pipeline":
-            continue
-        if r.get("period_s"):
-            tim = {k: r.get(k) for k in ("period_s", "period_jitter_s", "period_cv", "iterations", "busy_fraction",
-                                         "burst_busy_s", "period_source", "interval_p50_s", "interval_p99_s")}
-            tim["group"] = i
-            tim["workload"] = r.get("workload")
-            dec = r.get("decode")
-            if dec:
-                tim.update({k: dec.get(k) for k in ("collectives_per_s", "collective_interval_p50_s",
-                                                    "collective_interval_p99_s", "decode_jitter_ratio",
-                                                    "token_interval_s", "tokens_per_s", "itl_p50_s", "itl_p99_s",
-                                                    "itl_max_s", "token_comm_share")})
-            tim["hierarchy"] = r.get("hierarchy")
-            break
+        t = group_timing_summary(i, g, r)
+        coll[i]["timing"] = t
+        if t is not None and tim is None:
+            tim = t
     doc = {"analysis_version": JSON_VERSION, "collectives": coll, "timing": tim, "findings": findings,
            "metrics": _capture_metrics(ctx, extra), "thresholds": th}
     return clean(doc)

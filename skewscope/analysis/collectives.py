@@ -4,7 +4,9 @@ Definitions: docs/metrics.md "Collectives".
 Discovery works on the graph of data flows (CTS/ACK/CNP flows excluded, so each edge
 points in the data direction):
 
-1. connected components of the node graph;
+1. connected components of the node graph, without background flows (background_flows:
+   control-sized messages carrying next to nothing: barriers, a library's start-up
+   exchange between every pair);
 2. a component is matched as a whole against the patterns below; if none fits, it is
    decomposed: complete bidirectional sub-graphs (>= 4 nodes) become all-to-all groups
    (flows whose message size is >= 8x off the clique's are left out), and the rest is
@@ -64,6 +66,11 @@ PAIR_MIN_MESSAGES = 8
 KiB = 1024
 MiB = 1 << 20
 P2P_CHUNKS = (32 * KiB, 64 * KiB, 128 * KiB)
+#: a flow of control-sized messages is background (background_flows) below 1/this of the
+#: largest flow's bytes of its component ...
+BACKGROUND_BYTES = 64
+#: ... and with at most 1/this of its largest message count
+BACKGROUND_MESSAGES = 4
 
 
 @dataclass
@@ -166,9 +173,13 @@ def exchange(ctx, flows: np.ndarray, a: int) -> tuple[float, float, int]:
 def small_pair_allreduce(ctx, flows: np.ndarray, a: int, hints: dict | None = None) -> str | None:
     """The evidence that the data flows both ways between 2 nodes (one of them `a`), in
     LL/LL128 messages or messages of a P2P chunk's size (a decode all-reduce of a larger
-    batch is 32/64 KiB too), are a 2-rank all-reduce (exchange()), or None."""
+    batch is 32/64 KiB too), or of sizes no NCCL protocol uses (another library), are a
+    2-rank all-reduce (exchange()), or None."""
     hints = hints or size_hints(ctx, flows)
-    label = {"ll": "LL", "ll128": "LL128", "p2p_chunks": "P2P-chunk-sized"}.get(hints["protocol"])
+    # NCCL's LL/LL128 or P2P-chunk sizes; or sizes of no NCCL class at all (another library:
+    # Open MPI's eager SENDs carry its header), where the timing alone decides
+    label = {"ll": "LL", "ll128": "LL128", "p2p_chunks": "P2P-chunk-sized", "other": "non-NCCL-sized"}.get(
+        hints["protocol"])
     if label is None:
         return None
     pr, bal, nm = exchange(ctx, flows, a)
@@ -573,16 +584,52 @@ def _merge_kv(groups: list[Group]) -> list[Group]:
     return [g for g in groups if id(g) not in ids] + [m]
 
 
+def background_flows(ctx, flows: np.ndarray) -> np.ndarray:
+    """Mask over `flows` (one connected component's data flows) of the flows that carry no
+    share of the collective worth a graph edge: only control-sized messages (the largest
+    < 1 KiB, mean <= 512 bytes: barriers, clock-sync ping-pongs, a library's start-up
+    exchange between every pair), under 1/BACKGROUND_BYTES of the component's largest flow's
+    bytes and at most 1/BACKGROUND_MESSAGES of its largest message count. A library that
+    connects every pair at start-up (Open MPI, UCX) would otherwise make every ring an
+    all-to-all: the shape follows where the data goes, not which pairs ever spoke."""
+    flows = np.asarray(flows, dtype=np.int64)
+    out = np.zeros(len(flows), dtype=bool)
+    if len(flows) < 2:
+        return out
+    c = ctx.cols
+    vol = ctx.volume[flows]
+    msgs = c["messages"][flows].astype(np.float64)
+    mb = c["msg_bytes"][flows].astype(np.float64)
+    slot = c["max_slot"][flows]
+    rresp = (c["op"][flows, L.OPC_READ_RESP] > 0) & (c["payload_bytes"][flows] > 0)
+    small = (msgs > 0) & (slot >= 0) & (slot <= 10) & (mb <= 512 * msgs) & ~rresp
+    if not small.any() or small.all():
+        return out
+    out = small & (vol * BACKGROUND_BYTES < vol.max()) & (msgs * BACKGROUND_MESSAGES <= msgs.max())
+    return out
+
+
 def discover(snap) -> list[Group]:
     """All collective groups of a Snapshot (cached on its Context), largest first."""
     ctx = context(snap)
     cached = getattr(ctx, "_groups", None)
     if cached is not None:
         return cached
-    pid, ps, pd = ctx.pair_index
     groups: list[Group] = []
     data_flows = np.nonzero(ctx.data)[0]
     if len(data_flows):
+        # background traffic (start-up exchanges, barriers) is left out of the shapes: the
+        # components are those of the remaining data flows
+        keep = np.ones(len(data_flows), dtype=bool)
+        src, dst = ctx.nodes.src[data_flows], ctx.nodes.dst[data_flows]
+        for comp in _components(ctx.nodes.n, src, dst):
+            cs = np.zeros(ctx.nodes.n, dtype=bool)
+            cs[comp] = True
+            sel = np.nonzero(cs[src])[0]
+            keep[sel[background_flows(ctx, data_flows[sel])]] = False
+        ctx._background = data_flows[~keep]
+        data_flows = data_flows[keep]
+        ps, pd = ctx.nodes.src[data_flows], ctx.nodes.dst[data_flows]
         for comp in _components(ctx.nodes.n, ps, pd):
             cs = np.zeros(ctx.nodes.n, dtype=bool)
             cs[comp] = True

@@ -13,6 +13,7 @@ import numpy as np
 from skewscope.analysis import flows as FL
 from skewscope.analysis.hashing import sorted_unique_u64
 from skewscope.analysis.intervals import keyed_busy
+from skewscope.core import layout as L
 from skewscope.core.jit import njit
 from skewscope.core.snapshot import ip_str
 
@@ -50,8 +51,34 @@ class Context:
         return self.roles == FL.ROLE_DATA
 
     @cached_property
+    def read_flow(self) -> np.ndarray:
+        """Per flow: the flow its RDMA READs' data comes back on (flows.read_response_flows)."""
+        return FL.read_response_flows(self.cols, self.nodes, self.partner)
+
+    @cached_property
+    def _records(self):
+        """(flow, opclass) of every record as the analysis reads them: an RDMA READ's record
+        (written at its READ REQUEST, on the requester -> responder flow) belongs to the flow
+        its data comes back on, with opclass READ_RESP (flow rows out of range: -1 then)."""
+        ev = self.events
+        nf = len(self.flows)
+        if not (nf and len(ev) and (self.read_flow >= 0).any()):
+            # no READ to reassign: the records as they are (the kernels range-check the rows)
+            return np.ascontiguousarray(ev["flow"]), np.ascontiguousarray(ev["opclass"])
+        f = ev["flow"].astype(np.int64)
+        f = np.where((f >= 0) & (f < nf), f, -1)
+        op = ev["opclass"].copy()
+        rf = self.read_flow
+        r = (op == L.OPC_READ_REQ) & (f >= 0)
+        r[r] &= rf[f[r]] >= 0
+        f[r] = rf[f[r]]
+        op[r] = L.OPC_READ_RESP
+        return f, op
+
+    @cached_property
     def _fstat(self):
-        return FL.flow_event_stats(self.snap, self.cols)
+        f, op = self._records
+        return FL.flow_event_stats(self.snap, self.cols, f, op)
 
     @property
     def fstat(self) -> np.ndarray:
@@ -112,9 +139,10 @@ class Context:
         nf = len(self.flows)
         pkt = self.fstat["pkt_ns"] if nf else np.zeros(1)
         data = self.data if nf else np.zeros(1, dtype=np.bool_)
-        return _event_columns(np.ascontiguousarray(ev["flow"]), np.ascontiguousarray(ev["opclass"]),
-                              np.ascontiguousarray(ev["start_ts"]), np.ascontiguousarray(ev["end_ts"]),
-                              np.ascontiguousarray(pkt, dtype=np.float64), np.ascontiguousarray(data), nf)
+        f, op = self._records
+        return _event_columns(f, op, np.ascontiguousarray(ev["start_ts"]), np.ascontiguousarray(ev["end_ts"]),
+                              np.ascontiguousarray(ev["bytes"]), np.ascontiguousarray(pkt, dtype=np.float64),
+                              np.ascontiguousarray(data), nf)
 
     @property
     def ev_flow(self) -> np.ndarray:
@@ -132,8 +160,16 @@ class Context:
 
     @property
     def ev_data(self) -> np.ndarray:
-        """Records of data flows that carry data (WRITE/SEND)."""
+        """Records of data flows that carry data: WRITE/SEND messages and RDMA READs (on the
+        flow the READ's data comes back on), without a library's control SENDs on a data
+        flow (_event_columns)."""
         return self._evcols[3]
+
+    @cached_property
+    def ev_read(self) -> np.ndarray:
+        """Records that are an RDMA READ's data (reassigned to the flow its data comes back
+        on): their start is the request's, their on-wire time is not known."""
+        return self._records[1] == L.OPC_READ_RESP
 
     def data_events(self, flows) -> np.ndarray:
         """ev_data restricted to the records of `flows` (flow rows): a new bool array."""
@@ -167,13 +203,30 @@ class Context:
         return keyed_busy(k, self.ev_start, self.ev_end, len(ps))
 
 
+#: a SEND record below this size on a data flow whose largest data record is at least
+#: CONTROL_RATIO times bigger is a control message (credits, rendezvous headers, FINs,
+#: barriers of a verbs library such as Open MPI), not a data message
+CONTROL_MAX_BYTES = 1024
+CONTROL_RATIO = 8
+
+
 @njit(cache=True, nogil=True)
-def _event_columns(flow, opc, start, end, pkt, data, nf):
+def _event_columns(flow, opc, start, end, nbytes, pkt, data, nf):
+    """(flow, start, end, data) per record. data: a record of a data flow that carries its
+    data: WRITE, SEND (opclass 0/1) or an RDMA READ reassigned to the flow its data comes
+    back on (opclass 3); a SEND smaller than CONTROL_MAX_BYTES on a flow whose largest data
+    record is >= CONTROL_RATIO x bigger is the library's control, not data."""
     n = flow.shape[0]
     f = np.empty(n, dtype=np.int64)
     s = np.empty(n, dtype=np.float64)
     e = np.empty(n, dtype=np.float64)
     d = np.zeros(n, dtype=np.bool_)
+    big = np.zeros(max(nf, 1), dtype=np.int64)
+    for i in range(n):
+        x = np.int64(flow[i])
+        o = opc[i]
+        if x >= 0 and x < nf and (o == 0 or o == 1 or o == 3) and np.int64(nbytes[i]) > big[x]:
+            big[x] = np.int64(nbytes[i])
     for i in range(n):
         x = np.int64(flow[i])
         if x < 0 or x >= nf:
@@ -181,8 +234,10 @@ def _event_columns(flow, opc, start, end, pkt, data, nf):
         f[i] = x
         s[i] = float(start[i])
         e[i] = float(end[i]) + (pkt[x] if x >= 0 else 0.0)
-        if x >= 0 and data[x] and (opc[i] == 0 or opc[i] == 1):
-            d[i] = True
+        o = opc[i]
+        if x >= 0 and data[x] and (o == 0 or o == 1 or o == 3):
+            b = np.int64(nbytes[i])
+            d[i] = not (o == 0 and b < CONTROL_MAX_BYTES and b * CONTROL_RATIO <= big[x])
     return f, s, e, d
 
 

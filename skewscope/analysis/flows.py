@@ -7,9 +7,11 @@ Definitions (docs/metrics.md "Flows"):
 * role of a flow:
     data          carries the job's bytes: WRITE/SEND messages larger than a CTS, READ
                   responses, or small messages that have no bigger partner going the other way
-    cts           NCCL clear-to-send: only WRITE messages of <= 512 bytes (n x 64-byte FIFO
-                  elements, n <= 8) while the reverse direction of the node pair carries
-                  bigger messages. Its direction is the reverse of the data.
+    cts           the control direction of a data QP pair: NCCL clear-to-send (only WRITE
+                  messages of <= 512 bytes, n x 64-byte FIFO elements, n <= 8), or a verbs
+                  library's control (only small SENDs: Open MPI's credits, rendezvous
+                  headers, FINs; READ requests allowed), while the reverse direction carries
+                  bigger messages or READ responses. Its direction is the reverse of the data.
     ack           no messages, only ACK/NAK (and maybe CNP) packets: responder -> requester
     read_request  only RDMA READ requests (the data comes back as READ responses)
     cnp           only CNPs
@@ -312,6 +314,9 @@ def _flow_stats_kernel(order, off, ev_op, ev_start, ev_end, ev_bytes, req_pkts, 
                 data_bytes += by
                 for c in range(nm):
                     pk[c] += _npk(by, mtus[c])
+            elif op == 3:           # an RDMA READ's data (its request's record, on this flow)
+                n_data += 1
+                data_bytes += by
         # IB MTU: the candidate whose packet count is closest to the observed one (ties: larger)
         mtu = mtus[nm - 1]
         if n_data > 0 and req_pkts[f] > 0:
@@ -414,20 +419,25 @@ def _flow_stats_kernel(order, off, ev_op, ev_start, ev_end, ev_bytes, req_pkts, 
         out_f[f, 11] = med * 8e9 if nr >= 1 else np.nan
 
 
-def flow_event_stats(snap, cols: dict | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def flow_event_stats(snap, cols: dict | None = None, ev_flow: np.ndarray | None = None,
+                     ev_op: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-flow message statistics (FSTAT_DTYPE) + the CSR grouping of events by flow
     (order, offsets: events of flow f are events[order[off[f]:off[f+1]]], in start order).
-    cols: flow_columns(snap.flows) when the caller has them (analysis.context caches them)."""
+    cols: flow_columns(snap.flows) when the caller has them (analysis.context caches them).
+    ev_flow/ev_op: the records' flow and opclass when the caller reassigned them
+    (Context.ev_flow: an RDMA READ's record belongs to the flow its data comes back on,
+    with opclass READ_RESP: counted as a data message without timing)."""
     fl, ev = snap.flows, snap.events
     nf = len(fl)
-    order, off = _csr_by_flow(np.ascontiguousarray(ev["flow"]), nf)
+    evf = np.ascontiguousarray(ev["flow"] if ev_flow is None else ev_flow)
+    order, off = _csr_by_flow(evf, nf)
     c = flow_columns(fl) if cols is None else cols
     req = (c["op"][:, L.OPC_SEND] + c["op"][:, L.OPC_WRITE]).astype(np.int64) if nf else np.zeros(0, np.int64)
     oi = np.zeros((nf, 6), dtype=np.int64)
     of = np.zeros((nf, 12), dtype=np.float64)
     if nf:
         # gather the records into flow order once: the kernel then reads sequentially
-        op_f, st_f, en_f, by_f = _gather4(order, np.ascontiguousarray(ev["opclass"]),
+        op_f, st_f, en_f, by_f = _gather4(order, np.ascontiguousarray(ev["opclass"] if ev_op is None else ev_op),
                                           np.ascontiguousarray(ev["start_ts"]), np.ascontiguousarray(ev["end_ts"]),
                                           np.ascontiguousarray(ev["bytes"]))
         ident = np.arange(len(order), dtype=np.int64)
@@ -439,6 +449,39 @@ def flow_event_stats(snap, cols: dict | None = None) -> tuple[np.ndarray, np.nda
                               "first_start", "last_end", "stall_ns", "stall_max_ns", "rate_med_bps")):
         st[name] = of[:, k]
     return st, order, off
+
+
+def read_response_flows(fl, nodes: Nodes, partner: np.ndarray) -> np.ndarray:
+    """Per flow: the flow its RDMA READs' data comes back on (-1: none or unknown). A READ
+    REQUEST goes requester -> responder on the responder's QP; its data returns as READ
+    RESPONSEs responder -> requester on the requester's QP: the partner flow when it carries
+    READ responses, else the only flow with READ responses of the reverse node pair."""
+    n = len(partner)
+    out = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return out
+    op = fl["op"]
+    req = op[:, L.OPC_READ_REQ] > 0
+    if not req.any():
+        return out
+    resp = (op[:, L.OPC_READ_RESP] > 0) & (fl["payload_bytes"] > 0)
+    p = partner
+    by_p = req & (p >= 0)
+    by_p[by_p] &= resp[p[by_p]]
+    out[by_p] = p[by_p]
+    need = np.nonzero(req & ~by_p)[0]
+    ri = np.nonzero(resp)[0]
+    if len(need) and len(ri):
+        nn = max(1, nodes.n)
+        s = nodes.src.astype(np.int64)
+        d = nodes.dst.astype(np.int64)
+        rk = s[ri] * nn + d[ri]
+        u, first, cnt = np.unique(rk, return_index=True, return_counts=True)
+        want = d[need] * nn + s[need]
+        pos = np.minimum(np.searchsorted(u, want), len(u) - 1)
+        hit = (u[pos] == want) & (cnt[pos] == 1)
+        out[need[hit]] = ri[first[pos[hit]]]
+    return out
 
 
 # ---- roles and partners ----------------------------------------------------------------
@@ -476,9 +519,13 @@ def _sport_kernel(src, dst, sport, out):
 
 
 @njit(cache=True, nogil=True)
-def _roles_kernel(op, msgs, msg_bytes, payload, packets, maxslot, dest_qp, roles, big, cand):
+def _roles_kernel(op, msgs, msg_bytes, payload, packets, maxslot, dest_qp, sw_n, sw_bytes, sw_max,
+                  roles, big, cand):
     """The per-flow part of flow_roles: base role, big (data with messages bigger than a
-    CTS), cand (CTS candidate: small WRITE-only messages)."""
+    CTS, or READ responses), cand (control candidate: small WRITE-only messages, or small
+    SEND messages without WRITEs and READ responses). sw_n/sw_bytes/sw_max: the flow's
+    SEND/WRITE records (count, bytes, largest) for flows whose counters mix them with READ
+    requests (sw_n < 0: not needed, the counters are the SEND/WRITE messages)."""
     n = msgs.shape[0]
     for i in range(n):
         m = msgs[i]
@@ -488,6 +535,10 @@ def _roles_kernel(op, msgs, msg_bytes, payload, packets, maxslot, dest_qp, roles
         rresp = op[i, L.OPC_READ_RESP] > 0 and payload[i] > 0
         mean = float(msg_bytes[i]) / float(m) if m > 0 else 0.0
         small = m > 0 and maxslot[i] >= 0 and maxslot[i] <= 10 and mean <= CTS_MAX_BYTES
+        if rreq > 0 and sw_n[i] >= 0:
+            # the message counters hold the READ lengths too: judge the SENDs/WRITEs alone
+            k = sw_n[i]
+            small = k > 0 and sw_max[i] < 1024 and sw_bytes[i] <= CTS_MAX_BYTES * k
         has = m > 0 and (w or sd)
         r = ROLE_OTHER
         if has or rresp:
@@ -499,8 +550,36 @@ def _roles_kernel(op, msgs, msg_bytes, payload, packets, maxslot, dest_qp, roles
         elif op[i, L.OPC_ACK] + op[i, L.OPC_ATOMIC_ACK] > 0:
             r = ROLE_ACK
         roles[i] = r
-        big[i] = has and not small
-        cand[i] = small and w and not sd and rreq == 0
+        big[i] = (has and not small) or rresp
+        # NCCL's CTS: small WRITEs; a verbs library's control (Open MPI's credits, rendezvous
+        # headers, FINs): small SENDs on a flow that carries no bulk (no READ responses)
+        cand[i] = small and not rresp and ((w and not sd and rreq == 0) or (sd and not w))
+
+
+def _send_write_records(snap, fl) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(count, bytes, largest) of the SEND/WRITE records of each flow that also sends SENDs
+    or WRITEs next to RDMA READ requests (a READ requester's counters add the READ lengths to
+    its messages), -1/0/0 for the others and when the Snapshot has no records."""
+    n = len(snap.flows)
+    cnt = np.full(n, -1, dtype=np.int64)
+    tot = np.zeros(n, dtype=np.float64)
+    mx = np.zeros(n, dtype=np.int64)
+    op = fl["op"]
+    mixed = (op[:, L.OPC_READ_REQ] > 0) & ((op[:, L.OPC_SEND] > 0) | (op[:, L.OPC_WRITE] > 0)) if n else cnt > 0
+    ev = snap.events
+    if not mixed.any() or len(ev) == 0:
+        return cnt, tot, mx
+    f = ev["flow"].astype(np.int64)
+    oc = ev["opclass"]
+    ok = (f >= 0) & (f < n) & ((oc == L.OPC_SEND) | (oc == L.OPC_WRITE))
+    ok[ok] &= mixed[f[ok]]
+    ff, by = f[ok], ev["bytes"][ok].astype(np.int64)
+    cnt[mixed] = 0
+    cnt += np.bincount(ff, minlength=n)
+    tot[:] = np.bincount(ff, weights=by.astype(np.float64), minlength=n)
+    if len(ff):
+        np.maximum.at(mx, ff, by)
+    return cnt, tot, mx
 
 
 def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = None,
@@ -518,8 +597,9 @@ def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = No
         partner = partners_by_sport(fl, nodes)
     big = np.zeros(n, dtype=bool)
     cand = np.zeros(n, dtype=bool)
+    sw_n, sw_bytes, sw_max = _send_write_records(snap, fl)
     _roles_kernel(fl["op"], fl["messages"], fl["msg_bytes"], fl["payload_bytes"], fl["packets"], fl["max_slot"],
-                  fl["dest_qp"], roles, big, cand)
+                  fl["dest_qp"], sw_n, sw_bytes, sw_max, roles, big, cand)
     # CTS: small WRITE-only messages facing bigger messages the other way (the partner flow's,
     # else any flow of the reverse node pair's)
     has_p = partner >= 0

@@ -256,6 +256,10 @@ def alltoall_metrics(snap, g, tinfo) -> dict:
     si = pos[ctx.nodes.src[f[ok]]]
     di = pos[ctx.nodes.dst[f[ok]]]
     ps, pe, ordn, K = phases(ctx, g.flows, tinfo)
+    # most bytes moved by RDMA READs (Open MPI's RGET): their records carry the request time
+    # only, no on-wire time whose gaps could separate phases; each READ is a transfer of its
+    # own, and its ordinal on its flow inside the iteration is its phase
+    reads = bool(ok.any()) and float(by[ctx.ev_read[ok]].sum()) > 0.5 * float(by.sum())
     # whole window matrix (without message records -- sampling, records lost -- from the
     # flows' payload bytes)
     if ok.any():
@@ -269,11 +273,11 @@ def alltoall_metrics(snap, g, tinfo) -> dict:
     mats = []
     cells = None
     coverage = None
-    if K >= 2:
+    if K >= 2 or reads:
         # phase of a message = ordinal of its transfer on its own flow inside the iteration
         # (transfers: the flow's messages merged across gaps <= the phase break): robust to
         # a late node, whose phases are shifted in time but not in order
-        thr = tinfo.get("phase_threshold_ns")
+        thr = 0.0 if reads else tinfo.get("phase_threshold_ns")
         rec_ord, K2 = _flow_phase_ordinals(ctx, g.flows, ok, tinfo["bursts_start"], thr)
         if K2 >= 1:
             K = K2
@@ -288,9 +292,25 @@ def alltoall_metrics(snap, g, tinfo) -> dict:
     if not mats:
         mats = [whole]
         cells = None
+    # one cell per iteration with all its records: the evidence without a phase split (K = 1),
+    # and the second look when the phase ordinals leave records out (a flow with an unusual
+    # number of transfers -- the hot destination's, which carries more chunks -- is missing
+    # from every phase cell, the opposite of the evidence)
+    it_cells = None
+    if ok.any():
+        it_cells = _iteration_cells(ctx, ok, np.ones(int(ok.sum()), dtype=bool), np.zeros(int(ok.sum()), np.int64),
+                                    si, di, by, tinfo["bursts_start"], 1, n)
+    if cells is None:
+        cells, it_cells = it_cells, None
+    elif coverage is not None and coverage >= CELL_COVERAGE:
+        it_cells = None
     if cells is None:
         cells = {"mats": whole[None, None], "start_ns": np.zeros(1), "end_ns": np.full(1, float(ctx.duration_ns))}
+    if it_cells is not None:
+        cells["per_iteration"] = it_cells
     cells["hub"] = mem.index(g.extra["hub"]) if g.pattern == "alltoall_star" and g.extra.get("hub") is not None else None
+    if cells.get("per_iteration") is not None:
+        cells["per_iteration"]["hub"] = cells["hub"]
     out["_a2a_cells"] = cells
     total = sum(float(m.sum()) for m in mats) or 1.0
     per_phase = []
@@ -348,6 +368,10 @@ def alltoall_metrics(snap, g, tinfo) -> dict:
 def _sk(a):
     return _to_dict(a)
 
+
+#: per-phase cells whose phase ordinals cover less than this share of the group's bytes get
+#: a second look: one cell per iteration (cells["per_iteration"])
+CELL_COVERAGE = 0.95
 
 #: per-iteration cells kept for the detectors, at most this many matrix entries
 #: (iterations x phases x n x n); beyond it the iterations are pooled in chunks

@@ -6,7 +6,9 @@ interference, the slow tensor-parallel shard. Definitions: docs/metrics.md "Infe
   them <= decode.max_interval_s (5 ms), idle in between (median collective duration
   <= decode.max_duty (0.8) x the median interval; back-to-back bursts are the steps of one
   large collective), and small messages (median <= decode.max_message_bytes, 64 KiB: LL
-  sizes; larger ones are training steps).
+  sizes; larger ones are training steps). A ring whose iterations hold fewer than 2
+  all-reduces each (its messages per link per iteration < 2 x 2(N - 1)) is training: a TP
+  decode token runs >= 2 per layer, and the "collectives" found were the steps of one.
 * collectives: when the lowest break leaves too few collectives (it is the tokens' own:
   every gap inside a token alike; or other traffic on the links blurs the layer gaps), the
   wire's bursts at gaps >= 1 us instead (collective_source "wire_bursts", else
@@ -58,6 +60,18 @@ def prefill_split(ctx, flows):
     return big, thr
 
 
+def ring_allreduces_per_iteration(ctx, g, sel, iterations: int) -> float:
+    """A ring group's all-reduces per iteration from its messages: a ring all-reduce of N
+    members sends 2(N - 1) messages on each link (one per step; a SIMPLE step of more than
+    one slice sends more, which only overcounts)."""
+    f = ctx.ev_flow[sel]
+    if not len(f):
+        return 0.0
+    links = len(set(zip(ctx.nodes.src[f].tolist(), ctx.nodes.dst[f].tolist())))
+    steps = 2 * max(1, len(g.members) - 1)
+    return float(len(f)) / max(1, links) / steps / max(1, iterations)
+
+
 def decode_metrics(snap, g, th: dict) -> dict | None:
     """Decode cadence / prefill / slow shard metrics of a group, or None if it is not a
     decode-like group."""
@@ -75,7 +89,9 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
     tm, tinfo = group_timing(ctx, fm, members=g.members, ev_mask=dmask, level="collective")
     bs, be = tinfo["bursts_start"], tinfo["bursts_end"]
     # iterations (tokens, or prefill cycles) above the collective level, when there are any
-    tm_it, ti_it = group_timing(ctx, fm, ev_mask=dmask)
+    # (tokens by their natural breaks only: a token split by a KV stall into pieces of other
+    # message counts must keep that stall inside the cadence)
+    tm_it, ti_it = group_timing(ctx, fm, ev_mask=dmask, counts=False)
     its = ti_it["bursts_start"]
     src = "breaks"
     if len(bs) < int(th["min_collectives"]) and len(tinfo["activity"][0]):
@@ -89,15 +105,18 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
     if len(its) > 0.5 * len(bs) and len(tinfo["activity"][0]):
         # "iterations" with fewer than 2 collectives each are the steps of a slowed ring (a
         # shard's lag much longer than a step, the steps repeating regularly): the tokens are
-        # the top-level bursts (their period need not be regular: a shard slow from an onset),
-        # or unknown when those are no coarser
+        # the top-level bursts when coarser (their period need not be regular: a shard slow
+        # from an onset)
         a_s, a_e = tinfo["activity"]
         top, _, _ = split_bursts(a_s, a_e, level="top")
         if 2 <= len(top) < len(its):
             its = top
-        else:
-            its = its[:0]                # no token level to be seen: unknown, not the steps
-        tm_it = dict(tm_it, period_s=None)
+            tm_it = dict(tm_it, period_s=None)
+    if g.kind == "ring_allreduce" and 2 <= len(its) < len(bs) and \
+            ring_allreduces_per_iteration(ctx, g, sel, len(its)) < 2:
+        # a token of TP decode runs >= 2 all-reduces per layer; an iteration that holds one
+        # (its bursts are the ring's steps) is a training step, however small its messages
+        return None
     d_all = np.diff(bs)
     if 2 <= len(its) < len(bs):
         it_of = np.searchsorted(its, bs, side="right") - 1
@@ -165,7 +184,10 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
                           "bytes": int(ctx.events["bytes"][pb].sum()),
                           "interfered_intervals": int(len(hit)), "stretched_intervals": int(len(stretched)),
                           "stall_s": stall / 1e9, "stall_share": stall / span if span > 0 else 0.0,
-                          "max_interval_s": float(d[hit].max()) / 1e9 if hit else None}
+                          "max_interval_s": float(d[hit].max()) / 1e9 if hit else None,
+                          # the interfered spacings [end of a collective, start of the next]
+                          # (ns): the onset's occurrences (not in the JSON)
+                          "_hit_ns": (be[hit], bs[np.asarray(hit, dtype=np.int64) + 1]) if hit else None}
         # cadence without the interfered intervals
         clean = np.delete(d, hit) if hit else d
         if len(clean):

@@ -98,7 +98,9 @@ def kv_metrics(snap, g) -> dict:
     for x in links:
         x["rate_ratio"] = round(x["rate_bps"] / med, 4) if med else None
         peers = [y["rate_bps"] for y in links if y["dst"] == x["dst"] and y is not x]
-        x["rate_ratio_same_decode"] = round(x["rate_bps"] / float(np.median(peers)), 4) if peers else None
+        pm = float(np.median(peers)) if peers else 0.0
+        # zero-byte messages only (an all-to-all's empty pairs send one 0-byte write): no rate
+        x["rate_ratio_same_decode"] = round(x["rate_bps"] / pm, 4) if pm > 0 else None
     dur_all = t_dur / 1e9
     out = {"prefill_nodes": [ips[p] for p in pre], "decode_nodes": [ips[d] for d in dec],
            "roles": {**{ips[p]: "prefill" for p in pre}, **{ips[d]: "decode" for d in dec}},

@@ -18,7 +18,8 @@ Groups the node takes part in, from its own data flows (analysis.flows roles):
   same, with the peer as both upstream and downstream.
 
 Iterations (tokens) are the bursts of the group's activity on this node
-(timing.split_bursts: the first natural break whose bursts repeat regularly). Within an
+(timing.bursts_and_period: the first natural break whose bursts repeat regularly, else
+the bursts that carry one message count). Within an
 iteration the j-th message the node sends and the j-th it receives from its upstream are
 the same ring step (as in analysis.steps); channels with one flow each way are lanes
 paired by the order of their first message.
@@ -49,10 +50,11 @@ import ipaddress
 import numpy as np
 
 from skewscope.analysis import flows as FL
+from skewscope.analysis.collectives import background_flows
 from skewscope.analysis.context import context
 from skewscope.analysis.fleet import BULK_MIN_MESSAGE
 from skewscope.analysis.intervals import merge_sorted
-from skewscope.analysis.timing import split_bursts
+from skewscope.analysis.timing import bursts_and_period, split_bursts
 from skewscope.core.errors import EXIT_USAGE, SkewscopeError
 from skewscope.core.jit import njit
 from skewscope.core.snapshot import Snapshot
@@ -160,9 +162,8 @@ def _iterations(s, e):
     """Iteration (token) starts of a set of intervals sorted by start."""
     if not len(s):
         return np.zeros(0)
-    a, b, _ = merge_sorted(np.ascontiguousarray(s), np.ascontiguousarray(e), 0.0)
-    bs, _, _ = split_bursts(a, b)
-    return bs
+    a, b, c = merge_sorted(np.ascontiguousarray(s), np.ascontiguousarray(e), 0.0)
+    return bursts_and_period(a, b, c)[0]
 
 
 def infer_node(ctx) -> int | None:
@@ -484,6 +485,7 @@ def node_timing(snap, ip: str | None = None, samples: bool = False) -> dict | No
         return None
     src, dst = ctx.nodes.src, ctx.nodes.dst
     data = np.nonzero(ctx.data & ((src == node) | (dst == node)) & (ctx.cols["messages"] > 0))[0]
+    data = data[~background_flows(ctx, data)]       # start-up / barrier traffic (collectives)
     groups = []
     if len(data):
         oneway = _one_way_pairs(ctx, data)

@@ -123,14 +123,14 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
             gaps = np.diff(its)
             thr = natural_break(gaps, 3.0, 1000.0)
             keep = np.concatenate([[0], np.nonzero(gaps > thr)[0] + 1]) if np.isfinite(thr) else np.zeros(1, np.int64)
-            if len(keep) > 0.5 * ni:
-                # no gap stands out (the compute between tokens as long as the lag): the
-                # capture is one iteration, its columns aligned by each member's ordinal
-                out = ring_steps(snap, flows, members, its[:1], ev_mask, _merge=True)
-                if out is not None:
-                    out["whole_capture"] = True
-                return out
-            return ring_steps(snap, flows, members, its[keep], ev_mask, _merge=True)
+            whole = len(keep) > 0.5 * ni
+            # no gap stands out (the compute between tokens as long as the lag): the capture
+            # is one iteration, its columns aligned by each member's ordinal
+            out = ring_steps(snap, flows, members, its[:1] if whole else its[keep], ev_mask, _merge=True)
+            if out is not None:
+                out["whole_capture"] = whole
+                out["bursts_are_steps"] = True
+            return out
     if _merge and not aligned.all():
         # a burst split inside an iteration (a lag as long as the idle time between
         # iterations): the smallest runs of consecutive bursts that align together
@@ -274,7 +274,8 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
     return {"lag_ns": lag, "last": last, "col_start_ns": col_t, "col_iteration": col_it,
             "collective_start": bounds, "waited": waited, "iterations": iters, "lost_ns": lost,
             "gates": np.asarray(gates, dtype=np.int64), "jitter_ns": jitter, "start_jitter_ns": start_jitter,
-            "steps": int(lag.shape[1]), "span_ns": span[1] - span[0], "whole_capture": False}
+            "steps": int(lag.shape[1]), "span_ns": span[1] - span[0], "whole_capture": False,
+            "bursts_are_steps": False}
 
 
 def _at_min(raw):

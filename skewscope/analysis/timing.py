@@ -79,6 +79,85 @@ def split_bursts(s, e, min_gap=MIN_GAP_NS, ratio=BREAK_RATIO, level="iteration")
     return first
 
 
+#: count_bursts: a level whose bursts carry the same number of messages, for at least this
+#: share of the messages ...
+COUNT_SHARE = 0.6
+#: ... in at least this many bursts
+COUNT_MIN_BURSTS = 3
+#: number of cuts tried: every count up to COUNT_DENSE, then growing by COUNT_GROWTH
+COUNT_DENSE = 64
+COUNT_GROWTH = 1.05
+COUNT_MAX_CUTS = 1 << 16
+#: ... counts within this share of the modal count are the same count (>= 50 messages)
+COUNT_TOL = 0.02
+#: ... and with a steady rate: at least COUNT_STEADY_SHARE of the spacings (per iteration)
+#: within COUNT_STEADY x their median
+COUNT_STEADY = (2.0 / 3.0, 1.5)
+COUNT_STEADY_SHARE = 0.75
+
+
+def count_bursts(s, e, c, floor=MIN_GAP_NS):
+    """Iterations recognised by what they carry rather than by when they come: cutting the
+    activity (s, e: merged intervals in start order, c: messages in each) at its m largest
+    gaps (m = 1, 2, ... : the coarsest level first), the first cut whose bursts carry one
+    message count (the modal count, in >= COUNT_MIN_BURSTS bursts holding >= COUNT_SHARE of
+    the messages) coming at a steady rate (>= COUNT_STEADY_SHARE of the spacings per
+    iteration within COUNT_STEADY x their median): a collective's iteration repeats the same
+    messages even when host noise makes its gaps and spacings too irregular for fit_period
+    (emulated hosts, a library's waits as long as the gap between iterations). The first
+    level with one message count is the iterations': without a steady rate there is no
+    period (the finer levels are their steps). Returns (burst starts, burst ends, threshold, period ns,
+    cv) or None; period = the median over consecutive modal bursts of their spacing divided
+    by the iterations it spans (the messages from one to the next / the modal count)."""
+    n = len(s)
+    if n < COUNT_MIN_BURSTS * 2:
+        return None
+    gaps = s[1:] - e[:-1]
+    order = np.argsort(-gaps, kind="stable")
+    top = int(min(COUNT_MAX_CUTS, int((gaps > floor).sum())))
+    if top < COUNT_MIN_BURSTS - 1:
+        return None
+    cum = np.concatenate([[0], np.cumsum(c)])
+    total = float(cum[-1])
+    m = 1
+    while m <= top:
+        g_m = gaps[order[m - 1]]
+        # ties: a cut takes every gap as large as its smallest
+        if m < top and gaps[order[m]] == g_m:
+            m += 1
+            continue
+        cut = np.sort(order[:m]) + 1                      # first interval of each new burst
+        edges = np.concatenate([[0], cut, [n]])
+        cnt = cum[edges[1:]] - cum[edges[:-1]]
+        vals, k = np.unique(cnt, return_counts=True)
+        best = int(np.argmax(k * vals))                   # the count holding the most messages
+        v = int(vals[best])
+        # one count, give or take COUNT_TOL of it (a message the capture lost or cut at an edge)
+        near = np.abs(cnt - v) <= int(COUNT_TOL * v)
+        nk = int(near.sum())
+        if nk >= COUNT_MIN_BURSTS and float(cnt[near].sum()) >= COUNT_SHARE * total and v >= 2:
+            lo = gaps[order[m]] if m < len(order) else floor
+            thr = float(np.sqrt(max(lo, 1.0) * g_m))
+            bs = s[edges[:-1]]
+            be = np.maximum.reduceat(e, edges[:-1])
+            modal = np.nonzero(near)[0]
+            # the spacing of two consecutive modal bursts over the iterations between them
+            # (their messages / the modal count: a split or merged iteration in between)
+            units = np.round((cum[edges[modal[1:]]] - cum[edges[modal[:-1]]]) / float(v))
+            ok = units >= 1
+            d = np.diff(bs[modal])[ok] / units[ok]
+            per = float(np.median(d)) if len(d) else 0.0
+            # ... and they come at a steady rate (identical bursts at random times do not)
+            steady = (d >= COUNT_STEADY[0] * per) & (d <= COUNT_STEADY[1] * per)
+            if len(d) >= COUNT_MIN_BURSTS - 1 and per > 0 and float(np.mean(steady)) >= COUNT_STEADY_SHARE:
+                dd = d[(d > 0.5 * per) & (d < 1.5 * per)]
+                cv = float(np.std(dd) / np.mean(dd)) if len(dd) >= 2 else None
+                return bs, be, thr, per, cv
+            return None          # the iterations, at no steady rate: no period (not their steps')
+        m = m + 1 if m < COUNT_DENSE else max(m + 1, int(m * COUNT_GROWTH))
+    return None
+
+
 def fit_period(starts):
     """(period_ns, jitter_ns or None, cv or None, regular) from burst start times."""
     starts = np.asarray(starts, dtype=np.float64)
@@ -169,20 +248,45 @@ def first_start_per_key(key, start, nkeys):
     return out
 
 
-def group_timing(snap, flow_mask=None, members=None, ev_mask=None, level="iteration"):
-    """Timing of a set of data flows (a collective group). Returns a dict (seconds) and
-    the bursts (ns arrays) for the other metrics."""
-    ctx = context(snap)
-    s, e, _ = activity(ctx, flow_mask, ev_mask)
+def bursts_and_period(s, e, c, level="iteration", counts=True):
+    """Bursts of activity intervals (s, e sorted by start, c messages each) and their period:
+    (starts, ends, threshold, period ns or None, jitter ns or None, cv, period_source).
+    The bursts at the first natural break that repeats regularly (split_bursts, fit_period:
+    "bursts"); at the iteration level, when there is no such rhythm, or its bursts are
+    lopsided (one holds all but under 1/LOPSIDED of the messages: a warm-up before the run),
+    the iterations by their message counts (count_bursts: "burst_counts", jitter null: no
+    regular grid to measure it against), cutting no finer than the natural break when that
+    one gives >= 3 bursts that are not lopsided. counts=False: natural breaks only."""
     bs, be, thr = split_bursts(s, e, level=level)
+    per = jit = cv = src = None
+    if len(bs) >= 2:
+        p, j, v, regular = fit_period(bs)
+        if regular and p:
+            per, jit, cv, src = p, j, v, "bursts"
+    lop = _lopsided(bs, s, c)
+    if counts and level == "iteration" and len(s) and (per is None or lop):
+        # bursts separated by a natural break are the iterations (if anything is): the
+        # counts may only merge them, unless one of them holds nearly everything
+        floor = thr if len(bs) >= 3 and not lop and np.isfinite(thr) else MIN_GAP_NS
+        cb = count_bursts(s, e, c, floor)
+        if cb is not None:
+            bs, be, thr, per, cv = cb
+            jit, src = None, "burst_counts"
+    return bs, be, thr, per, jit, cv, src
+
+
+def group_timing(snap, flow_mask=None, members=None, ev_mask=None, level="iteration", counts=True):
+    """Timing of a set of data flows (a collective group). Returns a dict (seconds) and
+    the bursts (ns arrays) for the other metrics. counts: bursts_and_period's."""
+    ctx = context(snap)
+    s, e, c = activity(ctx, flow_mask, ev_mask)
+    bs, be, thr, per, jit, cv, src = bursts_and_period(s, e, c, level, counts)
     out = {"period_s": None, "period_jitter_s": None, "period_cv": None, "iterations": int(len(bs)),
            "busy_fraction": None, "burst_busy_s": None, "period_source": None}
     busy_total = float(np.sum(e - s)) if len(s) else 0.0
-    if len(bs) >= 2:
-        per, jit, cv, regular = fit_period(bs)
-        if regular and per:
-            out.update(period_s=per / 1e9, period_jitter_s=None if jit is None else jit / 1e9,
-                       period_cv=cv, period_source="bursts")
+    if per:
+        out.update(period_s=per / 1e9, period_jitter_s=None if jit is None else jit / 1e9,
+                   period_cv=cv, period_source=src)
     if out["period_s"] is None and len(bs) <= 1 and len(s) >= 8:
         # no idle gap separates iterations: periodic rate modulation, if any
         ok = ctx.ev_data.copy()
@@ -241,6 +345,21 @@ def group_timing(snap, flow_mask=None, members=None, ev_mask=None, level="iterat
         info["send_dev_ns"] = dev_s       # (bursts, members): first send minus the burst's median member
         info["recv_dev_ns"] = dev_r
     return out, info
+
+
+#: bursts are not iterations when one holds all but under 1/this of the messages
+LOPSIDED = 8
+
+
+def _lopsided(bs, s, c) -> bool:
+    """Several bursts, one of which holds all but under 1/LOPSIDED of the messages (a
+    warm-up or start-up exchange before the run, not an iteration of it)."""
+    if len(bs) < 2:
+        return False
+    k = np.searchsorted(s, bs, side="left")
+    cum = np.concatenate([[0], np.cumsum(c)])
+    per = np.diff(np.append(cum[k], cum[-1])).astype(np.float64)
+    return float(per.max()) * LOPSIDED > (LOPSIDED - 1) * float(cum[-1])
 
 
 def timing(snap, flow_mask=None) -> dict | None:

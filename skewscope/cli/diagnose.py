@@ -10,11 +10,14 @@ JSON (`--json`, stable; docs/metrics.md "diagnose --json"):
 {"diagnose_version": 1, "source": str, "status": "healthy"|"warning"|"critical",
  "exit_code": 0|1|2, "counts": {"critical", "warning", "info"},
  "findings": [{"kind", "severity", "entities": {"ips", "qps", "flows"}, "evidence",
-               "message", "group", "impact": {"seconds", "share"} | null}]  (severity, then impact),
+               "message", "group", "impact": {"seconds", "share"} | null,
+               "since": s | null, "until": s | null}]  (severity, then impact),
  "collectives": [{"kind", "pattern", "members", "confidence"}],
  "timing": {...} | null, "checks": [kinds run], "thresholds": {kind: {name: value}},
  "capture": {"packets", "roce_packets", "flows", "message_records", "duration_s",
-             "source", "sample_n"}}
+             "source", "sample_n", "first_s", "last_s", "clock", "started_at"}}
+since/until and capture first_s/last_s: seconds on the capture's clock (pcap: unix time;
+"monotonic": a live capture's, on the wall clock at started_at + (t - first_s)).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import click
 
 from skewscope.cli.common import fail, load_source
 from skewscope.core.errors import EXIT_CRITICAL, EXIT_NOT_RUN, EXIT_OK, EXIT_WARNING, DataplaneError, PcapError
+from skewscope.outputs.when import Clock
 
 DIAGNOSE_VERSION = 1
 _DUR = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min|h)?\s*$")
@@ -115,15 +119,22 @@ def run(snap, checks=None, thresholds=None) -> tuple[dict, int]:
         "status": status, "exit_code": code, "counts": counts, "findings": fs,
         "collectives": [{"kind": c["kind"], "pattern": c["pattern"], "members": c["members"],
                          "confidence": c["confidence"], "workload": c["metrics"].get("workload"),
-                         "period_s": c["metrics"].get("period_s")} for c in a["collectives"]],
+                         "period_s": c["metrics"].get("period_s"), "timing": c.get("timing")}
+                        for c in a["collectives"]],
         "timing": a["timing"],
         "checks": sorted(resolve_checks(checks or None)),
         "thresholds": a["thresholds"],
         "capture": {"packets": t["packets_seen"], "roce_packets": t["roce_packets"], "flows": int(len(snap.flows)),
                     "message_records": t["message_records"], "duration_s": float(m.get("duration_s", 0) or 0),
-                    "source": m.get("source"), "sample_n": int(m.get("sample_n", 1) or 1)},
+                    "source": m.get("source"), "sample_n": int(m.get("sample_n", 1) or 1),
+                    "first_s": _s(m.get("first_ts")), "last_s": _s(m.get("last_ts")),
+                    "clock": m.get("clock") or "pcap", "started_at": m.get("started_at")},
     }
     return doc, code
+
+
+def _s(ns) -> float | None:
+    return float(ns) / 1e9 if ns is not None else None
 
 
 def _human(doc) -> None:
@@ -131,6 +142,7 @@ def _human(doc) -> None:
 
     from skewscope.outputs.report import analysis_lines  # heavy (numpy): not loaded by --help
     con = Console(highlight=False, soft_wrap=True)
+    clock = Clock.of(doc["capture"])
     cap = doc["capture"]
     con.print(f"[bold]skewscope diagnose[/bold] {doc['source']}: {cap['roce_packets']} RoCE packets, "
               f"{cap['flows']} flows, {cap['duration_s']:.3f} s")
@@ -139,6 +151,9 @@ def _human(doc) -> None:
     for f in doc["findings"]:
         color = {"critical": "red", "warning": "yellow"}.get(f["severity"], "cyan")
         con.print(f"[{color}]{f['severity'].upper():8s}[/{color}] {f['kind']}: {f['message']}")
+        when = clock.text(f.get("since"), f.get("until"))
+        if when:
+            con.print(f"{'':9s}{when}")
     c = doc["counts"]
     color = {"critical": "red", "warning": "yellow"}.get(doc["status"], "green")
     con.print(f"[{color}]{doc['status']}[/{color}]: {c['critical']} critical, {c['warning']} warning, "

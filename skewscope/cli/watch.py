@@ -26,6 +26,7 @@ from skewscope.cli.common import fail, friendly_errors, load_source
 from skewscope.cli.live import Duration, _stale_policy
 from skewscope.core.errors import EXIT_NOT_RUN, DataplaneError, PcapError
 from skewscope.outputs import events as E
+from skewscope.outputs.when import Clock
 
 EPILOG = """\b
 Examples:
@@ -97,13 +98,27 @@ def action_text(a: dict) -> str:
     return str(t)
 
 
+def _iso_ms(t: float) -> str:
+    d = datetime.fromtimestamp(t, timezone.utc)
+    return d.strftime("%Y-%m-%dT%H:%M:%S.") + f"{d.microsecond // 1000:03d}Z"
+
+
+def when_text(ev: dict) -> str:
+    """Since when the condition holds (the event's since/until, unix s)."""
+    s, u = ev.get("since"), ev.get("until")
+    if s is None:
+        return ""
+    return f"since {_iso_ms(s)}" + (f", until {_iso_ms(u)}" if u is not None else ", still holding")
+
+
 def human_line(ev: dict) -> str:
     f = ev["finding"]
     acts = "; ".join(action_text(a) for a in f.get("actions") or [])
     extra = f" ({ev['change']})" if ev.get("change") else ""
     line = (f"{_iso(ev['time'])} {ev['event'].upper():8s} {str(f.get('severity')).upper():8s} {f.get('kind')} "
             f"[{ev['id'].split(':', 1)[1]}]{extra}: {f.get('message')}")
-    return line + (f"\n    -> {acts}" if acts and ev["event"] != "resolved" else "")
+    when = when_text(ev) if ev["event"] != "resolved" else ""
+    return line + (f"\n    {when}" if when else "") + (f"\n    -> {acts}" if acts and ev["event"] != "resolved" else "")
 
 
 class Emitter:
@@ -165,7 +180,7 @@ def _from_file(path, em: Emitter, hold: float, drain_s: float) -> int:
         fail("out of memory while analysing (capture a shorter window)", EXIT_NOT_RUN)
     first, last = _file_times(snap)
     tr = E.Tracker(hold=hold, source=em.source)
-    em.emit(tr.update(doc["findings"], now=last, seen=(first, last)))
+    em.emit(tr.update(doc["findings"], now=last, seen=(first, last), clock=Clock.of(snap.meta, wall_end=last)))
     em.finish(drain_s)
     return code
 
@@ -187,7 +202,7 @@ def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach,
     runner = AnalysisRunner(analyze)
     win = Window(window)
     code = 0
-    pending = {"wall": None, "span": 0.0}
+    pending = {"wall": None, "span": 0.0, "meta": {}}
     seen_when = 0.0
     err_said = ""
     t_end = time.monotonic() + duration if duration else None
@@ -206,10 +221,12 @@ def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach,
                     err_said = runner.error
                     if not runner.error and runner.result is not None:
                         end = pending["wall"]
-                        em.emit(tr.update(runner.result["findings"], now=end, seen=(end - pending["span"], end)))
+                        em.emit(tr.update(runner.result["findings"], now=end, seen=(end - pending["span"], end),
+                                          clock=Clock.of(pending["meta"], wall_end=end)))
                 if runner.idle():
                     snap = win.snapshot(iv)
-                    pending = {"wall": iv.wall, "span": float(snap.meta.get("duration_s", 0) or 0)}
+                    pending = {"wall": iv.wall, "span": float(snap.meta.get("duration_s", 0) or 0),
+                               "meta": snap.meta}
                     runner.submit(snap)
                 if t_end is not None and time.monotonic() >= t_end:
                     break

@@ -196,6 +196,7 @@ def generate(scenario_or_preset, seed: int = 0) -> Capture:
         for wl in sorted(sc["workloads"], key=lambda w: w["kind"] != "kv_transfer"):
             builders[wl["kind"]](job, wl)
         pathologies.finish(job, sc)
+        job.mpi_exchanges()        # library mpi: the start-up / closing exchanges between all ranks
         inference.summarize(job, sc)
     except (KeyError, IndexError, ValueError) as e:
         if isinstance(e, ScenarioError):

@@ -419,7 +419,8 @@ class AllToAll:
             for k, dlt in enumerate(self.order):
                 j = (i + dlt) % n
                 b = int(vol[i, j])
-                chunk = p2p_chunk(b)
+                # NCCL: P2P chunks; Open MPI's alltoallv: one message per peer
+                chunk = p2p_chunk(b) if job.library != "mpi" else max(1, b)
                 sizes = [min(chunk, b - o) for o in range(0, b, chunk)] or [0]
                 si = min(range(slots_n), key=lambda x: slots[x])
                 t = slots[si] + (hop_ns if k >= slots_n else 0.0)

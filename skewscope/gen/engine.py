@@ -78,6 +78,14 @@ class Job:
         self.m_path, self.m_t0, self.m_size, self.m_rate = [], [], [], []
         self.m_type, self.m_va = [], []
         self.m_cts = []         # index of the CTS message that enables this one, or -1
+        self.m_link = []        # READ response: index of its READ request message, else -1
+        # the collective library on the wire: "nccl" (CTS WRITE + WRITE chains) or "mpi"
+        # (Open MPI ob1/openib: SENDs, control SENDs back, RDMA READ by the receiver)
+        self.library = sc.get("library", "nccl")
+        self.mpi = sc.get("mpi")
+        self._mpi_pairs = {}    # (lo node, hi node) -> path lo -> hi: one QP pair per rank pair
+        self._mpi_rx = {}       # path -> eager messages sent on it (credit returns)
+        self._mpi_end = 0.0
         # impairments
         self.up_blocks = []     # (node, start_ns, end_ns)
         self.down_blocks = []
@@ -105,7 +113,22 @@ class Job:
         return int(ps) & 0xFFFFFF
 
     def connect(self, a: int, b: int, group: int, channel: int = 0):
-        """An NCCL connection a->b: one RC QP pair.  Returns (data path a->b, reverse)."""
+        """An NCCL connection a->b: one RC QP pair.  Returns (data path a->b, reverse).
+        Library mpi: one QP pair per pair of ranks (openib), whatever the group or channel:
+        the first connection between a and b creates it, the others share it (a -> b is a
+        data path once something connects a to b)."""
+        if self.library == "mpi":
+            hit = self._mpi_pairs.get((min(a, b), max(a, b)))
+            if hit is not None:
+                fwd = hit if self.p_src[hit] == a else self.p_rev[hit]
+                self.p_role[fwd] = "data"
+                return fwd, self.p_rev[fwd]
+            fwd, rev = self._pair(a, b, group, channel)
+            self._mpi_pairs[(min(a, b), max(a, b))] = fwd
+            return fwd, rev
+        return self._pair(a, b, group, channel)
+
+    def _pair(self, a: int, b: int, group: int, channel: int):
         qa, qb = self.qpn(a), self.qpn(b)
         sport = F.mlx5_sport(qa, qb) if self.sc["sport"] == "mlx5" else int(self.sc["sport"])
         i = len(self.p_src)
@@ -164,20 +187,92 @@ class Job:
     def send(self, fwd: int, rev: int, t_ns: float, size: int, rate_bps: float,
              va: int = 0, cts: bool = True, mtype: int = M.MT_DATA) -> float:
         """An NCCL send on connection (fwd, rev): CTS on rev, then the WRITE chain on fwd.
-        Returns the estimated end time of the data."""
+        Returns the estimated end time of the data. Library mpi: mpi_send."""
+        if self.library == "mpi" and cts and mtype == M.MT_DATA:
+            return self.mpi_send(fwd, rev, t_ns, size, rate_bps, va)
         cts_idx = -1
         if cts:
             cts_idx = len(self.m_path)
             self.m_cts.append(-1)
+            self.m_link.append(-1)
             self.m_path.append(rev); self.m_t0.append(t_ns - self.cts_lead_ns)
             self.m_size.append(64); self.m_rate.append(self.link_bps[self.p_src[rev]] * self.eff)
             self.m_type.append(M.MT_CTS)
             self.m_va.append(0x7F0000000000 + (self.p_sqp[rev] << 12))
         self.m_cts.append(cts_idx)
+        self.m_link.append(-1)
         self.m_path.append(fwd); self.m_t0.append(t_ns); self.m_size.append(int(size))
         self.m_rate.append(rate_bps); self.m_type.append(mtype)
         self.m_va.append(0x7E0000000000 + (self.p_dqp[fwd] << 24) + va)
         return t_ns + self.duration_ns(size, rate_bps)
+
+    # ------------------------------------------------------------------ library mpi
+    def _msg(self, path: int, t0: float, size: int, rate: float, mtype: int, va: int = 0,
+             cts: int = -1, link: int = -1) -> int:
+        i = len(self.m_path)
+        self.m_cts.append(cts); self.m_link.append(link)
+        self.m_path.append(path); self.m_t0.append(t0); self.m_size.append(int(size))
+        self.m_rate.append(rate); self.m_type.append(mtype); self.m_va.append(va)
+        return i
+
+    def mpi_send(self, fwd: int, rev: int, t_ns: float, size: int, rate_bps: float, va: int = 0) -> float:
+        """A message of Open MPI ob1 over the openib BTL on the QP pair (fwd, rev) (modelled
+        on a real Open MPI 4.1.4 capture): up to `eager_bytes` of payload, eager: one SEND
+        (SEND_FIRST/MIDDLE/LAST, SEND_ONLY for one packet) of payload + `header_bytes` (ob1
+        match + openib headers) on fwd, and every `credit_every` of them a credit return
+        (a `credit_bytes` SEND) on rev. Larger, RGET: a rendezvous SEND (`rndv_bytes`) on
+        fwd; the receiver reads the data: an RDMA READ REQUEST on rev (RETH length = the
+        payload) once the rendezvous is in, the READ RESPONSEs on fwd (in the requester's
+        PSN space: the data flows responder -> requester), then a FIN SEND (`fin_bytes`)
+        on rev. Returns the estimated end of the data."""
+        m = self.mpi
+        lat = 2.0 * float(self.sc["prop_ns"]) + float(self.sc["resp_delay_ns"])
+        ctl = self.link_bps[self.p_src[rev]] * self.eff
+        if size <= m["eager_bytes"]:
+            n = int(size) + m["header_bytes"]
+            self._msg(fwd, t_ns, n, rate_bps, M.MT_SEND)
+            end = t_ns + self.duration_ns(n, rate_bps)
+            k = self._mpi_rx.get(fwd, 0) + 1
+            self._mpi_rx[fwd] = k
+            if k % m["credit_every"] == 0:
+                self._msg(rev, end + lat, m["credit_bytes"], ctl, M.MT_SEND)
+        else:
+            rts = self._msg(fwd, t_ns, m["rndv_bytes"], rate_bps, M.MT_SEND)
+            t_req = t_ns + self.duration_ns(m["rndv_bytes"], rate_bps) + lat
+            req = self._msg(rev, t_req, size, ctl, M.MT_READ_REQ,
+                            va=0x7D0000000000 + (self.p_dqp[rev] << 24) + va, cts=rts)
+            t_rsp = t_req + lat
+            self._msg(fwd, t_rsp, size, rate_bps, M.MT_READ_RESP, cts=req, link=req)
+            end = t_rsp + self.duration_ns(size, rate_bps)
+            self._msg(rev, end + lat, m["fin_bytes"], ctl, M.MT_SEND)
+        self._mpi_end = max(self._mpi_end, end)
+        return end
+
+    def mpi_exchanges(self) -> None:
+        """Library mpi: the start-up exchange (`startup_messages` small SENDs each way between
+        every pair of ranks of the job's MPI workloads: the connections opened at
+        MPI_Init/the first collective, the warm-up barrier) before the first message, and
+        `finalize_messages` each way after the last (the closing barrier), on the pair's
+        QP (a new one, in no group, for ranks that exchange nothing else)."""
+        if self.library != "mpi" or not self.m_path:
+            return
+        m = self.mpi
+        ranks = sorted({x for w in self.sc["workloads"] for x in w["members"]})
+        first = min(self.m_t0)
+        when = [max(0.0, first - 40_000.0) + 2_000.0 * k for k in range(m["startup_messages"])]
+        end = max(self._mpi_end, max(self.m_t0)) + 20_000.0
+        when += [end + 2_000.0 * k for k in range(m["finalize_messages"])]
+        for i, a in enumerate(ranks):
+            for b in ranks[i + 1:]:
+                hit = self._mpi_pairs.get((a, b))
+                if hit is None:
+                    hit, back = self._pair(a, b, -1, 0)
+                    self._mpi_pairs[(a, b)] = hit
+                    self.p_role[back] = "data"      # both ways alike: small messages, no bulk
+                for p in (hit, self.p_rev[hit]):
+                    rate = self.link_bps[self.p_src[p]] * self.eff
+                    for t in when:
+                        self._msg(p, t, m["startup_bytes"], rate, M.MT_SEND)
 
     def paths_between(self, src=None, dst=None, group=None, role="data"):
         out = []
@@ -236,6 +331,10 @@ class Job:
         m_rate = np.array(self.m_rate, dtype=np.float64)[order]
         m_type = np.array(self.m_type, dtype=np.uint8)[order]
         m_va = np.array(self.m_va, dtype=np.uint64)[order]
+        inv = np.empty(nm, dtype=np.int64)
+        inv[order] = np.arange(nm)
+        m_link = np.array(self.m_link, dtype=np.int64)[order] if nm else np.zeros(0, np.int64)
+        m_link = np.where(m_link >= 0, inv[np.maximum(m_link, 0)], -1) if nm else m_link
         if self.imm_le:
             s32 = m_size.astype(np.uint32)
             m_imm = s32.byteswap()
@@ -244,7 +343,7 @@ class Job:
         self.msg_arrays = {"path": m_path, "t0": m_t0, "size": m_size, "type": m_type}
         npk, opc, psn, plen, reth, imm, va, msg, flags = M.expand_messages(
             m_path, m_size, m_type, m_imm, m_va, pa["psn0"], self.mtu,
-            int(sc["ackreq_every"]), max(1, n_paths))
+            int(sc["ackreq_every"]), max(1, n_paths), m_link)
         ng = opc.shape[0]
         flen = F.frame_lengths(np.zeros(ng, np.uint8), opc, plen, self.hdr_len)
         # ---- loss: choose dropped original packets
@@ -276,8 +375,6 @@ class Job:
         # The data of a message may not leave before its CTS has reached the sender: run
         # the timeline, push violating messages later, repeat (converges in a few rounds).
         m_cts = np.array(self.m_cts, dtype=np.int64)
-        inv = np.empty(nm, dtype=np.int64)
-        inv[order] = np.arange(nm)
         cts_sorted = np.where(m_cts[order] >= 0, inv[np.maximum(m_cts[order], 0)], -1)
         has_cts = np.nonzero(cts_sorted >= 0)[0]
         slack = float(sc["prop_ns"]) + 200.0
@@ -300,13 +397,13 @@ class Job:
         nreq = mp.shape[0]
         # ---- responder
         is_last = np.isin(req["opcode"], np.array([F.WRITE_LAST, F.WRITE_LAST_IMM, F.WRITE_ONLY,
-                                                    F.WRITE_ONLY_IMM], np.uint8))
+                                                    F.WRITE_ONLY_IMM, F.SEND_LAST, F.SEND_ONLY], np.uint8))
         ro = np.argsort(mp, kind="stable")
         r_t, r_p, r_k, r_psn, r_aeth = M.responder(
             ro, req["path"], t_obs, req["psn"], req["flags"], req["opcode"], req["msg"],
             is_last, req["tos"], pa["rev"], float(sc["ack_coalesce_us"] * 1e3),
             float(sc["cnp_interval_us"] * 1e3), float(2 * sc["prop_ns"] + sc["resp_delay_ns"]),
-            int(sc["ack_syndrome"]), n_paths)
+            int(sc["ack_syndrome"]), n_paths, req["reth"], self.mtu)
         nr = r_t.shape[0]
         rsp = M.empty_pkts(nr)
         rsp["path"][:] = r_p

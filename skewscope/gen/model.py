@@ -34,6 +34,11 @@ from skewscope.gen import frames as F
 MT_DATA = 0   # NCCL send: WRITE_FIRST/MIDDLE/LAST_IMM or WRITE_ONLY_IMM, imm = size
 MT_CTS = 1    # clear-to-send FIFO element: WRITE_ONLY, no immediate
 MT_WRITE = 2  # plain RDMA WRITE chain without immediate (bulk, adaptive-routing style)
+MT_SEND = 3   # library mpi: SEND_FIRST/MIDDLE/LAST or SEND_ONLY, no immediate
+MT_READ_REQ = 4   # library mpi: RDMA READ REQUEST, one packet, RETH length = the size read;
+                  # it takes as many PSNs as its responses have packets
+MT_READ_RESP = 5  # library mpi: READ RESPONSE FIRST/MIDDLE/LAST or ONLY, in the PSN space
+                  # of its request (m_link), on the reverse path
 
 PKT_FIELDS = {
     "ts": np.int64, "ftype": np.uint8, "path": np.int32, "opcode": np.uint8,
@@ -88,18 +93,35 @@ def take_concat_pkts(parts: list[dict], fo) -> dict:
 # ------------------------------------------------------------------ packetizer
 @njit(cache=True)
 def expand_messages(m_path, m_size, m_type, m_imm, m_va, path_psn0, mtu, ackreq_every,
-                    n_paths):
-    """Per original request packet: opcode, psn, plen, reth, imm, va, msg, flags."""
+                    n_paths, m_link):
+    """Per original request packet: opcode, psn, plen, reth, imm, va, msg, flags. A READ
+    response (m_type MT_READ_RESP) takes its PSNs from its request (m_link), which takes
+    as many from its path as the response has packets; READ packets carry no AckReq."""
     nm = m_path.shape[0]
     npk = np.empty(nm, dtype=np.int64)
     total = 0
+    has_read = False
     for m in range(nm):
         s = m_size[m]
         n = (s + mtu - 1) // mtu
         if n < 1:
             n = 1
+        if m_type[m] == 4:
+            n = 1
+            has_read = True
         npk[m] = n
         total += n
+    # the first PSN of every READ request (messages in path order, as emitted below)
+    req_psn = np.zeros(nm if has_read else 1, dtype=np.int64)
+    if has_read:
+        cur0 = path_psn0.astype(np.int64).copy()
+        for m in range(nm):
+            p = m_path[m]
+            if m_type[m] == 4:
+                req_psn[m] = cur0[p]
+                cur0[p] += max(1, (m_size[m] + mtu - 1) // mtu)
+            elif m_type[m] != 5:
+                cur0[p] += npk[m]
     opc = np.empty(total, dtype=np.uint8)
     psn = np.empty(total, dtype=np.uint32)
     plen = np.empty(total, dtype=np.uint32)
@@ -115,6 +137,12 @@ def expand_messages(m_path, m_size, m_type, m_imm, m_va, path_psn0, mtu, ackreq_
         p = m_path[m]
         n = npk[m]
         s = m_size[m]
+        mt = m_type[m]
+        if mt >= 3:
+            _expand_verbs(m, p, n, s, mt, m_va, m_link, req_psn, cur, cnt, mtu, ackreq_every,
+                          g, opc, psn, plen, reth, va, msg, flags)
+            g += n
+            continue
         for k in range(n):
             if n == 1:
                 if m_type[m] == 0:
@@ -147,6 +175,57 @@ def expand_messages(m_path, m_size, m_type, m_imm, m_va, path_psn0, mtu, ackreq_
                 flags[g] = 4  # AckReq
             g += 1
     return npk, opc, psn, plen, reth, imm, va, msg, flags
+
+
+@njit(cache=True)
+def _expand_verbs(m, p, n, s, mt, m_va, m_link, req_psn, cur, cnt, mtu, ackreq_every, g,
+                  opc, psn, plen, reth, va, msg, flags):
+    """The packets of one SEND / READ request / READ response message (library mpi) at
+    packet index g."""
+    if mt == 4:  # READ REQUEST: one packet, no payload, RETH = the length read
+        opc[g] = F.READ_REQUEST
+        psn[g] = cur[p] & 0xFFFFFF
+        cur[p] += max(1, (s + mtu - 1) // mtu)
+        plen[g] = 0
+        reth[g] = s
+        va[g] = m_va[m]
+        msg[g] = m
+        return
+    for k in range(n):
+        if mt == 3:
+            if n == 1:
+                o = F.SEND_ONLY
+            elif k == 0:
+                o = F.SEND_FIRST
+            elif k == n - 1:
+                o = F.SEND_LAST
+            else:
+                o = F.SEND_MIDDLE
+        else:
+            if n == 1:
+                o = F.READ_RESP_ONLY
+            elif k == 0:
+                o = F.READ_RESP_FIRST
+            elif k == n - 1:
+                o = F.READ_RESP_LAST
+            else:
+                o = F.READ_RESP_MIDDLE
+        opc[g + k] = o
+        if mt == 3:
+            psn[g + k] = cur[p] & 0xFFFFFF
+            cur[p] += 1
+        else:
+            psn[g + k] = (req_psn[m_link[m]] + k) & 0xFFFFFF
+        plen[g + k] = mtu if k < n - 1 else s - mtu * (n - 1)
+        msg[g + k] = m
+        if mt == 3:
+            cnt[p] += 1
+            every = False
+            if cnt[p] == ackreq_every:
+                cnt[p] = 0
+                every = True
+            if k == n - 1 or every:
+                flags[g + k] = 4  # AckReq
 
 
 @njit(cache=True)
@@ -275,10 +354,12 @@ def serialise(order, node, t_in, wire_bytes, link_bps, blk_node, blk_start, blk_
 # ------------------------------------------------------------------ responder
 @njit(cache=True)
 def responder(order, path, t_obs, psn, flags, opcode, msg, is_last, tos, p_rev,
-              coalesce_ns, cnp_gap_ns, delay_ns, ack_syndrome, n_paths):
+              coalesce_ns, cnp_gap_ns, delay_ns, ack_syndrome, n_paths, reth, mtu):
     """Receiving-NIC behaviour over request packets in observed order per path.
 
     Returns response events: (time, path to send on, kind 0=ACK 1=NAK 2=CNP, psn, aeth).
+    READ RESPONSE packets (library mpi) are the responder's own answers, not requests: they
+    are skipped; a READ REQUEST moves the expected PSN on by its responses' packets.
     """
     n = order.shape[0]
     cap = n + 16
@@ -303,6 +384,9 @@ def responder(order, path, t_obs, psn, flags, opcode, msg, is_last, tos, p_rev,
         while i < n and path[order[i]] == p:
             k = order[i]
             t = t_obs[k]
+            if opcode[k] >= 0x0D and opcode[k] <= 0x10:
+                i += 1
+                continue
             if pend and t > pend_t + coalesce_ns:
                 r_t[e] = pend_t + delay_ns
                 r_p[e] = rev
@@ -324,7 +408,10 @@ def responder(order, path, t_obs, psn, flags, opcode, msg, is_last, tos, p_rev,
                 epsn = ps
             d = (ps - epsn) & 0xFFFFFF
             if d == 0:
-                epsn = (epsn + 1) & 0xFFFFFF
+                adv = 1
+                if opcode[k] == 0x0C:
+                    adv = max(1, (np.int64(reth[k]) + mtu - 1) // mtu)
+                epsn = (epsn + adv) & 0xFFFFFF
                 nak_sent = False
                 if is_last[k]:
                     msn += 1

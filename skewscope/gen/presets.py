@@ -217,3 +217,24 @@ PRESETS.update({
                            block_bytes="256KiB", block_bytes_max=None, start_ms=0.2)],
     },
 })
+
+# ---------------------------------------------------------------- other libraries (issue 25)
+PRESETS.update({
+    "mpi-ring-healthy": {
+        "description": "Open MPI (ob1/openib) ring all-reduce of 4 ranks, 1 MiB blocks: eager SENDs up to 12 KiB, larger blocks read by the receiver (RGET: RDMA READ), credit/FIN SENDs back, a start-up exchange between every pair",
+        "nodes": 4, "iterations": 4, "period_ms": 8.0, "library": "mpi",
+        "workloads": [{"kind": "ring_allreduce", "bytes": "4MiB", "channels": 1}],
+    },
+    "mpi-decode-slow-rank": {
+        "description": "Open MPI decode loop (as the real openmpi_softroce_decode_slow_rank run): 4-way ring all-reduces of 16 KiB (eager SEND_FIRST/LAST), rank 2 starts every send 20 us late",
+        "nodes": 4, "library": "mpi",
+        "workloads": [dict(TPD, protocol="simple", hidden=8192)],
+        "pathologies": [{"kind": "slow_tp_shard", "node": 2, "lag_us": 20}],
+    },
+    "mpi-alltoallv-hot": {
+        "description": "Open MPI MPI_Alltoallv of 6 ranks (dispatch + combine), 64 KiB per peer read by the receiver (RGET); rank 4 is a hot destination (4x)",
+        "nodes": 6, "iterations": 3, "period_ms": 8.0, "library": "mpi",
+        "workloads": [dict(A2A, combine=True, bytes_per_peer="64KiB")],
+        "pathologies": [{"kind": "hot_expert", "node": 4, "factor": 4.0}],
+    },
+})

@@ -14,6 +14,8 @@
     pathologies: [ {kind: straggler|hot_expert|incast|congestion|loss|pfc_pause|pipeline_bubble|slow_link
                           |slow_tp_shard|hot_destination|pd_imbalance|kv_transfer_slow|rotating_straggler, ...} ]
     background: null | {pps, plen, dport}     non-RoCE UDP frames between random nodes
+    library: nccl | mpi, mpi: {eager_bytes, header_bytes, credit_every, ...}   the collective
+                                      library on the wire (engine.Job.send; MPI above)
 
 Sizes may be written as ints or strings like "8MiB", "512KiB", "64k".
 """
@@ -37,8 +39,12 @@ TOP = dict(
     imm_endian="be", ecn="ect0", psn_start=0, pkey=0xFFFF, sport="mlx5", prop_ns=500,
     resp_delay_ns=1000, rtt_us=8.0, ack_coalesce_us=2.0, ackreq_every=64, ack_syndrome=0x14,
     cnp_interval_us=10.0, cts_lead_us=2.0, iterations=2, period_ms=5.0, jitter=0.0,
-    start_ms=0.0, workloads=None, pathologies=None, background=None,
+    start_ms=0.0, workloads=None, pathologies=None, background=None, library="nccl", mpi=None,
 )
+#: library "mpi": Open MPI ob1/openib over verbs (engine.Job.send, docs/generator.md)
+MPI = dict(eager_bytes="12KiB", header_bytes=18, credit_every=1, credit_bytes=8, rndv_bytes=90,
+           fin_bytes=22, startup_messages=3, startup_bytes=26, finalize_messages=2)
+MPI_SIZE_KEYS = {"eager_bytes"}
 INHERIT = ("iterations", "period_ms", "jitter", "start_ms")
 COMMON = dict(members="all", hop_us=2.0, channels=2, qps=1)
 WORKLOADS = {
@@ -155,6 +161,26 @@ def normalize(raw: dict) -> dict:
     if not float(sc["link_gbps"]) > 0:
         raise ScenarioError("link_gbps must be > 0")
     sc["link_gbps"] = float(sc["link_gbps"])
+    if sc["library"] not in ("nccl", "mpi"):
+        raise ScenarioError("library must be nccl or mpi")
+    if sc["library"] == "nccl":
+        if sc["mpi"] is not None:
+            raise ScenarioError("mpi: options for library mpi only")
+        # the default library leaves the scenario (and so the truth) as it always was
+        del sc["library"], sc["mpi"]
+    else:
+        if sc["mpi"] is not None and not isinstance(sc["mpi"], dict):
+            raise ScenarioError("mpi: need a mapping of options")
+        m = _fill(sc["mpi"] or {}, MPI, "mpi")
+        for k in MPI_SIZE_KEYS:
+            m[k] = parse_size(m[k], f"mpi.{k}")
+        for k in ("header_bytes", "credit_every", "credit_bytes", "rndv_bytes", "fin_bytes",
+                  "startup_messages", "startup_bytes", "finalize_messages"):
+            if not isinstance(m[k], int) or isinstance(m[k], bool) or m[k] < 0:
+                raise ScenarioError(f"mpi.{k}: need an integer >= 0")
+        if m["credit_every"] < 1:
+            raise ScenarioError("mpi.credit_every: need an integer >= 1")
+        sc["mpi"] = m
     wls = sc["workloads"] or []
     if not isinstance(wls, list) or not wls:
         raise ScenarioError("workloads: need a non-empty list")

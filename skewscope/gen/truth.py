@@ -81,7 +81,8 @@ def compute(job, pkts: dict) -> dict:
             continue
         rev = job.p_rev[p]
         role = job.p_role[p]
-        if role == "cts" and not any(o == "RDMA_WRITE_ONLY" for o in opcodes.get(p, {})):
+        if role == "cts" and not any(o == "RDMA_WRITE_ONLY" or o.startswith("SEND") or o == "RDMA_READ_REQUEST"
+                                     for o in opcodes.get(p, {})):
             role = "cnp" if set(opcodes.get(p, {})) == {"CNP"} else "ack"
         gk = job.p_group[p]
         flows.append({

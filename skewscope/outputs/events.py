@@ -6,10 +6,10 @@ the exporter's /v1/findings). Schema: docs/feedback.md. Light: no numba, no anal
     finding_key(f)         the sorted key entities the id hashes (kind-specific, KEY_IPS)
     actions_for(f)         [{"type": "rebalance_experts", ...}, ...] ([] for an unknown kind)
     finding_object(f)      {"id", "kind", "severity", "entities", "message", "evidence", "impact",
-                            "actions"}
-    Tracker(hold, change)  .update(findings, now) -> [event, ...] at each analysis time
+                            "actions", "since", "until"}
+    Tracker(hold, change)  .update(findings, now, seen, clock) -> [event, ...] at each analysis time
     event(...)             {"schema", "id", "event", "time", "first_seen", "last_seen", "source",
-                            "finding"}
+                            "finding", "since", "until"}
     Webhook(url, token)    .post(event): background POSTs, bounded queue, retries, drop counts
 
 A finding here is the analysis' finding dict (Finding.to_dict(): report/diagnose/cluster
@@ -28,6 +28,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+
+from skewscope.outputs.when import Clock
 
 SCHEMA = "skewscope.finding_event/v1"
 STATS_SCHEMA = "skewscope.watch_stats/v1"
@@ -208,22 +210,25 @@ def actions_for(f: dict) -> list[dict]:
 
 def finding_object(f: dict) -> dict:
     """The finding as events, webhooks and /v1/findings carry it: {"id", "kind", "severity",
-    "entities" {"ips", "qps", "flows"}, "message", "evidence", "impact", "actions"}."""
+    "entities" {"ips", "qps", "flows"}, "message", "evidence", "impact", "actions", "since",
+    "until"} (since/until as the analysis gives them: s on the snapshot's clock)."""
     ent = f.get("entities") or {}
     return {"id": finding_id(f), "kind": f.get("kind"), "severity": f.get("severity"),
             "entities": {"ips": list(ent.get("ips") or []), "qps": list(ent.get("qps") or []),
                          "flows": [list(x) for x in (ent.get("flows") or [])]},
             "message": f.get("message"), "evidence": f.get("evidence") or {}, "impact": f.get("impact"),
-            "actions": actions_for(f)}
+            "actions": actions_for(f), "since": _num(f.get("since")), "until": _num(f.get("until"))}
 
 
-def event(kind: str, obj: dict, first_seen: float, last_seen: float, at: float, source: str | None = None) -> dict:
-    """One finding event (schema SCHEMA)."""
+def event(kind: str, obj: dict, first_seen: float, last_seen: float, at: float, source: str | None = None,
+          since: float | None = None, until: float | None = None) -> dict:
+    """One finding event (schema SCHEMA). since/until: the condition's onset and end on the
+    source's clock (unix s), null when unknown / still holding."""
     if kind not in EVENTS:
         raise ValueError(f"event {kind!r}: one of {EVENTS}")
     return {"schema": SCHEMA, "id": obj["id"], "event": kind, "time": float(at),
             "first_seen": float(first_seen), "last_seen": float(last_seen), "source": source,
-            "finding": obj}
+            "finding": obj, "since": _num(since), "until": _num(until)}
 
 
 _SEV = {"info": 0, "warning": 1, "critical": 2}
@@ -236,6 +241,10 @@ def _merge_same_id(findings) -> dict:
     for f in findings:
         o = finding_object(f)
         cur = out.get(o["id"])
+        if cur is not None:
+            # one condition: it began at the earlier onset
+            ss = [x for x in (cur["since"], o["since"]) if x is not None]
+            o["since"] = cur["since"] = min(ss) if ss else None
         if cur is None or (_SEV.get(o["severity"], 0), (o["impact"] or {}).get("seconds") or 0) > \
                 (_SEV.get(cur["severity"], 0), (cur["impact"] or {}).get("seconds") or 0):
             out[o["id"]] = o
@@ -267,8 +276,12 @@ class Tracker:
     "change": why, from the latest analysis); an
     id absent from the analyses for >= `hold` seconds since it was last seen -> `resolved`
     (the last finding object). `seen` = (first, last) source times of the analysed data (a
-    file's capture times); default now. Events are returned in a stable order (resolved,
-    opened, updated; then id)."""
+    file's capture times); default now. `clock` (outputs.when.Clock of the analysed snapshot)
+    puts the findings' since/until on the source's clock: an id opens at its onset
+    (first_seen = the finding's since, when known, instead of the analysed data's first
+    time), and every event carries "since" (the earliest onset seen for the id) and "until"
+    (the latest finding's end, null while it holds). Events are returned in a stable order
+    (resolved, opened, updated; then id)."""
 
     def __init__(self, hold: float = 30.0, change: float = 0.25, source: str | None = None, confirm: int = 1):
         if hold < 0 or change <= 0 or confirm < 1:
@@ -276,38 +289,47 @@ class Tracker:
         self.hold, self.change, self.source, self.confirm = float(hold), float(change), source, int(confirm)
         self.open: dict[str, dict] = {}   # id -> {"obj", "emitted", "first_seen", "last_seen"}
 
-    def update(self, findings, now: float, seen: tuple[float, float] | None = None) -> list[dict]:
+    def update(self, findings, now: float, seen: tuple[float, float] | None = None,
+               clock: Clock | None = None) -> list[dict]:
         first, last = seen if seen is not None else (now, now)
         cur = _merge_same_id(findings)
         out: list[dict] = []
         for fid in sorted(set(self.open) - set(cur)):
             st = self.open[fid]
             if now - st["last_seen"] >= self.hold:
-                out.append(event("resolved", st["obj"], st["first_seen"], st["last_seen"], now, self.source))
+                out.append(self._event("resolved", st, now))
                 del self.open[fid]
         opened, updated = [], []
         for fid in sorted(cur):
             o = cur[fid]
+            since = clock.wall(o.get("since")) if clock is not None else None
+            until = clock.wall(o.get("until")) if clock is not None else None
             st = self.open.get(fid)
             if st is None:
-                self.open[fid] = {"obj": o, "emitted": o, "first_seen": first, "last_seen": last, "pending": 0}
-                opened.append(event("opened", o, first, last, now, self.source))
+                st = self.open[fid] = {"obj": o, "emitted": o, "first_seen": first if since is None else since,
+                                       "last_seen": last, "pending": 0, "since": since, "until": until}
+                opened.append(self._event("opened", st, now))
                 continue
-            st["obj"], st["last_seen"] = o, max(st["last_seen"], last)
+            st["obj"], st["last_seen"], st["until"] = o, max(st["last_seen"], last), until
+            if since is not None and (st["since"] is None or since < st["since"]):
+                st["since"] = since
             why = material_change(st["emitted"], o, self.change)
             st["pending"] = st["pending"] + 1 if why else 0
             if why and st["pending"] >= self.confirm:
                 st["emitted"], st["pending"] = o, 0
-                e = event("updated", o, st["first_seen"], st["last_seen"], now, self.source)
+                e = self._event("updated", st, now)
                 e["change"] = why
                 updated.append(e)
         return out + opened + updated
 
+    def _event(self, kind: str, st: dict, now: float) -> dict:
+        return event(kind, st["obj"], st["first_seen"], st["last_seen"], now, self.source, st.get("since"),
+                     st.get("until"))
+
     def resolve_all(self, now: float) -> list[dict]:
         """Every open id as resolved now (a source that ended: not used by watch, which
         leaves open findings open when it stops)."""
-        out = [event("resolved", st["obj"], st["first_seen"], st["last_seen"], now, self.source)
-               for _, st in sorted(self.open.items())]
+        out = [self._event("resolved", st, now) for _, st in sorted(self.open.items())]
         self.open.clear()
         return out
 

@@ -28,6 +28,7 @@ from skewscope.core.errors import EXIT_NOT_RUN, EXIT_USAGE, SkewscopeError
 from skewscope.core.files import atomic_write_text
 from skewscope.core.snapshot import Snapshot
 from skewscope.outputs import report as R
+from skewscope.outputs.when import START_SHARE, Clock
 
 #: nodes drawn one by one in the matrix; the others are summed into "other (n)"
 MATRIX_TOP = 32
@@ -348,10 +349,41 @@ def _si_formatter(unit):
     return FuncFormatter(lambda v, _p: _si(v, unit))
 
 
-def fig_link_rates(Figure, title, labels, edges, series, t0):
+def onset_spans(findings, t0: float, t1: float, group=None) -> list[tuple]:
+    """[(since ms, until ms, colour, label)] since the capture start (t0 ns) for the findings
+    (of one group, when given) whose condition began or ended inside the capture: what the
+    time charts shade. A condition there from the start to the end is not drawn (it would
+    shade the whole chart)."""
+    out = []
+    span = max(1.0, t1 - t0)
+    for f in findings or []:
+        if group is not None and f.get("group") != group:
+            continue
+        s, u = f.get("since"), f.get("until")
+        if s is None:
+            continue
+        a = (s * 1e9 - t0)
+        if a <= START_SHARE * span and u is None:
+            continue
+        b = (u * 1e9 - t0) if u is not None else span
+        out.append((max(0.0, a) / 1e6, max(a, b) / 1e6, SEV_COLOR.get(f.get("severity"), "#555"), f.get("kind")))
+    return out[:6]
+
+
+def _shade(ax, spans):
+    """Shade each finding's [since, until) and mark its onset (onset_spans)."""
+    for a, b, color, label in spans:
+        ax.axvspan(a, b, color=color, alpha=0.08, linewidth=0)
+        ax.axvline(a, color=color, linestyle="--", linewidth=0.9)
+        ax.annotate(f"{label} since", (a, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -2),
+                    textcoords="offset points", fontsize=6.5, color=color, va="top")
+
+
+def fig_link_rates(Figure, title, labels, edges, series, t0, spans=()):
     fig = Figure(figsize=(10, 2.8))
     ax = fig.subplots()
     x = (edges[:-1] - t0) / 1e6
+    _shade(ax, spans)
     for lab, y in zip(labels, series):
         ax.step(x, y, where="post", linewidth=1.0, label=lab)
     ax.set_title(title)
@@ -364,10 +396,11 @@ def fig_link_rates(Figure, title, labels, edges, series, t0):
     return fig
 
 
-def fig_timing(Figure, tm, activity, t0, t1, timeline):
+def fig_timing(Figure, tm, activity, t0, t1, timeline, spans=()):
     fig = Figure(figsize=(10, 4.6))
     a1, a3, a2 = fig.subplots(3, 1, gridspec_kw={"height_ratios": [1.1, 0.9, 1]})
     x = np.linspace(0, (t1 - t0) / 1e6, len(activity) + 1)[:-1]
+    _shade(a1, spans)
     a1.fill_between(x, activity, step="post", color=BASE, alpha=0.8, linewidth=0)
     a1.set_ylabel("all data")
     a1.yaxis.set_major_formatter(_si_formatter("bit/s"))
@@ -680,6 +713,7 @@ def _render(Figure, snap, doc) -> str:
     colls = doc.get("collectives") or []
     mets = doc.get("metrics") or {}
     parts = []
+    clock = Clock.of(m)
     title = f"skewscope report: {os.path.basename(str(doc['source']))}"
     parts.append(f"<h1>{_esc(title)}</h1>")
     parts.append(f'<p class="sub">source {_esc(doc["source"])} ({_esc(m.get("source", "?"))}), '
@@ -726,6 +760,9 @@ def _render(Figure, snap, doc) -> str:
                             + (f" ... ({len(ents['ips'])})" if len(ents["ips"]) > 12 else "")
                             + (f"; QPs: {_esc(', '.join(str(q) for q in ents['qps'][:12]))}" if ents.get("qps")
                                else "") + "</p>")
+            when = clock.text(f.get("since"), f.get("until"))
+            if when:
+                card.append(f"<p>when: {_esc(when)}</p>")
             if imp.get("seconds") is not None:
                 card.append(f"<p>impact: {_esc(_dur(imp['seconds']))} lost"
                             + (f" ({100 * imp['share']:.1f}% of each iteration/token)"
@@ -786,21 +823,29 @@ def _render(Figure, snap, doc) -> str:
         edges, ser = _link_series(snap, pairs, t0, t1)
         labels = [f"{ips[s]}->{ips[d]}" for s, d in pairs]
         parts.append(_svg(fig_link_rates(Figure, f"group {gi}: {c['kind']} ({len(c['members'])} nodes), "
-                                                 f"{len(pairs)} busiest links", labels, edges, ser, t0)))
+                                                 f"{len(pairs)} busiest links", labels, edges, ser, t0,
+                                         onset_spans(fs, t0, t1, group=gi))))
         drawn += 1
     if not drawn:
         parts.append("<p>no group with message records</p>")
     # timing
     parts.append('<h2 id="timing">Timing hierarchy (steps / collectives / iterations or tokens)</h2>')
     tm = doc.get("timing")
-    if tm:
+    timed = [(i, c) for i, c in enumerate(colls) if c.get("timing")]
+    if len(timed) > 1:              # two jobs on one fabric: every group's own timing
+        for i, c in timed:
+            gt = c["timing"]
+            parts.append(f"<p>group {i} ({_esc(c['kind'])}, {_esc(gt.get('workload') or '')}): "
+                         + _esc("; ".join(x.strip() for x in R.timing_lines(gt)) or f"period {_dur(gt.get('period_s'))}")
+                         + "</p>")
+    elif tm:
         parts.append("<p>" + _esc("; ".join(x.strip() for x in R.timing_lines(tm)) or
                                   f"period {_dur(tm.get('period_s'))}") + "</p>")
     if t1 > t0:
         tl = {}
         if tm and isinstance(tm.get("group"), int) and 0 <= tm["group"] < len(colls):
             tl = _timeline(snap, colls[tm["group"]], tm)
-        parts.append(_svg(fig_timing(Figure, tm, _activity(snap, t0, t1), t0, t1, tl)))
+        parts.append(_svg(fig_timing(Figure, tm, _activity(snap, t0, t1), t0, t1, tl, onset_spans(fs, t0, t1))))
     # message sizes
     parts.append('<h2 id="sizes">Message sizes per group</h2>')
     hs = []

@@ -20,6 +20,7 @@ import numpy as np
 
 from skewscope.core import layout as L
 from skewscope.core.snapshot import Snapshot, ip_str
+from skewscope.outputs.when import Clock
 
 
 def hist_pairs(row: np.ndarray) -> list[list[int]]:
@@ -184,9 +185,13 @@ def human(snap: Snapshot, analysis: dict | None = None, top: int = 20, console=N
         fs = analysis["findings"]
         if not fs:
             con.print("[green]no findings: traffic looks healthy[/green]")
+        clock = Clock.of(m)
         for fd in fs:
             color = {"critical": "red", "warning": "yellow"}.get(fd["severity"], "cyan")
             con.print(f"[{color}]{fd['severity'].upper():8s}[/{color}] {fd['kind']}: {fd['message']}")
+            when = clock.text(fd.get("since"), fd.get("until"))
+            if when:
+                con.print(f"{'':9s}{when}", highlight=False)
 
 
 def _kv_lines(m: dict) -> list[str]:
@@ -204,16 +209,31 @@ def _kv_lines(m: dict) -> list[str]:
 
 
 def analysis_lines(analysis: dict) -> list[str]:
-    """The detected collectives and the timing, one line each (report and diagnose)."""
+    """The detected collectives and the timing, one line each (report and diagnose). With
+    several groups that have a rhythm (two jobs on one fabric: a training ring next to a
+    decode group), each group's own timing follows its line; with one, the capture's."""
     out = []
-    for c in analysis.get("collectives") or []:
+    colls = analysis.get("collectives") or []
+    timed = [c for c in colls if c.get("timing")]
+    per_group = len(timed) > 1
+    for c in colls:
         mem = c["members"]
         pat = c.get("pattern") or (c.get("metrics") or {}).get("pattern") or "?"
-        out.append(f"  {c['kind']} ({pat}, confidence {c['confidence']:.2f}): "
+        wl = c["timing"].get("workload") if per_group and c.get("timing") else None
+        out.append(f"  {c['kind']} ({pat}, confidence {c['confidence']:.2f}{', ' + wl if wl else ''}): "
                    + ", ".join(mem[:8]) + (f" ... ({len(mem)} nodes)" if len(mem) > 8 else ""))
         if c["kind"] == "kv_transfer":
             out.extend(_kv_lines(c.get("metrics") or {}))
-    tm = analysis.get("timing")
+        if per_group and c.get("timing"):
+            out += ["  " + x for x in group_timing_lines(c["timing"])]
+    if not per_group:
+        out += group_timing_lines(analysis.get("timing"))
+    return out
+
+
+def group_timing_lines(tm: dict | None) -> list[str]:
+    """One group's period, decode cadence and timing at every scale (indented by 2)."""
+    out = []
     if tm and tm.get("period_s"):
         jit = f", jitter {tm['period_jitter_s'] * 1e6:.0f} us" if tm.get("period_jitter_s") is not None else ""
         out.append(f"  period {tm['period_s'] * 1e3:.3f} ms{jit}")

@@ -29,6 +29,7 @@ import numpy as np
 from skewscope.core import layout as L
 from skewscope.core.snapshot import Snapshot, ip_str
 from skewscope.outputs import report as R
+from skewscope.outputs.when import START_SHARE, Clock
 from skewscope.sources.live import Window, flow_rates
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -403,8 +404,11 @@ class AnalysisRunner:
 
     def _run(self, snap: Snapshot) -> None:
         t0 = time.monotonic()
+        wall = time.time()                 # the window's last read: puts its clock on the wall
         try:
             res = self.analyze(snap)
+            if isinstance(res, dict):
+                res["_clock"] = Clock.of(snap.meta, wall_end=wall)
             err = ""
         except Exception as e:  # an analysis bug must not kill the live view
             res, err = None, f"analysis failed: {type(e).__name__}: {e}"
@@ -430,6 +434,24 @@ class AnalysisRunner:
         return f"last {self.window_s:.0f} s, {age:.0f} s ago"
 
 
+def onset_note(fd: dict, analysis: dict | None) -> str:
+    """" (since 14:02:03)" / " (14:02:03-14:02:05)" in local time for a finding whose
+    condition began inside the analysed window ("" when it was there from the window's
+    start: it began before it, or when unknown)."""
+    ck = (analysis or {}).get("_clock")
+    s = fd.get("since")
+    if ck is None or s is None or ck.first is None or ck.last is None:
+        return ""
+    if s - ck.first <= START_SHARE * max(0.0, ck.last - ck.first):
+        return ""
+    a, u = ck.wall(s), ck.wall(fd.get("until"))
+    if a is None:
+        return ""
+    hm = "%H:%M:%S"
+    return (f" (since {time.strftime(hm, time.localtime(a))})" if u is None else
+            f" ({time.strftime(hm, time.localtime(a))}-{time.strftime(hm, time.localtime(u))})")
+
+
 def findings_sorted(analysis: dict | None) -> list[dict]:
     """By severity, then impact (estimated time lost per iteration/token; null last)."""
     fs = list((analysis or {}).get("findings") or [])
@@ -438,8 +460,22 @@ def findings_sorted(analysis: dict | None) -> list[dict]:
 
 
 def timing_lines(analysis: dict | None) -> list[str]:
-    """The capture's timing (token period, ITL, step -> collective -> iteration), as report."""
-    return [x.strip() for x in R.timing_lines((analysis or {}).get("timing"))]
+    """The timing (token period, ITL, step -> collective -> iteration), as report: the
+    capture's; with several groups that have a rhythm (two jobs on one fabric), each
+    group's, prefixed by the group (index, kind, first member, workload)."""
+    a = analysis or {}
+    timed = [(i, c) for i, c in enumerate(a.get("collectives") or []) if isinstance(c, dict) and c.get("timing")]
+    if len(timed) <= 1:
+        return [x.strip() for x in R.timing_lines(a.get("timing"))]
+    out = []
+    for i, c in timed:
+        tm = c["timing"]
+        mem = c.get("members") or ["?"]
+        head = f"group {i} {c.get('kind')} {mem[0]}{'..+' + str(len(mem) - 1) if len(mem) > 1 else ''}"
+        per = f"period {tm['period_s'] * 1e3:.3f} ms" if tm.get("period_s") else ""
+        out.append(f"{head} {tm.get('workload') or ''}: {per}".rstrip(": "))
+        out += ["  " + x.strip() for x in R.timing_lines(tm)]
+    return out
 
 
 def collective_lines(analysis: dict | None, limit: int = 8) -> list[str]:
@@ -457,6 +493,8 @@ def collective_lines(analysis: dict | None, limit: int = 8) -> list[str]:
         parts = [str(c.get("kind") or "?"), f"{len(members)} nodes"]
         if c.get("confidence") is not None:
             parts.append(f"conf {float(c['confidence']):.2f}")
+        if m.get("workload"):                 # the group's own (two jobs on one fabric)
+            parts.append(str(m["workload"]))
         ds = m.get("dest_skew") or {}
         sl = m.get("slowest_link") or {}
         lr = m.get("link_rate_skew") or {}
@@ -525,7 +563,7 @@ def plain_lines(m: Model, max_findings: int = 5) -> list[str]:
     fs = findings_sorted(m.analysis)
     for fd in fs[:max_findings]:
         sev = SEV_SHORT.get(str(fd.get("severity")), str(fd.get("severity", "?"))[:4].upper())
-        msg = str(fd.get("message") or fd.get("kind"))
+        msg = str(fd.get("message") or fd.get("kind")) + onset_note(fd, m.analysis)
         out += textwrap.wrap(f"{sev} {msg}", width=PLAIN_WIDTH, subsequent_indent="     ")
     if len(fs) > max_findings:
         out.append(f"     ... {len(fs) - max_findings} more findings")
@@ -900,7 +938,7 @@ def render_rich(m: Model, height: int = 40, width: int = 120, banner: str = ""):
         sev = str(fd.get("severity", "info"))
         color = {"critical": "bold red", "warning": "yellow"}.get(sev, "cyan")
         ftext.append(f"{SEV_SHORT.get(sev, sev[:4].upper()):<5}", style=color)
-        ftext.append(f"{fd.get('message') or fd.get('kind')}\n")
+        ftext.append(f"{fd.get('message') or fd.get('kind')}{onset_note(fd, m.analysis)}\n")
     if len(fs) > 12:
         ftext.append(f"… {len(fs) - 12} more\n")
     if m.analysis is not None and not fs:

@@ -15,7 +15,7 @@ import genlib  # noqa: E402
 from skewscope.analysis import DEFAULTS, KINDS, ThresholdError, analyze
 from skewscope.cli import main
 
-FINDING_KEYS = {"kind", "severity", "entities", "evidence", "message", "group", "impact"}
+FINDING_KEYS = {"kind", "severity", "entities", "evidence", "message", "group", "impact", "since", "until"}
 
 
 def test_json_contract():

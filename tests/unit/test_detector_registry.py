@@ -29,12 +29,13 @@ UNITS = {"ratio", "fraction", "bytes", "s", "count", "1/s", "Gb/s", "MADs"}
 
 
 def test_docs_tables_are_the_registry():
+    from skewscope.analysis.detectors.__main__ import BLOCKS, block
     text = DOCS.read_text()
-    a = text.index("\n", text.index(BEGIN)) + 1
-    b = text.index(END)
-    assert text[a:b] == D.markdown_tables(), (
-        "docs/metrics.md 'Findings' tables differ from the registry: regenerate them with "
-        "python -m skewscope.analysis.detectors")
+    for begin, end, gen in BLOCKS:
+        a, b = block(text, begin, end)
+        assert text[a:b] == gen(), (
+            f"docs/metrics.md generated block {begin!r} differs from the registry: regenerate the tables with "
+            "python -m skewscope.analysis.detectors")
 
 
 def test_every_kind_and_threshold_declared_once():
@@ -165,7 +166,8 @@ def test_fleet_findings_have_the_single_node_schema():
     assert "NaN" not in text
     by = {}
     for f in doc["findings"]:
-        assert list(f) == ["kind", "severity", "entities", "evidence", "message", "group", "impact"]
+        assert list(f) == ["kind", "severity", "entities", "evidence", "message", "group", "impact", "since", "until"]
+        assert f["since"] is None and f["until"] is None          # Prometheus series: no onset
         assert list(f["entities"]) == ["ips", "qps", "flows"] and f["entities"]["qps"] == [] and f["group"] is None
         for src, dst, qp in f["entities"]["flows"]:
             assert src in ips and dst in ips and qp is None

@@ -220,7 +220,7 @@ def test_finding_object_shape():
     _, a = analysis("ep-decode-hot-expert")
     for f in a["findings"]:
         o = E.finding_object(f)
-        assert set(o) == {"id", "kind", "severity", "entities", "message", "evidence", "impact", "actions"}
+        assert set(o) == {"id", "kind", "severity", "entities", "message", "evidence", "impact", "actions", "since", "until"}
         assert set(o["entities"]) == {"ips", "qps", "flows"}
         json.dumps(o)                         # JSON-serialisable as is
 

@@ -87,6 +87,9 @@ def _scapy_check(data, row, cap):
             assert imm == row["imm"]
     elif low == 0x11:
         assert p[AETH].syndrome == row["aeth"] >> 24
+    elif low == 0x0C:       # READ REQUEST: RETH, no payload
+        va, rkey, ln = struct.unpack("!QII", body[:16])
+        assert ln == row["reth"] and row["plen"] == 0
     return F.OP_NAME[int(b.opcode)]
 
 
@@ -120,6 +123,10 @@ def test_scapy_parses_every_preset(name):
         if pos > idx.max():
             break
     assert sum(kinds.values()) == len(want)
+    if cap.truth["scenario"].get("library") == "mpi":
+        # Open MPI over verbs: SENDs (data and control), READs by the receiver, no WRITE
+        assert kinds["SEND_ONLY"] > 0 and not any(k.startswith("RDMA_WRITE") for k in kinds)
+        return
     # CTS, except for P/D KV transfers alone (one-way WRITEs of >= 64 KiB, no CTS)
     one_way = all(g["kind"] == "kv_transfer" for g in cap.truth["groups"])
     assert (kinds["RDMA_WRITE_ONLY"] > 0) != one_way

@@ -46,9 +46,11 @@ from skewscope.analysis.detectors.registry import (  # noqa: F401 (the public na
     kinds,
     list_checks_lines,
     markdown_tables,
+    onset_table,
     param_sections,
     parameters,
     register,
+    register_onset,
     resolve_checks,
     resolve_thresholds,
 )
@@ -61,11 +63,14 @@ for _m in FAMILIES:
         register(_d)
     for _p in getattr(_m, "PARAMETERS", ()):
         parameters(_p)
+    for _k, (_fn, _doc) in getattr(_m, "ONSET_FNS", {}).items():
+        register_onset(_k, _fn, _doc)
 
 
 def _run(dets, inp, em) -> list[dict]:
     for d in dets:
         d.fn(inp, em)
+    em.fill_onsets(inp)
     # severity, then the estimated time lost (impact), then kind
     em.out.sort(key=lambda f: (-SEV_RANK[f.severity], -impact_key(f), f.kind))
     return [f.to_dict() for f in em.out]

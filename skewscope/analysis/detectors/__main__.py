@@ -1,22 +1,32 @@
 """`python -m skewscope.analysis.detectors [DOC]`: rewrite the generated tables of
-docs/metrics.md "Findings" (between its BEGIN/END generated markers) from the registry."""
+docs/metrics.md -- "Findings" and "Onset", each between its BEGIN/END generated markers --
+from the registry."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from skewscope.analysis.detectors import markdown_tables
+from skewscope.analysis.detectors import markdown_tables, onset_table
 
-BEGIN = "<!-- BEGIN generated"
-END = "<!-- END generated -->"
+#: (begin marker prefix, end marker, the generator): the onset block's markers first (the
+#: findings block's BEGIN prefix is a prefix of them)
+BLOCKS = (("<!-- BEGIN generated onset", "<!-- END generated onset -->", onset_table),
+          ("<!-- BEGIN generated from", "<!-- END generated -->", markdown_tables))
+
+
+def block(text: str, begin: str, end: str) -> tuple[int, int]:
+    """(start, end) of the generated text between a BEGIN line and its END marker."""
+    a = text.index("\n", text.index(begin)) + 1
+    return a, text.index(end, a)
 
 
 def main(path: str = "docs/metrics.md") -> int:
     p = Path(path)
     text = p.read_text()
-    a = text.index("\n", text.index(BEGIN)) + 1
-    b = text.index(END)
-    new = text[:a] + markdown_tables() + text[b:]
+    new = text
+    for begin, end, gen in BLOCKS:
+        a, b = block(new, begin, end)
+        new = new[:a] + gen() + new[b:]
     if new != text:
         tmp = p.with_suffix(p.suffix + ".tmp")
         tmp.write_text(new)

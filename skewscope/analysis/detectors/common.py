@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from skewscope.analysis.detectors.registry import Entities, Finding, Threshold
+from skewscope.analysis.detectors.registry import ONSET_FNS, Entities, Finding, Threshold
 
 #: the MAD floor of an outlier test (ns): a spread of start lags below 1 us is clock noise
 #: and would make a few-us lag look like many MADs
@@ -21,9 +21,12 @@ class Emitter:
         self.checks = checks
         self.out: list[Finding] = []
 
-    def add(self, kind, severity, ips, message, evidence, flows=(), qps=None, group=None, impact=None):
+    def add(self, kind, severity, ips, message, evidence, flows=(), qps=None, group=None, impact=None,
+            onset=None, since=None, until=None):
         """ips: node indices or IP strings (the blamed first; duplicates dropped); flows:
-        flow indices; qps: default = the flows' dest QPs; impact: impact_of(...) or None."""
+        flow indices; qps: default = the flows' dest QPs; impact: impact_of(...) or None;
+        onset: an analysis.onset.Onset (ns), or since/until in seconds (the Finding's unit);
+        neither: the generic onset (fill_onsets, after every detector ran)."""
         if kind not in self.checks or severity is None:
             return
         ips_out = []
@@ -34,8 +37,10 @@ class Emitter:
         fl = self.ctx.flow_keys(flows) if len(flows) else []  # analysis.context: the node table's strings
         if qps is None:
             qps = sorted({k[2] for k in fl})
+        if onset is not None:
+            since, until = onset.seconds()
         self.out.append(Finding(kind, severity, Entities(ips_out, [int(q) for q in qps], fl), evidence, message,
-                                group, impact))
+                                group, impact, since, until, rows=np.asarray(flows, dtype=np.int64)))
 
     def add_fleet(self, kind, severity, ips, message, evidence, pairs=(), impact=None):
         """A fleet finding: ips as strings; pairs: (src, dst) node pairs, entities.flows
@@ -47,6 +52,33 @@ class Emitter:
 
     def has(self, kind, pred=lambda f: True) -> bool:
         return any(f.kind == kind and pred(f) for f in self.out)
+
+    def fill_onsets(self, inp=None) -> None:
+        """The onset of the findings whose detector set no `since`: the kind's own late
+        function (registry.ONSET_FNS, given the Inputs), else the generic one
+        (registry.ONSET_FALLBACK): the first data record of the finding's flows (else their
+        first packet), until null."""
+        if inp is not None:
+            for f in self.out:
+                if f.since is None and f.kind in ONSET_FNS:
+                    o = ONSET_FNS[f.kind][0](inp, f)
+                    if o is not None and o.since_ns is not None:
+                        f.since, f.until = o.seconds()
+        todo = [f for f in self.out if f.since is None and f.rows is not None and len(f.rows)]
+        if not todo:
+            return
+        ctx = self.ctx
+        fs = ctx.__dict__.get("_fstat")          # the records' stats, only when already computed
+        first = fs[0]["first_start"] if fs is not None else np.full(len(ctx.flows), np.nan)
+        pkt = ctx.cols["first_ts"].astype(np.float64)
+        for f in todo:
+            r = f.rows
+            t = first[r]
+            t = t[np.isfinite(t)]
+            if not len(t):
+                t = pkt[r][ctx.cols["packets"][r] > 0]
+            if len(t):
+                f.since, f.until = float(t.min()) / 1e9, None
 
 
 # ---- shared downlinks ------------------------------------------------------------------------
@@ -96,44 +128,6 @@ def shared_successors(ctx, g, shared=None) -> set:
         if shared[m] or (len(d) and shared[d].any()):
             out.add(i)
     return out
-
-
-# ---- onset ---------------------------------------------------------------------------------
-def with_onset(evidence: dict, since_ns, until_ns) -> dict:
-    """The evidence of a timing finding with its onset: since_s (first step / token where the
-    condition holds) and until_s (where it stopped holding; None = still holding at the end),
-    pcap / monotonic seconds as the snapshot's first_ts/last_ts."""
-    evidence["since_s"] = None if since_ns is None else float(since_ns) / 1e9
-    evidence["until_s"] = None if until_ns is None else float(until_ns) / 1e9
-    return evidence
-
-
-def mark_onset(em, before: int) -> None:
-    """After em.add: the finding it added (if any, i.e. em.out grew past `before`) gets
-    the `since` / `until` fields, when the Finding has them, from its evidence's
-    since_s / until_s."""
-    if len(em.out) <= before:
-        return
-    f = em.out[-1]
-    for k in ("since", "until"):
-        if hasattr(f, k) and k + "_s" in f.evidence:
-            setattr(f, k, f.evidence[k + "_s"])
-
-
-def onset_words(ctx, since_ns, until_ns, began: bool) -> str:
-    """' (from 12.50 ms into the capture on)' / ' (until ...)': the onset (began: the condition
-    started inside the capture) and recovery in a message; '' when it holds throughout."""
-    t0 = ctx.t0
-    parts = []
-    if began and since_ns is not None:
-        parts.append(f"from {_rel(since_ns - t0)} into the capture")
-    if until_ns is not None:
-        parts.append(f"until {_rel(until_ns - t0)} into the capture, not since")
-    return (" (" + ", ".join(parts) + ")") if parts else ""
-
-
-def _rel(ns) -> str:
-    return f"{ns / 1e9:.3f} s" if ns >= 1e9 else f"{ns / 1e6:.2f} ms"
 
 
 # ---- impact -------------------------------------------------------------------------------

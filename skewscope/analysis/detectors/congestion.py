@@ -5,6 +5,7 @@ import numpy as np
 
 from skewscope.analysis.detectors.common import group_by_node, pct, sev
 from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.onset import slowdown_onset
 
 
 def congestion(inp, em):
@@ -34,13 +35,16 @@ def congestion(inp, em):
         peers = np.unique((ctx.nodes.src if role == "into" else ctx.nodes.dst)[fl]).tolist()
         part = ctx.partner[fl]
         cnp = float(cg["cnp"][part[part >= 0]].sum())
+        # when: CE marks and CNPs carry no time (flow-table counters); the marked flows'
+        # slowdown does (their message rates against the other data flows')
+        onset = slowdown_onset(ctx, fl) if ctx.__dict__.get("_fstat") is not None else None
         em.add("ecn_congestion", severity, [n] + peers,
                f"ECN congestion {role} {ips[n]}: {pct(fr)} of packets CE-marked on {len(fl)} flow(s) "
                f"{'from' if role == 'into' else 'to'} {len(peers)} peer(s)" + (f", {int(cnp)} CNPs back" if cnp else "")
                + (": the switch port towards it is the bottleneck (incast/oversubscription); check its queue and "
                   "traffic placement" if role == "into" else ": its uplink queue is congested"),
                {"ce_fraction": fr, "ce_packets": ce, "flows": len(fl), "cnp_packets": cnp},
-               flows=fl)
+               flows=fl, onset=onset)
     # CNP storms: per CNP sender (= the congested data receiver), all the QPs it throttles
     t = th["cnp_storm"]
     cf = np.nonzero(cg["cnp"] > 0)[0]
@@ -67,7 +71,9 @@ def congestion(inp, em):
                f"congestion towards {ips[n]} (see ecn_congestion) or tune DCQCN",
                {"cnp_packets": total, "max_cnp_rate_per_s": float(rates.max()),
                 "median_cnp_rate_per_s": float(np.median(rates)), "qps": len(qps)},
-               flows=data_flows + fl, qps=qps)
+               flows=data_flows + fl, qps=qps,
+               onset=slowdown_onset(ctx, data_flows) if data_flows and ctx.__dict__.get("_fstat") is not None
+               else None)
 
 
 DETECTORS = [
@@ -80,12 +86,17 @@ DETECTORS = [
                  blames='that node, then its peers',
                  thresholds=(Threshold("warning", 0.01, "fraction", "CE / ECN-capable packets: warning"),
                              Threshold("critical", 0.10, "fraction", "CE / ECN-capable packets: critical"),
-                             Threshold("min_ce", 10, "count", "CE-marked packets, at least"))),
+                             Threshold("min_ce", 10, "count", "CE-marked packets, at least")),
+                 onset="CE marks and CNPs carry no time (flow-table counters): the marked flows' slowdown does -- per "
+                       "time bin, the median message rate of its flows / their median over the capture (series scan, "
+                       "lower is worse, no threshold: a change of ≥ 20 %); live (no records) or no timed message: "
+                       "generic"),
             Kind("cnp_storm",
                  fires='per CNP sender (the congested receiver): Σ CNPs ≥ `min_cnp` (10) and the highest per-QP CNP rate over active time ≥ `warning` (1,000/s), critical ≥ 10,000/s; all QPs it throttles listed',
                  blames='the CNP sender, then the throttled senders',
                  thresholds=(Threshold("warning", 1000.0, "1/s", "highest per-QP CNP rate while the throttled flow sends: warning"),
                              Threshold("critical", 10000.0, "1/s", "highest per-QP CNP rate while the throttled flow sends: critical"),
-                             Threshold("min_cnp", 10, "count", "CNPs from that node, at least"))),
+                             Threshold("min_cnp", 10, "count", "CNPs from that node, at least")),
+                 onset="as `ecn_congestion`, on the data flows it throttles"),
         )),
 ]

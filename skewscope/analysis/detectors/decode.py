@@ -14,8 +14,6 @@ from skewscope.analysis.detectors.common import (
     STEP_THRESHOLDS,
     impact_of,
     lag_outliers,
-    mark_onset,
-    onset_words,
     pct,
     sev,
     shared_successors,
@@ -25,6 +23,7 @@ from skewscope.analysis.detectors.registry import Detector, Kind, Parameters, Th
 from skewscope.analysis.collectives import Group, _one_way_ends
 from skewscope.analysis.intervals import natural_break
 from skewscope.analysis.kv import kv_metrics
+from skewscope.analysis.onset import Onset, episode
 from skewscope.analysis.steps import persistent
 from skewscope.analysis.timing import BREAK_RATIO
 
@@ -106,7 +105,8 @@ def _one(em, ctx, g, dec, ev, th, gi, r, kv_cause=False):
               "; look for host interference or a slow shard"),
            {"interval_p50_s": dec["collective_interval_p50_s"], "interval_p99_s": dec["collective_interval_p99_s"],
             "interval_max_s": dec["collective_interval_max_s"], "jitter_ratio": ratio,
-            "collectives_per_s": dec["collectives_per_s"]}, flows=g.flows, group=gi)
+            "collectives_per_s": dec["collectives_per_s"]}, flows=g.flows, group=gi,
+           onset=_jitter_onset(ev, dec, t["warning"]))
     if pre and pre["interfered_intervals"] >= th["prefill_interference"]["min_intervals"]:
         t = th["prefill_interference"]
         em.add("prefill_interference", sev(pre["stall_share"], t["warning"], t["critical"]), g.members,
@@ -116,7 +116,7 @@ def _one(em, ctx, g, dec, ev, th, gi, r, kv_cause=False):
                f"{pct(pre['stall_share'])} of the time; use chunked prefill or separate prefill/decode instances",
                {k: pre[k] for k in ("interfered_intervals", "stall_s", "stall_share", "bursts", "bytes",
                                     "max_interval_s", "threshold_bytes")}, flows=g.flows, group=gi,
-               impact=_prefill_impact(dec, r, pre))
+               impact=_prefill_impact(dec, r, pre), onset=_spacings_onset(ev.decode_colls, pre.get("_hit_ns")))
     fired = bool(pre and pre["interfered_intervals"] >= th["prefill_interference"]["min_intervals"])
     t = th["slow_tp_shard"]
     steps = r.get("_steps")
@@ -133,6 +133,31 @@ def _one(em, ctx, g, dec, ev, th, gi, r, kv_cause=False):
                {"start_lag_s": v / 1e9, "collective_busy_p50_s": busy / 1e9},
                flows=[f for f in g.flows if ctx.nodes.src[f] == m], group=gi)
     return fired
+
+
+def _spacings_onset(colls, hits):
+    """Occurrences (spacings [start, end) ns) as an episode against the group's collectives."""
+    if colls is None or hits is None or not len(hits[0]) or not len(colls[0]):
+        return None
+    cs, ce = (np.asarray(x, dtype=np.float64) for x in colls)
+    return episode(hits[0], hits[1], float(cs[0]), float(ce.max()))
+
+
+def _jitter_onset(ev, dec, warn):
+    """decode_jitter's occurrences: the collective spacings >= warning x their p50 (inside a
+    token when the tokens are known: a token boundary is no jitter)."""
+    if ev.decode_colls is None or not dec.get("collective_interval_p50_s"):
+        return None
+    cs, ce = (np.asarray(x, dtype=np.float64) for x in ev.decode_colls)
+    if len(cs) < 3:
+        return None
+    d = np.diff(cs)
+    long_ = d >= warn * dec["collective_interval_p50_s"] * 1e9
+    its = ev.decode_iters
+    if its is not None and len(its) >= 2:
+        k = np.searchsorted(np.asarray(its, dtype=np.float64), cs, side="right")
+        long_ &= k[1:] == k[:-1]
+    return _spacings_onset(ev.decode_colls, (cs[:-1][long_], cs[1:][long_]))
 
 
 def _overlaps(a, b, t_start, t_end):
@@ -279,6 +304,8 @@ def _kv_interference(em, ctx, g, dec, r, kvs, t, gi, colls=None):
     got = kv_intervals(steps if steps is None or steps.get("regular_tokens", True) else None, ts, te)
     if got is not None:
         res = _stretch_by_steps(*got, t)
+        st_ = r["_steps"]
+        cs = np.asarray(st_["col_start_ns"][st_["collective_start"]], dtype=np.float64)
     elif colls is not None and len(colls[0]) >= 3:
         # no ring steps: the decode collectives, tokens rebuilt from the clean spacings
         cs = np.asarray(colls[0], dtype=np.float64)
@@ -320,7 +347,8 @@ def _kv_interference(em, ctx, g, dec, r, kvs, t, gi, colls=None):
             "interval_ratio": round(ratio, 4), "stall_s": extra / 1e9, "stall_share": share,
             "token_interval_s": period, "kv_groups": [int(k) for k, _, _, _ in hit]},
            flows=[int(f) for f in g.flows if int(ctx.nodes.src[f]) in recv or int(ctx.nodes.dst[f]) in recv],
-           group=gi, impact=imp)
+           group=gi, impact=imp,
+           onset=episode(cs[:-1][over], cs[1:][over], float(cs[0]), float(cs[-1])) if len(cs) == len(over) + 1 else None)
 
 
 def _tail(k: int, n: int, q: float) -> float:
@@ -371,10 +399,8 @@ def _steps_shard(em, ctx, g, dec, r, steps, t, gi, start_lags=None):
             f"every {per} waits {us(lost * 1e9)} for it"
             + (f" ({pct(share)} of the {us(period * 1e9)} {'inter-token latency' if per == 'token' else 'period'})"
                if share is not None else ""))
-    n0 = len(em.out)
     em.add("slow_tp_shard", severity, [ips[m]] + [ips[x] for x in g.members if x != m],
-           f"tensor-parallel shard {ips[m]}{onset_words(ctx, s['since_ns'], s['until_ns'], s['began'])} "
-           f"is the last to send in {s['last_steps']} of {s['steps_with_last']} "
+           f"tensor-parallel shard {ips[m]} is the last to send in {s['last_steps']} of {s['steps_with_last']} "
            f"ring steps, {us(s['lag_ns'])} after the others each time (step jitter {us(s.get('jitter_ns', steps['jitter_ns']))}): "
            + cost + "; check that GPU/host (clocks, thermal throttling, a noisy neighbour, its NIC/PCIe)",
            {"lag_per_step_s": s["lag_ns"] / 1e9, "last_steps": s["last_steps"], "steps": s["steps_with_last"],
@@ -383,11 +409,10 @@ def _steps_shard(em, ctx, g, dec, r, steps, t, gi, start_lags=None):
             "lost_in_capture_s": lost if whole else None, "capture_share": share if whole else None,
             "step_jitter_s": s.get("jitter_ns", steps["jitter_ns"]) / 1e9,
             "token_interval_s": period, "gated_tokens": s["gated"], "tokens": int(len(steps["iterations"])),
-            "since_s": s["since_ns"] / 1e9, "until_s": None if s["until_ns"] is None else s["until_ns"] / 1e9,
             "start_lag_s": (float(start_lags[i]) / 1e9 if start_lags is not None and i < len(start_lags)
                             and np.isfinite(start_lags[i]) else None)},
-           flows=[f for f in g.flows if ctx.nodes.src[f] == m], group=gi, impact=imp)
-    mark_onset(em, n0)
+           flows=[f for f in g.flows if ctx.nodes.src[f] == m], group=gi, impact=imp,
+           onset=Onset(s["since_ns"], s["until_ns"]))
 
 
 DETECTORS = [
@@ -399,7 +424,9 @@ DETECTORS = [
                  fires='decode group: `decode_jitter_ratio` ≥ `warning` 1.5 (critical 3.0)',
                  blames='the members',
                  thresholds=(Threshold("warning", 1.5, "ratio", "p99 / p50 of the decode collective spacing: warning"),
-                             Threshold("critical", 3.0, "ratio", "p99 / p50 of the decode collective spacing: critical"))),
+                             Threshold("critical", 3.0, "ratio", "p99 / p50 of the decode collective spacing: critical")),
+                 onset="the collective spacings ≥ `warning` × their p50 (inside a token when the tokens are known) "
+                       "as an episode against the group's collectives"),
             Kind("prefill_interference",
                  fires='decode group with ≥ `min_intervals` (1) interfered spacings (prefill messages in its own flows); '
                        'else a kv_transfer group, or a one-way star or pair of bulk messages (median ≥ max(64 KiB, 8 × the group\'s)) '
@@ -416,10 +443,14 @@ DETECTORS = [
                              Threshold("min_intervals", 1, "count", "decode spacings with prefill on the wire, at least"),
                              Threshold("kv_ratio", 1.5, "ratio", "KV cause: median spacing of the collectives a KV transfer covers / of those it does not, at least"),
                              Threshold("kv_min_intervals", 4, "count", "KV cause: collective spacings covered by a KV transfer, and untouched, at least (each)"),
-                             Threshold("kv_chance", 0.001, "fraction", "KV cause, fewer covered spacings than kv_min_intervals (>= 2): the chance that as many random spacings would be as long, at most"))),
+                             Threshold("kv_chance", 0.001, "fraction", "KV cause, fewer covered spacings than kv_min_intervals (>= 2): the chance that as many random spacings would be as long, at most")),
+                 onset="the interfered spacings (in-group prefill: the stretched ones with prefill on the wire; KV: "
+                       "the ones a transfer covers for ≥ half their length) as an episode against the group's "
+                       "collectives"),
             Kind("slow_tp_shard",
                  fires="decode ring: a member is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps of its slow stretch (the whole capture, or from an onset / up to a recovery: a change point on its per-step lag, `since`/`until`), by a median lag ≥ max(`min_lag_s` 1 µs, `lag_jitter` (4) × the step jitter) (docs: \"Steps and gates\"), not when its own or its successor's downlink is shared (other traffic arriving there ≥ 25 % of the group's bytes into it: its messages, or its successor's clear-to-send, queue behind KV transfers); critical when the time it costs is ≥ `critical_share` (50 %) of the token. Decode groups without ring steps: the collective-level start lag ≥ max(`min_lag_s`, `lag_fraction` (0.1) × collective duration, median + `lag_mad` × MAD)",
                  blames='the shard, then the others',
+                 onset="its slow stretch: a change point on its per-step series 'last by a lag above the bar' (docs: \"Steps and gates\"); without ring steps the generic one",
                  thresholds=(Threshold("min_lag_s", 1e-6, "s", "a shard's own lag per step, at least (timestamp resolution / one packet)"),
                              *STEP_THRESHOLDS,
                              Threshold("critical_share", 0.5, "fraction", "time lost per token / the token interval: critical"),

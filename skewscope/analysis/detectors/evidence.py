@@ -10,10 +10,15 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from skewscope.analysis.detectors.common import few
+from skewscope.analysis.flows import STRETCH
+from skewscope.analysis.intervals import merge_sorted
 
 #: a node is a stall culprit when the stalled data flows touching it are at least this share
 #: of the (remaining) stalled flows
 CULPRIT_SHARE = 0.8
+#: one host's view: its stalls are its port's when its in- and out-stalls coincide for at
+#: least this share of the smaller side's stalled time
+COINCIDE = 0.5
 
 
 @dataclass
@@ -28,7 +33,8 @@ class GroupEvidence:
     a2a_cells: dict | None = None             # all-to-all: per (iteration, phase) volume matrices (group_metrics._iteration_cells)
     kv: dict | None = None                    # kv_transfer: per-transfer arrays (analysis.kv.kv_metrics)
     decode_colls: tuple | None = None         # decode groups: (collective starts, ends) ns (analysis.inference)
-    bursts_start_ns: np.ndarray | None = None  # the group's bursts (iterations) starts, the rows of send_dev_ns
+    bursts: tuple | None = None               # (iteration starts, ends) ns (timing.group_timing): onset series
+    decode_iters: np.ndarray | None = None    # decode groups: token (iteration) starts ns, or None
 
     @classmethod
     def of(cls, r: dict) -> "GroupEvidence":
@@ -37,7 +43,7 @@ class GroupEvidence:
         return cls(links=r.get("_links"), node_tp=r.get("_node_tp"), start_lag_ns=r.get("_start_lag_ns"),
                    send_dev_ns=r.get("_send_dev_ns"), recv_dev_ns=r.get("_recv_dev_ns"),
                    decode_start_lag_ns=tinfo.get("start_lag_ns"), a2a_cells=r.get("_a2a_cells"), kv=r.get("_kv"),
-                   decode_colls=_colls(tinfo), bursts_start_ns=r.get("_bursts_start_ns"))
+                   decode_colls=_colls(tinfo), bursts=r.get("_bursts"), decode_iters=tinfo.get("iter_starts"))
 
     @classmethod
     def split(cls, r: dict) -> "GroupEvidence":
@@ -49,7 +55,7 @@ class GroupEvidence:
                    start_lag_ns=r.pop("_start_lag_ns", None), send_dev_ns=r.pop("_send_dev_ns", None),
                    recv_dev_ns=r.pop("_recv_dev_ns", None), decode_start_lag_ns=tinfo.get("start_lag_ns"),
                    a2a_cells=r.pop("_a2a_cells", None), kv=r.pop("_kv", None), decode_colls=_colls(tinfo),
-                   bursts_start_ns=r.pop("_bursts_start_ns", None))
+                   bursts=r.pop("_bursts", None), decode_iters=tinfo.get("iter_starts"))
 
 
 def _colls(tinfo: dict) -> tuple | None:
@@ -70,6 +76,7 @@ class StallCulprits(NamedTuple):
     culprits: list           # [(node, stalled flow indices)]
     stalled_flows: int       # data flows with a stall >= slow_link.min_stall_s
     irregular: bool          # stalls spread over more than a quarter of the nodes: the capture's timing
+    one_host: bool = False   # one host's view whose in- and out-stalls do not coincide
 
 
 @dataclass
@@ -95,7 +102,9 @@ def stall_culprits(ctx, th) -> StallCulprits:
     the node most of them share; a node that collects >= CULPRIT_SHARE of the remaining
     stalled flows, with stalled flows both in and out, is a culprit. irregular when stalled
     flows remain spread over more than a quarter of the nodes (the capture's timing, not a
-    link)."""
+    link). In one host's view (every data flow touches one node) that node collects every
+    stall: it is a culprit only when its in- and out-stalls coincide (>= COINCIDE of the
+    smaller side's stalled time), else irregular."""
     st = ctx.fstat
     lim = th["slow_link"]["min_stall_s"] * 1e9
     rest = np.nonzero(ctx.data & (st["stall_max_ns"] >= lim))[0]
@@ -113,4 +122,61 @@ def stall_culprits(ctx, th) -> StallCulprits:
         rest = rest[~mine]
     touched = set(ctx.nodes.src[rest].tolist()) | set(ctx.nodes.dst[rest].tolist())
     irregular = len(rest) > 0 and not few(len(touched), ctx.nodes.n)
+    hub = _hub(ctx)
+    if hub is not None and any(n == hub for n, _ in out):
+        # one host's view: every flow touches the hub, so it collects every stall whatever
+        # stalls. Its port pausing stalls its sends and its receives at the same time; in-
+        # and out-stalls that do not coincide are its peers' pacing or the capture's timing
+        fl = dict(out)[hub]
+        src = ctx.nodes.src[fl]
+        if _coincidence(ctx, fl[src == hub], fl[src != hub], lim) < COINCIDE:
+            out = [(n, f) for n, f in out if n != hub]
+            return StallCulprits(out, total, True, True)
     return StallCulprits(out, total, irregular)
+
+
+def _hub(ctx) -> int | None:
+    """The node every data flow touches when there are >= 3 nodes (one host's view), else None."""
+    d = np.nonzero(ctx.data)[0]
+    if ctx.nodes.n < 3 or not len(d):
+        return None
+    src, dst = ctx.nodes.src[d], ctx.nodes.dst[d]
+    for x in (int(src[0]), int(dst[0])):
+        if np.all((src == x) | (dst == x)):
+            return x
+    return None
+
+
+def _stalled_intervals(ctx, flows, lim):
+    """Merged [start, end] (ns) of the stalled messages of flows (the flows.py definition:
+    on-wire time >= STRETCH x what the flow's median rate predicts, by >= lim)."""
+    st = ctx.fstat
+    ok = ctx.data_events(flows) & ~ctx.ev_read
+    f = ctx.ev_flow[ok]
+    s = ctx.ev_start[ok]
+    e = ctx.events["end_ts"][ok].astype(np.float64)
+    by = ctx.events["bytes"][ok].astype(np.float64)
+    npk = np.maximum(1.0, np.ceil(by / np.maximum(st["mtu"][f], 1)))
+    d = e - s
+    med = st["rate_med_bps"][f] / 8e9
+    with np.errstate(invalid="ignore", divide="ignore"):
+        w = d * npk / np.maximum(npk - 1, 1)
+        exp = np.where(med > 0, by / med, np.nan)
+        stl = (npk >= 2) & (d > 0) & (w >= STRETCH * exp) & (w - exp >= lim)
+    a, b, _ = merge_sorted(np.ascontiguousarray(s[stl]), np.ascontiguousarray(e[stl]), 0.0)
+    return a, b
+
+
+def _coincidence(ctx, out_f, in_f, lim) -> float:
+    """Share of the smaller side's stalled time (out- or in-flows) during which the other
+    side was stalled too."""
+    a1, b1 = _stalled_intervals(ctx, out_f, lim)
+    a2, b2 = _stalled_intervals(ctx, in_f, lim)
+    t1, t2 = float((b1 - a1).sum()), float((b2 - a2).sum())
+    if min(t1, t2) <= 0:
+        return 0.0
+    a, b = np.concatenate([a1, a2]), np.concatenate([b1, b2])
+    o = np.argsort(a, kind="stable")
+    ua, ub, _ = merge_sorted(np.ascontiguousarray(a[o]), np.ascontiguousarray(b[o]), 0.0)
+    both = t1 + t2 - float((ub - ua).sum())
+    return both / min(t1, t2)

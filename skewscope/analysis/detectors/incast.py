@@ -5,6 +5,7 @@ import numpy as np
 
 from skewscope.analysis.detectors.common import us
 from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.onset import incast_onset
 
 #: flows into the destination at <= this x their rate elsewhere: severe throttling (critical)
 SEVERE_THROTTLE = 0.25
@@ -67,7 +68,7 @@ def incast(inp, em):
                + ": its switch port queues; stagger the senders or spread the destination",
                {"max_senders": int(mx[n]), "median_max_senders": med, "time_at_max_s": float(inc["at_max_ns"][n]) / 1e9,
                 "time_multi_s": float(inc["multi_ns"][n]) / 1e9, "mean_senders": float(inc["mean_senders"][n]),
-                "throttle_ratio": throttle}, flows=flows)
+                "throttle_ratio": throttle}, flows=flows, onset=incast_onset(ctx, int(n), int(t["min_senders"])))
 
 
 DETECTORS = [
@@ -83,6 +84,7 @@ DETECTORS = [
                              Threshold("ratio", 2.0, "ratio", "senders at once: at least this many times the typical destination's peak"),
                              Threshold("min_time_s", 5e-6, "s", "time spent at that many senders"),
                              Threshold("throttle", 0.7, "ratio", "the senders' rate into it / their rate elsewhere, at most")),
-            ),
+                 onset="the spans with ≥ `min_senders` senders into it at once (a sender's messages merged across "
+                       "gaps < 1 µs) as an episode against the data into it"),
         )),
 ]

@@ -18,6 +18,11 @@ import numpy as np
 
 from skewscope.analysis.detectors.common import impact_of, sev
 from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.onset import series_onset
+
+#: instance_load_imbalance onset: a time bin spans this many of the compared instances'
+#: longest token interval (every instance has a token in most bins)
+LOAD_BIN_TOKENS = 2.0
 
 #: collective kinds that are serving instances (when their workload is decode)
 INSTANCE_KINDS = ("ring_allreduce", "all_to_all", "tree_allreduce")
@@ -108,7 +113,39 @@ def instances(inp, em):
                     "message_size_ratio": round(msz_ratio, 4) if msz_ratio else None,
                     "busy_share": x["busy_share"],
                     "per_instance_load_ratio": {y["members"][0]: round(float(y["bytes_per_s"] / mean), 4) for y in xs}},
-                   flows=[int(f) for f in flows[x["group"]]], group=x["group"], impact=impact_of(lost, x["token_interval_s"]))
+                   flows=[int(f) for f in flows[x["group"]]], group=x["group"], impact=impact_of(lost, x["token_interval_s"]),
+                   onset=_load_onset(inp.ctx, [flows[y["group"]] for y in xs], i, xs, t["warning"]))
+
+
+def _load_onset(ctx, flows_of, i, xs, warn):
+    """Per time bin (LOAD_BIN_TOKENS x the longest token interval of the compared
+    instances): instance i's data bytes / the median of the others' in that bin; the stretch
+    at or above `warning` (series scan)."""
+    itl = [y["token_interval_s"] for y in xs if y["token_interval_s"]]
+    if not itl:
+        return None
+    width = LOAD_BIN_TOKENS * max(itl) * 1e9
+    st, by = [], []
+    for fl in flows_of:
+        ok = ctx.data_events(fl)
+        st.append(ctx.ev_start[ok])
+        by.append(ctx.events["bytes"][ok].astype(np.float64))
+    if not all(len(x) for x in st):
+        return None
+    t0 = max(float(x.min()) for x in st)             # the span every instance covers
+    t1 = min(float(x.max()) for x in st)
+    if t1 - t0 < 3 * width:
+        return None
+    edges = np.arange(t0, t1 + width, width)
+    k = len(edges) - 1
+    per = np.zeros((len(st), k))
+    for j, (s_, b_) in enumerate(zip(st, by)):
+        sel = (s_ >= t0) & (s_ < edges[-1])
+        np.add.at(per[j], np.clip(np.searchsorted(edges, s_[sel], side="right") - 1, 0, k - 1), b_[sel])
+    ref = np.median(np.delete(per, i, axis=0), axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        y = np.where(ref > 0, per[i] / ref, np.nan)
+    return series_onset(edges[:-1], y, worse=1, thr=warn, t_end=edges[1:])
 
 
 DETECTORS = [
@@ -123,5 +160,8 @@ DETECTORS = [
                     thresholds=(Threshold("warning", 1.5, "ratio", "an instance's load / the median of the comparable others: warning"),
                                 Threshold("critical", 2.5, "ratio", "an instance's load / the median of the comparable others: critical"),
                                 Threshold("min_instances", 3, "count", "comparable instances (same kind and size), at least"),
-                                Threshold("min_tokens", 4, "count", "tokens seen on every compared instance, at least"))),)),
+                                Threshold("min_tokens", 4, "count", "tokens seen on every compared instance, at least")),
+                    onset="per time bin of 2 × the longest token interval (over the span every compared instance "
+                          "covers), its data bytes / the median of the others'; the stretch at or above `warning` "
+                          "(series scan)"),)),
 ]

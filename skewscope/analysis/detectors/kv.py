@@ -8,12 +8,17 @@ import numpy as np
 
 from skewscope.analysis.detectors.common import gbps, impact_of, pct, sev, us
 from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.onset import series_onset, slowdown_onset
+
+#: pd_imbalance onset: consecutive transfers are taken in chunks of at least this many
+#: (and at least one per decode node) for the share series
+PD_CHUNK = 4
 
 
 def kv(inp, em):
     for gi, g, r, ev in inp.groups:
         if g.kind == "kv_transfer" and r.get("per_decode"):
-            _imbalance(em, inp.ctx, g, r, inp.th["pd_imbalance"], gi, _requests(inp.ctx, r, ev.kv))
+            _imbalance(em, inp.ctx, g, r, inp.th["pd_imbalance"], gi, _requests(inp.ctx, r, ev.kv), ev.kv)
             _slow(em, inp.ctx, g, r, inp.th["kv_transfer_slow"], gi)
 
 
@@ -40,7 +45,30 @@ def _requests(ctx, r, kv) -> dict:
     return {ip: int(per[dst == node[ip]].sum()) for ip in pd}
 
 
-def _imbalance(em, ctx, g, r, t, gi, req):
+def _pd_onset(ctx, kv, ip, fair, thr):
+    """Per chunk of consecutive transfers (time order; max(PD_CHUNK, decode nodes) each):
+    the decode node's share of the requests (each transfer counted as in _requests); the
+    stretch at or above thr (series scan)."""
+    if not kv or not len(kv["t_bytes"]):
+        return None
+    node = ctx.nodes.ips.index(ip)
+    o = np.argsort(np.asarray(kv["t_start_ns"], dtype=np.float64), kind="stable")
+    ts = np.asarray(kv["t_start_ns"], dtype=np.float64)[o]
+    te = ts + np.asarray(kv["t_dur_ns"], dtype=np.float64)[o]
+    tb = np.asarray(kv["t_bytes"], dtype=np.float64)[o]
+    typical = float(np.median(tb))
+    per = np.maximum(1, np.rint(tb / typical)) if typical > 0 else np.ones(len(tb))
+    mine = (np.asarray(kv["t_dst"])[o] == node) * per
+    k = max(PD_CHUNK, int(round(1 / fair)))
+    edges = np.arange(0, len(ts), k)
+    if len(edges) < 2:
+        return None
+    share = np.add.reduceat(mine, edges) / np.add.reduceat(per, edges)
+    ends = np.maximum.reduceat(te, edges)
+    return series_onset(ts[edges], share, worse=1, thr=thr, t_end=ends)
+
+
+def _imbalance(em, ctx, g, r, t, gi, req, kv=None):
     pd = r["per_decode"]
     if len(pd) < 2:
         return
@@ -69,7 +97,8 @@ def _imbalance(em, ctx, g, r, t, gi, req):
                 "transfer_time_p50_s": d["transfer_time_p50_s"], "transfer_time_p99_s": d["transfer_time_p99_s"],
                 "others_transfer_time_p50_s": float(np.median(others)) if others else None,
                 "per_decode_share": {k: x["share"] for k, x in pd.items()}},
-               flows=_flows(ctx, g, dst=ip), group=gi, impact=impact_of(lost, None))
+               flows=_flows(ctx, g, dst=ip), group=gi, impact=impact_of(lost, None),
+               onset=_pd_onset(ctx, kv, ip, fair, fair * t["warning"]))
 
 
 def _slow(em, ctx, g, r, t, gi):
@@ -92,7 +121,11 @@ def _slow(em, ctx, g, r, t, gi):
                 "median_rate_bps": med, "rate_ratio": q, "rate_ratio_same_decode": qd,
                 "transfers": x["transfers"], "messages": x["messages"], "bytes": x["bytes"],
                 "transfer_time_p50_s": x["transfer_time_p50_s"]},
-               flows=_flows(ctx, g, src=x["src"], dst=x["dst"]), group=gi, impact=impact_of(lost, None))
+               flows=_flows(ctx, g, src=x["src"], dst=x["dst"]), group=gi, impact=impact_of(lost, None),
+               onset=slowdown_onset(ctx, _flows(ctx, g, src=x["src"], dst=x["dst"]),
+                                    [f for f in _flows(ctx, g) if not (ctx.nodes.ips[ctx.nodes.src[f]] == x["src"]
+                                                                       and ctx.nodes.ips[ctx.nodes.dst[f]] == x["dst"])],
+                                    thr=t["warning"]))
 
 
 DETECTORS = [
@@ -110,7 +143,9 @@ DETECTORS = [
                  thresholds=(Threshold("warning", 1.5, "ratio", "a decode node's KV byte share / fair share: warning"),
                              Threshold("critical", 2.5, "ratio", "a decode node's KV byte share / fair share: critical"),
                              Threshold("min_transfers", 3, "count", "KV requests into the decode node, at least"),
-                             Threshold("min_z", 2.0, "ratio", "(its requests - the fair count) / the binomial standard deviation, at least"))),
+                             Threshold("min_z", 2.0, "ratio", "(its requests - the fair count) / the binomial standard deviation, at least")),
+                 onset="per chunk of consecutive transfers (≥ 4, ≥ one per decode node), the node's share of the "
+                       "requests; the stretch at or above `warning` × the fair share (series scan)"),
             Kind("kv_transfer_slow",
                  fires='kv_transfer group with ≥ 3 links: a prefill → decode link\'s rate (90th percentile of its '
                        'messages\' rates: uncontended) / the median link\'s ≤ `warning` (0.5), ≤ `critical` (0.25), '
@@ -118,6 +153,8 @@ DETECTORS = [
                  blames='the prefill node, the decode node; the link\'s flows',
                  thresholds=(Threshold("warning", 0.5, "ratio", "link rate / median link rate, at most: warning"),
                              Threshold("critical", 0.25, "ratio", "link rate / median link rate, at most: critical"),
-                             Threshold("min_messages", 4, "count", "KV messages (block writes) on the link, at least"))),
+                             Threshold("min_messages", 4, "count", "KV messages (block writes) on the link, at least")),
+                 onset="per time bin, the link's median message rate / the group's other links' (series scan, lower "
+                       "is worse, threshold `warning`)"),
         )),
 ]

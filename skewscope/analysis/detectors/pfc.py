@@ -5,6 +5,7 @@ import numpy as np
 
 from skewscope.analysis.detectors.common import pct, us
 from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.onset import stall_onset
 
 #: the likely paused receivers named, at most
 MAX_SUSPECTS = 3
@@ -25,6 +26,10 @@ def pfc(inp, em):
              if p["pause_frames"] and p["pause_s"]] or [0.0]) * 1e9
     floor = max(MIN_STALL_QUANTA * q, t["min_stall_s"] * 1e9)
     suspects = [int(n) for n in np.argsort(-score) if score[n] > 0 and st["in_stall_max_ns"][n] >= floor][:MAX_SUSPECTS]
+    into = np.nonzero(ctx.data & np.isin(ctx.nodes.dst, suspects))[0]
+    # when: PFC frames carry no time in the counters; the stalls they cause into the paused
+    # receivers do
+    onset = stall_onset(ctx, into, floor) if suspects else None
     for p in pf["per_priority"]:
         if p["pause_frames"] < t["min_frames"]:
             continue
@@ -40,7 +45,7 @@ def pfc(inp, em):
                {"priority": p["priority"], "pause_frames": p["pause_frames"], "resume_frames": p["resume_frames"],
                 "quanta": p["quanta"], "pause_s": p["pause_s"], "pause_fraction": frac,
                 "link_gbps_est": pf["link_gbps_est"]},
-               flows=np.nonzero(ctx.data & np.isin(ctx.nodes.dst, suspects))[0])
+               flows=into, onset=onset)
     if pf["global_pause_frames"] >= t["min_frames"]:
         em.add("pfc_pause", "warning", [], f"{pf['global_pause_frames']} 802.3x global pause frames: a link pauses all "
                "traffic; RoCE should use per-priority PFC", {"global_pause_frames": pf["global_pause_frames"]})
@@ -56,5 +61,7 @@ DETECTORS = [
                     thresholds=(Threshold("min_frames", 1, "count", "pause frames of a priority, at least"),
                                 Threshold("critical", 0.05, "fraction", "pause time / capture duration: critical"),
                                 Threshold("link_gbps", 0, "Gb/s", "link speed for pause time (0: estimate from the rates)"),
-                                Threshold("min_stall_s", 20e-6, "s", "inbound stall naming the paused receiver, at least"))),)),
+                                Threshold("min_stall_s", 20e-6, "s", "inbound stall naming the paused receiver, at least")),
+                    onset="the stalled messages (≥ the naming floor) into the paused receivers as an episode against "
+                          "their data (pause frames are counted without time); no paused receiver named: null"),)),
 ]

@@ -1,14 +1,49 @@
 """pipeline_bubbles: the slowest pipeline stage makes the others idle."""
 from __future__ import annotations
 
+import numpy as np
+
 from skewscope.analysis.detectors.common import pct, sev
 from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.intervals import break_candidates
+from skewscope.analysis.onset import flow_events, series_onset
+
+#: gaps between a stage's messages below this (ns) are never between two transfers
+MIN_GAP_NS = 1000.0
 
 
 def pipeline(inp, em):
     for gi, g, r, _ in inp.groups:
         if g.kind == "p2p" and g.pattern == "pipeline":
             _one(em, inp.ctx, g, r, inp.th, gi)
+
+
+def _onset(ctx, flows):
+    """The slow stage's compute time per micro-batch: per link it sends on (forward,
+    backward), the gaps between its transfers (its messages' spacings above their lowest
+    natural break: inside a transfer messages go back to back), each over the link's median
+    gap (the two directions compute differently); the stretch of longer ones over both
+    (series scan, no threshold)."""
+    idx = flow_events(ctx, flows)
+    if len(idx) < 4:
+        return None
+    dst = ctx.nodes.dst[ctx.ev_flow[idx]]
+    ts, ys = [], []
+    for d in np.unique(dst):
+        k = idx[dst == d]
+        st, en = ctx.ev_start[k], ctx.ev_end[k]
+        gap = st[1:] - np.maximum.accumulate(en)[:-1]
+        cand = break_candidates(gap[gap > 0], 3.0, MIN_GAP_NS) if (gap > 0).any() else []
+        if not cand:
+            continue
+        big = np.flatnonzero(gap > min(cand))    # the lowest break: messages of one transfer below it
+        if len(big) < 2:
+            continue
+        ts.append(st[big + 1])
+        ys.append(gap[big] / float(np.median(gap[big])))
+    if not ts:
+        return None
+    return series_onset(np.concatenate(ts), np.concatenate(ys), worse=1, first=float(ctx.ev_start[idx[0]]))
 
 
 def _one(em, ctx, g, r, th, gi):
@@ -28,7 +63,7 @@ def _one(em, ctx, g, r, th, gi):
            f"idle {pct(bub)} of the steady state (bubbles); rebalance layers across stages or check that host",
            {"stage": sl["stage"], "compute_ratio": ratio, "bubble_fraction": bub,
             "fill_drain_bubble": r.get("fill_drain_bubble"), "stage_compute_fwd_s": r.get("stage_compute_fwd_s"),
-            "link_idle_fraction": r.get("link_idle_fraction")}, flows=flows, group=gi)
+            "link_idle_fraction": r.get("link_idle_fraction")}, flows=flows, group=gi, onset=_onset(ctx, flows))
 
 
 DETECTORS = [
@@ -40,5 +75,8 @@ DETECTORS = [
                     blames='the slow stage, then the stages',
                     thresholds=(Threshold("warning", 1.5, "ratio", "slowest stage compute / the median stage: warning"),
                                 Threshold("critical", 3.0, "ratio", "slowest stage compute / the median stage: critical"),
-                                Threshold("min_bubble", 0.1, "fraction", "steady-state idle share of the other stages, at least"))),)),
+                                Threshold("min_bubble", 0.1, "fraction", "steady-state idle share of the other stages, at least")),
+                    onset="the slow stage's compute time per micro-batch: per link it sends on, the gaps between its "
+                          "transfers (its messages' spacings above their lowest natural break) over the link's median gap; "
+                          "the stretch of longer ones (series scan, no threshold: ≥ 20 % longer)"),)),
 ]

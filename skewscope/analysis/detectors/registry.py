@@ -20,7 +20,10 @@ contract): {"kind", "severity" (info|warning|critical), "entities" {"ips", "qps"
 [[src, dst, dest_qp], ...]}, "evidence" {numbers}, "message" (one line), "group" (index into
 "collectives" or null), "impact" ({"seconds", "share"}: the estimated time lost per
 iteration / token and its share of the period, common.impact_of; null where it cannot be
-estimated; per kind in docs/metrics.md "Impact")}. entities.ips lists the node(s) the finding blames first (the hot
+estimated; per kind in docs/metrics.md "Impact"), "since" / "until" (s, on the snapshot's
+clock = meta first_ts/last_ts ns / 1e9: when the condition began, and when it stopped
+holding -- null = still holding at the end of the data; both null when unknown; per kind
+in docs/metrics.md "Onset", Kind.onset)}. entities.ips lists the node(s) the finding blames first (the hot
 node, the slow sender, the paused receiver), then the others involved.
 """
 from __future__ import annotations
@@ -67,6 +70,10 @@ class Kind:
     fires: str           # "fires when (defaults)"
     blames: str          # what entities.ips lists first
     thresholds: tuple[Threshold, ...] = ()
+    #: the evidence over time its `since`/`until` come from (docs/metrics.md "Onset"; the
+    #: code: analysis.onset, called where the finding is made); "" = the generic one
+    #: (ONSET_FALLBACK)
+    onset: str = ""
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,10 @@ class Parameters:
 
 REGISTRY: list[Detector] = []
 PARAMETERS: list[Parameters] = []
+#: kind -> (fn(inputs, finding) -> analysis.onset.Onset | None, what it reads): the onset of
+#: a finding its detector left without one, tried before ONSET_FALLBACK (a family module's
+#: ONSET_FNS; Emitter.fill_onsets)
+ONSET_FNS: dict[str, tuple[Callable[[Any, Any], Any], str]] = {}
 
 
 def register(d: Detector) -> Detector:
@@ -124,6 +135,12 @@ def register(d: Detector) -> Detector:
         raise ValueError(f"detector {d.name} registered twice")
     REGISTRY.append(d)
     return d
+
+
+def register_onset(kind_name: str, fn, doc: str) -> None:
+    if kind_name in ONSET_FNS:
+        raise ValueError(f"onset function for {kind_name} declared twice")
+    ONSET_FNS[kind_name] = (fn, doc)
 
 
 def parameters(p: Parameters) -> Parameters:
@@ -250,6 +267,12 @@ class Entities:
         return {"ips": list(self.ips), "qps": list(self.qps), "flows": list(self.flows)}
 
 
+#: the onset of a finding whose kind names no series of its own, or whose series gave none
+ONSET_FALLBACK = ("since = the first data record of the finding's flows (the flow table's first packet when "
+                  "there are no records), until = null: the condition is taken to hold over all its data; "
+                  "both null for a finding without flows")
+
+
 @dataclass
 class Finding:
     kind: str
@@ -259,11 +282,15 @@ class Finding:
     message: str
     group: int | None = None
     impact: dict | None = None        # common.impact_of(): {"seconds", "share"} or None
+    since: float | None = None        # s, snapshot clock: the condition's onset
+    until: float | None = None        # s: where it stopped holding; None = still at the end
+    rows: Any = field(default=None, repr=False, compare=False)   # flow rows (not in the JSON)
 
     def to_dict(self) -> dict:
         """The JSON object (key order is part of the contract)."""
         return {"kind": self.kind, "severity": self.severity, "entities": self.entities.to_dict(),
-                "evidence": self.evidence, "message": self.message, "group": self.group, "impact": self.impact}
+                "evidence": self.evidence, "message": self.message, "group": self.group, "impact": self.impact,
+                "since": self.since, "until": self.until}
 
 
 # ---- documentation -------------------------------------------------------------------------
@@ -275,6 +302,19 @@ def _num(v: float, unit: str) -> str:
     if float(v).is_integer():
         return f"{int(v):,}"
     return f"{v:g}"
+
+
+def onset_table() -> str:
+    """The table of docs/metrics.md "Onset": per node-scope kind, where since/until come from."""
+    lines = ["| kind | since / until from |", "|---|---|"]
+    for det in REGISTRY:
+        if det.scope != "node":
+            continue
+        for k in det.kinds:
+            extra = ONSET_FNS.get(k.name, (None, ""))[1]
+            text = k.onset or (f"{extra}; else generic" if extra else "generic")
+            lines.append(f"| `{k.name}` | {text} |")
+    return "\n".join(lines) + "\n\ngeneric: " + ONSET_FALLBACK + ".\n"
 
 
 def markdown_tables() -> str:

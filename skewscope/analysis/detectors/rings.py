@@ -15,16 +15,14 @@ from skewscope.analysis.detectors.common import (
     impact_of,
     irregular,
     lag_outliers,
-    mark_onset,
-    onset_words,
     pct,
     sev,
     shared_successors,
     split_by,
     us,
-    with_onset,
 )
 from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.onset import Onset, episode, slowdown_onset
 from skewscope.analysis.steps import member_summary, persistent, start_lag_onset
 
 #: a member's rate is judged only when its links' messages have >= this many packets (median):
@@ -144,11 +142,15 @@ def rates_and_lags(inp, em):
                    f"peers' rate{(' (' + gbps(float(np.median(rate))) + ' per QP)') if rate else ''}: check its port "
                    "speed, cable/optics, FEC errors and NIC link state",
                    {"send_ratio": float(sb[i]), "recv_ratio": float(rb[i]), "mode": "slow"},
-                   flows=out_flows[m] + in_flows[m], group=gi)
+                   flows=out_flows[m] + in_flows[m], group=gi,
+                   onset=slowdown_onset(ctx, out_flows[m] + in_flows[m],
+                                        [f for f in gf.tolist() if int(ctx.nodes.src[f]) != m and int(ctx.nodes.dst[f]) != m],
+                                        thr=tl["warning"]))
         # 2. silent both ways in some iterations: flaps
         sd, rd = ev.send_dev_ns, ev.recv_dev_ns
         late = set()
-        if symmetric and sd is not None and rd is not None and len(sd):
+        if symmetric and sd is not None and rd is not None and len(sd) and not (
+                ring and (r.get("_steps") or {}).get("bursts_are_steps")):
             late_ns = tl["min_late_s"] * 1e9
             cand = []
             for i, m in enumerate(mem):
@@ -168,13 +170,17 @@ def rates_and_lags(inp, em):
                            f"{len(bl)} iterations while its peers proceed: a flapping link or port; check link "
                            "down/up events and error counters",
                            {"late_iterations": int(bl.sum()), "iterations": int(len(bl)), "max_delay_s": worst / 1e9,
-                            "mode": "flapping"}, flows=out_flows[m] + in_flows[m], group=gi)
+                            "mode": "flapping"}, flows=out_flows[m] + in_flows[m], group=gi,
+                           onset=_late_onset(ev.bursts, bl))
             elif cand:
                 irregular(em, f"{len(cand)} of {nm} members of a {g.kind} are late both ways in the same "
                           "iterations", gi)
         skip = both | late | blamed
         # 3. slow senders
-        lag = ev.start_lag_ns if symmetric and not r.get("decode") else None
+        # the group's bursts are its steps (a lag much longer than a step): a burst's first
+        # sender is whoever broke the silence, not an iteration's late starter
+        steps_bursts = ring and bool((r.get("_steps") or {}).get("bursts_are_steps"))
+        lag = ev.start_lag_ns if symmetric and not r.get("decode") and not steps_bursts else None
         lagged = dict(lag_outliers(lag, t["lag_mad"], t["min_lag_s"] * 1e9))
         if lagged and ev.send_dev_ns is not None:
             # "starts each step late" needs repetition: late in >= MIN_LATE_ITERATIONS bursts
@@ -228,10 +234,8 @@ def rates_and_lags(inp, em):
                    "start_lag_s": None if lag_ns is None else lag_ns / 1e9}
             imp = None
             when = seg.get(i)
-            if when is None and lag_ns is not None and ev.send_dev_ns is not None and ev.bursts_start_ns is not None:
-                when = start_lag_onset(ev.send_dev_ns[:, i], ev.bursts_start_ns, 0.5 * lag_ns)
-            if when is not None:
-                with_onset(evd, when["since_ns"], when["until_ns"])
+            if when is None and lag_ns is not None and ev.send_dev_ns is not None and ev.bursts is not None:
+                when = start_lag_onset(ev.send_dev_ns[:, i], ev.bursts[0], 0.5 * lag_ns)
             if steps is not None:
                 ms = seg.get(i) or member_summary(steps, i)
                 if steps.get("whole_capture"):
@@ -254,14 +258,11 @@ def rates_and_lags(inp, em):
             elif imp is not None and imp["seconds"] > 0:
                 cost = f"; each iteration waits {us(imp['seconds'] * 1e9)} for it" + (
                     f" ({pct(imp['share'])} of the period)" if imp["share"] is not None else "")
-            n0 = len(em.out)
             em.add(kind, severity, [m] + dsts,
-                   f"{what} straggler {ips[m]}"
-                   + (onset_words(ctx, when["since_ns"], when["until_ns"], when.get("began", False)) if when else "")
-                   + ": " + " and ".join(parts) + cost
+                   f"{what} straggler {ips[m]}: " + " and ".join(parts) + cost
                    + "; every rank waits for it: check that host's GPU/NIC (clocks, PCIe, thermal) or its uplink",
-                   evd, flows=out_flows[m], group=gi, impact=imp)
-            mark_onset(em, n0)
+                   evd, flows=out_flows[m], group=gi, impact=imp,
+                   onset=None if when is None else Onset(when["since_ns"], when["until_ns"]))
             blamed.add(m)
         # 4. slow receivers (all-to-all: every sender slows down towards one node)
         if g.kind == "all_to_all":
@@ -277,7 +278,20 @@ def rates_and_lags(inp, em):
                        [m] + sorted(srcs),
                        f"every sender slows down towards {ips[m]} ({rr[i]:.2f}x the median receive rate) without CE "
                        "marks: its ingress is the bottleneck (PFC-paused port, receiver NIC/PCIe, ECN disabled?)",
-                       {"recv_ratio": float(rr[i])}, flows=in_flows[m], group=gi)
+                       {"recv_ratio": float(rr[i])}, flows=in_flows[m], group=gi,
+                       onset=slowdown_onset(ctx, in_flows[m], [f for x in mem if x != m for f in in_flows[x]],
+                                            thr=t["warning"]))
+
+
+def _late_onset(bursts, late):
+    """A flap's onset: the iterations it was late both ways in, as an episode against the
+    group's iterations."""
+    if bursts is None or late is None or not late.any():
+        return None
+    bs, be = (np.asarray(x, dtype=np.float64) for x in bursts)
+    k = min(len(bs), len(late))
+    sel = np.asarray(late[:k], dtype=bool)
+    return episode(bs[:k][sel], be[:k][sel], float(bs[0]), float(be.max()))
 
 
 def rotation(steps: dict | None, t: dict, nm: int):
@@ -346,8 +360,9 @@ DETECTORS = [
         doc="ring/tree/all-to-all members: rate ratios and start lags -> the slow link, the straggler, the slow receiver",
         kinds=(
             Kind("ring_straggler",
-                 fires="ring: a member's out-link median-message rate / ring median ≤ `warning` (0.8) (≤ `critical` 0.5), or its start lag ≥ max(`min_lag_s` 5 µs, median + `lag_mad` (4) × MAD of the others), or it is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps of its slow stretch by a median lag ≥ max(`min_step_lag_s` 1 µs, `lag_jitter` (4) × the step jitter) (the stretch: the whole capture, or from an onset / up to a recovery found by a change point on its per-step lag; `since`/`until` in the evidence; docs: \"Steps and gates\"). Not when its successor is slow both ways (slow_link), nor (by rate) when its successor's downlink is shared (other traffic arriving there while the ring runs ≥ 25 % of the ring's bytes into it: KV transfers into a decode member; its messages are seen queued there), nor (by steps) when its own or its successor's is (its successor's clear-to-send queues on its own), nor when its flows are CE-marked (ecn_congestion); the start lag alone not while the ring's gate rotates (rotating_straggler: a member that gated some iterations is late on average)",
+                 fires="ring: a member's out-link median-message rate / ring median ≤ `warning` (0.8) (≤ `critical` 0.5), or its start lag ≥ max(`min_lag_s` 5 µs, median + `lag_mad` (4) × MAD of the others), or it is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps of its slow stretch by a median lag ≥ max(`min_step_lag_s` 1 µs, `lag_jitter` (4) × the step jitter) (the stretch: the whole capture, or from an onset / up to a recovery found by a change point on its per-step lag; docs: \"Steps and gates\"). Not when its successor is slow both ways (slow_link), nor (by rate) when its successor's downlink is shared (other traffic arriving there while the ring runs ≥ 25 % of the ring's bytes into it: KV transfers into a decode member; its messages are seen queued there), nor (by steps) when its own or its successor's is (its successor's clear-to-send queues on its own), nor when its flows are CE-marked (ecn_congestion); the start lag alone not while the ring's gate rotates (rotating_straggler: a member that gated some iterations is late on average), needs ≥ 2 late bursts, and is not read when the ring's bursts are its single steps (docs: \"Steps and gates\")",
                  blames='the sender, then its successor',
+                 onset="by steps: its slow stretch, a change point on its per-step series 'last by a lag above the bar' (docs: \"Steps and gates\"); by start lag: the same over the iterations (late by half its lag); by rate: the generic rate series (ONSET_FNS)",
                  thresholds=_lag_thresholds("ring link (fleet: link rate over active time)") + STEP_THRESHOLDS
                  + (Threshold("min_step_lag_s", 1e-6, "s", "steps: its median lag per step, at least (timestamp resolution / one packet; the start lag floor is min_lag_s)"),)),
             Kind("straggler",
@@ -358,15 +373,21 @@ DETECTORS = [
                  fires="all-to-all: a member's receive throughput ratio ≤ `warning` 0.8 (critical 0.5), not CE-marked, not explained by slow senders",
                  blames='the receiver, then its senders',
                  thresholds=(Threshold("warning", 0.8, "ratio", "receive throughput / the members' median: warning at or below"),
-                             Threshold("critical", 0.5, "ratio", "receive throughput / the members' median: critical at or below"))),
+                             Threshold("critical", 0.5, "ratio", "receive throughput / the members' median: critical at or below")),
+                 onset="per time bin, the median message rate into it / into the other members (series scan, lower is "
+                       "worse, threshold `warning`)"),
             Kind("slow_link",
-                 fires="a node slow both ways: send and receive ratio ≤ `warning` 0.8 (critical 0.5) (`mode: slow`; in a ring its slowest out- and in-link against the median of the links that do not touch it: its port slows two links, in a ring of 3 the median; not when other traffic arriving at the node and at the end of its slowest out-link, while the ring runs, is ≥ 25 % of the ring's bytes into each: shared downlinks, e.g. KV transfers into decode members); or late ≥ `min_late_s` (50 µs) both as sender and receiver in ≥ 2 and ≥ `late_share` (30 %) of the iterations (`mode: flapping`); or the stalled data flows (a message ≥ 2× its flow's typical time, by ≥ `min_stall_s` = 50 µs) concentrate on it — ≥ 80 % of them touch it, in both directions (`mode: stalls`). Flaps and stalls are node faults only as outliers: when they spread over more than a quarter of the nodes, one `sampling` info says the capture's timing is irregular instead",
+                 fires="a node slow both ways: send and receive ratio ≤ `warning` 0.8 (critical 0.5) (`mode: slow`; in a ring its slowest out- and in-link against the median of the links that do not touch it: its port slows two links, in a ring of 3 the median; not when other traffic arriving at the node and at the end of its slowest out-link, while the ring runs, is ≥ 25 % of the ring's bytes into each: shared downlinks, e.g. KV transfers into decode members); or late ≥ `min_late_s` (50 µs) both as sender and receiver in ≥ 2 and ≥ `late_share` (30 %) of the iterations (`mode: flapping`); or the stalled data flows (a message ≥ 2× its flow's typical time, by ≥ `min_stall_s` = 50 µs) concentrate on it — ≥ 80 % of them touch it, in both directions (`mode: stalls`). Flaps and stalls are node faults only as outliers: when they spread over more than a quarter of the nodes, one `sampling` info says the capture's timing is irregular instead; in one host's view (every data flow touches it, so it collects every stall) its stalls are its port's only when its in- and out-stalls coincide for ≥ 50 % of the smaller side's stalled time, else the same `sampling` info",
                  blames='the node',
                  thresholds=(Threshold("warning", 0.8, "ratio", "send and receive rate / the median, both: warning at or below"),
                              Threshold("critical", 0.5, "ratio", "send and receive rate / the median: critical at or below (tree: the receive side's bar)"),
                              Threshold("min_stall_s", 50e-6, "s", "a stalled message's excess over its flow's typical time"),
                              Threshold("min_late_s", 50e-6, "s", "lateness both as sender and receiver in an iteration (flap)"),
-                             Threshold("late_share", 0.3, "fraction", "a flap: late both ways in at least this share of the iterations"))),
+                             Threshold("late_share", 0.3, "fraction", "a flap: late both ways in at least this share of the iterations")),
+                 onset="`mode: slow`: per time bin, the median message rate of its links / the group's other links "
+                       "(series scan, lower is worse, threshold `warning`); `flapping`: the iterations it was late both "
+                       "ways in, as an episode against the group's iterations; `stalls`: its stalled messages as an "
+                       "episode against its flows' data"),
         )),
     Detector(
         "rotating_straggler", rotating, needs=frozenset({"flows", "records", "groups"}), stage=25,
@@ -381,3 +402,25 @@ DETECTORS = [
                              Threshold("min_lag_s", 5e-6, "s", "a gate's lost time in its iteration, at least"))),
         )),
 ]
+
+
+def _rate_onset(inp, f):
+    """A sender blamed by its rate (evidence send_ratio at or below the kind's `warning`):
+    its flows' message rate against the group's other senders' (slowdown_onset)."""
+    r = f.evidence.get("send_ratio")
+    if f.group is None or r is None or not f.evidence or r > inp.th[f.kind]["warning"] or f.rows is None:
+        return None
+    ctx = inp.ctx
+    g = inp.groups[f.group].group
+    me = int(ctx.nodes.src[f.rows[0]]) if len(f.rows) else -1
+    gf = np.asarray(g.flows, dtype=np.int64)
+    others = gf[ctx.nodes.src[gf] != me]
+    return slowdown_onset(ctx, f.rows, others, thr=inp.th[f.kind]["warning"]) if len(others) else None
+
+
+#: the onset of a straggler its detector left without one (the steps give ring stragglers
+#: theirs): by rate (registry.ONSET_FNS)
+_RATE_DOC = ("a sender blamed by rate: per time bin, its flows' median message rate / the group's other senders' "
+             "(series scan, lower is worse, threshold `warning`)")
+ONSET_FNS = {"straggler": (_rate_onset, _RATE_DOC), "ring_straggler": (_rate_onset, _RATE_DOC)}
+
