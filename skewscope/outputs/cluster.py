@@ -225,7 +225,7 @@ def _le(v: str) -> float:
 
 class Fetcher:
     def __init__(self, prom: Prometheus, window: str, selector: str = "", use_rules: bool = True,
-                 clock: str = "unsynchronised"):
+                 clock: str = "unsynchronised", at: float | None = None):
         if clock not in CLOCKS:
             raise ClusterError(f"invalid --clock {clock!r}: one of {', '.join(CLOCKS)}", EXIT_USAGE)
         self.clock = clock
@@ -233,7 +233,7 @@ class Fetcher:
         self.window = window
         self.window_s = window_seconds(window)
         self.selector = selector
-        self.at = time.time()
+        self.at = time.time() if at is None else float(at)
         self.via_rules = False
         if use_rules and self.window_s is not None and self.window_s == window_seconds(RULE_WINDOW) \
                 and not selector.strip():
@@ -527,9 +527,11 @@ def build_document(fm: FleetMatrix, url: str, fetcher: Fetcher | None = None, th
 
 
 def run(url: str, window: str = "5m", timeout: float = 30.0, selector: str = "", use_rules: bool = True,
-        thresholds=None, clock: str = "unsynchronised") -> dict:
+        thresholds=None, clock: str = "unsynchronised", at: float | None = None) -> dict:
+    """at: the evaluation time (Unix s; default now): every query is an instant query at it
+    (a backfilled TSDB's samples lie in the past)."""
     prom = Prometheus(url, timeout=timeout)
-    fetcher = Fetcher(prom, window, selector=selector, use_rules=use_rules, clock=clock)
+    fetcher = Fetcher(prom, window, selector=selector, use_rules=use_rules, clock=clock, at=at)
     fm = fetcher.fetch()
     doc = build_document(fm, url, fetcher, thresholds=thresholds)
     doc["meta"]["queries"] = prom.queries

@@ -886,6 +886,28 @@ def render(registry) -> str:
     return generate_latest(registry).decode()
 
 
+class _Stamped:
+    """A registry's families with every sample at one timestamp (seconds)."""
+
+    def __init__(self, registry, ts: float):
+        self.registry, self.ts = registry, float(ts)
+
+    def collect(self):
+        for fam in self.registry.collect():
+            fam.samples = [Sample(s.name, s.labels, s.value, self.ts, s.exemplar) for s in fam.samples]
+            yield fam
+
+
+def render_openmetrics(registry, ts: float) -> str:
+    """The exposition in the OpenMetrics text format (what a scrape that asks for it gets),
+    every sample stamped with `ts` (Unix seconds), ending in `# EOF`: the input of
+    `promtool tsdb create-blocks-from openmetrics` (backfill a Prometheus from a capture
+    without running an exporter). Files of several DPUs may be concatenated, each with its
+    own `node` label, minus every `# EOF` but the last."""
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+    return om_latest(_Stamped(registry, ts)).decode()
+
+
 def serve(registry, addr: str, port: int):
     """Start the HTTP server (daemon threads). Returns (server, thread)."""
     return start_http_server(port, addr=addr, registry=registry)
