@@ -86,18 +86,26 @@ class Ring:
         self.slot = [[0] * n for _ in range(channels)]
 
     def allreduce(self, t0: float, nbytes: int, protocol: str, hop_ns: float,
-                  lag=None, lag_first_step_only: bool = False) -> float:
+                  lag=None, lag_first_step_only: bool = False, sync: str = "dataflow",
+                  lag_per_send: bool = False) -> float:
         """`lag` (per node, ns; default the job's straggler lags) delays the first piece of
-        every step, or of step 0 only (a rank arriving late: rotating straggler)."""
+        every step (every piece with `lag_per_send`), or of step 0 only (a rank arriving
+        late: rotating straggler). `sync`: "dataflow" = piece j of step k waits for the
+        rank's own previous piece and piece j of step k-1 from its predecessor (+hop);
+        "barrier" = step k of every rank starts when the last piece of step k-1 of every
+        rank and channel has ended (+hop)."""
         job, mem = self.job, self.members
         lag_ns = job.lag_ns if lag is None else lag
         n = len(mem)
         if n < 2:
             return t0
-        end_all = t0
         per_ch = nbytes // self.channels
         chunk = max(1, per_ch // n)
         sizes = proto_pieces(chunk, protocol)
+        if sync == "barrier" or lag_per_send or job.timed_lag or job.timed_rate:
+            return self._allreduce_general(t0, sizes, hop_ns, lag_ns, lag_first_step_only,
+                                           sync == "barrier", lag_per_send)
+        end_all = t0
         for c in range(self.channels):
             free = [t0] * n
             prev = None
@@ -123,6 +131,44 @@ class Ring:
             end_all = max(end_all, max(max(r) for r in prev))
         return end_all
 
+    def _allreduce_general(self, t0, sizes, hop_ns, lag_ns, first_only, barrier, per_send):
+        """allreduce with a barrier between steps, lags on every send, or timed
+        pathologies (Job.timed_lag / timed_rate, active by each send's ready time)."""
+        job, mem = self.job, self.members
+        n, C = len(mem), self.channels
+        free = [[t0] * n for _ in range(C)]
+        prev = [None] * C
+        bar = t0
+        for k in range(2 * n - 2):
+            step_end = bar
+            for c in range(C):
+                cur = [[0.0] * len(sizes) for _ in range(n)]
+                for l in range(n):
+                    s, d = mem[l], mem[(l + 1) % n]
+                    qps = self.conns[c][l]
+                    for j, sz in enumerate(sizes):
+                        fwd, rev = qps[self.slot[c][l] % len(qps)]
+                        t = free[c][l]
+                        if barrier:
+                            if k > 0:
+                                t = max(t, bar + hop_ns)
+                        elif prev[c] is not None:
+                            t = max(t, prev[c][(l - 1) % n][j] + hop_ns)
+                        ready = t
+                        if (j == 0 or per_send) and (k == 0 or not first_only):
+                            t += lag_ns[s]
+                        if job.timed_lag:
+                            t += job.extra_lag(s, ready, j == 0)
+                        rate = job.rate(s, d, 1.0 / C, ready)
+                        va = (self.slot[c][l] % 4) * MiB
+                        self.slot[c][l] += 1
+                        e = job.send(fwd, rev, t, sz, rate, va=va)
+                        free[c][l] = e
+                        cur[l][j] = e
+                prev[c] = cur
+                step_end = max(step_end, max(max(r) for r in cur))
+            bar = step_end
+        return bar
 
 def ring_allreduce(job, wl, gid_hint=None):
     mem = wl["members"]
@@ -131,12 +177,21 @@ def ring_allreduce(job, wl, gid_hint=None):
     starts = iteration_starts(job, wl)
     ends = []
     rot = wl.get("_iter_lag")  # rotating straggler: per-iteration lags (pathologies)
+    sync = wl.get("step_sync", "dataflow")
+    win = wl.get("_iter_lag_window")
+    if rot is not None and win is not None:
+        # timed rotating straggler: outside [since, until) no rank is late (noise stays)
+        act = [win[0] <= t < win[1] for t in starts]
+        rot = [r if a else np.where(np.arange(len(r)) == g, 0.0, r)
+               for r, a, g in zip(rot, act, wl["_iter_gate_nodes"])]
+        wl["_gates_active"] = act
     for i, t in enumerate(starts):
         if rot is not None:
             ends.append(ring.allreduce(t, wl["bytes"], wl["protocol"], wl["hop_us"] * 1e3,
-                                       lag=rot[i], lag_first_step_only=wl["_iter_lag_first_only"]))
+                                       lag=rot[i], lag_first_step_only=wl["_iter_lag_first_only"],
+                                       sync=sync, lag_per_send=wl.get("_iter_lag_per_send", False)))
         else:
-            ends.append(ring.allreduce(t, wl["bytes"], wl["protocol"], wl["hop_us"] * 1e3))
+            ends.append(ring.allreduce(t, wl["bytes"], wl["protocol"], wl["hop_us"] * 1e3, sync=sync))
     job.groups[group]["details"] = {
         "channels": wl["channels"], "qps_per_connection": wl["qps"], "protocol": wl["protocol"],
         "bytes": wl["bytes"], "ring": [job.ip_str[m] for m in mem], "iterations": len(starts),
@@ -146,6 +201,8 @@ def ring_allreduce(job, wl, gid_hint=None):
         "iteration_starts_ns": [int(s) for s in starts],
         "iteration_busy_ns": [int(e - s) for s, e in zip(starts, ends)],
     }
+    if "step_sync" in wl:
+        job.groups[group]["details"]["step_sync"] = sync
     return group
 
 
@@ -207,6 +264,7 @@ def tree_allreduce(job, wl):
     hop = wl["hop_us"] * 1e3
     chunk = 512 * KiB if wl["protocol"] == "simple" else 64 * KiB
     starts = iteration_starts(job, wl)
+    barrier = wl.get("step_sync", "dataflow") == "barrier"
     for t0 in starts:
         for c in range(chans):
             par = trees[c % 2]
@@ -226,6 +284,13 @@ def tree_allreduce(job, wl):
             visit(root)
             up_end = {}  # (r, j) -> time chunk j from r reached its parent
             free_up = {r: t0 for r in range(n)}
+            if barrier:
+                # a level (height in the tree) sends piece j when every node one level down
+                # has sent its piece j
+                height = {}
+                for r in post:
+                    height[r] = 1 + max([height[k] for k in kids[r]] or [-1])
+                lvl_end = {}
             for r in post:
                 if par[r] < 0:
                     continue
@@ -235,7 +300,14 @@ def tree_allreduce(job, wl):
                     t = free_up[r] + (job.lag_ns[mem[r]] if j == 0 else 0.0)
                     for k in kids[r]:
                         t = max(t, up_end[(k, j)] + hop)
+                    if barrier and height[r] > 0:
+                        t = max(t, lvl_end.get((height[r] - 1, j), t0) + hop)
+                    if job.timed_lag or job.timed_rate:
+                        rate = job.rate(mem[r], mem[par[r]], 1.0 / chans, t)
+                        t += job.extra_lag(mem[r], t, j == 0)
                     e = job.send(fwd, rev, t, sz, rate, va=(j % 4) * MiB)
+                    if barrier:
+                        lvl_end[(height[r], j)] = max(lvl_end.get((height[r], j), e), e)
                     free_up[r] = e
                     up_end[(r, j)] = e
             # broadcast, pre-order
@@ -249,15 +321,33 @@ def tree_allreduce(job, wl):
                 r = stack.pop()
                 order.append(r)
                 stack.extend(kids[r])
-            for r in order:
+            if barrier:
+                # a depth sends piece j down when every node of the depth above has it
+                depth = {root: 0}
+                for r in order:
+                    for k in kids[r]:
+                        depth[k] = depth[r] + 1
+                got = {}
+                for r in order:
+                    for j in range(len(pieces)):
+                        got[(depth[r], j)] = max(got.get((depth[r], j), -np.inf), have.get((r, j), -np.inf))
+            for r in sorted(order, key=lambda x: depth[x]) if barrier else order:
                 for k in kids[r]:
                     fwd, rev = conns[(c, k)][1]
                     rate = job.rate(mem[r], mem[k], 1.0 / chans / max(1, len(kids[r])))
                     for j, sz in enumerate(pieces):
-                        t = max(free_dn[k], have[(r, j)])
+                        hv = have[(r, j)]
+                        if barrier:
+                            hv = max(hv, got[(depth[r], j)])
+                        t = max(free_dn[k], hv)
+                        if job.timed_lag or job.timed_rate:
+                            rate = job.rate(mem[r], mem[k], 1.0 / chans / max(1, len(kids[r])), t)
+                            t += job.extra_lag(mem[r], t, j == 0)
                         e = job.send(fwd, rev, t, sz, rate, va=(j % 4) * MiB)
                         free_dn[k] = e
                         have[(k, j)] = e + hop
+                        if barrier:
+                            got[(depth[k], j)] = max(got.get((depth[k], j), -np.inf), e + hop)
     job.groups[group]["details"] = {
         "channels": chans, "protocol": wl["protocol"], "bytes": wl["bytes"],
         "trees": [{job.ip_str[mem[r]]: (job.ip_str[mem[p]] if p >= 0 else None)
@@ -265,6 +355,8 @@ def tree_allreduce(job, wl):
         "iterations": len(starts), "period_s": wl["period_ms"] / 1e3,
         "iteration_starts_ns": [int(s) for s in starts],
     }
+    if "step_sync" in wl:
+        job.groups[group]["details"]["step_sync"] = wl["step_sync"]
     return group
 
 
@@ -285,12 +377,24 @@ def volume_matrix(job, wl) -> np.ndarray:
         rank = job.rng.permutation(n)
         w = 1.0 / (rank + 1.0) ** float(wl["zipf"])
         w = w / w.mean()
+    w0 = w.copy()
     for node, factor in (wl.get("_hot") or {}).items():
         if node in mem:
             w[mem.index(node)] *= factor
-    v = np.outer(np.ones(n), w) * wl["bytes_per_peer"]
-    np.fill_diagonal(v, 0)
-    return np.round(v).astype(np.int64)
+
+    def mat(w):
+        v = np.outer(np.ones(n), w) * wl["bytes_per_peer"]
+        np.fill_diagonal(v, 0)
+        return np.round(v).astype(np.int64)
+    if wl.get("_hot_window") is not None:
+        wl["_vol_base"] = mat(w0)      # the iterations outside the hot expert's window
+    return mat(w)
+
+
+def hot_active(wl, t) -> bool:
+    """The hot expert's volumes apply to an iteration / token starting at t."""
+    win = wl.get("_hot_window")
+    return win is None or win[0] <= t < win[1]
 
 
 class AllToAll:
@@ -310,6 +414,8 @@ class AllToAll:
         for i in range(n):
             s = mem[i]
             slots = [t0 + job.lag_ns[s]] * slots_n
+            if job.timed_lag:
+                slots = [x + job.extra_lag(s, t0, True, sends=False) for x in slots]
             for k, dlt in enumerate(self.order):
                 j = (i + dlt) % n
                 b = int(vol[i, j])
@@ -317,7 +423,9 @@ class AllToAll:
                 sizes = [min(chunk, b - o) for o in range(0, b, chunk)] or [0]
                 si = min(range(slots_n), key=lambda x: slots[x])
                 t = slots[si] + (hop_ns if k >= slots_n else 0.0)
-                rate = job.rate(s, mem[j], 1.0 / slots_n)
+                rate = job.rate(s, mem[j], 1.0 / slots_n, t)
+                if job.timed_lag:
+                    t += job.extra_lag(s, t, False)   # lag_per send: every peer's transfer
                 for m, sz in enumerate(sizes):
                     fwd, rev = self.conns[(i, j, m % (self.channels * self.qps))]
                     t = job.send(fwd, rev, t, sz, rate, va=(m % 8) * 128 * KiB)
@@ -333,9 +441,10 @@ def all_to_all(job, wl):
     vol = volume_matrix(job, wl)
     starts = iteration_starts(job, wl)
     for t0 in starts:
-        e = a2a.run(t0, vol, wl["inflight"], wl["hop_us"] * 1e3)
+        v = vol if hot_active(wl, t0) else wl["_vol_base"]
+        e = a2a.run(t0, v, wl["inflight"], wl["hop_us"] * 1e3)
         if wl.get("combine"):
-            a2a.run(e + wl["hop_us"] * 1e3 * 5, vol.T.copy(), wl["inflight"], wl["hop_us"] * 1e3)
+            a2a.run(e + wl["hop_us"] * 1e3 * 5, v.T.copy(), wl["inflight"], wl["hop_us"] * 1e3)
     job.groups[group]["details"] = {
         "channels": wl["channels"], "peer_order_delta": a2a.order,
         "volume_matrix": vol.tolist(), "combine": bool(wl.get("combine")),
@@ -359,12 +468,17 @@ def p2p_pipeline(job, wl):
     Mb = int(wl["microbatches"])
     tf = np.full(S, wl["fwd_us"] * 1e3)
     tb = np.full(S, wl["bwd_us"] * 1e3)
+    tf0, tb0 = tf.copy(), tb.copy()
     for s, f in (wl.get("_slow_stage") or {}).items():
         tf[s] *= f
         tb[s] *= f
+    win = wl.get("_slow_stage_window")   # (since, until): the slow stage only in iterations starting then
+    tf1, tb1 = tf, tb
     starts = iteration_starts(job, wl)
     link_busy = {}
     for t0 in starts:
+        if win is not None:
+            tf, tb = (tf1, tb1) if win[0] <= t0 < win[1] else (tf0, tb0)
         # forward (GPipe-style): stage s computes mb m when it has it and is free
         done = np.zeros((S, Mb))
         recv = np.full((S, Mb), t0)
@@ -376,7 +490,7 @@ def p2p_pipeline(job, wl):
                 if s < S - 1:
                     fwd, rev = conns_f[s]
                     t = max(done[s, m], link_free[s])
-                    rate = job.rate(mem[s], mem[s + 1])
+                    rate = job.rate(mem[s], mem[s + 1], 1.0, t)
                     for sz in sizes:
                         t = job.send(fwd, rev, t, sz, rate, va=(m % 8) * chunk)
                     link_busy.setdefault(("f", s), []).append((max(done[s, m], link_free[s]), t))
@@ -393,7 +507,7 @@ def p2p_pipeline(job, wl):
                 if s > 0:
                     fwd, rev = conns_b[s - 1]
                     t = max(bdone[s, m], blink_free[s - 1])
-                    rate = job.rate(mem[s], mem[s - 1])
+                    rate = job.rate(mem[s], mem[s - 1], 1.0, t)
                     for sz in sizes:
                         t = job.send(fwd, rev, t, sz, rate, va=(m % 8) * chunk)
                     link_busy.setdefault(("b", s - 1), []).append(
@@ -437,6 +551,7 @@ def tp_decode(job, wl):
     hop = wl["hop_us"] * 1e3
     n_coll = 0
     prefills = []
+    sync = wl.get("step_sync", "dataflow")
     for tok in range(int(wl["tokens"])):
         t_tok = t
         if wl.get("prefill_every") and tok % int(wl["prefill_every"]) == 0:
@@ -444,7 +559,7 @@ def tp_decode(job, wl):
             for _ in range(L):
                 for _ in range(2):
                     tp = ring.allreduce(tp + wl["layer_compute_us"] * 1e3 * 4,
-                                        wl["prefill_bytes"], "simple", hop)
+                                        wl["prefill_bytes"], "simple", hop, sync=sync)
                     n_coll += 1
             prefills.append([int(t), int(tp)])
             t_tok = tp
@@ -452,7 +567,7 @@ def tp_decode(job, wl):
         slot = (tok_ns - (t_tok - t)) / (2 * L) if t_tok - t < tok_ns else wl["layer_compute_us"] * 1e3
         for _ in range(L):
             for _ in range(2):
-                e = ring.allreduce(tl + wl["layer_compute_us"] * 1e3, wl["ar_bytes"], "ll", hop)
+                e = ring.allreduce(tl + wl["layer_compute_us"] * 1e3, wl["ar_bytes"], "ll", hop, sync=sync)
                 n_coll += 1
                 tl = max(e, tl + slot)
         t = max(t + tok_ns, tl)
@@ -465,6 +580,8 @@ def tp_decode(job, wl):
         "prefill_bursts_ns": prefills,
         "ring": [job.ip_str[m] for m in mem],
     }
+    if "step_sync" in wl:
+        job.groups[group]["details"]["step_sync"] = sync
     return group
 
 
@@ -482,9 +599,10 @@ def moe_decode(job, wl):
     n = 0
     for tok in range(int(wl["tokens"])):
         tl = t
+        v = vol if hot_active(wl, t) else wl["_vol_base"]
         for _ in range(L):
-            e = a2a.run(tl + wl["layer_compute_us"] * 1e3, vol, wl["inflight"], hop)
-            e = a2a.run(e + wl["layer_compute_us"] * 1e3, vol.T.copy(), wl["inflight"], hop)
+            e = a2a.run(tl + wl["layer_compute_us"] * 1e3, v, wl["inflight"], hop)
+            e = a2a.run(e + wl["layer_compute_us"] * 1e3, v.T.copy(), wl["inflight"], hop)
             n += 2
             tl = e
         t = max(t + tok_ns, tl)

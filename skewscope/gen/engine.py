@@ -15,6 +15,18 @@ DSCP_ROCE = 26
 DSCP_CNP = 48
 
 
+def window(pat: dict) -> tuple[float, float]:
+    """(since, until) model ns of a pathology's `since_ms` / `until_ms` (-inf / +inf when
+    null or absent): the pathology is active for sends ready in [since, until)."""
+    a, b = pat.get("since_ms"), pat.get("until_ms")
+    return (-np.inf if a is None else float(a) * 1e6, np.inf if b is None else float(b) * 1e6)
+
+
+def timed(pat: dict) -> bool:
+    """The pathology has an onset or an offset."""
+    return pat.get("since_ms") is not None or pat.get("until_ms") is not None
+
+
 def _merge(blocks):
     """Blocking windows (node, start, end) sorted, overlapping ones of a node merged."""
     out = []
@@ -44,6 +56,11 @@ class Job:
         self.rate_factor = np.ones(n)       # straggler: fraction of normal send rate
         self.lag_ns = np.zeros(n)           # straggler: late start of every step
         self.pair_rate = {}                 # (src, dst) -> extra factor (congestion)
+        # pathologies with an onset/offset (since_ms/until_ms) or a lag on every send
+        # (lag_per: send): [(since_ns, until_ns, ...)] in model time; empty = the default,
+        # untimed behaviour above (byte-identical output)
+        self.timed_lag = {}                 # node -> [(since, until, lag_ns, per_send)]
+        self.timed_rate = []                # [(since, until, src or None, dst or None, factor)]
         self.mtu = sc["mtu"]
         self.hdr_len = (14 + (4 if sc["vlan"] is not None else 0) + (40 if self.ipv6 else 20) + 8)
         self.eff = sc["efficiency"]
@@ -66,6 +83,7 @@ class Job:
         self.down_blocks = []
         self.loss_specs = []    # (list of paths, prob, count, index into pathologies)
         self.ce_specs = []      # (list of paths, fraction, index)
+        self.spec_windows = {}  # ("ce" | "loss", index) -> (since, until) model ns (timed)
         self.pfc_frames = []    # (t_ns, node, prio_mask, quanta)
         self.bg = []            # (t_ns, path, plen)
         self.groups = []
@@ -115,10 +133,26 @@ class Job:
                             "details": details})
         return gid
 
-    def rate(self, src: int, dst: int, share: float = 1.0) -> float:
-        """Pacing rate (bit/s) of one flow from src that gets `share` of src's link."""
+    def rate(self, src: int, dst: int, share: float = 1.0, t: float | None = None) -> float:
+        """Pacing rate (bit/s) of one flow from src that gets `share` of src's link; `t`
+        (model ns, the send's ready time): timed rate factors active then apply too."""
         r = self.link_bps[src] * self.eff * share * self.rate_factor[src]
-        return r * self.pair_rate.get((src, dst), 1.0)
+        r = r * self.pair_rate.get((src, dst), 1.0)
+        if t is not None and self.timed_rate:
+            for a, b, s_, d_, f in self.timed_rate:
+                if a <= t < b and (s_ is None or s_ == src) and (d_ is None or d_ == dst):
+                    r = r * f
+        return r
+
+    def extra_lag(self, node: int, t: float, first: bool, sends: bool = True) -> float:
+        """Timed / per-send lag (ns) of `node` for a send ready at model time t: the lags
+        active at t that apply to every send (unless not `sends`), or (first piece of a
+        step) to the step."""
+        out = 0.0
+        for a, b, lag, per_send in self.timed_lag.get(node, ()):
+            if a <= t < b and ((first and not per_send) or (per_send and sends)):
+                out += lag
+        return out
 
     def wire_bytes(self, size: int) -> int:
         n = max(1, -(-size // self.mtu))
@@ -226,6 +260,12 @@ class Job:
             if not cand:
                 continue
             cand = np.concatenate(cand)
+            win = self.spec_windows.get(("loss", pidx))
+            if win is not None:   # timed: packets of messages that start in [since, until)
+                ts_ = m_t0[msg[cand]]
+                cand = cand[(ts_ >= win[0]) & (ts_ < win[1])]
+                if not cand.size:
+                    continue
             if count:
                 k = min(count, cand.size)
                 sel = np.sort(self.rng.choice(cand, size=k, replace=False))
@@ -344,6 +384,9 @@ class Job:
         data_op = (req["opcode"] != F.WRITE_ONLY) | (req["plen"] != 64)
         for paths, frac, pidx in self.ce_specs:
             sel = np.isin(mp, np.array(paths, dtype=np.int64)) & data_op
+            win = self.spec_windows.get(("ce", pidx))
+            if win is not None:   # timed: CE marks on packets sent in [since, until)
+                sel &= (t_up >= win[0]) & (t_up < win[1])
             idx = np.nonzero(sel)[0]
             hit = idx[self.rng.random(idx.size) < frac]
             if sc["ecn"] != "none":

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.gen import collectives as C
+from skewscope.gen.engine import timed, window
 
 KiB = 1 << 10
 # kind names the analysis reports (truth["inference"]["expected_kinds"/"absent_kinds"])
@@ -105,13 +106,20 @@ class EgressQueue:
 
 
 # ------------------------------------------------------------------ TP decode
-def _ring_schedule(job, mem, sizes, t0, lag, hop, queues, channels, emit=None):
+def _ring_schedule(job, mem, sizes, t0, lag, hop, queues, channels, emit=None, sync="dataflow",
+                   tlag=None):
     """One ring all-reduce (2(N-1) steps, `sizes` pieces per step per channel).  A rank's
     step-k piece j starts when its own previous piece left and piece j of step k-1 arrived
     from its predecessor (+hop), plus its lag (first piece of every step); a piece into a
     node whose downlink holds a KV queue ends that much later.  `emit(c, l, j, t, size,
-    rate)` is called per message when given.  Returns the end time."""
+    rate)` is called per message when given.  Returns the end time.  `sync="barrier"`:
+    step k of every rank starts when every rank's step k-1 (all channels) has arrived
+    (+hop); `tlag`: {node: [(since, until, lag, per_send)]} lags by the send's ready time
+    (slow_tp_shard with since_ms / until_ms / lag_per: send)."""
     n = len(mem)
+    if sync == "barrier" or tlag:
+        return _ring_schedule_general(job, mem, sizes, t0, lag, hop, queues, channels, emit,
+                                      sync == "barrier", tlag or {})
     end_all = t0
     for c in range(channels):
         free = [t0] * n
@@ -148,12 +156,65 @@ def _ring_schedule(job, mem, sizes, t0, lag, hop, queues, channels, emit=None):
     return end_all
 
 
-def _tp_tokens(job, wl, mem, sizes, lag, queues, jit, emit=None):
+def _tlag_at(tlag, node, t, first):
+    out = 0.0
+    for a, b, lg, per_send in tlag.get(node, ()):
+        if a <= t < b and (first or per_send):
+            out += lg
+    return out
+
+
+def _ring_schedule_general(job, mem, sizes, t0, lag, hop, queues, channels, emit, barrier, tlag):
+    """_ring_schedule with a barrier between steps and/or timed / per-send lags."""
+    n = len(mem)
+    free = [[t0] * n for _ in range(channels)]
+    prev = [None] * channels
+    bar = t0
+    for k in range(2 * n - 2):
+        step_end = bar
+        for c in range(channels):
+            cur = [[0.0] * len(sizes) for _ in range(n)]
+            for l in range(n):
+                s, d = mem[l], mem[(l + 1) % n]
+                for j, sz in enumerate(sizes):
+                    t = free[c][l]
+                    if barrier:
+                        if k > 0:
+                            t = max(t, bar + hop)
+                    elif prev[c] is not None:
+                        t = max(t, prev[c][(l - 1) % n][j] + hop)
+                    ready = t
+                    if j == 0:
+                        t += lag.get(s, 0.0)
+                    t += _tlag_at(tlag, s, ready, j == 0)
+                    rate = job.rate(s, d, 1.0 / channels, ready)
+                    lead = job.cts_lead_ns
+                    qs = queues.get(s)
+                    if qs is not None:
+                        tc = t - lead
+                        tq = tc + qs.delay(tc) + 2 * job.sc["prop_ns"] + 400.0
+                        if tq > t:
+                            lead += tq - t
+                            t = tq
+                    if emit is not None:
+                        emit(c, l, j, t, sz, rate, lead)
+                    e = t + job.duration_ns(sz, rate)
+                    free[c][l] = e
+                    q = queues.get(d)
+                    cur[l][j] = e + (q.delay(t) if q is not None else 0.0)
+            prev[c] = cur
+            step_end = max(step_end, max(max(r) for r in cur))
+        bar = step_end
+    return bar
+
+
+def _tp_tokens(job, wl, mem, sizes, lag, queues, jit, emit=None, tlag=None):
     L, A, T = int(wl["layers"]), int(wl["allreduces_per_layer"]), int(wl["tokens"])
     hop = wl["hop_us"] * 1e3
     comp = wl["layer_compute_us"] * 1e3
     gap = wl["compute_gap_us"] * 1e3
     t = wl["start_ms"] * 1e6 + 50_000.0
+    sync = wl.get("step_sync", "dataflow")
     starts, ends = [], []
     for tok in range(T):
         starts.append(t)
@@ -162,7 +223,8 @@ def _tp_tokens(job, wl, mem, sizes, lag, queues, jit, emit=None):
             if i:
                 tl += comp
             tl = _ring_schedule(job, mem, sizes, tl, lag, hop, queues, wl["channels"],
-                                None if emit is None else (lambda *a, _i=i, _tok=tok: emit(_tok, _i, *a)))
+                                None if emit is None else (lambda *a, _i=i, _tok=tok: emit(_tok, _i, *a)),
+                                sync=sync, tlag=tlag)
         ends.append(tl)
         t = tl + max(0.0, gap + jit[tok])
     return starts, ends
@@ -204,11 +266,12 @@ def decode_tp(job, wl):
         finally:
             job.cts_lead_ns = keep
 
-    starts, ends = _tp_tokens(job, wl, mem, sizes, lag, queues, jit, emit)
+    tlag = wl.get("_tlag") or {}
+    starts, ends = _tp_tokens(job, wl, mem, sizes, lag, queues, jit, emit, tlag)
     # counterfactuals (not emitted): without the slow shard and the KV queues / without
     # the KV queues only
-    healthy = _tp_tokens(job, wl, mem, sizes, {}, {}, jit)[0] if lag or queues else starts
-    quiet = _tp_tokens(job, wl, mem, sizes, lag, {}, jit)[0] if queues else starts
+    healthy = _tp_tokens(job, wl, mem, sizes, {}, {}, jit)[0] if lag or queues or tlag else starts
+    quiet = _tp_tokens(job, wl, mem, sizes, lag, {}, jit, tlag=tlag)[0] if queues else starts
     steps = 2 * (n - 1)
     colls = int(wl["layers"]) * int(wl["allreduces_per_layer"])
     det = {
@@ -226,6 +289,8 @@ def decode_tp(job, wl):
         "interference_nodes": sorted(job.ip_str[d] for d in queues),
         "collectives": T * colls,
     }
+    if "step_sync" in wl:
+        det["step_sync"] = wl["step_sync"]
     job.groups[group]["details"] = det
     wl["_period_s"] = det["token_period_s"]
     wl["_group"] = group
@@ -300,10 +365,17 @@ def decode_ep(job, wl):
     windows = _hot_windows(wl, n)
     t = wl["start_ms"] * 1e6 + 50_000.0
     starts, ends, wout = [], [], []
-    for (a, b, hidx, f) in windows:
-        vol = _ep_matrix(n, B, hidx, f)
-        w0 = t
+    hwin = (wl.get("_hot_dest") or {}).get("window")   # (since, until) of a timed hot destination
+    segs = []          # [first_token, end_token, hot index or None, factor, start_ns]
+    for wi, (a, b, hidx, f) in enumerate(windows):
         for tok in range(a, b):
+            on = hidx is not None and (hwin is None or hwin[0] <= t < hwin[1])
+            key = (wi, on)
+            if not segs or segs[-1][5] != key:
+                segs.append([tok, tok + 1, hidx if on else None, f if on else 1.0, t, key])
+            else:
+                segs[-1][1] = tok + 1
+            vol = _ep_matrix(n, B, segs[-1][2], segs[-1][3])
             starts.append(t)
             tl = t
             for _ in range(L):
@@ -313,12 +385,14 @@ def decode_ep(job, wl):
             ends.append(tl)
             j = float(job.rng.normal(0.0, float(wl["jitter"]) * gap)) if wl["jitter"] else 0.0
             t = tl + max(0.0, gap + j)
+    for a, b, hidx, f, w0, _ in segs:
+        vol = _ep_matrix(n, B, hidx, f)
         db = vol.sum(axis=0).astype(float)
         sb = vol.sum(axis=1).astype(float)
         wout.append({
             "first_token": a, "end_token": b,
             "hot": None if hidx is None else job.ip_str[mem[hidx]],
-            "start_ns": int(w0), "end_ns": int(ends[-1]),
+            "start_ns": int(w0), "end_ns": int(ends[b - 1]),
             "volume_matrix": vol.tolist(),
             "dispatch_dest_share": {job.ip_str[mem[i]]: round(db[i] / db.sum(), 6) for i in range(n)},
             "combine_src_share": {job.ip_str[mem[i]]: round(db[i] / db.sum(), 6) for i in range(n)},
@@ -427,7 +501,7 @@ def kv_transfer(job, wl):
             blocks = [int(x) * 4096 for x in job.rng.integers(lo, max(lo, hi) + 1, size=nb)]
         st = max(arrivals[r] + wl["prefill_us"] * 1e3, free[p])
         t = st
-        rate = job.rate(p, d)
+        rate = job.rate(p, d, 1.0, st)
         cl = conns[(p, d)]
         for m, sz in enumerate(blocks):
             fwd, rev = cl[(r * nb + m) % qps]
@@ -485,7 +559,12 @@ def prepare(job, sc, pat) -> None:
         for w in hit:
             if w["kind"] == "tp_decode":
                 raise ValueError("slow_tp_shard: use a decode_tp workload (tp_decode takes a straggler)")
-            w.setdefault("_lag", {})[pat["node"]] = pat["lag_us"] * 1e3
+            if timed(pat) or pat.get("lag_per", "step") == "send":
+                a, b = window(pat)
+                w.setdefault("_tlag", {}).setdefault(pat["node"], []).append(
+                    (a, b, pat["lag_us"] * 1e3, pat.get("lag_per") == "send"))
+            else:
+                w.setdefault("_lag", {})[pat["node"]] = pat["lag_us"] * 1e3
     elif k == "hot_destination":
         hit = [w for w in wls if w["kind"] == "decode_ep" and pat["node"] in w["members"]]
         if not hit:
@@ -497,7 +576,8 @@ def prepare(job, sc, pat) -> None:
                 raise ValueError("hot_destination: drift_to nodes must be members")
             w["_hot_dest"] = {"idx": m.index(pat["node"]), "factor": pat["factor"],
                               "drift_after_tokens": pat["drift_after_tokens"],
-                              "drift_to": None if to is None else [m.index(x) for x in to]}
+                              "drift_to": None if to is None else [m.index(x) for x in to],
+                              "window": window(pat) if timed(pat) else None}
     elif k == "pd_imbalance":
         hit = [w for w in wls if w["kind"] == "kv_transfer"]
         if not hit:
@@ -515,7 +595,10 @@ def prepare(job, sc, pat) -> None:
         if pat["src"] == pat["dst"]:
             raise ValueError("kv_transfer_slow: src and dst must differ")
         pr = (pat["src"], pat["dst"])
-        job.pair_rate[pr] = job.pair_rate.get(pr, 1.0) * float(pat["rate_factor"])
+        if timed(pat):
+            job.timed_rate.append((*window(pat), pr[0], pr[1], float(pat["rate_factor"])))
+        else:
+            job.pair_rate[pr] = job.pair_rate.get(pr, 1.0) * float(pat["rate_factor"])
     elif k == "rotating_straggler":
         hit = [w for w in wls if w["kind"] == "ring_allreduce"]
         if not hit:
@@ -542,6 +625,12 @@ def prepare(job, sc, pat) -> None:
         w["_iter_lag"] = per
         w["_iter_lag_first_only"] = not pat["every_step"]
         w["_gates"] = gates
+        if pat.get("lag_per") == "send":
+            w["_iter_lag_per_send"] = True
+        if timed(pat):
+            # the late rank only in the iterations starting in [since, until)
+            w["_iter_lag_window"] = window(pat)
+            w["_iter_gate_nodes"] = gates
 
 
 def finish(job, sc, pat, entities):
@@ -556,7 +645,8 @@ def finish(job, sc, pat, entities):
         paths = [p for p in job.paths_between(group=[w["_group"]]) if job.p_src[p] == node]
         ent = entities(job, paths, ips=[node])
         per_tok = d["allreduces_per_token"] * d["steps_per_allreduce"]
-        mag = {"lag_us": pat["lag_us"], "lag_per_step_us": pat["lag_us"],
+        per_step = pat["lag_us"] * (d["messages_per_step_per_link"] if pat.get("lag_per") == "send" else 1)
+        mag = {"lag_us": pat["lag_us"], "lag_per_step_us": per_step,
                "steps_per_token": per_tok, "tokens": d["tokens"],
                "token_period_s": d["token_period_s"],
                "token_period_healthy_s": d["token_period_healthy_s"],
@@ -567,21 +657,23 @@ def finish(job, sc, pat, entities):
         d = job.groups[w["_group"]]["details"]
         hots = []
         for win in d["windows"]:
-            if win["hot"] not in hots:
+            if win["hot"] is not None and win["hot"] not in hots:
                 hots.append(win["hot"])
+        if not hots:
+            raise ValueError("hot_destination: no token starts inside since_ms..until_ms")
         idx = [job.ip_str.index(h) for h in hots]
         paths = [p for p in job.paths_between(group=[w["_group"]]) if job.p_dst[p] in idx]
         ent = entities(job, paths, ips=idx)
-        first = d["windows"][0]
+        first = [x for x in d["windows"] if x["hot"] is not None][0]
         mag = {"factor": pat["factor"], "hot": first["hot"],
                "dispatch_dest_share": first["dispatch_dest_share"][first["hot"]],
                "combine_src_share": first["combine_src_share"][first["hot"]],
                "alltoalls": d["alltoalls"], "alltoalls_per_token": d["alltoalls_per_token"],
-               "tokens": d["tokens"], "drift": len(d["windows"]) > 1,
+               "tokens": d["tokens"], "drift": sum(x["hot"] is not None for x in d["windows"]) > 1,
                "windows": [{"first_token": x["first_token"], "end_token": x["end_token"],
                             "hot": x["hot"], "start_ns": x["start_ns"], "end_ns": x["end_ns"],
-                            "dispatch_dest_share": x["dispatch_dest_share"][x["hot"]],
-                            "combine_src_share": x["combine_src_share"][x["hot"]]}
+                            "dispatch_dest_share": None if x["hot"] is None else x["dispatch_dest_share"][x["hot"]],
+                            "combine_src_share": None if x["hot"] is None else x["combine_src_share"][x["hot"]]}
                            for x in d["windows"]],
                "group": w["_group"], "members": job.groups[w["_group"]]["members"]}
         return ent, mag, ["hot_destination", "alltoall_destination_skew"]
@@ -606,13 +698,16 @@ def finish(job, sc, pat, entities):
         key = f"{job.ip_str[a]}->{job.ip_str[b]}"
         mag = {"link": key, "src": job.ip_str[a], "dst": job.ip_str[b],
                "rate_factor": pat["rate_factor"],
-               "rate_gbps": round(job.rate(a, b) / 1e9, 4),
-               "normal_rate_gbps": round(job.rate(a, b) / pat["rate_factor"] / 1e9, 4),
+               "rate_gbps": round(job.rate(a, b) / 1e9 * (pat["rate_factor"] if timed(pat) else 1.0), 4),
+               "normal_rate_gbps": round(job.rate(a, b) / (1.0 if timed(pat) else pat["rate_factor"]) / 1e9, 4),
                "messages": gd["pair_messages"].get(key, 0), "bytes": gd["pair_bytes"].get(key, 0)}
         return ent, mag, ["kv_transfer_slow"]
     if k == "rotating_straggler":
         w = [w for w in wls if w["kind"] == "ring_allreduce"][0]
         gates = w["_gates"]
+        act = w.get("_gates_active")
+        if act is not None:   # timed: no late rank outside the window
+            gates = [g_ for g_, a_ in zip(gates, act) if a_]
         ips = []
         for gnode in gates:
             if gnode not in ips:
@@ -624,7 +719,8 @@ def finish(job, sc, pat, entities):
         det = job.groups[gid]["details"]
         mag = {"lag_us": pat["lag_us"], "noise_us": pat["noise_us"],
                "every_step": bool(pat["every_step"]),
-               "gating_rank_per_iteration": [job.ip_str[x] for x in gates],
+               "gating_rank_per_iteration": [job.ip_str[x] for x in gates] if act is None else
+               [job.ip_str[x] if a_ else None for x, a_ in zip(w["_gates"], act)],
                "iterations": len(gates), "distinct_gates": len(ips),
                "max_iterations_same_rank": max(cnt.values()),
                "persistent_straggler": None,

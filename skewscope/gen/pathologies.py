@@ -10,6 +10,7 @@ import numpy as np
 
 from skewscope.gen import collectives as C
 from skewscope.gen import inference as I
+from skewscope.gen.engine import EPOCH_NS, timed, window
 
 KINDS = ("straggler", "hot_expert", "incast", "congestion", "loss", "pfc_pause",
          "pipeline_bubble", "slow_link") + I.PATHOLOGY_KINDS
@@ -47,32 +48,57 @@ def prepare(job, sc):
         if k in I.PATHOLOGY_KINDS:  # inference workloads (issue 12)
             I.prepare(job, sc, pat)
         elif k == "straggler":
-            job.rate_factor[pat["node"]] *= pat["rate_factor"]
-            job.lag_ns[pat["node"]] += pat["start_lag_us"] * 1e3
+            node = pat["node"]
+            a, b = window(pat)
+            if timed(pat):
+                job.timed_rate.append((a, b, node, None, pat["rate_factor"]))
+            else:
+                job.rate_factor[node] *= pat["rate_factor"]
+            if timed(pat) or pat.get("lag_per") == "send":
+                job.timed_lag.setdefault(node, []).append(
+                    (a, b, pat["start_lag_us"] * 1e3, pat.get("lag_per") == "send"))
+            else:
+                job.lag_ns[node] += pat["start_lag_us"] * 1e3
         elif k == "slow_link" and pat["mode"] == "slow":
-            job.link_bps[pat["node"]] *= pat["speed_factor"]
+            if timed(pat):
+                # a link slow for a while: every flow from and to the node paces at the
+                # factor in the window (the serialisers keep the full speed)
+                a, b = window(pat)
+                job.timed_rate.append((a, b, pat["node"], None, pat["speed_factor"]))
+                job.timed_rate.append((a, b, None, pat["node"], pat["speed_factor"]))
+            else:
+                job.link_bps[pat["node"]] *= pat["speed_factor"]
         elif k == "congestion":
             for pr in _pairs(job, pat):
-                job.pair_rate[pr] = job.pair_rate.get(pr, 1.0) * pat["rate_factor"]
+                if timed(pat):
+                    job.timed_rate.append((*window(pat), pr[0], pr[1], pat["rate_factor"]))
+                else:
+                    job.pair_rate[pr] = job.pair_rate.get(pr, 1.0) * pat["rate_factor"]
         elif k == "hot_expert":
             for wl in sc["workloads"]:
                 if wl["kind"] in ("all_to_all", "moe_decode") and pat["node"] in wl["members"]:
                     wl.setdefault("_hot", {})[pat["node"]] = pat["factor"]
+                    if timed(pat):
+                        wl["_hot_window"] = window(pat)
         elif k == "pipeline_bubble":
             wls = [w for w in sc["workloads"] if w["kind"] == "p2p_pipeline"]
             if not wls:
                 raise ValueError("pipeline_bubble needs a p2p_pipeline workload")
             wls[0].setdefault("_slow_stage", {})[pat["stage"]] = pat["compute_factor"]
+            if timed(pat):
+                wls[0]["_slow_stage_window"] = window(pat)
 
 
 def finish(job, sc):
     for idx, pat in enumerate(sc["pathologies"]):
         k = pat["kind"]
         ent, mag = {}, {}
+        a_, b_ = window(pat)
         if k in I.PATHOLOGY_KINDS:
             ent, mag, det = I.finish(job, sc, pat, _entities)
-            job.pathologies.append({"kind": k, "entities": ent, "magnitude": mag,
-                                    "detector_kinds": det})
+            _lag_per(pat, mag)
+            job.pathologies.append(_when(pat, {"kind": k, "entities": ent, "magnitude": mag,
+                                               "detector_kinds": det}))
             continue
         if k == "straggler":
             node = pat["node"]
@@ -98,6 +124,8 @@ def finish(job, sc):
             times = []
             for r in range(int(pat["repeat"])):
                 t0 = (pat["at_ms"] + r * pat["period_ms"]) * 1e6 + 50_000.0
+                if not a_ <= t0 < b_:
+                    continue                  # only the bursts in [since, until)
                 times.append(int(t0))
                 for s in snd:
                     t = t0
@@ -110,10 +138,13 @@ def finish(job, sc):
                                           "bytes_per_sender": nb, "burst_starts_ns": times}
             paths = [c[0] for s in snd for c in conns[s]]
             ent = _entities(job, paths, ips=[tgt] + list(snd))
-            mag = {"degree": len(snd), "bytes_per_sender": nb, "bursts": int(pat["repeat"])}
+            mag = {"degree": len(snd), "bytes_per_sender": nb,
+                   "bursts": len(times) if timed(pat) else int(pat["repeat"])}
         elif k == "congestion":
             paths = _data_paths(job, _pairs(job, pat))
             job.ce_specs.append((paths, pat["ce_fraction"], idx))
+            if timed(pat):
+                job.spec_windows[("ce", idx)] = (a_, b_)
             ent = _entities(job, paths)
             # the CNP target is the data sender's QP
             ent["qps"] = sorted({job.p_sqp[p] for p in paths})
@@ -121,6 +152,8 @@ def finish(job, sc):
         elif k == "loss":
             paths = _data_paths(job, _pairs(job, pat))
             job.loss_specs.append((paths, pat.get("probability", 0.0), pat.get("count", 0), idx))
+            if timed(pat):
+                job.spec_windows[("loss", idx)] = (a_, b_)
             ent = _entities(job, paths)
             mag = {"probability": pat.get("probability", 0.0), "count": pat.get("count", 0)}
         elif k == "pfc_pause":
@@ -128,13 +161,16 @@ def finish(job, sc):
             quanta = int(pat["quanta"])
             pause_ns = quanta * 512 / job.link_bps[node] * 1e9
             t = pat["start_ms"] * 1e6 + 50_000.0
+            n_before = len(job.pfc_frames)
             for _ in range(int(pat["count"])):
-                job.pfc_frames.append((t, node, 1 << prio, quanta))
-                job.down_blocks.append((node, t, t + pause_ns))
+                if a_ <= t < b_:
+                    job.pfc_frames.append((t, node, 1 << prio, quanta))
+                    job.down_blocks.append((node, t, t + pause_ns))
                 t += pat["interval_us"] * 1e3
             paths = [p for p in job.paths_between() if job.p_dst[p] == node]
             ent = _entities(job, paths, ips=[node])
-            mag = {"priority": prio, "frames": int(pat["count"]), "quanta": quanta,
+            mag = {"priority": prio, "frames": len(job.pfc_frames) - n_before
+                   if timed(pat) else int(pat["count"]), "quanta": quanta,
                    "pause_us_each": round(pause_ns / 1e3, 3),
                    "paused_us_total": round(_union(job.down_blocks, node) / 1e3, 3)}
         elif k == "pipeline_bubble":
@@ -154,8 +190,9 @@ def finish(job, sc):
                 t = pat["start_ms"] * 1e6 + 50_000.0
                 for _ in range(int(pat["flaps"])):
                     t += pat["up_us"] * 1e3
-                    job.up_blocks.append((node, t, t + pat["down_us"] * 1e3))
-                    job.down_blocks.append((node, t, t + pat["down_us"] * 1e3))
+                    if a_ <= t < b_:
+                        job.up_blocks.append((node, t, t + pat["down_us"] * 1e3))
+                        job.down_blocks.append((node, t, t + pat["down_us"] * 1e3))
                     t += pat["down_us"] * 1e3
                 mag = {"mode": "flapping", "flaps": int(pat["flaps"]),
                        "down_us": pat["down_us"], "up_us": pat["up_us"]}
@@ -165,7 +202,23 @@ def finish(job, sc):
             paths = [p for p in job.paths_between()
                      if job.p_src[p] == node or job.p_dst[p] == node]
             ent = _entities(job, paths, ips=[node])
-        job.pathologies.append({"kind": k, "entities": ent, "magnitude": mag})
+        _lag_per(pat, mag)
+        job.pathologies.append(_when(pat, {"kind": k, "entities": ent, "magnitude": mag}))
+
+
+def _when(pat, rec) -> dict:
+    """Truth of a timed pathology: since_ns / until_ns (pcap ns, null = from the start /
+    to the end), only when the scenario gives since_ms or until_ms (older truth unchanged)."""
+    if "since_ms" in pat or "until_ms" in pat:
+        a, b = pat.get("since_ms"), pat.get("until_ms")
+        rec["since_ns"] = None if a is None else int(EPOCH_NS + round(float(a) * 1e6))
+        rec["until_ns"] = None if b is None else int(EPOCH_NS + round(float(b) * 1e6))
+    return rec
+
+
+def _lag_per(pat, mag) -> None:
+    if "lag_per" in pat:
+        mag["lag_per"] = pat["lag_per"]
 
 
 def _union(blocks, node) -> float:

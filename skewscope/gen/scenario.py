@@ -86,6 +86,20 @@ PATHOLOGIES = {
     "rotating_straggler": dict(lag_us=200.0, order=None, noise_us=0.0, every_step=False),
 }
 PAT_SIZE_KEYS = {"bytes"}
+#: optional keys: not filled in when absent (a scenario without them normalises, and its
+#: truth reads, exactly as before they existed); their defaults are applied where used.
+#: step_sync: "dataflow" (default) | "barrier"; since_ms / until_ms: null (default) or model
+#: ms, the pathology active for [since, until); lag_per: "step" (default) | "send"
+WORKLOAD_OPTIONAL = {"ring_allreduce": {"step_sync"}, "tree_allreduce": {"step_sync"},
+                     "tp_decode": {"step_sync"}, "decode_tp": {"step_sync"}}
+#: kinds whose effect has a time behaviour (since_ms / until_ms); pd_imbalance (a router
+#: weight) has none
+TIMED_KINDS = ("straggler", "hot_expert", "incast", "congestion", "loss", "pfc_pause",
+               "pipeline_bubble", "slow_link", "slow_tp_shard", "hot_destination",
+               "kv_transfer_slow", "rotating_straggler")
+LAG_PER_KINDS = ("straggler", "slow_tp_shard", "rotating_straggler")
+PAT_OPTIONAL = {k: ({"since_ms", "until_ms"} if k in TIMED_KINDS else set())
+                | ({"lag_per"} if k in LAG_PER_KINDS else set()) for k in PATHOLOGIES}
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6,
           "mib": 1 << 20, "g": 10**9, "gb": 10**9, "gib": 1 << 30}
 
@@ -103,8 +117,8 @@ def parse_size(v, what="size") -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def _fill(d: dict, defaults: dict, where: str) -> dict:
-    unknown = set(d) - set(defaults) - {"kind"}
+def _fill(d: dict, defaults: dict, where: str, optional=frozenset()) -> dict:
+    unknown = set(d) - set(defaults) - {"kind"} - set(optional)
     if unknown:
         raise ScenarioError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
     out = copy.deepcopy(defaults)
@@ -153,7 +167,9 @@ def normalize(raw: dict) -> dict:
         d.update(WORKLOADS[w["kind"]])
         for k in INHERIT:
             d[k] = sc[k]
-        w = _fill(w, d, where)
+        w = _fill(w, d, where, WORKLOAD_OPTIONAL.get(w["kind"], ()))
+        if w.get("step_sync", "dataflow") not in ("dataflow", "barrier"):
+            raise ScenarioError(f"{where}: step_sync must be dataflow or barrier")
         for k in SIZE_KEYS & set(w):
             if w[k] is not None:  # None: derived (decode_tp ar_bytes) or unused
                 w[k] = parse_size(w[k], f"{where}.{k}")
@@ -178,7 +194,16 @@ def normalize(raw: dict) -> dict:
         where = f"pathologies[{i}]"
         if not isinstance(p, dict) or p.get("kind") not in PATHOLOGIES:
             raise ScenarioError(f"{where}: kind must be one of {', '.join(PATHOLOGIES)}")
-        p = _fill(p, PATHOLOGIES[p["kind"]], where)
+        p = _fill(p, PATHOLOGIES[p["kind"]], where, PAT_OPTIONAL[p["kind"]])
+        for k in ("since_ms", "until_ms"):
+            v = p.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+                raise ScenarioError(f"{where}.{k}: need null or a time >= 0 (ms of model time)")
+        if p.get("since_ms") is not None and p.get("until_ms") is not None \
+                and not p["until_ms"] > p["since_ms"]:
+            raise ScenarioError(f"{where}: until_ms must be after since_ms")
+        if p.get("lag_per", "step") not in ("step", "send"):
+            raise ScenarioError(f"{where}.lag_per: must be step or send")
         for k in PAT_SIZE_KEYS & set(p):
             p[k] = parse_size(p[k], f"{where}.{k}")
         for k in ("node", "target", "into", "from"):
