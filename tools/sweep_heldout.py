@@ -292,6 +292,13 @@ def _scenario(preset, nodes, i, wl=None, path=None, sync="dataflow", lag_per=Non
     return sc
 
 
+def _ring_period_ms(n: int, lag_us: float) -> float:
+    """Iteration period of a training ring whose member lags every one of its 2(n-1) steps:
+    long enough that the iterations do not overlap (a job does not start its next all-reduce
+    on the same connections before this one is done)."""
+    return max(8.0, 4.0 + 1.5 * 2 * (n - 1) * lag_us / 1000.0)
+
+
 def grid(quick: bool = False) -> list:
     """The sweep's cases. quick: a slice that runs in a few minutes (the unit/integration
     tests run a smaller one still)."""
@@ -344,15 +351,17 @@ def grid(quick: bool = False) -> list:
                     out.append(Case(nm, "straggler", "ring",
                                     _scenario("ring-straggler", n, k, wl=wl, sync=sync, lag_per=per,
                                               path={"node": n // 2, "start_lag_us": lag, "rate_factor": rate},
-                                              iterations=4, period_ms=8.0),
+                                              iterations=4, period_ms=_ring_period_ms(n, lag)),
                                     n, mag, sync, per))
             if not quick:
                 k += 1
                 wl = {"bytes": "2MiB", "channels": 2}
+                # onset: healthy for the first 2 of 4 iterations
                 out.append(Case(f"ring-straggler n{n} 300us {sync} onset", "straggler", "ring",
-                                _scenario("ring-straggler", n, k, wl=wl, sync=sync, onset_ms=16.0,
+                                _scenario("ring-straggler", n, k, wl=wl, sync=sync,
+                                          onset_ms=2 * _ring_period_ms(n, 300) - 1.0,
                                           path={"node": 1, "start_lag_us": 300, "rate_factor": 1.0},
-                                          iterations=4, period_ms=8.0),
+                                          iterations=4, period_ms=_ring_period_ms(n, 300)),
                                 n, "300us", sync, onset=True))
     # --- rotating straggler (a different rank late each iteration)
     for n in ((8,) if quick else (4, 8, 12)):

@@ -180,6 +180,8 @@ class FleetMatrix:
     # (src, dst, class) -> DPUs exporting the pair (count by ... of the raw series)
     exported_by: dict = field(default_factory=dict)
     clock: str = "unsynchronised"
+    # (n,): union of each source's outgoing data messages (NaN: no DPU exported it)
+    src_busy_seconds: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -211,7 +213,7 @@ def _ip_sort_key(s: str):
 
 
 #: the duration families of the per-node timing (metric, key in FleetMatrix.timing hist)
-TIMING_FAMILIES = ((M.NODE_FORWARD_LATENCY, "forward_latency"), (M.NODE_STEP, "step"),
+TIMING_FAMILIES = ((M.NODE_FORWARD_LATENCY, "forward_latency"), (M.NODE_OWN_LAG, "own_lag"), (M.NODE_STEP, "step"),
                    (M.NODE_COLLECTIVE, "collective"), (M.NODE_ITERATION, "iteration"))
 TIMING_PEER_FAMILIES = ((M.NODE_ARRIVAL_OFFSET, "arrival"), (M.NODE_START_OFFSET, "start"))
 CLOCKS = ("unsynchronised", "ptp")
@@ -316,6 +318,11 @@ class Fetcher:
         for m, v in dbusy:
             if m.get("dst") in pos:
                 db[pos[m["dst"]]] = v
+        # a source's own DPU sees all its sends: the largest view of its busy time
+        sb = np.full(n, np.nan)
+        for m, v in self.prom.query(self._raw(M.SOURCE_BUSY_SECONDS, "src", f'src!="{OVERFLOW}"'), at=self.at):
+            if m.get("src") in pos:
+                sb[pos[m["src"]]] = v
         frames = {m.get("category", "?"): v for m, v in self.scalar_by(M.FRAMES, "category")}
         pfc = {}
         for metric, key in ((M.PFC_PAUSE_FRAMES, "pause"), (M.PFC_RESUME_FRAMES, "resume"),
@@ -327,7 +334,8 @@ class Fetcher:
         not_over = f'src!="{OVERFLOW}"'
         exported_by = {(m.get("src"), m.get("dst"), m.get("class")): v for m, v in self.prom.query(
             f"count by (src, dst, class) ({M.PEER_BYTES.name}{_sel(self.selector, not_over)})", at=self.at)}
-        return FleetMatrix(ips=ips, by_class=pair, naks=naks, dst_busy_seconds=db, window_s=self.window_s, at=self.at,
+        return FleetMatrix(ips=ips, by_class=pair, naks=naks, dst_busy_seconds=db, src_busy_seconds=sb,
+                           window_s=self.window_s, at=self.at,
                            via_rules=self.via_rules, dpus=dpus, stale_dpus=stale, frames=frames, pfc=pfc,
                            flows_evicted=sum(v for _, v in ev), records_lost=sum(v for _, v in lost),
                            timing=self.fetch_timing(), exported_by=exported_by, clock=self.clock)
