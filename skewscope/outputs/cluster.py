@@ -440,7 +440,7 @@ class Fetcher:
 SEEN_BY_COUNTER = {"hot_destination": M.PEER_BYTES, "alltoall_destination_skew": M.PEER_BYTES,
                    "incast": M.PEER_BUSY_SECONDS, "ecn_congestion": M.PEER_CE_PACKETS,
                    "cnp_storm": M.PEER_CNP_PACKETS, "retransmissions": M.PEER_RETRANSMITTED_PACKETS,
-                   "nak_errors": M.PEER_NAKS}
+                   "nak_errors": M.PEER_NAKS, "straggler": M.PEER_MESSAGE_WIRE_SECONDS}
 def snapshot_of(fm: FleetMatrix, url: str) -> Snapshot:
     """The fleet matrix as a Snapshot whose flows are the (src, dst) pairs (dest_qp 0), so
     that report.to_dict gives the `report --json` shape. Counts are rounded to integers."""
@@ -508,7 +508,8 @@ def build_document(fm: FleetMatrix, url: str, fetcher: Fetcher | None = None, th
         for k, fd in enumerate(result["findings"]):
             link = fd.get("evidence", {}).get("link")
             if fd["kind"] == "ring_straggler" and link:
-                fd["evidence"]["seen_by"] = fetcher.observers(link[0], link[1])
+                fd["evidence"]["seen_by"] = fetcher.observers(link[0], link[1],
+                                                              fd["evidence"].get("traffic_class", "bulk"))
             elif "seen_by" not in fd["evidence"] and fd["kind"] in SEEN_BY_COUNTER and k < MAX_DRILLDOWNS:
                 fd["evidence"]["seen_by"] = fetcher.pair_observers(fd)
     doc = R.to_dict(snap, result)

@@ -514,13 +514,17 @@ def timing_fusion(inp, em):
         waited = np.array([max(own_late[i], count_gt(h[0], h[1], floor)) if h is not None else own_late[i]
                            for i, h in enumerate(fw_h)])
         own_lag = None
+        steps_mean = [_mean(e["hist"].get("step")) for e in ents if e and e["hist"].get("step") is not None]
+        step_med = float(np.nanmedian(steps_mean)) if np.isfinite(steps_mean).any() else 0.0
         if np.isfinite(own_sum).sum() >= 2 and np.nanmax(own_sum) > 0:
             k = int(np.nanargmax(own_sum))
             rest = np.delete(np.nan_to_num(own_sum, nan=0.0), k)
             share = own_late[k] / waited[k] if waited[k] else 0.0
             lag_k = own_sum[k] / own_late[k] if own_late[k] else 0.0
-            if own_late[k] >= t["min_steps"] and share >= 0.5 * inp.th["slow_tp_shard"]["last_share"] \
-                    and own_sum[k] >= OWN_DOMINANCE * float(rest.max(initial=0.0)) and lag_k > floor:
+            ts = inp.th["slow_tp_shard"]
+            if own_late[k] >= t["min_steps"] and share >= 0.5 * ts["last_share"] \
+                    and own_sum[k] >= OWN_DOMINANCE * float(rest.max(initial=0.0)) and lag_k > floor \
+                    and lag_k >= ts["lag_fraction"] * step_med:
                 blamed, why, own_lag = mem[k], "own_lag", float(lag_k)
         if blamed is None and np.isfinite(fwd).any() and np.isfinite(med) and med > 0:
             k = int(np.nanargmax(fwd))
@@ -690,8 +694,9 @@ DETECTORS = [
                  "message): link rate over active time / the ring median"),
     Detector("fleet_timing", fleet_timing, emits=("slow_tp_shard", "ring_straggler", "rotating_straggler"),
              needs=_FLEET, stage=35,
-             doc="per-node timing histograms: a ring member's own lag (late on its own in most steps it waited, "
-                 "its lag sum >= 2x any other member's), else its forward latency vs the group median, late "
+             doc="per-node timing histograms: a ring member's own lag (late on its own in >= half the share "
+                 "last_share of the steps it waited, its lag sum >= 2x any other member's, its mean lag >= "
+                 "slow_tp_shard.lag_fraction x the group's median step), else its forward latency vs the group median, late "
                  "collective starts seen by its own and its downstream's DPU; the cluster document's timing",
              extra=(("slow_tp_shard", Threshold("forward_ratio", 3.0, "ratio",
                                                 "fleet: a member's mean forward latency / the group median")),

@@ -14,8 +14,9 @@ upstream. So from one view:
   `own_lag`: min(forward latency, -arrival offset)): >= `min_lag_s` in >= `min_steps`
   steps that are >= `last_share` of the steps it waited in (forward latency >= the floor)
   between the first and the last such step (an onset, a recovery: since / until), their
-  median >= `lag_jitter` x their spread (a level, not noise crossing the floor) -- under
-  data-flow and barrier-synchronised step timing alike;
+  median >= `lag_jitter` x their spread (a level, not noise crossing the floor) and >=
+  slow_tp_shard.`lag_fraction` (0.1) x the node's median step (a constant few-us offset in
+  a long step costs nothing) -- under data-flow and barrier-synchronised step timing alike;
 * a late upstream (its same-step data arriving after the node's own send, in most steps)
   is `late_upstream`, info: the upstream is named as observed late, not blamed.
 
@@ -148,8 +149,11 @@ def own_view(inp, em):
             since, until, n_late, n_wait = ep
             inw = (tt >= since) & ((tt < until) if until is not None else True)
             lag, jitter = _level(own[late & inw])
+            step = (res["step_s"] or {}).get("p50")
             if lag < float(t["lag_jitter"]) * jitter:
                 ep = None           # exceedances of the floor that do not form a level: noise
+            elif step and lag < float(th["slow_tp_shard"]["lag_fraction"]) * step * 1e9:
+                ep = None           # a constant offset too small to cost the ring a measurable share
         if ep is not None:
             steps_per_it = len(own) / max(1, int(res["iterations"]))
             lost = lag * (n_late / n_wait) * steps_per_it / 1e9
