@@ -16,7 +16,8 @@ injected pathology found, on its entity; a healthy variant quiet):
   marked in cases(), shown and not counted).
 
     .venv/bin/python tools/sweep_heldout.py [--suite grid|presets|all] [--quick]
-        [--vantage fabric,node,fleet] [--filter 'TEXT|TEXT'] [--seeds 3,4]
+        [--vantage fabric,node,fleet] [--filter 'TEXT|TEXT'] [--seeds 3,4] [--save FILE]
+    .venv/bin/python tools/sweep_heldout.py --table FILE...     (the table of saved runs)
 
 A developer's tool, not a test: run it after changing a detector or the classification
 (under `flock /work/.heavy.lock` on a shared machine). Preset variants below the detectors'
@@ -646,6 +647,31 @@ class Tally:
             t["hit"] += bool(res["hit"])
         t["wrong"] += bool(res["wrong"])
 
+    def save(self, path) -> None:
+        """Add this run's counters to a JSON file (several runs, e.g. one per --filter or
+        vantage under a time limit, make one table: --table)."""
+        import json
+        rows = {}
+        if os.path.exists(path):
+            rows = {tuple(k.split("|")): v for k, v in json.load(open(path)).items()}
+        for k, v in self.rows.items():
+            r = rows.setdefault(k, dict.fromkeys(v, 0))
+            for c, x in v.items():
+                r[c] = r.get(c, 0) + x
+        with open(path, "w") as f:
+            json.dump({"|".join(k): v for k, v in rows.items()}, f, indent=1)
+
+    @classmethod
+    def load(cls, paths) -> "Tally":
+        import json
+        t = cls()
+        for path in paths:
+            for k, v in json.load(open(path)).items():
+                r = t.rows.setdefault(tuple(k.split("|")), dict.fromkeys(v, 0))
+                for c, x in v.items():
+                    r[c] = r.get(c, 0) + x
+        return t
+
     def table(self) -> str:
         kinds = ["slow_tp_shard", "straggler", "rotating_straggler", "hot_destination", "hot_expert", "healthy"]
         lines = ["| kind | vantage | cases | recall | wrong blame (cases) | healthy: cases with warnings (warnings) "
@@ -730,7 +756,12 @@ def main() -> int:
                                                   "several, separated by '|')")
     ap.add_argument("--seeds", default="3,4", help="generator seeds, comma-separated")
     ap.add_argument("--quick", action="store_true", help="grid: a small slice (a few minutes)")
+    ap.add_argument("--save", metavar="FILE", help="grid: add this run's counts to FILE (JSON)")
+    ap.add_argument("--table", metavar="FILE", nargs="+", help="print the table of the runs saved in FILE(s) and exit")
     args = ap.parse_args()
+    if args.table:
+        print(Tally.load(args.table).table())
+        return 0
     seeds = [int(s) for s in args.seeds.split(",") if s]
     pats = [p for p in args.filter.split("|")] if args.filter else [""]
     rc = 0
@@ -749,6 +780,8 @@ def main() -> int:
         print(f"sweep_heldout.py --suite grid --vantage {','.join(vantages)} --seeds {args.seeds}"
               + (" --quick" if args.quick else "") + (f" --filter '{args.filter}'" if args.filter else ""))
         print(tally.table())
+        if args.save:
+            tally.save(args.save)
     return rc
 
 

@@ -181,6 +181,8 @@ def busy_ns_per_peer(events: np.ndarray, flow_peer: np.ndarray, npeers: int,
 # ---- per-node timing (analysis.nodeview) ---------------------------------------------------
 DUR_LE_STR = [_fmt_le(v) for v in M.DURATION_BUCKETS] + ["+Inf"]
 OFF_LE_STR = [_fmt_le(v) for v in M.OFFSET_BUCKETS] + ["+Inf"]
+LE_STR = {id(b): [_fmt_le(v) for v in b] + ["+Inf"]
+          for b in (M.DURATION_BUCKETS, M.OFFSET_BUCKETS, M.OWN_LAG_BUCKETS)}
 
 
 def bucket_counts(samples_ns, bounds_s) -> np.ndarray:
@@ -243,7 +245,7 @@ class TimingAccumulator:
         counters (value), in table order."""
         out = []
         for spec, _, bounds in M.TIMING_HISTOGRAMS + M.TIMING_PEER_HISTOGRAMS:
-            le = DUR_LE_STR if bounds is M.DURATION_BUCKETS else OFF_LE_STR
+            le = LE_STR[id(bounds)]
             for (name, key), (cnt, sm) in sorted(self.hist.items()):
                 if name == spec.name:
                     out.append((spec, key, (cumulative_buckets(cnt, le), sm)))

@@ -186,6 +186,8 @@ EXPORTER_INFO = _m("skewscope_exporter_info", GAUGE, ("node", "version", "source
 # Fixed log-spaced buckets (1-2-5 per decade), the same on every DPU (sums across DPUs work).
 DURATION_BUCKETS = tuple(float(f"{m}e{e}") for e in range(-6, 1) for m in (1, 2, 5)) + (10.0,)
 OFFSET_BUCKETS = (tuple(-b for b in reversed(DURATION_BUCKETS[:-3])) + (0.0,) + DURATION_BUCKETS[:-3])
+# own lag: 0 for a healthy member, so its lowest buckets tell a 1 us lag from none
+OWN_LAG_BUCKETS = (1e-7, 2e-7, 5e-7) + DURATION_BUCKETS
 NODE_FORWARD_LATENCY = _m("skewscope_node_forward_latency_seconds", HISTOGRAM, TIMING_LABELS,
                           "Host forward latency per ring step seen by this node's DPU: its send of step k+1 "
                           "minus the time it was ready (its own step-k send and the step-k message from its "
@@ -224,7 +226,7 @@ NODE_ITERATIONS = _m("skewscope_node_iterations_total", COUNTER, TIMING_LABELS,
                      "Iterations (tokens) seen on this node.", "message records: analysis.nodeview (iterations)")
 # (spec, analysis.nodeview sample key, buckets); peer families take a {peer: samples} mapping
 TIMING_HISTOGRAMS = ((NODE_FORWARD_LATENCY, "forward_latency", DURATION_BUCKETS),
-                     (NODE_OWN_LAG, "own_lag", DURATION_BUCKETS),
+                     (NODE_OWN_LAG, "own_lag", OWN_LAG_BUCKETS),
                      (NODE_STEP, "step", DURATION_BUCKETS),
                      (NODE_COLLECTIVE, "collective", DURATION_BUCKETS),
                      (NODE_ITERATION, "iteration", DURATION_BUCKETS))

@@ -34,6 +34,12 @@ from skewscope.analysis.fleet import (
 from skewscope.analysis.stats import robust_ratio_to_median, skew_rows, skew_stats
 
 
+def _bound_below(bounds, x: float) -> float:
+    """The largest bucket bound < x (x itself when none is)."""
+    b = [v for v in bounds if v < x]
+    return float(b[-1]) if b else float(x)
+
+
 def _mean(h) -> float:
     return float(h[2] / h[1][-1]) if h is not None and h[1][-1] > 0 else float("nan")
 
@@ -509,7 +515,9 @@ def timing_fusion(inp, em):
         floor = t.get("min_lag_s", 1e-6)
         own_h = [e["hist"].get("own_lag") if e else None for e in ents]
         own_sum = np.array([h[2] if h is not None else np.nan for h in own_h])
-        own_late = np.array([count_gt(h[0], h[1], floor) if h is not None else 0.0 for h in own_h])
+        # late: above the largest bucket bound below the floor (a 1 us lag is not above 1 us)
+        own_late = np.array([count_gt(h[0], h[1], _bound_below(h[0], floor)) if h is not None else 0.0
+                             for h in own_h])
         fw_h = [e["hist"].get("forward_latency") if e else None for e in ents]
         waited = np.array([max(own_late[i], count_gt(h[0], h[1], floor)) if h is not None else own_late[i]
                            for i, h in enumerate(fw_h)])
@@ -520,13 +528,20 @@ def timing_fusion(inp, em):
             k = int(np.nanargmax(own_sum))
             rest = np.delete(np.nan_to_num(own_sum, nan=0.0), k)
             share = own_late[k] / waited[k] if waited[k] else 0.0
-            lag_k = own_sum[k] / own_late[k] if own_late[k] else 0.0
+            lag_k = own_sum[k] / own_late[k] if own_late[k] else 0.0   # sum / late count: the late steps' mean
             ts = inp.th["slow_tp_shard"]
-            if own_late[k] >= t["min_steps"] and share >= 0.5 * ts["last_share"] \
-                    and own_sum[k] >= OWN_DOMINANCE * float(rest.max(initial=0.0)) and lag_k > floor \
+            # persistent: `min_steps` late steps, or late in as many steps as there are
+            # iterations (>= rotating_straggler.min_iterations) -- a ring of two has one step
+            # per iteration inside its collectives
+            need = min(float(t["min_steps"]), max(float(tr["min_iterations"]), n_it))
+            if own_late[k] >= need and share >= 0.5 * ts["last_share"] \
+                    and own_sum[k] >= OWN_DOMINANCE * float(rest.max(initial=0.0)) and lag_k >= 0.999 * floor \
                     and lag_k >= ts["lag_fraction"] * step_med:
                 blamed, why, own_lag = mem[k], "own_lag", float(lag_k)
-        if blamed is None and np.isfinite(fwd).any() and np.isfinite(med) and med > 0:
+        # the forward latency alone, where a member's DPU exports no own lag (an older
+        # exporter): under barrier timing every member upstream of a slow one waits long too
+        have_own = all(h is not None for h in own_h)
+        if blamed is None and not have_own and np.isfinite(fwd).any() and np.isfinite(med) and med > 0:
             k = int(np.nanargmax(fwd))
             ip = mem[k]
             own = views[ip][0]
@@ -694,9 +709,11 @@ DETECTORS = [
                  "message): link rate over active time / the ring median"),
     Detector("fleet_timing", fleet_timing, emits=("slow_tp_shard", "ring_straggler", "rotating_straggler"),
              needs=_FLEET, stage=35,
-             doc="per-node timing histograms: a ring member's own lag (late on its own in >= half the share "
-                 "last_share of the steps it waited, its lag sum >= 2x any other member's, its mean lag >= "
-                 "slow_tp_shard.lag_fraction x the group's median step), else its forward latency vs the group median, late "
+             doc="per-node timing histograms: a ring member's own lag (late on its own in >= min_steps steps or "
+                 "one per iteration, >= half the share last_share of the steps it waited, its lag sum >= 2x any "
+                 "other member's, its mean lag >= "
+                 "slow_tp_shard.lag_fraction x the group's median step; without own-lag series: its forward "
+                 "latency vs the group median), late "
                  "collective starts seen by its own and its downstream's DPU; the cluster document's timing",
              extra=(("slow_tp_shard", Threshold("forward_ratio", 3.0, "ratio",
                                                 "fleet: a member's mean forward latency / the group median")),
