@@ -33,7 +33,7 @@ paths, 405 other methods, 503 until the first analysis is done.
 \b
 Cardinality per DPU (docs/fleet.md): 15 series per peer pair (src, dst, traffic class)
 seen, up to --max-peers pairs (later pairs add up in one src="_overflow" pair); 43 per
-top-K flow; 1 per destination; about 130 per node (+ process_*).
+top-K flow; 1 per destination and per data source; about 130 per node (+ process_*).
 \b
 Exit codes: 0 ok (--once, or Ctrl-C); 2 usage; 3 unreadable --from FILE or cannot listen;
 4 not root (-i); 5 bcc missing; 6 no such interface; 7 busy; 8 kernel refused.

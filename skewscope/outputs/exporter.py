@@ -932,7 +932,7 @@ def render_openmetrics(registry, ts: float) -> str:
     `promtool tsdb create-blocks-from openmetrics` (backfill a Prometheus from a capture
     without running an exporter). Files of several DPUs may be concatenated, each with its
     own `node` label, minus every `# EOF` but the last."""
-    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest  # only for --format openmetrics
     return om_latest(_Stamped(registry, ts)).decode()
 
 

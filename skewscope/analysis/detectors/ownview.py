@@ -24,6 +24,8 @@ The step matrix of the whole-ring detectors (analysis.steps) is not read for a r
 segment: the upstream's readiness is outside the view (decode.py, rings.py skip it)."""
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from skewscope.analysis.detectors.common import impact_of, pct, us
@@ -109,7 +111,6 @@ def episode(t, hit, counted, min_n: int, share: float):
 
 def _when(em, since_ns, until_ns) -> dict:
     """The finding's onset (s, the capture's clock), where the Finding has the fields."""
-    import inspect
     if "since" not in inspect.signature(em.add).parameters:
         return {}
     return {"since": since_ns / 1e9, "until": None if until_ns is None else until_ns / 1e9}
