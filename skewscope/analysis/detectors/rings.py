@@ -204,7 +204,9 @@ def rates_and_lags(inp, em):
         # 3. slow senders
         lag = ev.start_lag_ns if symmetric and not r.get("decode") else None
         lagged = dict(lag_outliers(lag, t["lag_mad"], t["min_lag_s"] * 1e9))
-        steps = r.get("_steps") if ring else None
+        # one DPU's view (a ring segment): the members' step matrix needs the upstream's own
+        # readiness, which is outside the view -- its own node's lag is judged by ownview.py
+        steps = r.get("_steps") if ring and g.pattern != "ring_segment" else None
         if lagged and rotation(steps, th["rotating_straggler"], nm) is not None:
             # a member late on average because it gated some of the iterations, while the
             # gate moves between members: rotating_straggler, not a straggler of its own
@@ -357,7 +359,7 @@ DETECTORS = [
         doc="ring/tree/all-to-all members: rate ratios and start lags -> the slow link, the straggler, the slow receiver",
         kinds=(
             Kind("ring_straggler",
-                 fires="ring: a member's out-link median-message rate / ring median ≤ `warning` (0.8) (≤ `critical` 0.5), or its start lag ≥ max(`min_lag_s` 5 µs, median + `lag_mad` (4) × MAD of the others), or it is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps by a median lag ≥ max(`min_lag_s`, `lag_jitter` (4) × the step jitter). Not when its successor is slow both ways (slow_link), nor (by rate) when its successor's downlink is shared (other traffic arriving there while the ring runs ≥ 25 % of the ring's bytes into it: KV transfers into a decode member), nor when its flows are CE-marked (ecn_congestion); the start lag alone not while the ring's gate rotates (rotating_straggler: a member that gated some iterations is late on average)",
+                 fires="ring: a member's out-link median-message rate / ring median ≤ `warning` (0.8) (≤ `critical` 0.5), or its start lag ≥ max(`min_lag_s` 5 µs, median + `lag_mad` (4) × MAD of the others), or it is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps by a median lag ≥ max(`min_lag_s`, `lag_jitter` (4) × the step jitter). Not when its successor is slow both ways (slow_link), nor (by rate) when its successor's downlink is shared (other traffic arriving there while the ring runs ≥ 25 % of the ring's bytes into it: KV transfers into a decode member), nor when its flows are CE-marked (ecn_congestion); the start lag alone not while the ring's gate rotates (rotating_straggler: a member that gated some iterations is late on average). One node's view of a ring (a ring segment, one DPU): only its own node, by its own lag per step (min of its forward latency and minus the arrival offset of its upstream's same step: docs \"Per-node timing\") ≥ `min_lag_s` in ≥ `min_steps` steps that are ≥ `last_share` of the steps it waited in between the first and the last such step, their median ≥ `lag_jitter` × their spread and ≥ slow_tp_shard.`lag_fraction` × its median step; a late upstream is `late_upstream` (info)",
                  blames='the sender, then its successor',
                  thresholds=_lag_thresholds("ring link (fleet: link rate over active time)") + STEP_THRESHOLDS),
             Kind("straggler",
