@@ -34,6 +34,12 @@ paired by the order of their first message.
   one ended before the send; else the last receive that did), floored at 0. A send whose
   wait is > BOUNDARY_FACTOR x the node's median and > median + 1 us starts a collective
   (the node waited for compute) and is not a step.
+* own lag (ring, step j >= 1 inside a collective): min(forward latency, -arrival offset),
+  floored at 0: how much later than both its data-flow readiness and its upstream's same
+  step the node sent step j. A node that lags on its own has it under either step timing
+  (data flow: forward latency = its lag; barrier-synchronised steps: it sends its lag after
+  the upstream's same step); a healthy node waiting for a barrier (long forward latency,
+  arrival offset ~0) or forwarding late upstream data (arrival offset > 0) has ~0.
 * step duration: start of sent message j minus start of sent message j-1, within a
   collective.
 * collective: from a collective's first send to the last end of a message of the lane
@@ -260,7 +266,7 @@ def _ring(ctx, node, send_f, recv_f, up, down):
     ips = ctx.nodes.ips
     s_all, e_all, _ = _events_of(ctx, np.concatenate([send_f, recv_f]))
     its = _iterations(s_all, e_all)
-    offs, waits, steps, first, coll_t, start_offs = [], [], [], [], [], []
+    offs, waits, steps, first, coll_t, start_offs, own, own_off = [], [], [], [], [], [], [], []
     t_offs, t_soffs, t_in = [], [], []
     lane_parts = []
     for sf, rf in _lanes(ctx, send_f, recv_f):
@@ -296,6 +302,11 @@ def _ring(ctx, node, send_f, recv_f, up, down):
         t_soffs.append(ss[al & bound])
         t_in.append(ss[inside])
         first.append(wait[inside])
+        # own lag: the step's send after both its data-flow readiness (forward latency) and
+        # the upstream's same step (arrival offset < 0): a delay of the node's own
+        with np.errstate(invalid="ignore"):
+            own.append(np.maximum(np.minimum(wait[inside], -off[inside]), 0.0))
+        own_off.append(off[inside])
         steps.append(step[inside])
         cid = np.cumsum(bound) - 1
         nc = int(bound.sum())
@@ -311,6 +322,8 @@ def _ring(ctx, node, send_f, recv_f, up, down):
     off = np.concatenate(offs) if offs else np.zeros(0)
     s_off = np.concatenate(start_offs) if start_offs else np.zeros(0)
     fwd = np.concatenate(first) if first else np.zeros(0)
+    own_lag = np.concatenate(own) if own else np.zeros(0)
+    step_off = np.concatenate(own_off) if own_off else np.zeros(0)
     stp = np.concatenate(steps) if steps else np.zeros(0)
     cd = np.concatenate(coll_dur) if coll_dur else np.zeros(0)
     ct = np.concatenate(coll_t) if coll_t else np.zeros(0)
@@ -323,20 +336,21 @@ def _ring(ctx, node, send_f, recv_f, up, down):
     g = {"role": role, "upstream": [ips[up]], "downstream": [ips[down]],
          "lanes": len(lane_parts), "flows": int(len(send_f) + len(recv_f)),
          "iterations": it["iterations"], "collectives": int(n_coll), "steps": int(len(fwd)),
-         "forward_latency_s": summary(fwd), "arrival_offset_s": {ips[up]: summary(off)},
+         "forward_latency_s": summary(fwd), "own_lag_s": summary(own_lag), "arrival_offset_s": {ips[up]: summary(off)},
          "start_offset_s": {ips[up]: summary(s_off)},
          "step_s": summary(stp), "collective_s": summary(cd), "iteration_s": it["iteration_s"],
          "mean_message_bytes": mean_msg, "decode": None}
     if role == "tp_decode":
         g["decode"] = _decode(it)
-    g["_samples"] = {"forward_latency": fwd, "arrival_offset": {ips[up]: off[np.isfinite(off)]},
+    g["_samples"] = {"forward_latency": fwd, "own_lag": own_lag, "step_offset": step_off,
+                     "arrival_offset": {ips[up]: off[np.isfinite(off)]},
                      "start_offset": {ips[up]: s_off[np.isfinite(s_off)]},
                      "step": stp, "collective": cd[np.isfinite(cd)], "iteration": itd}
     # each sample's time (its send's start, the collective's / iteration's start; the
     # DPU's own ns): the live exporter's window counts each step / iteration once
     n_lane = int(np.argmax([len(c) for c in coll_t])) if coll_t else 0
     g["_samples"]["_times"] = {
-        "forward_latency": _abs(ctx, t_step), "step": _abs(ctx, t_step),
+        "forward_latency": _abs(ctx, t_step), "own_lag": _abs(ctx, t_step), "step": _abs(ctx, t_step),
         "arrival_offset": {ips[up]: _abs(ctx, t_off[np.isfinite(off)])},
         "start_offset": {ips[up]: _abs(ctx, t_soff[np.isfinite(s_off)])},
         "collective": _abs(ctx, ct[np.isfinite(cd)]), "iteration": _abs(ctx, its[:-1]),
@@ -424,17 +438,20 @@ def _alltoall(ctx, node, flows, peers):
     g = {"role": "alltoall", "upstream": [ips[p] for p in peers], "downstream": [ips[p] for p in peers],
          "lanes": 1, "flows": int(len(flows)), "iterations": it["iterations"], "collectives": int(nc),
          "steps": int(sum(len(v) for v in offs.values())),
-         "forward_latency_s": summary([]), "arrival_offset_s": {k: summary(v) for k, v in offs.items()},
+         "forward_latency_s": summary([]), "own_lag_s": summary([]),
+         "arrival_offset_s": {k: summary(v) for k, v in offs.items()},
          "start_offset_s": {k: summary(v) for k, v in offs.items()},
          "step_s": summary([]), "collective_s": summary(ce - cs), "iteration_s": it["iteration_s"],
          "mean_message_bytes": mean_msg, "decode": None}
     if mean_msg < BULK_MIN_MESSAGE and per_iter >= DECODE_MIN_COLLECTIVES:
         g["decode"] = _decode(it)
-    g["_samples"] = {"forward_latency": np.zeros(0), "arrival_offset": offs, "start_offset": offs,
+    g["_samples"] = {"forward_latency": np.zeros(0), "own_lag": np.zeros(0), "arrival_offset": offs,
+                     "start_offset": offs,
                      "step": np.zeros(0),
                      "collective": ce - cs, "iteration": itd}
     allt = np.sort(np.concatenate(list(t_offs.values()))) if t_offs else np.zeros(0, np.int64)
-    g["_samples"]["_times"] = {"forward_latency": np.zeros(0, np.int64), "step": np.zeros(0, np.int64),
+    g["_samples"]["_times"] = {"forward_latency": np.zeros(0, np.int64), "own_lag": np.zeros(0, np.int64),
+                               "step": np.zeros(0, np.int64),
                                "arrival_offset": t_offs, "start_offset": t_offs,
                                "collective": _abs(ctx, cs), "iteration": _abs(ctx, its[:-1]),
                                "steps": allt, "collectives": _abs(ctx, cs), "iterations": _abs(ctx, its)}
@@ -459,13 +476,15 @@ def _kv(ctx, node, flows):
     z = summary([])
     g = {"role": "kv_transfer", "upstream": [ips[p] for p in up], "downstream": [ips[p] for p in down],
          "lanes": 1, "flows": int(len(flows)), "iterations": 0, "collectives": int(len(cd)), "steps": 0,
-         "forward_latency_s": z, "arrival_offset_s": {}, "start_offset_s": {}, "step_s": z, "collective_s": summary(cd),
+         "forward_latency_s": z, "own_lag_s": z, "arrival_offset_s": {}, "start_offset_s": {}, "step_s": z,
+         "collective_s": summary(cd),
          "iteration_s": z, "mean_message_bytes": float(ctx.cols["msg_bytes"][flows].sum())
          / max(1.0, float(ctx.cols["messages"][flows].sum())), "decode": None}
-    g["_samples"] = {"forward_latency": np.zeros(0), "arrival_offset": {}, "start_offset": {},
-                     "step": np.zeros(0), "collective": cd, "iteration": np.zeros(0)}
+    g["_samples"] = {"forward_latency": np.zeros(0), "own_lag": np.zeros(0), "arrival_offset": {},
+                     "start_offset": {}, "step": np.zeros(0), "collective": cd, "iteration": np.zeros(0)}
     z0 = np.zeros(0, np.int64)
-    g["_samples"]["_times"] = {"forward_latency": z0, "step": z0, "arrival_offset": {}, "start_offset": {},
+    g["_samples"]["_times"] = {"forward_latency": z0, "own_lag": z0, "step": z0, "arrival_offset": {},
+                               "start_offset": {},
                                "collective": ct, "iteration": z0, "steps": z0, "collectives": np.sort(ct),
                                "iterations": z0}
     return g

@@ -6,6 +6,7 @@ import json
 import signal
 import sys
 import threading
+import time
 
 import click
 
@@ -18,6 +19,8 @@ Examples:
   skewscope export -i pf0hpf                      live, /metrics on 127.0.0.1:9435
   skewscope export -i pf0hpf --listen 0.0.0.0:9435 --node gpu-17-dpu
   skewscope export --from run.snap --once         print the exposition once and exit
+  skewscope export --from v1.pcap --once --node dpu1 --node-ip 10.0.0.1 --format openmetrics > v1.om
+  promtool tsdb create-blocks-from openmetrics v1.om PROM_DATA_DIR     backfill (docs/fleet.md)
   skewscope export --from run.pcap                + /v1/findings, /v1/load of the file
   skewscope export -i pf0hpf --listen 0.0.0.0:9435 --token-file /etc/ss.token
   curl -H "Authorization: Bearer $(cat /etc/ss.token)" HOST:9435/v1/load
@@ -30,7 +33,7 @@ paths, 405 other methods, 503 until the first analysis is done.
 \b
 Cardinality per DPU (docs/fleet.md): 15 series per peer pair (src, dst, traffic class)
 seen, up to --max-peers pairs (later pairs add up in one src="_overflow" pair); 43 per
-top-K flow; 1 per destination; about 130 per node (+ process_*).
+top-K flow; 1 per destination and per data source; about 130 per node (+ process_*).
 \b
 Exit codes: 0 ok (--once, or Ctrl-C); 2 usage; 3 unreadable --from FILE or cannot listen;
 4 not root (-i); 5 bcc missing; 6 no such interface; 7 busy; 8 kernel refused.
@@ -56,6 +59,11 @@ Exit codes: 0 ok (--once, or Ctrl-C); 2 usage; 3 unreadable --from FILE or canno
               show_default=True, help="live, with --tc: which direction(s) to watch")
 @click.option("--max-flows", type=click.IntRange(16, 1 << 24), default=65536, show_default=True)
 @click.option("--once", is_flag=True, help="print the exposition to stdout once and exit (no server)")
+@click.option("--format", "fmt", type=click.Choice(["text", "openmetrics"]), default="text", show_default=True,
+              help="with --once: openmetrics = the OpenMetrics text format, every sample stamped with "
+                   "--timestamp (input of `promtool tsdb create-blocks-from openmetrics`: backfill)")
+@click.option("--timestamp", type=click.FloatRange(0, None), default=None, metavar="UNIX_S",
+              help="with --once --format openmetrics: the samples' time  [default: now]")
 @click.option("--token-file", type=click.Path(dir_okay=False),
               help="require 'Authorization: Bearer TOKEN' (TOKEN = the file's first line) on every endpoint")
 @click.option("--open-metrics", is_flag=True,
@@ -69,7 +77,7 @@ Exit codes: 0 ok (--once, or Ctrl-C); 2 usage; 3 unreadable --from FILE or canno
               "label ip); default: the IP that is an end of every data flow, else (--from FILE only) every node seen")
 @friendly_errors
 def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, xdp_mode, direction, max_flows,
-           once, token_file, open_metrics, analysis_every, analysis_window, no_analysis, node_ip):
+           once, fmt, timestamp, token_file, open_metrics, analysis_every, analysis_window, no_analysis, node_ip):
     """Serve this DPU's view as Prometheus metrics (/metrics): per-peer counters, top-K flows,
     message-size and gap histograms. Scrape every DPU; `skewscope cluster` and the rules in
     docs/prometheus/ turn them into the fleet-wide matrix and skew."""
@@ -85,6 +93,10 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
         fail("--node must not be empty", EXIT_USAGE)
     if open_metrics and not token_file:
         fail("--open-metrics only makes sense with --token-file", EXIT_USAGE)
+    if fmt != "text" and not once:
+        fail("--format openmetrics only makes sense with --once", EXIT_USAGE)
+    if timestamp is not None and fmt != "openmetrics":
+        fail("--timestamp only makes sense with --once --format openmetrics", EXIT_USAGE)
     token = H.read_token(token_file) if token_file else None
     analyst = None
     if not once and not no_analysis:
@@ -102,6 +114,11 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
                            max_flows=max_flows, on_interval=analyst.on_interval if analyst else None,
                            node_ip=node_ip)
     try:
+        if once and fmt == "openmetrics":
+            # a backfill describes the DPU's traffic, not this converting process: no process_*
+            reg = E.make_registry(E.SkewscopeCollector(src.get), process_metrics=False)
+            click.echo(E.render_openmetrics(reg, time.time() if timestamp is None else timestamp), nl=False)
+            return
         reg = E.make_registry(E.SkewscopeCollector(src.get))
         if once:
             click.echo(E.render(reg), nl=False)
@@ -160,13 +177,17 @@ Exit codes: 0 ok; 2 usage; 3 Prometheus unreachable, refused the query or has no
               help="ptp: the DPUs' clocks are PTP-synchronised, so their own timestamps may be compared with "
                    "ours (staleness); default: no DPU timestamp is compared with another clock")
 @click.option("--stats", is_flag=True, help="print the query cost (queries, samples returned, seconds) on stderr")
+@click.option("--at", "at", type=click.FloatRange(0, None), default=None, metavar="UNIX_S",
+              help="evaluate at this time instead of now (e.g. a Prometheus backfilled with `export --once "
+                   "--format openmetrics`); the window ends there")
 @friendly_errors
-def cluster(url, window, as_json, timeout, selector, no_rules, top, clock, stats):
+def cluster(url, window, as_json, timeout, selector, no_rules, top, clock, stats, at):
     """Cluster-wide traffic matrix, skew and findings from the Prometheus that scrapes every
     DPU's `skewscope export`: the same metrics and findings as the single-node report."""
     from skewscope.outputs import cluster as C  # heavy (numpy): not loaded by --help
     try:
-        doc = C.run(url, window=window, timeout=timeout, selector=selector, use_rules=not no_rules, clock=clock)
+        doc = C.run(url, window=window, timeout=timeout, selector=selector, use_rules=not no_rules, clock=clock,
+                    at=at)
     except C.ClusterError as e:
         fail(str(e), e.code)
     if stats:

@@ -180,6 +180,8 @@ class FleetMatrix:
     # (src, dst, class) -> DPUs exporting the pair (count by ... of the raw series)
     exported_by: dict = field(default_factory=dict)
     clock: str = "unsynchronised"
+    # (n,): union of each source's outgoing data messages (NaN: no DPU exported it)
+    src_busy_seconds: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -211,7 +213,7 @@ def _ip_sort_key(s: str):
 
 
 #: the duration families of the per-node timing (metric, key in FleetMatrix.timing hist)
-TIMING_FAMILIES = ((M.NODE_FORWARD_LATENCY, "forward_latency"), (M.NODE_STEP, "step"),
+TIMING_FAMILIES = ((M.NODE_FORWARD_LATENCY, "forward_latency"), (M.NODE_OWN_LAG, "own_lag"), (M.NODE_STEP, "step"),
                    (M.NODE_COLLECTIVE, "collective"), (M.NODE_ITERATION, "iteration"))
 TIMING_PEER_FAMILIES = ((M.NODE_ARRIVAL_OFFSET, "arrival"), (M.NODE_START_OFFSET, "start"))
 CLOCKS = ("unsynchronised", "ptp")
@@ -225,7 +227,7 @@ def _le(v: str) -> float:
 
 class Fetcher:
     def __init__(self, prom: Prometheus, window: str, selector: str = "", use_rules: bool = True,
-                 clock: str = "unsynchronised"):
+                 clock: str = "unsynchronised", at: float | None = None):
         if clock not in CLOCKS:
             raise ClusterError(f"invalid --clock {clock!r}: one of {', '.join(CLOCKS)}", EXIT_USAGE)
         self.clock = clock
@@ -233,7 +235,7 @@ class Fetcher:
         self.window = window
         self.window_s = window_seconds(window)
         self.selector = selector
-        self.at = time.time()
+        self.at = time.time() if at is None else float(at)
         self.via_rules = False
         if use_rules and self.window_s is not None and self.window_s == window_seconds(RULE_WINDOW) \
                 and not selector.strip():
@@ -316,6 +318,11 @@ class Fetcher:
         for m, v in dbusy:
             if m.get("dst") in pos:
                 db[pos[m["dst"]]] = v
+        # a source's own DPU sees all its sends: the largest view of its busy time
+        sb = np.full(n, np.nan)
+        for m, v in self.prom.query(self._raw(M.SOURCE_BUSY_SECONDS, "src", f'src!="{OVERFLOW}"'), at=self.at):
+            if m.get("src") in pos:
+                sb[pos[m["src"]]] = v
         frames = {m.get("category", "?"): v for m, v in self.scalar_by(M.FRAMES, "category")}
         pfc = {}
         for metric, key in ((M.PFC_PAUSE_FRAMES, "pause"), (M.PFC_RESUME_FRAMES, "resume"),
@@ -327,7 +334,8 @@ class Fetcher:
         not_over = f'src!="{OVERFLOW}"'
         exported_by = {(m.get("src"), m.get("dst"), m.get("class")): v for m, v in self.prom.query(
             f"count by (src, dst, class) ({M.PEER_BYTES.name}{_sel(self.selector, not_over)})", at=self.at)}
-        return FleetMatrix(ips=ips, by_class=pair, naks=naks, dst_busy_seconds=db, window_s=self.window_s, at=self.at,
+        return FleetMatrix(ips=ips, by_class=pair, naks=naks, dst_busy_seconds=db, src_busy_seconds=sb,
+                           window_s=self.window_s, at=self.at,
                            via_rules=self.via_rules, dpus=dpus, stale_dpus=stale, frames=frames, pfc=pfc,
                            flows_evicted=sum(v for _, v in ev), records_lost=sum(v for _, v in lost),
                            timing=self.fetch_timing(), exported_by=exported_by, clock=self.clock)
@@ -432,7 +440,7 @@ class Fetcher:
 SEEN_BY_COUNTER = {"hot_destination": M.PEER_BYTES, "alltoall_destination_skew": M.PEER_BYTES,
                    "incast": M.PEER_BUSY_SECONDS, "ecn_congestion": M.PEER_CE_PACKETS,
                    "cnp_storm": M.PEER_CNP_PACKETS, "retransmissions": M.PEER_RETRANSMITTED_PACKETS,
-                   "nak_errors": M.PEER_NAKS}
+                   "nak_errors": M.PEER_NAKS, "straggler": M.PEER_MESSAGE_WIRE_SECONDS}
 def snapshot_of(fm: FleetMatrix, url: str) -> Snapshot:
     """The fleet matrix as a Snapshot whose flows are the (src, dst) pairs (dest_qp 0), so
     that report.to_dict gives the `report --json` shape. Counts are rounded to integers."""
@@ -500,7 +508,8 @@ def build_document(fm: FleetMatrix, url: str, fetcher: Fetcher | None = None, th
         for k, fd in enumerate(result["findings"]):
             link = fd.get("evidence", {}).get("link")
             if fd["kind"] == "ring_straggler" and link:
-                fd["evidence"]["seen_by"] = fetcher.observers(link[0], link[1])
+                fd["evidence"]["seen_by"] = fetcher.observers(link[0], link[1],
+                                                              fd["evidence"].get("traffic_class", "bulk"))
             elif "seen_by" not in fd["evidence"] and fd["kind"] in SEEN_BY_COUNTER and k < MAX_DRILLDOWNS:
                 fd["evidence"]["seen_by"] = fetcher.pair_observers(fd)
     doc = R.to_dict(snap, result)
@@ -527,9 +536,11 @@ def build_document(fm: FleetMatrix, url: str, fetcher: Fetcher | None = None, th
 
 
 def run(url: str, window: str = "5m", timeout: float = 30.0, selector: str = "", use_rules: bool = True,
-        thresholds=None, clock: str = "unsynchronised") -> dict:
+        thresholds=None, clock: str = "unsynchronised", at: float | None = None) -> dict:
+    """at: the evaluation time (Unix s; default now): every query is an instant query at it
+    (a backfilled TSDB's samples lie in the past)."""
     prom = Prometheus(url, timeout=timeout)
-    fetcher = Fetcher(prom, window, selector=selector, use_rules=use_rules, clock=clock)
+    fetcher = Fetcher(prom, window, selector=selector, use_rules=use_rules, clock=clock, at=at)
     fm = fetcher.fetch()
     doc = build_document(fm, url, fetcher, thresholds=thresholds)
     doc["meta"]["queries"] = prom.queries

@@ -137,10 +137,10 @@ def peer_ids(flows: np.ndarray, cls: np.ndarray | None = None) -> np.ndarray:
     return _rows_u64(k)
 
 
-def dst_ids(flows: np.ndarray) -> np.ndarray:
-    """(n, 3) uint64 identity of each flow's destination: dst, ipver."""
+def dst_ids(flows: np.ndarray, end: str = "dst") -> np.ndarray:
+    """(n, 3) uint64 identity of each flow's destination (or source: end="src"), ipver."""
     k = np.zeros((len(flows), 24), dtype=np.uint8)
-    k[:, 0:16] = flows["dst"]
+    k[:, 0:16] = flows[end]
     k[:, 16] = flows["ipver"]
     return _rows_u64(k)
 
@@ -181,6 +181,8 @@ def busy_ns_per_peer(events: np.ndarray, flow_peer: np.ndarray, npeers: int,
 # ---- per-node timing (analysis.nodeview) ---------------------------------------------------
 DUR_LE_STR = [_fmt_le(v) for v in M.DURATION_BUCKETS] + ["+Inf"]
 OFF_LE_STR = [_fmt_le(v) for v in M.OFFSET_BUCKETS] + ["+Inf"]
+LE_STR = {id(b): [_fmt_le(v) for v in b] + ["+Inf"]
+          for b in (M.DURATION_BUCKETS, M.OFFSET_BUCKETS, M.OWN_LAG_BUCKETS)}
 
 
 def bucket_counts(samples_ns, bounds_s) -> np.ndarray:
@@ -243,7 +245,7 @@ class TimingAccumulator:
         counters (value), in table order."""
         out = []
         for spec, _, bounds in M.TIMING_HISTOGRAMS + M.TIMING_PEER_HISTOGRAMS:
-            le = DUR_LE_STR if bounds is M.DURATION_BUCKETS else OFF_LE_STR
+            le = LE_STR[id(bounds)]
             for (name, key), (cnt, sm) in sorted(self.hist.items()):
                 if name == spec.name:
                     out.append((spec, key, (cumulative_buckets(cnt, le), sm)))
@@ -438,6 +440,8 @@ class ExportState:
     hist_msg_sum: float       # sum of all message sizes (the message histogram's _sum)
     dst_labels: list          # destinations with a busy-time series
     dst_busy_ns: np.ndarray
+    src_labels: list          # sources of data messages with a busy-time series
+    src_busy_ns: np.ndarray
     flows_present: int        # rows in the flow table at the last read
     globals: np.ndarray
     meta: dict
@@ -482,6 +486,12 @@ class Accumulator:
         self.dst_labels: list[str] = []
         self.dst_busy = np.zeros(0, dtype=np.int64)
         self.dst_carry = np.zeros(0, dtype=np.int64)
+        # per source: union of its outgoing data messages (bulk, chunk): a member's send rate
+        # over active time; same bound and overflow rule
+        self.src_keys = np.zeros((0, 3), dtype=np.uint64)
+        self.src_labels: list[str] = []
+        self.src_busy = np.zeros(0, dtype=np.int64)
+        self.src_carry = np.zeros(0, dtype=np.int64)
         self.events_without_flow = 0
         self.cum_flows = np.zeros(0, L.FLOW_DTYPE)
         self.reads = 0
@@ -508,21 +518,27 @@ class Accumulator:
             idx = match_rows(self.peer_keys, pk)
         return idx
 
-    def _dst_index(self, flows: np.ndarray) -> np.ndarray:
-        dk = dst_ids(flows)
-        idx = match_rows(self.dst_keys, dk)
-        new = np.nonzero(idx < 0)[0]
-        room = self.max_peers - len(self.dst_keys)
+    def _dst_index(self, flows: np.ndarray, end: str = "dst", use: np.ndarray | None = None) -> np.ndarray:
+        """Destination (end="src": source) row per flow (-1 = none: over the bound, or not in
+        `use`). New ones become rows until max_peers."""
+        pre = "dst" if end == "dst" else "src"
+        keys, labels = getattr(self, f"{pre}_keys"), getattr(self, f"{pre}_labels")
+        dk = dst_ids(flows, end)
+        idx = match_rows(keys, dk)
+        new = np.nonzero((idx < 0) & (True if use is None else use))[0]
+        room = self.max_peers - len(keys)
         if len(new) and room > 0:
             _, first = np.unique(dk[new], axis=0, return_index=True)
             take = np.sort(first)[:room]
             k = len(take)
-            self.dst_keys = np.concatenate([self.dst_keys, dk[new[take]]])
+            setattr(self, f"{pre}_keys", np.concatenate([keys, dk[new[take]]]))
             for r in new[take]:
-                self.dst_labels.append(ip_str(flows[r]["dst"], int(flows[r]["ipver"])))
-            self.dst_busy = np.concatenate([self.dst_busy, np.zeros(k, np.int64)])
-            self.dst_carry = np.concatenate([self.dst_carry, np.zeros(k, np.int64)])
-            idx = match_rows(self.dst_keys, dk)
+                labels.append(ip_str(flows[r][end], int(flows[r]["ipver"])))
+            for a in ("busy", "carry"):
+                setattr(self, f"{pre}_{a}", np.concatenate([getattr(self, f"{pre}_{a}"), np.zeros(k, np.int64)]))
+            idx = match_rows(getattr(self, f"{pre}_keys"), dk)
+        if use is not None:
+            idx = np.where(use, idx, -1)
         return idx
 
     cum_class = np.zeros(0, np.uint8)
@@ -575,6 +591,13 @@ class Accumulator:
                 ev = ev[keep[ev["flow"]]]
                 busy_d, self.dst_carry = busy_ns_per_peer(ev, di, len(self.dst_keys), self.dst_carry, pkt_ns=pkt)
                 self.dst_busy += busy_d
+            si = self._dst_index(delta, "src", use=cls != CLS_CONTROL)
+            keep = si >= 0
+            if keep.any():
+                ev = events[events["flow"] >= 0]
+                ev = ev[keep[ev["flow"]]]
+                busy_s, self.src_carry = busy_ns_per_peer(ev, si, len(self.src_keys), self.src_carry, pkt_ns=pkt)
+                self.src_busy += busy_s
             if self.window is not None:
                 self.window.add(delta, events, cum_flows)
             else:
@@ -611,6 +634,7 @@ class Accumulator:
                            hist_msg=self.totals[MSG0:GAP0].copy(), hist_gap=self.totals[GAP0:].copy(),
                            hist_msg_sum=float(self.totals[COL["msg_bytes"]]), flows_present=len(self.cum_flows),
                            dst_labels=list(self.dst_labels), dst_busy_ns=self.dst_busy.copy(),
+                           src_labels=list(self.src_labels), src_busy_ns=self.src_busy.copy(),
                            globals=np.asarray(globals_).copy(),
                            meta=m, read_ts=read_ts, read_seconds=read_seconds, info=dict(info or {}),
                            timing=self.timing.rows())
@@ -679,6 +703,10 @@ class SkewscopeCollector:
         yield fam
         fam = M.family(M.DESTINATION_BUSY_SECONDS)
         for d, v in zip(st.dst_labels, (st.dst_busy_ns / 1e9).tolist()):
+            fam.add_metric([node, d], v)
+        yield fam
+        fam = M.family(M.SOURCE_BUSY_SECONDS)
+        for d, v in zip(st.src_labels, (st.src_busy_ns / 1e9).tolist()):
             fam.add_metric([node, d], v)
         yield fam
         fam = M.family(M.PEER_QPS)
@@ -884,6 +912,28 @@ def make_registry(collector: SkewscopeCollector, process_metrics: bool = True):
 
 def render(registry) -> str:
     return generate_latest(registry).decode()
+
+
+class _Stamped:
+    """A registry's families with every sample at one timestamp (seconds)."""
+
+    def __init__(self, registry, ts: float):
+        self.registry, self.ts = registry, float(ts)
+
+    def collect(self):
+        for fam in self.registry.collect():
+            fam.samples = [Sample(s.name, s.labels, s.value, self.ts, s.exemplar) for s in fam.samples]
+            yield fam
+
+
+def render_openmetrics(registry, ts: float) -> str:
+    """The exposition in the OpenMetrics text format (what a scrape that asks for it gets),
+    every sample stamped with `ts` (Unix seconds), ending in `# EOF`: the input of
+    `promtool tsdb create-blocks-from openmetrics` (backfill a Prometheus from a capture
+    without running an exporter). Files of several DPUs may be concatenated, each with its
+    own `node` label, minus every `# EOF` but the last."""
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest  # only for --format openmetrics
+    return om_latest(_Stamped(registry, ts)).decode()
 
 
 def serve(registry, addr: str, port: int):

@@ -112,6 +112,12 @@ DESTINATION_BUSY_SECONDS = _m("skewscope_destination_busy_seconds_total", COUNTE
                               "of the intervals of every incoming message. Mean concurrent senders (incast "
                               "degree) = sum of skewscope_peer_busy_seconds_total into dst / this.",
                               "message records: union per destination")
+SOURCE_BUSY_SECONDS = _m("skewscope_source_busy_seconds_total", COUNTER, ("node", "src"),
+                         "Time src was sending at least one data message (class bulk or chunk) to anyone: "
+                         "measure of the union of the intervals of its outgoing data messages. A member's send "
+                         "rate over active time = 8 * its data message bytes / this (the fleet's straggler "
+                         "rate of an all-to-all member).",
+                         "message records: union per source, data classes")
 PEER_QPS = _m("skewscope_peer_qps", GAUGE, PEER_LABELS,
               "Flows (destination QPs) of the pair and class in the flow table now.",
               "flow table: rows of the pair and class at the last read")
@@ -180,11 +186,19 @@ EXPORTER_INFO = _m("skewscope_exporter_info", GAUGE, ("node", "version", "source
 # Fixed log-spaced buckets (1-2-5 per decade), the same on every DPU (sums across DPUs work).
 DURATION_BUCKETS = tuple(float(f"{m}e{e}") for e in range(-6, 1) for m in (1, 2, 5)) + (10.0,)
 OFFSET_BUCKETS = (tuple(-b for b in reversed(DURATION_BUCKETS[:-3])) + (0.0,) + DURATION_BUCKETS[:-3])
+# own lag: 0 for a healthy member, so its lowest buckets tell a 1 us lag from none
+OWN_LAG_BUCKETS = (1e-7, 2e-7, 5e-7) + DURATION_BUCKETS
 NODE_FORWARD_LATENCY = _m("skewscope_node_forward_latency_seconds", HISTOGRAM, TIMING_LABELS,
                           "Host forward latency per ring step seen by this node's DPU: its send of step k+1 "
                           "minus the time it was ready (its own step-k send and the step-k message from its "
                           "upstream both done); collective starts left out.",
                           "message records: analysis.nodeview (forward latency)")
+NODE_OWN_LAG = _m("skewscope_node_own_lag_seconds", HISTOGRAM, TIMING_LABELS,
+                  "Own lag per ring step seen by this node's DPU: min(forward latency, minus the arrival "
+                  "offset of the upstream's same step), floored at 0 -- how late the node sent the step on its "
+                  "own, under data-flow or barrier-synchronised step timing (a healthy node waiting for a "
+                  "barrier or forwarding a late upstream's data has ~0); collective starts left out.",
+                  "message records: analysis.nodeview (own lag)")
 NODE_ARRIVAL_OFFSET = _m("skewscope_node_arrival_offset_seconds", HISTOGRAM, TIMING_PEER_LABELS,
                          "Per step: start of the step-k message from upstream peer minus the start of this "
                          "node's own step-k send (same DPU clock; signed buckets).",
@@ -212,6 +226,7 @@ NODE_ITERATIONS = _m("skewscope_node_iterations_total", COUNTER, TIMING_LABELS,
                      "Iterations (tokens) seen on this node.", "message records: analysis.nodeview (iterations)")
 # (spec, analysis.nodeview sample key, buckets); peer families take a {peer: samples} mapping
 TIMING_HISTOGRAMS = ((NODE_FORWARD_LATENCY, "forward_latency", DURATION_BUCKETS),
+                     (NODE_OWN_LAG, "own_lag", OWN_LAG_BUCKETS),
                      (NODE_STEP, "step", DURATION_BUCKETS),
                      (NODE_COLLECTIVE, "collective", DURATION_BUCKETS),
                      (NODE_ITERATION, "iteration", DURATION_BUCKETS))
@@ -227,12 +242,12 @@ FLOW_COUNTERS = (FLOW_BYTES, FLOW_PACKETS, FLOW_MESSAGES, FLOW_CE_PACKETS, FLOW_
 # The table, in the exporter's emission order.
 METRICS = (
     *PEER_COUNTERS, PEER_NAKS, PEER_BUSY_SECONDS, PEER_TIMED_MESSAGE_BYTES, PEER_MESSAGE_WIRE_SECONDS,
-    DESTINATION_BUSY_SECONDS, PEER_QPS,
+    DESTINATION_BUSY_SECONDS, SOURCE_BUSY_SECONDS, PEER_QPS,
     *FLOW_COUNTERS, FLOW_NAKS, FLOW_MESSAGE_SIZE_BYTES,
     MESSAGE_SIZE_BYTES, MESSAGE_GAP_SECONDS, FRAMES, PFC_PAUSE_FRAMES, PFC_RESUME_FRAMES, PFC_PAUSE_QUANTA,
     FLOWS, FLOWS_CREATED, FLOWS_EVICTED, MESSAGE_RECORDS_LOST, PARTIAL_MESSAGES, SAMPLING_DENOMINATOR, PEERS,
     LAST_READ_TIMESTAMP_SECONDS, READ_DURATION_SECONDS, EXPORTER_INFO,
-    NODE_FORWARD_LATENCY, NODE_ARRIVAL_OFFSET, NODE_START_OFFSET, NODE_STEP, NODE_COLLECTIVE, NODE_ITERATION,
+    NODE_FORWARD_LATENCY, NODE_OWN_LAG, NODE_ARRIVAL_OFFSET, NODE_START_OFFSET, NODE_STEP, NODE_COLLECTIVE, NODE_ITERATION,
     NODE_STEPS, NODE_COLLECTIVES, NODE_ITERATIONS,
 )
 BY_NAME = {m.name: m for m in METRICS}

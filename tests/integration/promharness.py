@@ -101,3 +101,44 @@ class Prom:
         stop_proc(self.proc)
         if self.log:
             self.log.close()
+
+
+class Backfilled:
+    """Prometheus on 127.0.0.1 over a TSDB backfilled from OpenMetrics text (`skewscope export
+    --once --format openmetrics`, one file per DPU, concatenated) with `promtool tsdb
+    create-blocks-from openmetrics`: no scraping, the samples lie at the files' timestamp
+    (query with `skewscope cluster --window all --at T`)."""
+
+    def __init__(self, workdir: Path, om_texts: list[str]):
+        self.dir = workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        body = "".join(t.replace("# EOF\n", "") for t in om_texts) + "# EOF\n"
+        self.om = workdir / "backfill.om"
+        self.om.write_text(body)
+        self.data = workdir / "tsdb"
+        self.proc = None
+        self.log = None
+
+    def start(self, ready_timeout: float = 60):
+        r = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(self.om), str(self.data)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        cfg = self.dir / "prometheus-backfilled.yml"
+        cfg.write_text("{}")
+        self.log = open(self.dir / "prometheus.log", "w")
+        self.proc = subprocess.Popen(
+            ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={self.data}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_until(self.ready, ready_timeout, "prometheus ready")
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"prometheus exited: {(self.dir / 'prometheus.log').read_text()[-2000:]}")
+        return urllib.request.urlopen(self.url + "/-/ready", timeout=1).status == 200
+
+    def stop(self):
+        stop_proc(self.proc)
+        if self.log:
+            self.log.close()

@@ -115,6 +115,49 @@ def test_from_file_values_equal_snapshot(gen_snap, scenario):
     assert by_pair(parse(r2.stdout), "skewscope_peer_bytes_total", "dpu-a") == got_b
 
 
+def test_once_openmetrics_is_the_same_exposition_stamped_for_backfill(gen_snap, tmp_path):
+    """`export --once --format openmetrics --timestamp T`: the OpenMetrics text, every sample
+    at T, the same values as the text exposition, no process_* series (they would describe
+    the converting process), `# EOF` last; `promtool tsdb create-blocks-from openmetrics`
+    (the backfill it is for) takes it whole. A bad combination of options is a one-line
+    usage error."""
+    import re
+    _, snapfile, snap, _ = gen_snap["congestion"]
+    t = 1767225600.0
+    r = run_cli("export", "--from", str(snapfile), "--once", "--node", "dpu-a", "--format", "openmetrics",
+                "--timestamp", str(t))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.endswith("# EOF\n")
+    om = collections.defaultdict(dict)
+    line_re = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+) (\S+)$')
+    lab_re = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+    for line in r.stdout.splitlines():
+        if line.startswith("#"):
+            continue
+        m = line_re.match(line)
+        assert m, line
+        assert float(m.group(4)) == t, line
+        om[m.group(1)][frozenset(lab_re.findall(m.group(2) or ""))] = float(m.group(3))
+    assert om and not [n for n in om if n.startswith("process_")]
+    text = parse(run_cli("export", "--from", str(snapfile), "--once", "--node", "dpu-a").stdout)
+    for name in ("skewscope_peer_bytes_total", "skewscope_peer_ce_packets_total", "skewscope_peer_busy_seconds_total",
+                 "skewscope_message_size_bytes_bucket"):
+        assert om[name] == text[name], name
+    assert by_pair(om, "skewscope_peer_bytes_total", "dpu-a") == {k: float(v) for k, v in
+                                                                  expected_pairs(snap, ["bytes"]).items()}
+    if shutil.which("promtool"):
+        f = tmp_path / "x.om"
+        f.write_text(r.stdout)
+        p = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(f), str(tmp_path / "db")],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        series = sum(len(v) for v in om.values())
+        assert re.search(rf"\s{series}\s+{series}\s+{series}\s", p.stdout), (series, p.stdout)
+    for bad in (["--format", "openmetrics"], ["--once", "--timestamp", "5"]):
+        r = run_cli("export", "--from", str(snapfile), *bad)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 def test_histograms_are_cumulative_with_exact_bounds(gen_snap):
     """Message-size buckets: count(le=b) = number of WRITE messages of size <= b, counted
     from the message records (bytes = RETH length), not from the histogram."""

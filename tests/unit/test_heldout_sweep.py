@@ -24,3 +24,26 @@ def test_heldout_variant_matches_truth(name, sc, expect, gap):
     if gap and not ok:
         pytest.xfail(f"known gap: {gap}: {why}")
     assert ok, why
+
+
+# ---- the robustness grid (issue 25): a slice, fabric and node vantages (the fleet vantage
+# needs Prometheus: tests/integration/test_fleet_real_views.py runs its slice)
+GRID = {c.name: c for c in S.grid(quick=True)}
+SLICE = [  # (case, vantage): what each vantage must report on a seed the sweep does not use
+    ("tp-slow n8 lag80us dataflow", "node"), ("tp-slow n8 lag80us barrier", "node"),
+    ("tp-slow n4 lag5us dataflow", "fabric"), ("tp-slow n4 lag5us barrier", "node"),
+    ("ring-straggler n8 80us barrier ch2", "node"), ("ring-straggler n8 ratex0.4 dataflow ch2", "fabric"),
+    ("ep-hot n8 x2", "node"), ("moe-hot n6 x3", "fabric"),
+    ("tp-healthy n8 barrier", "node"), ("ring-healthy n8 barrier ch1", "node"), ("alltoall-healthy n6", "fabric"),
+]
+
+
+@pytest.mark.parametrize("name,vantage", SLICE, ids=[f"{v}: {n}" for n, v in SLICE])
+def test_grid_slice(tmp_path, name, vantage):
+    tally = S.run_grid([GRID[name]], [21], [vantage], tmp_path)
+    (kind, v), t = next(iter(tally.rows.items()))
+    assert v == vantage and t["na"] == t["err"] == 0, t
+    if kind == "healthy":
+        assert t["warned"] == 0, t
+    else:
+        assert t["judged"] == t["hit"] == 1 and t["wrong"] == 0, t

@@ -6,7 +6,8 @@ threshold declared once in the registry (registry.py; docs/metrics.md "Findings"
     analyze_matrix(fm, thresholds) (fleet.py)                                     skewscope cluster
 
 Families (FAMILIES: the kinds' declaration order = DEFAULTS / docs order): alltoall, incast,
-rings (rates_and_lags), stalls, pipeline, congestion, loss, pfc, periods, decode, kv, caveats;
+rings (rates_and_lags), stalls, pipeline, congestion, loss, pfc, periods, decode, ownview (one DPU's
+view of a ring), kv, instances, caveats;
 fleet (needs="fleet"). Run order: Detector.stage (ties: that order).
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from skewscope.analysis.detectors import (
     instances,
     kv,
     loss,
+    ownview,
     periods,
     pfc,
     pipeline,
@@ -57,7 +59,8 @@ from skewscope.analysis.detectors.registry import (  # noqa: F401 (the public na
 
 #: the family modules, in the kinds' declaration order (DEFAULTS, docs/metrics.md,
 #: --list-checks); each declares DETECTORS (and PARAMETERS); a new family adds one entry
-FAMILIES = (alltoall, incast, rings, stalls, pipeline, congestion, loss, pfc, periods, decode, kv, instances, caveats, fleet)
+FAMILIES = (alltoall, incast, rings, stalls, pipeline, congestion, loss, pfc, periods, decode, ownview, kv, instances, caveats,
+            fleet)
 for _m in FAMILIES:
     for _d in getattr(_m, "DETECTORS", ()):
         register(_d)

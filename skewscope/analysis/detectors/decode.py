@@ -19,6 +19,7 @@ from skewscope.analysis.detectors.common import (
     shared_successors,
     us,
 )
+from skewscope.analysis.detectors.ownview import collective_spacing, segment_timing
 from skewscope.analysis.detectors.registry import Detector, Kind, Parameters, Threshold
 from skewscope.analysis.collectives import Group, _one_way_ends
 from skewscope.analysis.intervals import natural_break
@@ -94,16 +95,28 @@ def _one(em, ctx, g, dec, ev, th, gi, r, kv_cause=False):
     ips = ctx.nodes.ips
     t = th["decode_jitter"]
     ratio = dec["decode_jitter_ratio"]
+    p50, p99 = dec["collective_interval_p50_s"], dec["collective_interval_p99_s"]
     pre = dec.get("prefill")
     if dec.get("collective_source") == "wire_bursts":
         ratio = 0.0                 # no collective cadence to judge (analysis.inference)
+    if g.pattern == "ring_segment" and not pre:
+        # one DPU's view of a ring: when every step waits on a slow member, the view's
+        # bursts are the steps, not the collectives; its node's own collectives (every
+        # M-th send: analysis.nodeview) are what a token is made of
+        seg = segment_timing(ctx, g)
+        d = collective_spacing(seg[1]) if seg is not None else None
+        if seg is not None and seg[1]["role"] != "tp_decode":
+            ratio = 0.0             # the node's own view: one collective per iteration, no decode cadence
+        elif d is not None:
+            p50, p99 = float(np.median(d)) / 1e9, float(np.percentile(d, 99)) / 1e9
+            ratio = p99 / p50 if p50 > 0 else 0.0
     em.add("decode_jitter", sev(ratio, t["warning"], t["critical"]), g.members,
-           f"decode collectives every {us(dec['collective_interval_p50_s'] * 1e9)} (p50) but p99 "
-           f"{us(dec['collective_interval_p99_s'] * 1e9)} ({ratio:.1f}x): token latency tail"
+           f"decode collectives every {us(p50 * 1e9)} (p50) but p99 "
+           f"{us(p99 * 1e9)} ({ratio:.1f}x): token latency tail"
            + (" — mostly prefill interference, see below" if pre and pre["interfered_intervals"] else
               " — KV-cache transfers into its members, see prefill_interference below" if kv_cause else
               "; look for host interference or a slow shard"),
-           {"interval_p50_s": dec["collective_interval_p50_s"], "interval_p99_s": dec["collective_interval_p99_s"],
+           {"interval_p50_s": p50, "interval_p99_s": p99,
             "interval_max_s": dec["collective_interval_max_s"], "jitter_ratio": ratio,
             "collectives_per_s": dec["collectives_per_s"]}, flows=g.flows, group=gi,
            onset=_jitter_onset(ev, dec, t["warning"]))
@@ -118,6 +131,8 @@ def _one(em, ctx, g, dec, ev, th, gi, r, kv_cause=False):
                                     "max_interval_s", "threshold_bytes")}, flows=g.flows, group=gi,
                impact=_prefill_impact(dec, r, pre), onset=_spacings_onset(ev.decode_colls, pre.get("_hit_ns")))
     fired = bool(pre and pre["interfered_intervals"] >= th["prefill_interference"]["min_intervals"])
+    if g.pattern == "ring_segment":
+        return fired                # one DPU's view: its own node only (ownview.py)
     t = th["slow_tp_shard"]
     steps = r.get("_steps")
     if steps is not None:
@@ -448,7 +463,7 @@ DETECTORS = [
                        "the ones a transfer covers for ≥ half their length) as an episode against the group's "
                        "collectives"),
             Kind("slow_tp_shard",
-                 fires="decode ring: a member is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps of its slow stretch (the whole capture, or from an onset / up to a recovery: a change point on its per-step lag, `since`/`until`), by a median lag ≥ max(`min_lag_s` 1 µs, `lag_jitter` (4) × the step jitter) (docs: \"Steps and gates\"), not when its own or its successor's downlink is shared (other traffic arriving there ≥ 25 % of the group's bytes into it: its messages, or its successor's clear-to-send, queue behind KV transfers); critical when the time it costs is ≥ `critical_share` (50 %) of the token. Decode groups without ring steps: the collective-level start lag ≥ max(`min_lag_s`, `lag_fraction` (0.1) × collective duration, median + `lag_mad` × MAD)",
+                 fires="decode ring: a member is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps of its slow stretch (the whole capture, or from an onset / up to a recovery: a change point on its per-step lag, `since`/`until`), by a median lag ≥ max(`min_lag_s` 1 µs, `lag_jitter` (4) × the step jitter) (docs: \"Steps and gates\"), not when its own or its successor's downlink is shared (other traffic arriving there ≥ 25 % of the group's bytes into it: its messages, or its successor's clear-to-send, queue behind KV transfers); critical when the time it costs is ≥ `critical_share` (50 %) of the token. Decode groups without ring steps: the collective-level start lag ≥ max(`min_lag_s`, `lag_fraction` (0.1) × collective duration, median + `lag_mad` × MAD). One node's view of a ring (a ring segment, one DPU): only its own node, by its own lag per step (min of its forward latency and minus the arrival offset of its upstream's same step: docs \"Per-node timing\") ≥ `min_lag_s` in ≥ `min_steps` steps that are ≥ `last_share` of the steps it waited in between the first and the last such step, their median ≥ `lag_jitter` × their spread and ≥ slow_tp_shard.`lag_fraction` × its median step; a late upstream is `late_upstream` (info)",
                  blames='the shard, then the others',
                  onset="its slow stretch: a change point on its per-step series 'last by a lag above the bar' (docs: \"Steps and gates\"); without ring steps the generic one",
                  thresholds=(Threshold("min_lag_s", 1e-6, "s", "a shard's own lag per step, at least (timestamp resolution / one packet)"),

@@ -34,6 +34,12 @@ from skewscope.analysis.fleet import (
 from skewscope.analysis.stats import robust_ratio_to_median, skew_rows, skew_stats
 
 
+def _bound_below(bounds, x: float) -> float:
+    """The largest bucket bound < x (x itself when none is)."""
+    b = [v for v in bounds if v < x]
+    return float(b[-1]) if b else float(x)
+
+
 def _mean(h) -> float:
     return float(h[2] / h[1][-1]) if h is not None and h[1][-1] > 0 else float("nan")
 
@@ -183,10 +189,14 @@ def alltoall(inp, em):
         mask = ~np.eye(len(g), dtype=bool)
         rows = skew_rows(sub, mask)
         col = skew_stats(sub.sum(axis=0))
+        send = member_send_rates(inp, g)
         inp.collectives.append({"kind": "all_to_all", "members": [ips[i] for i in g],
                                 "confidence": alltoall_confidence(inp, g),
                                 "metrics": {"destination_skew": col, "per_source_max_over_mean":
-                                            [r["max_over_mean"] for r in rows]}})
+                                            [r["max_over_mean"] for r in rows],
+                                            "member_send_rate_bps": [None if not np.isfinite(x) else float(x)
+                                                                     for x in send]}})
+        alltoall_stragglers(inp, em, g)
         worst = [(r["max_over_mean"] or 0.0, k, r) for k, r in enumerate(rows)
                  if (r["n"] or 0) >= t["min_destinations"]]
         skewed = [w for w in worst if w[0] >= t["max_over_mean"]]
@@ -204,26 +214,108 @@ def alltoall(inp, em):
                          pairs=[(s, ips[hot]) for s in srcs if s != ips[hot]])
 
 
+def member_send_rates(inp, members):
+    """Per member: its send rate over its own active time, 8 x the bytes of its data messages
+    (bulk and chunk, to anyone) / its source busy time (skewscope_source_busy_seconds: the
+    union of its outgoing data messages, from its own DPU), NaN where no DPU exported it or
+    its messages average < MIN_PKTS_PER_MSG packets (a rate over 1-2 packets is the
+    timestamps' granularity); the single-node straggler's send throughput over active time."""
+    fm = inp.fm
+    sb = getattr(fm, "src_busy_seconds", None)
+    out = np.full(len(members), np.nan)
+    if sb is None:
+        return out
+    mb = sum(offdiag(fm.cls("message_bytes", k)) for k in ("bulk", "chunk"))
+    pk = sum(offdiag(fm.cls("packets", k)) for k in ("bulk", "chunk"))
+    ms = sum(offdiag(fm.cls("messages", k)) for k in ("bulk", "chunk"))
+    for x, i in enumerate(members):
+        busy = float(sb[i]) if np.isfinite(sb[i]) else 0.0
+        msgs = float(ms[i].sum())
+        if busy > 0 and msgs > 0 and float(pk[i].sum()) / msgs >= MIN_PKTS_PER_MSG:
+            out[x] = 8.0 * float(mb[i].sum()) / busy
+    return out
+
+
+def alltoall_stragglers(inp, em, g):
+    """straggler: an all-to-all member whose send rate over its active time is <= the
+    single-node straggler's warning (critical) x the members' median (>= 3 members rated)."""
+    ips = inp.ips
+    t = inp.th["straggler"]
+    rate = member_send_rates(inp, g)
+    if np.isfinite(rate).sum() < MIN_RING_LINKS:
+        return
+    med = float(np.nanmedian(rate))
+    if med <= 0:
+        return
+    ratio = rate / med
+    k = int(np.nanargmin(ratio))
+    r = float(ratio[k])
+    if r <= t["warning"]:
+        a = g[k]
+        em.add_fleet("straggler", "critical" if r <= t["critical"] else "warning",
+                     [ips[a]] + [ips[x] for x in g if x != a],
+                     f"all-to-all straggler {ips[a]}: sends at {r:.2f}x the members' median rate over active time "
+                     f"({fmt_bps(rate[k])} vs {fmt_bps(med)}); every rank waits for its data: check that host's "
+                     f"GPU/NIC (clocks, PCIe, thermal) or its uplink",
+                     {"send_ratio": r, "rate_bps": float(rate[k]), "median_rate_bps": med,
+                      "group": [ips[x] for x in g], "members_rated": int(np.isfinite(rate).sum())},
+                     pairs=[(ips[a], ips[x]) for x in g if x != a and inp.data_b[a, x] > 0])
+
+
 #: a ring straggler is judged against the ring's median only with at least this many links
 MIN_RING_LINKS = 3
+#: a rate over active time is judged only when the pair's messages have >= this many packets
+#: (mean): over 1-2 packets it is the capture's timestamp granularity (as rings.MIN_PKTS_PER_MSG)
+MIN_PKTS_PER_MSG = 3
+
+
+def _pkts_per_msg(fm, klass: str) -> np.ndarray:
+    return safe_div(fm.cls("packets", klass), fm.cls("messages", klass))
+
+
+def _rings(inp):
+    """[(members, traffic class)]: cycles of the bulk pairs (ring/tree SIMPLE slices), then,
+    among the other nodes, cycles of >= 3 chunk pairs (rings of smaller messages: NCCL
+    rings of many ranks or channels, LL/LL128 rings, other libraries' rings, perftest)."""
+    out = [(r, "bulk") for r in find_rings(inp.bulk_b > 0)]
+    used = {i for r, _ in out for i in r}
+    chunk = inp.chunk_b > 0
+    if used:
+        idx = sorted(used)
+        chunk = chunk.copy()
+        chunk[idx, :] = False
+        chunk[:, idx] = False
+    out += [(r, "chunk") for r in find_rings(chunk) if len(r) >= MIN_RING_LINKS]
+    return out
 
 
 def rings(inp, em):
     ips = inp.ips
     t = inp.th["ring_straggler"]
-    rate = rate_over_active(inp.fm, "bulk")
-    for ring in find_rings(inp.bulk_b > 0):
+    rates = {k: rate_over_active(inp.fm, k) for k in ("bulk", "chunk")}
+    roles = {tuple(sorted(g["members"])): g["role"] for g in inp.timing_groups}
+    for ring, klass in _rings(inp):
         links = [(ring[k], ring[(k + 1) % len(ring)]) for k in range(len(ring))]
+        rate = rates[klass]
         lr = np.array([rate[a, c] for a, c in links])
+        if klass == "chunk":
+            # small messages: a link's rate only where its messages span several packets
+            ppm = _pkts_per_msg(inp.fm, klass)
+            lr = np.where(np.array([ppm[a, c] for a, c in links]) >= MIN_PKTS_PER_MSG, lr, np.nan)
         score = robust_ratio_to_median(lr)
         med = float(np.nanmedian(lr)) if np.isfinite(lr).any() else None
+        metrics = {"link_rate_bps": [None if not np.isfinite(x) else float(x) for x in lr],
+                   "median_rate_bps": med,
+                   "straggler_score": [None if not np.isfinite(x) else float(x) for x in score]}
+        if klass == "chunk":
+            metrics["traffic_class"] = "chunk"
+            role = roles.get(tuple(sorted(ips[i] for i in ring)))
+            if role:
+                metrics["role"] = role
         inp.collectives.append({"kind": "ring_allreduce", "members": [ips[i] for i in ring],
-                                "confidence": ring_confidence(inp, ring, "bulk"),
-                                "metrics": {"link_rate_bps": [None if not np.isfinite(x) else float(x) for x in lr],
-                                            "median_rate_bps": med,
-                                            "straggler_score": [None if not np.isfinite(x) else float(x)
-                                                                for x in score]}})
-        if len(ring) >= MIN_RING_LINKS and np.isfinite(score).any():
+                                "confidence": ring_confidence(inp, ring, klass), "metrics": metrics})
+        judged = np.isfinite(score).any() if klass == "bulk" else np.isfinite(score).sum() >= MIN_RING_LINKS
+        if len(ring) >= MIN_RING_LINKS and judged:
             k = int(np.nanargmin(score))
             s = float(score[k])
             if s < t["warning"]:
@@ -232,7 +324,7 @@ def rings(inp, em):
                              f"ring link {ips[a]}->{ips[c]} at {s:.2f}x the median link rate over active time "
                              f"({fmt_bps(lr[k])} vs {fmt_bps(med)}): slow sender {ips[a]} or its link",
                              {"link": [ips[a], ips[c]], "rate_bps": float(lr[k]), "median_rate_bps": med,
-                              "score": s, "ring": [ips[i] for i in ring]},
+                              "score": s, "ring": [ips[i] for i in ring], "traffic_class": klass},
                              pairs=[(ips[a], ips[c])])
 
 
@@ -347,6 +439,10 @@ def alltoall_confidence(inp, g: list) -> float:
 
 
 # ---- fusion of the per-node timing (slow_tp_shard, ring_straggler, rotating_straggler) ----
+#: own-lag blame: the member's own lag (sum over its steps) at least this many times any
+#: other member's (a gate's rule, analysis.steps GATE_RATIO)
+OWN_DOMINANCE = 2.0
+
 def _member_view(inp, ip, role, upstream, downstream, late_s, slow_s):
     """What the member's own DPU and its downstream's DPU saw (seen_by rows)."""
     e = inp.entry(ip, role)
@@ -413,7 +509,39 @@ def timing_fusion(inp, em):
         itl = [_mean(e["hist"].get("iteration")) for e in ents if e]
         period = float(np.nanmedian(itl)) if np.isfinite(itl).any() else None
         blamed, why = None, None
-        if np.isfinite(fwd).any() and np.isfinite(med) and med > 0:
+        # own lag (nodeview: min(forward latency, -arrival offset of the upstream's same
+        # step)): a member late on its own, under data-flow and barrier step timing alike
+        # (barrier: every member waits for the slowest, so forward latencies are all long)
+        floor = t.get("min_lag_s", 1e-6)
+        own_h = [e["hist"].get("own_lag") if e else None for e in ents]
+        own_sum = np.array([h[2] if h is not None else np.nan for h in own_h])
+        # late: above the largest bucket bound below the floor (a 1 us lag is not above 1 us)
+        own_late = np.array([count_gt(h[0], h[1], _bound_below(h[0], floor)) if h is not None else 0.0
+                             for h in own_h])
+        fw_h = [e["hist"].get("forward_latency") if e else None for e in ents]
+        waited = np.array([max(own_late[i], count_gt(h[0], h[1], floor)) if h is not None else own_late[i]
+                           for i, h in enumerate(fw_h)])
+        own_lag = None
+        steps_mean = [_mean(e["hist"].get("step")) for e in ents if e and e["hist"].get("step") is not None]
+        step_med = float(np.nanmedian(steps_mean)) if np.isfinite(steps_mean).any() else 0.0
+        if np.isfinite(own_sum).sum() >= 2 and np.nanmax(own_sum) > 0:
+            k = int(np.nanargmax(own_sum))
+            rest = np.delete(np.nan_to_num(own_sum, nan=0.0), k)
+            share = own_late[k] / waited[k] if waited[k] else 0.0
+            lag_k = own_sum[k] / own_late[k] if own_late[k] else 0.0   # sum / late count: the late steps' mean
+            ts = inp.th["slow_tp_shard"]
+            # persistent: `min_steps` late steps, or late in as many steps as there are
+            # iterations (>= rotating_straggler.min_iterations) -- a ring of two has one step
+            # per iteration inside its collectives
+            need = min(float(t["min_steps"]), max(float(tr["min_iterations"]), n_it))
+            if own_late[k] >= need and share >= 0.5 * ts["last_share"] \
+                    and own_sum[k] >= OWN_DOMINANCE * float(rest.max(initial=0.0)) and lag_k >= 0.999 * floor \
+                    and lag_k >= ts["lag_fraction"] * step_med:
+                blamed, why, own_lag = mem[k], "own_lag", float(lag_k)
+        # the forward latency alone, where a member's DPU exports no own lag (an older
+        # exporter): under barrier timing every member upstream of a slow one waits long too
+        have_own = all(h is not None for h in own_h)
+        if blamed is None and not have_own and np.isfinite(fwd).any() and np.isfinite(med) and med > 0:
             k = int(np.nanargmax(fwd))
             ip = mem[k]
             own = views[ip][0]
@@ -431,12 +559,15 @@ def timing_fusion(inp, em):
         if blamed is not None:
             own, dn, _ = views[blamed]
             k = mem.index(blamed)
-            lag = float(fwd[k] - med) if why == "forward" else None
+            lag = float(fwd[k] - med) if why == "forward" else own_lag
             # the lag is paid on every step and, as a late start, on every collective's first one
             steps_it = (own.get("steps", 0.0) + own.get("late_starts", 0.0)) / n_it if n_it else None
             lost = lag * steps_it if lag is not None and steps_it else None
+            if why == "own_lag":
+                lost = float(own_sum[k]) / n_it if n_it else None
             imp = impact_of(lost, period)
             ev = {"source": "per-node timing", "role": role, "group": mem, "forward_latency_s": _f(fwd[k]),
+                  "own_lag_s": own_lag, "own_late_steps": float(own_late[k]) if why == "own_lag" else None,
                   "group_median_forward_latency_s": _f(med), "forward_ratio": _f(fwd[k] / med) if med > 0 else None,
                   "lag_per_step_s": lag, "slow_steps": own.get("slow_steps"), "steps": own.get("steps"),
                   "slow_step_above_s": slow_s, "late_starts": own.get("late_starts"),
@@ -455,6 +586,9 @@ def timing_fusion(inp, em):
             what = (f"its forward latency is {fwd[k] / med:.1f}x the group median ({fwd[k] * 1e6:.1f} vs "
                     f"{med * 1e6:.1f} us) on {own['slow_steps']:.0f} of {own['steps']:.0f} steps"
                     if why == "forward" else
+                    f"its own DPU sees it send {own_late[k]:.0f} of {waited[k]:.0f} ring steps {own_lag * 1e6:.1f} us "
+                    f"(mean) after it was ready and after its upstream's same step, the others ~0"
+                    if why == "own_lag" else
                     f"it started {gated[blamed]:.0f} of {colls[blamed]:.0f} collectives late (> {late_s * 1e6:g} us)")
             conf = (f"; its downstream {down[blamed]}'s DPU saw {dn.get('late_arrivals', 0):.0f} late first arrivals"
                     if dn.get("late_arrivals") else "")
@@ -563,17 +697,23 @@ DETECTORS = [
              doc="destination preference of a typical source (metrics: traffic_matrix, destination/source skew)",
              extra=(("hot_destination", Threshold("min_nodes", 3, "count",
                                                   "destinations receiving, at least")),)),
-    Detector("fleet_alltoall", alltoall, emits=("alltoall_destination_skew",), needs=_FLEET, stage=20,
-             doc="all-to-all groups of mutual chunk pairs: per-source destination skew",
+    Detector("fleet_alltoall", alltoall, emits=("alltoall_destination_skew", "straggler"), needs=_FLEET, stage=20,
+             doc="all-to-all groups of mutual chunk pairs: per-source destination skew; a member's send rate over "
+                 "its active time (source busy time) against the members' median (straggler)",
              extra=(("alltoall_destination_skew", Threshold("max_over_mean", 2.0, "ratio",
                                                             "a source's max/mean bytes per destination")),
                     ("alltoall_destination_skew", Threshold("min_destinations", 3, "count",
                                                             "destinations of that source, at least")))),
     Detector("fleet_rings", rings, emits=("ring_straggler",), needs=_FLEET, stage=30,
-             doc="rings of bulk pairs: link rate over active time / the ring median"),
+             doc="rings of bulk pairs, then of >= 3 chunk pairs among the other nodes (links of >= 3 packets per "
+                 "message): link rate over active time / the ring median"),
     Detector("fleet_timing", fleet_timing, emits=("slow_tp_shard", "ring_straggler", "rotating_straggler"),
              needs=_FLEET, stage=35,
-             doc="per-node timing histograms: a ring member's forward latency vs the group median, late "
+             doc="per-node timing histograms: a ring member's own lag (late on its own in >= min_steps steps or "
+                 "one per iteration, >= half the share last_share of the steps it waited, its lag sum >= 2x any "
+                 "other member's, its mean lag >= "
+                 "slow_tp_shard.lag_fraction x the group's median step; without own-lag series: its forward "
+                 "latency vs the group median), late "
                  "collective starts seen by its own and its downstream's DPU; the cluster document's timing",
              extra=(("slow_tp_shard", Threshold("forward_ratio", 3.0, "ratio",
                                                 "fleet: a member's mean forward latency / the group median")),
