@@ -62,14 +62,16 @@ def prefill_split(ctx, flows):
 
 def ring_allreduces_per_iteration(ctx, g, sel, iterations: int) -> float:
     """A ring group's all-reduces per iteration from its messages: a ring all-reduce of N
-    members sends 2(N - 1) messages on each link (one per step; a SIMPLE step of more than
-    one slice sends more, which only overcounts)."""
+    members sends 2(N - 1) messages on each link and channel (one per step; a SIMPLE step of
+    more than one slice sends more, which only overcounts); the channels are the link's
+    flows (with several QPs per connection this undercounts, towards a training step)."""
     f = ctx.ev_flow[sel]
     if not len(f):
         return 0.0
     links = len(set(zip(ctx.nodes.src[f].tolist(), ctx.nodes.dst[f].tolist())))
+    flows = len(np.unique(f))
     steps = 2 * max(1, len(g.members) - 1)
-    return float(len(f)) / max(1, links) / steps / max(1, iterations)
+    return float(len(f)) / max(1, flows) / steps / max(1, iterations) if links else 0.0
 
 
 def decode_metrics(snap, g, th: dict) -> dict | None:
