@@ -276,7 +276,7 @@ def _check_doc(doc, fleet, dpu_names):
     for key in ("source", "meta", "totals", "pfc", "flows", "collectives", "timing", "findings"):
         assert key in doc
     assert doc["timing"] is None
-    assert set(st[0]) == {"kind", "severity", "entities", "evidence", "message", "group", "impact"}
+    assert set(st[0]) == {"kind", "severity", "entities", "evidence", "message", "group", "impact", "since", "until"}
     assert set(st[0]["entities"]) == {"ips", "qps", "flows"}
     assert sorted(doc["meta"]["dpus"]) == dpu_names
     kinds = {c["kind"] for c in doc["collectives"]}
