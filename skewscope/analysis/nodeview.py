@@ -59,8 +59,8 @@ from skewscope.analysis import flows as FL
 from skewscope.analysis.collectives import background_flows
 from skewscope.analysis.context import context
 from skewscope.analysis.fleet import BULK_MIN_MESSAGE
-from skewscope.analysis.intervals import merge_sorted
-from skewscope.analysis.timing import bursts_and_period, split_bursts
+from skewscope.analysis.intervals import break_candidates, merge_sorted
+from skewscope.analysis.timing import BREAK_RATIO, MIN_GAP_NS, bursts_and_period, split_bursts
 from skewscope.core.errors import EXIT_USAGE, SkewscopeError
 from skewscope.core.jit import njit
 from skewscope.core.snapshot import Snapshot
@@ -69,6 +69,8 @@ from skewscope.core.snapshot import Snapshot
 BOUNDARY_FACTOR = 4.0
 #: ... and at least this much above the median (ns): timestamp resolution
 BOUNDARY_FLOOR_NS = 1000.0
+#: a long wait with the upstream's same step in for this share of it is the node's own lag
+SAT_SHARE = 0.5
 #: a ring member is tp_decode with at least this many collectives per iteration
 DECODE_MIN_COLLECTIVES = 4
 ROLES = ("ring", "tp_decode", "alltoall", "kv_transfer")
@@ -172,6 +174,29 @@ def _iterations(s, e):
     return bursts_and_period(a, b, c)[0]
 
 
+def _modal_per_burst(bs, ss) -> int:
+    i = np.searchsorted(bs, ss, side="right") - 1
+    i = i[i >= 0]
+    return int(np.bincount(np.bincount(i)).argmax()) if len(i) else 0
+
+
+def _ring_iterations(s, e, ss):
+    """Iteration starts of a ring member (_iterations of its send and receive intervals s,
+    e), where an iteration holds >= 2 sends of a lane (ss: one lane's send starts): a ring
+    collective has >= 2 steps per member, so bursts of one send each are the member's own
+    lag between its steps (a lag longer than the token gap), not iterations. Then the next
+    natural break up that holds >= 2, else one iteration (steps matched in order)."""
+    its = _iterations(s, e)
+    if len(ss) < 4 or _modal_per_burst(its, ss) >= 2:
+        return its
+    a, b, _ = merge_sorted(np.ascontiguousarray(s), np.ascontiguousarray(e), 0.0)
+    for thr in sorted(break_candidates(a[1:] - b[:-1], BREAK_RATIO, MIN_GAP_NS)):
+        bs = merge_sorted(np.ascontiguousarray(s), np.ascontiguousarray(e), float(thr))[0]
+        if len(bs) >= 2 and _modal_per_burst(bs, ss) >= 2:
+            return bs
+    return s[:1].astype(np.float64)
+
+
 def infer_node(ctx) -> int | None:
     """The node index that is an end of every data flow (None: none or ambiguous)."""
     d = np.nonzero(ctx.data)[0]
@@ -265,7 +290,7 @@ def _iter_stats(its) -> dict:
 def _ring(ctx, node, send_f, recv_f, up, down):
     ips = ctx.nodes.ips
     s_all, e_all, _ = _events_of(ctx, np.concatenate([send_f, recv_f]))
-    its = _iterations(s_all, e_all)
+    its = _ring_iterations(s_all, e_all, _events_of(ctx, _lanes(ctx, send_f, recv_f)[0][0])[0])
     offs, waits, steps, first, coll_t, start_offs, own, own_off = [], [], [], [], [], [], [], []
     t_offs, t_soffs, t_in = [], [], []
     lane_parts = []
@@ -290,12 +315,16 @@ def _ring(ctx, node, send_f, recv_f, up, down):
         # period-th send (collective_period) or, without one, a long wait
         newit = np.ones(len(ss), dtype=bool)
         newit[1:] = si[1:] != si[:-1]
+        # a boundary's long wait that the node spent sitting on its upstream's same step
+        # (_sat) is (also) a lag of its own: a member slower than its step (under either step
+        # timing) or starting its collective late; its own lag is read there too
+        sat = _sat(off, wait)
         if period:
             j = np.arange(len(ss)) - np.maximum.accumulate(np.where(newit, np.arange(len(ss)), 0))
             bound = newit | (j % period == 0)
         else:
             bound = newit | (np.nan_to_num(wait, nan=0.0) > bar)
-        inside = al & ~bound
+        inside = al & ~(bound & ~(sat & ~newit))
         offs.append(off[al])
         start_offs.append(off[al & bound])
         t_offs.append(ss[al])
@@ -359,6 +388,14 @@ def _ring(ctx, node, send_f, recv_f, up, down):
     return g
 
 
+def _sat(off, wait) -> np.ndarray:
+    """Sends whose wait (forward latency) the node spent with its upstream's same step
+    already in for >= SAT_SHARE of it: a lag of the node's own, not a collective boundary
+    (at a boundary every member computed; the upstream's next step is not long in)."""
+    w = np.nan_to_num(wait, nan=0.0)
+    return (w > 0) & (np.nan_to_num(-off, nan=0.0) >= SAT_SHARE * w)
+
+
 def collective_period(lane_parts) -> int | None:
     """Sends per collective inside an iteration, when the iteration holds several: the
     smallest divisor M of the (modal) sends per iteration whose every-M-th send waited
@@ -393,7 +430,8 @@ def collective_period(lane_parts) -> int | None:
         other = w[~b]
         c = float(np.median(w[b]) - np.median(other))
         spread = 1.4826 * float(np.median(np.abs(other - np.median(other))))
-        ok = c >= max(BOUNDARY_FLOOR_NS, BOUNDARY_FACTOR * spread)
+        bar = max(BOUNDARY_FLOOR_NS, BOUNDARY_FACTOR * spread)
+        ok = c >= bar
         scores.append((m, c, ok))
         best = max(best, c)
     for m, c, ok in scores:

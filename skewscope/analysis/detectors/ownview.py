@@ -156,22 +156,36 @@ def own_view(inp, em):
             elif step and lag < float(th["slow_tp_shard"]["lag_fraction"]) * step * 1e9:
                 ep = None           # a constant offset too small to cost the ring a measurable share
         if ep is not None:
-            steps_per_it = len(own) / max(1, int(res["iterations"]))
-            lost = lag * (n_late / n_wait) * steps_per_it / 1e9
-            imp = impact_of(lost, period)
+            # its lag in the late steps, per iteration (token) the slow stretch spans
+            its = np.asarray(smp["_times"]["iterations"], dtype=np.int64)
+            n_it = len(np.unique(np.searchsorted(its, tt[late & inw], side="right"))) if len(its) else 1
+            lost = lag * n_late / max(1, n_it) / 1e9
+            whole = period is None or int(res["iterations"] or 0) <= 1
+            if whole:
+                # no iteration to be seen (its lag is longer than the token gap): what it
+                # cost over the captured steps of its slow stretch
+                span = float(tt[inw].max() - tt[inw].min()) / 1e9 if inw.any() else 0.0
+                lost = lag * n_late / 1e9
+                imp = {"seconds": lost, "share": min(1.0, lost / span) if span > 0 else None}
+            else:
+                imp = impact_of(lost, period)
             share = imp["share"] if imp else None
             severity = "critical" if share is not None and share >= th["slow_tp_shard"]["critical_share"] else "warning"
             label = "tensor-parallel shard" if decode else "ring member"
             em.add(kind, severity, [hub] + [x for x in g.members if x != hub],
                    f"{label} {ips[hub]} (this DPU's own node) sends {n_late} of {n_wait} ring steps "
                    f"{us(lag)} after it was ready and after its upstream {ips[up]}'s same step "
-                   f"(spread {us(jitter)}): every {per} waits ~{us(lost * 1e9)} for it"
-                   + (f" ({pct(share)} of the {us(period * 1e9)} {per})" if share is not None else "")
+                   f"(spread {us(jitter)}): "
+                   + (f"the ring waited ~{us(lost * 1e9)} for it over {us(span * 1e9)} of steps"
+                      + (f" ({pct(share)})" if share is not None else "") if whole else
+                      f"every {per} waits ~{us(lost * 1e9)} for it"
+                      + (f" ({pct(share)} of the {us(period * 1e9)} {per})" if share is not None else ""))
                    + "; check that GPU/host (clocks, thermal throttling, a noisy neighbour, its NIC/PCIe)",
                    {"source": "own view", "lag_per_step_s": lag / 1e9, "late_steps": n_late, "steps": n_wait,
                     "last_share": n_late / n_wait, "forward_latency_p50_s": float(np.median(fwd[inw])) / 1e9,
                     "arrival_offset_p50_s": float(np.median(off[inw])) / 1e9, "lag_spread_s": jitter / 1e9,
-                    "lost_per_token_s" if decode else "lost_per_iteration_s": lost, "token_share": share,
+                    ("lost_in_capture_s" if whole else "lost_per_token_s" if decode else "lost_per_iteration_s"): lost,
+                    "token_share": share,
                     "token_interval_s": period, "upstream": ips[up], "downstream": ips[down],
                     "since_s": since / 1e9, "until_s": None if until is None else until / 1e9},
                    flows=[int(f) for f in sf], group=gi, impact=imp, **_when(em, since, until))

@@ -189,6 +189,12 @@ def rates_and_lags(inp, em):
             sd = np.nan_to_num(np.asarray(ev.send_dev_ns, dtype=np.float64), nan=-np.inf)
             lagged = {i: v for i, v in lagged.items()
                       if int((sd[:, i] >= max(t["min_lag_s"] * 1e9, 0.5 * v)).sum()) >= MIN_LATE_ITERATIONS}
+        if lagged and not ring and ev.bursts is not None and len(ev.bursts[0]):
+            # a start lag that is a sliver of the collective it delays costs the group that
+            # sliver (a few us of launch skew in a multi-ms all-to-all): not a straggler (in a
+            # ring the steps carry it: each step waits for the late member)
+            dur = float(np.median(np.asarray(ev.bursts[1]) - np.asarray(ev.bursts[0])))
+            lagged = {i: v for i, v in lagged.items() if v >= t["min_lag_share"] * dur}
         # one DPU's view (a ring segment): the members' step matrix needs the upstream's own
         # readiness, which is outside the view -- its own node's lag is judged by ownview.py
         steps = r.get("_steps") if ring and g.pattern != "ring_segment" else None
@@ -368,9 +374,11 @@ DETECTORS = [
                  thresholds=_lag_thresholds("ring link (fleet: link rate over active time)") + STEP_THRESHOLDS
                  + (Threshold("min_step_lag_s", 1e-6, "s", "steps: its median lag per step, at least (timestamp resolution / one packet; the start lag floor is min_lag_s)"),)),
             Kind("straggler",
-                 fires="tree/all-to-all: a member's send throughput over active time / members' median ≤ `warning` 0.8 (critical 0.5), or start lag as above (all-to-all)",
+                 fires="tree/all-to-all: a member's send throughput over active time / members' median ≤ `warning` 0.8 (critical 0.5), or start lag as above (all-to-all) and ≥ `min_lag_share` (5 %) of the group's median burst",
                  blames='the sender, then its receivers',
-                 thresholds=_lag_thresholds("member")),
+                 thresholds=_lag_thresholds("member") + (
+                     Threshold("min_lag_share", 0.05, "fraction", "start lag: at least this share of the group's "
+                               "median burst (the collective it delays); a shorter one costs the group less"),)),
             Kind("slow_receiver",
                  fires="all-to-all: a member's receive throughput ratio ≤ `warning` 0.8 (critical 0.5), not CE-marked, not explained by slow senders",
                  blames='the receiver, then its senders',
