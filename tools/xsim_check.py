@@ -97,12 +97,31 @@ def findings(path):
     from skewscope.analysis import analyze
     from skewscope.sources.offline import parse_file
     an = analyze(parse_file(path))
-    return [(f["kind"], (f.get("entities") or {}).get("ips", []), f["severity"])
+    return [(f["kind"], (f.get("entities") or {}).get("ips", []), f["severity"], f.get("since"))
             for f in an["findings"]], an
 
 
-def judge(s: Sim, fs, view_ip=None) -> str | None:
-    """None when right, else why not."""
+#: an onset is right within this of the truth's (ns): the first slow step comes with the next
+#: step / iteration after the model's since (rings of 12 ms iterations here)
+ONSET_EARLY_NS, ONSET_LATE_NS = 2_000_000, 15_000_000
+
+
+def onset_wrong(s: Sim, f, ip, offset_ns: int = 0) -> str | None:
+    """Why the naming finding f's `since` is not the truth's onset of ip's slowness (the
+    view's clock is offset_ns ahead), or None."""
+    t0 = [t.get("since_ns") for t in s.truth if ip in t.get("slow", [])]
+    if not t0 or t0[0] is None:
+        return None
+    if len(f) < 4 or f[3] is None:
+        return f"onset of {ip} not reported (truth {t0[0]})"
+    d = int(round(f[3] * 1e9)) - offset_ns - int(t0[0])
+    if not -ONSET_EARLY_NS <= d <= ONSET_LATE_NS:
+        return f"onset of {ip} off by {d / 1e6:.1f} ms"
+    return None
+
+
+def judge(s: Sim, fs, view_ip=None, offset_ns: int = 0) -> str | None:
+    """None when right, else why not. offset_ns: the view's clock offset (onsets)."""
     loud = [f for f in fs if f[2] in ("warning", "critical")]
     slow = [ip for t in s.truth for ip in t.get("slow", [])]
     hot = [t["hot"] for t in s.truth if t.get("hot")]
@@ -110,15 +129,21 @@ def judge(s: Sim, fs, view_ip=None) -> str | None:
         wrong = [f for f in loud if f[0] in SLOW_KINDS and f[1][:1] and f[1][0] != view_ip]
         if wrong:
             return f"view of {view_ip} blames another node: {wrong}"
-        if view_ip in slow and not any(f[0] in SLOW_KINDS and f[1][:1] == [view_ip] for f in loud):
+        mine = [f for f in loud if f[0] in SLOW_KINDS and f[1][:1] == [view_ip]]
+        if view_ip in slow and not mine:
             return f"the slow node's own view says nothing: {loud}"
+        if view_ip in slow:
+            return onset_wrong(s, mine[0], view_ip, offset_ns)
         if not slow and not hot and loud:
             return f"healthy, but {loud}"
         return None
     why = []
     for ip in slow:
-        if not any(f[0] in SLOW_KINDS and f[1][:1] == [ip] for f in loud):
+        mine = [f for f in loud if f[0] in SLOW_KINDS and f[1][:1] == [ip]]
+        if not mine:
             why.append(f"slow {ip} not named: {loud}")
+        elif onset_wrong(s, mine[0], ip):
+            why.append(onset_wrong(s, mine[0], ip))
     for ip in hot:
         if not any(f[0] in HOT_KINDS and f[1][:1] == [ip] for f in loud):
             why.append(f"hot {ip} not named: {loud}")
@@ -152,7 +177,7 @@ def main():
                         s.write(p, view=node, clock_offset_ns=off)
                         try:
                             fs, _ = findings(p)
-                            why = judge(s, fs, None if node is None else s.ip_str[node])
+                            why = judge(s, fs, None if node is None else s.ip_str[node], off)
                         except Exception as e:   # a crash is a result too
                             why = f"crash: {type(e).__name__}: {e}"
                         total += 1
