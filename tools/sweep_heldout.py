@@ -196,8 +196,7 @@ def cases():
                             wl={"bytes_per_peer": None, "matrix": _random_matrix(n, n * 7 + it, 205, 307)})))
         out.append((f"a2a-random n{n} mtu{mtu} it{it} v{ipv}",
                     variant("alltoall-healthy", nodes=n, mtu=mtu, iterations=it, ip_version=ipv,
-                            wl={"bytes_per_peer": None, "matrix": _random_matrix(n, n * 7 + it, 16, 256)}),
-                    None, "rate-based straggler/slow_receiver on random per-pair volumes (rates_and_lags)"))
+                            wl={"bytes_per_peer": None, "matrix": _random_matrix(n, n * 7 + it, 16, 256)})))
     for n, mtu in [(3, 1024), (6, 4096)]:
         out.append((f"pipeline-bubbles n{n} mtu{mtu}", variant("pipeline-bubbles", nodes=n, mtu=mtu,
                                                                 path={"stage": n - 2})))

@@ -214,6 +214,38 @@ def test_random_static_imbalance_quiet(n, sources, iters, tmp_path_factory):
         assert not alarms(an), (seed, [(x["kind"], x["message"]) for x in alarms(an)])
 
 
+RATE_KINDS = ("straggler", "slow_receiver", "slow_link")
+
+
+@pytest.mark.parametrize("n,sources,iters", [(4, None, 1), (5, None, 3), (12, None, 1), (16, None, 1)])
+def test_random_volumes_blame_no_sender_or_receiver(n, sources, iters, tmp_path_factory):
+    """Uneven per-pair volumes (MoE routing) leave a sender whose bytes go to busy
+    destinations slower over its active time, and a receiver fed by busy senders: neither
+    is a straggler / slow receiver (no node is slower than its peers on the same links)."""
+    for seed in range(3):
+        sc = {"nodes": n, "iterations": iters, "period_ms": 5.0, "jitter": 0.02,
+              "workloads": [{"kind": "all_to_all", "matrix": _random_matrix(n, 7 * n + seed, sources, 0.06, 1.0)}]}
+        truth, an, _ = run(sc, seed, (), tmp_path_factory)
+        assert not alarms(an, RATE_KINDS), (seed, [(x["kind"], x["message"]) for x in alarms(an, RATE_KINDS)])
+
+
+@pytest.mark.parametrize("n,factor,random", [(4, 0.5, False), (8, 0.7, False), (6, 0.5, True), (12, 0.6, True)])
+def test_alltoall_straggler_named_over_uneven_volumes(n, factor, random, tmp_path_factory):
+    """A sender at `factor` x the link rate (the generator's straggler pathology) is named
+    with about that send ratio, uniform or random per-pair volumes alike."""
+    wl = {"kind": "all_to_all", "bytes_per_peer": "256KiB"}
+    if random:
+        wl = {"kind": "all_to_all", "matrix": _random_matrix(n, 11 * n, None, 0.25, 1.0)}
+    sc = {"nodes": n, "iterations": 3, "period_ms": 8.0, "jitter": 0.02, "workloads": [wl],
+          "pathologies": [{"kind": "straggler", "node": n // 2, "rate_factor": factor}]}
+    truth, an, _ = run(sc, 3, (), tmp_path_factory)
+    ip = truth["pathologies"][0]["entities"]["ips"][0]
+    got = alarms(an, ("straggler",))
+    assert got and got[0]["entities"]["ips"][0] == ip, [(x["kind"], x["message"]) for x in alarms(an, RATE_KINDS)]
+    assert abs(got[0]["evidence"]["send_ratio"] - factor) <= 0.15 * factor, got[0]["evidence"]
+    assert not [x for x in alarms(an, RATE_KINDS) if x["entities"]["ips"][0] != ip]
+
+
 # ---- the chance tests ---------------------------------------------------------------------------
 def test_tails_against_closed_forms():
     for k, n, p in [(3, 3, 1 / 3), (5, 10, 0.5), (9, 12, 1 / 7), (0, 4, 0.2), (40, 100, 0.25)]:

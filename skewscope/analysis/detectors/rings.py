@@ -111,6 +111,13 @@ def rates_and_lags(inp, em):
             if nt is not None:
                 sr = nt["send_ratio"]
                 rr = nt["recv_ratio"]
+                if g.kind == "all_to_all" and links is not None and len(links):
+                    # uneven per-pair volumes (MoE routing) leave a sender whose bytes go to
+                    # busy destinations slower over its active time: slow only when also
+                    # slower than the other senders into the same destinations (a receiver:
+                    # than the same senders into their other destinations)
+                    ps, pr = pair_ratios(links, mem)
+                    sr, rr = np.fmax(sr, ps), np.fmax(rr, pr)
         if not ring or hub is not None:
             sb, rb = sr, rr
         gf = np.asarray(g.flows, dtype=np.int64)
@@ -291,6 +298,26 @@ def rates_and_lags(inp, em):
                                             thr=t["warning"]))
 
 
+def pair_ratios(links, mem) -> tuple[np.ndarray, np.ndarray]:
+    """Per member of an all-to-all: the median over its out-links of the link's median-message
+    rate / the median of the other senders' links into the same destination (send), and over
+    its in-links of the rate / the same sender's links to its other destinations (receive);
+    NaN with fewer than 2 comparable links."""
+    src, dst, r = links["src"], links["dst"], links["rate_med_bps"]
+    ok = np.isfinite(r) & (r > 0)
+    ps, pr = np.full(len(mem), np.nan), np.full(len(mem), np.nan)
+    for i, m in enumerate(mem):
+        for out, me, other in ((ps, src, dst), (pr, dst, src)):
+            xs = []
+            for k in np.nonzero(ok & (me == m))[0]:
+                peers = ok & (other == other[k]) & (me != m)
+                if peers.sum() >= 2:
+                    xs.append(float(r[k]) / float(np.median(r[peers])))
+            if len(xs) >= 2:
+                out[i] = float(np.median(xs))
+    return ps, pr
+
+
 def _late_onset(bursts, late):
     """A flap's onset: the iterations it was late both ways in, as an episode against the
     group's iterations."""
@@ -374,13 +401,13 @@ DETECTORS = [
                  thresholds=_lag_thresholds("ring link (fleet: link rate over active time)") + STEP_THRESHOLDS
                  + (Threshold("min_step_lag_s", 1e-6, "s", "steps: its median lag per step, at least (timestamp resolution / one packet; the start lag floor is min_lag_s)"),)),
             Kind("straggler",
-                 fires="tree/all-to-all: a member's send throughput over active time / members' median ≤ `warning` 0.8 (critical 0.5), or start lag as above (all-to-all) and ≥ `min_lag_share` (5 %) of the group's median burst",
+                 fires="tree/all-to-all: a member's send throughput over active time / members' median ≤ `warning` 0.8 (critical 0.5) -- in an all-to-all also its links' rates / the other senders' links into the same destinations (median over its destinations: uneven per-pair volumes slow a sender whose bytes go to busy destinations), or start lag as above (all-to-all) and ≥ `min_lag_share` (5 %) of the group's median burst",
                  blames='the sender, then its receivers',
                  thresholds=_lag_thresholds("member") + (
                      Threshold("min_lag_share", 0.05, "fraction", "start lag: at least this share of the group's "
                                "median burst (the collective it delays); a shorter one costs the group less"),)),
             Kind("slow_receiver",
-                 fires="all-to-all: a member's receive throughput ratio ≤ `warning` 0.8 (critical 0.5), not CE-marked, not explained by slow senders",
+                 fires="all-to-all: a member's receive throughput ratio ≤ `warning` 0.8 (critical 0.5) and its in-links' rates / the same senders' links to their other destinations (median over its senders) too, not CE-marked, not explained by slow senders",
                  blames='the receiver, then its senders',
                  thresholds=(Threshold("warning", 0.8, "ratio", "receive throughput / the members' median: warning at or below"),
                              Threshold("critical", 0.5, "ratio", "receive throughput / the members' median: critical at or below")),
