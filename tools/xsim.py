@@ -174,9 +174,11 @@ class Sim:
         t = start_ms * 1e6
         for i in range(iterations):
             j = float(self.rng.normal(0, 0.01 * period_ms * 1e6))
-            self._ring_once(members, conns, t + j, chunk, piece, timing, hop_us * 1e3, slow, lag_per, since,
-                            until, rate)
-            t += period_ms * 1e6
+            end = self._ring_once(members, conns, t + j, chunk, piece, timing, hop_us * 1e3, slow, lag_per, since,
+                                  until, rate)
+            # the next all-reduce starts on the period's grid, or after this one ended when a
+            # lag made it longer than the period (a QP carries its messages in order)
+            t = max(t + period_ms * 1e6, end + 0.1 * period_ms * 1e6)
         return self._note("ring_allreduce", members, slow=slow, since=since, until=until, timing=timing)
 
     def tp_decode(self, members, tokens=40, layers=8, ars=2, ar_bytes=64 << 10, compute_us=40.0, token_gap_us=300.0,

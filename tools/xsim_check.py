@@ -85,9 +85,10 @@ def cases(quick: bool = False):
         tp(4, timing, 100, op="send")
     for n in ((4, 8) if quick else (3, 4, 6, 8, 12, 16)):
         a2a(n, 1, 0)
-        a2a(n, 1, 3.0)
         a2a(n, 4, 0)
-        a2a(n, 4, 2.0)
+        if n >= 4:   # 2 sources per destination: below the documented floor (docs/metrics.md
+            a2a(n, 1, 3.0)       # "All-to-all skew by repetition": a static random matrix
+            a2a(n, 4, 2.0)       # favours one of two destinations for both half the time)
     a2a(4, 1, 4.0, per_pair=512 << 10, op="send")
     a2a(8, 1, 2.0, ipv6=True)
     return out
@@ -170,7 +171,8 @@ def main():
             for seed in (int(x) for x in a.seeds.split(",")):
                 s = build(seed)
                 for v in a.vantage.split(","):
-                    views = [None] if v == "mirror" else list(range(s.n))
+                    # a ring of two: each DPU sees the whole job (judged as the mirror)
+                    views = [None] if v == "mirror" or s.n == 2 else list(range(s.n))
                     for node in views:
                         p = os.path.join(d, "x.pcap")
                         off = 0 if node is None else int((node * 2_345_678 + seed * 1_000_003) % 9_000_000) - 4_500_000

@@ -180,19 +180,33 @@ def _modal_per_burst(bs, ss) -> int:
     return int(np.bincount(np.bincount(i)).argmax()) if len(i) else 0
 
 
-def _ring_iterations(s, e, ss):
+def _aligned_share(bs, ss, rs) -> float:
+    """Share of the bursts with a send of the lane that hold as many of its receives."""
+    n = len(bs)
+    cs = np.bincount(np.clip(np.searchsorted(bs, ss, side="right") - 1, 0, None), minlength=n)
+    cr = np.bincount(np.clip(np.searchsorted(bs, rs, side="right") - 1, 0, None), minlength=n)
+    used = cs > 0
+    return float((cs[used] == cr[used]).mean()) if used.any() else 0.0
+
+
+def _ring_iterations(s, e, ss, rs):
     """Iteration starts of a ring member (_iterations of its send and receive intervals s,
-    e), where an iteration holds >= 2 sends of a lane (ss: one lane's send starts): a ring
-    collective has >= 2 steps per member, so bursts of one send each are the member's own
-    lag between its steps (a lag longer than the token gap), not iterations. Then the next
-    natural break up that holds >= 2, else one iteration (steps matched in order)."""
+    e) where an iteration holds >= 2 sends of a lane (ss, rs: one lane's send and receive
+    starts) and as many receives: a ring collective has >= 2 steps per member, each answered
+    by one from its upstream, so bursts of one send each, or that split a step from its
+    upstream's, are the member's own lag (longer than the token gap), not iterations. Then
+    the next natural break up that holds them, else one iteration (steps matched in order)."""
     its = _iterations(s, e)
-    if len(ss) < 4 or _modal_per_burst(its, ss) >= 2:
+
+    def fits(bs):
+        return len(bs) >= 1 and _modal_per_burst(bs, ss) >= 2 and _aligned_share(bs, ss, rs) >= 0.5
+
+    if len(ss) < 4 or fits(its):
         return its
     a, b, _ = merge_sorted(np.ascontiguousarray(s), np.ascontiguousarray(e), 0.0)
     for thr in sorted(break_candidates(a[1:] - b[:-1], BREAK_RATIO, MIN_GAP_NS)):
         bs = merge_sorted(np.ascontiguousarray(s), np.ascontiguousarray(e), float(thr))[0]
-        if len(bs) >= 2 and _modal_per_burst(bs, ss) >= 2:
+        if len(bs) >= 2 and fits(bs):
             return bs
     return s[:1].astype(np.float64)
 
@@ -290,7 +304,8 @@ def _iter_stats(its) -> dict:
 def _ring(ctx, node, send_f, recv_f, up, down):
     ips = ctx.nodes.ips
     s_all, e_all, _ = _events_of(ctx, np.concatenate([send_f, recv_f]))
-    its = _ring_iterations(s_all, e_all, _events_of(ctx, _lanes(ctx, send_f, recv_f)[0][0])[0])
+    lane0 = _lanes(ctx, send_f, recv_f)[0]
+    its = _ring_iterations(s_all, e_all, _events_of(ctx, lane0[0])[0], _events_of(ctx, lane0[1])[0])
     offs, waits, steps, first, coll_t, start_offs, own, own_off = [], [], [], [], [], [], [], []
     t_offs, t_soffs, t_in = [], [], []
     lane_parts = []

@@ -159,13 +159,14 @@ def own_view(inp, em):
             # its lag in the late steps, per iteration (token) the slow stretch spans
             its = np.asarray(smp["_times"]["iterations"], dtype=np.int64)
             n_it = len(np.unique(np.searchsorted(its, tt[late & inw], side="right"))) if len(its) else 1
-            lost = lag * n_late / max(1, n_it) / 1e9
+            lanes = max(1, int(res.get("lanes") or 1))    # channels wait side by side
+            lost = lag * n_late / lanes / max(1, n_it) / 1e9
             whole = period is None or int(res["iterations"] or 0) <= 1
             if whole:
                 # no iteration to be seen (its lag is longer than the token gap): what it
                 # cost over the captured steps of its slow stretch
                 span = float(tt[inw].max() - tt[inw].min()) / 1e9 if inw.any() else 0.0
-                lost = lag * n_late / 1e9
+                lost = lag * n_late / lanes / 1e9
                 imp = {"seconds": lost, "share": min(1.0, lost / span) if span > 0 else None}
             else:
                 imp = impact_of(lost, period)

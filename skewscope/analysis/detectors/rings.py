@@ -219,6 +219,9 @@ def rates_and_lags(inp, em):
                 seg[hit[0]] = hit[1]
                 if hit[0] not in lagged:
                     lagged[hit[0]] = hit[1]["lag_ns"]
+                # a member the ring waits for in its steps: the others' start lags shorter than
+                # its lag are their answers to its late data (a burst that it opens), not lags
+                lagged = {i: v for i, v in lagged.items() if i in seg or v >= hit[1]["lag_ns"]}
         succ_both = {}
         if ring and links is not None:
             for k in range(len(links)):
