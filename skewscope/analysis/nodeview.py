@@ -189,17 +189,50 @@ def _aligned_share(bs, ss, rs) -> float:
     return float((cs[used] == cr[used]).mean()) if used.any() else 0.0
 
 
-def _ring_iterations(s, e, ss, rs):
+def _opened_by_one_side(bs, ss, se, rs, re_, s, e) -> bool:
+    """Most bursts (>= 80 %) are opened by one side -- the node's send or its upstream's --
+    whose first message ends before the other side's first starts, that late by >= 0.4 of
+    the burst: bursts cut inside a lag much longer than a step (one member's step and the
+    answer to it), not collectives, which every member starts together."""
+    if len(bs) < 4:
+        return False
+    n = len(bs)
+    bi = np.searchsorted(bs, s, side="right") - 1
+    ok = bi >= 0
+    end = np.full(n, -np.inf)
+    np.maximum.at(end, bi[ok], e[ok])
+
+    def firsts(x, y):
+        i = np.searchsorted(bs, x, side="right") - 1
+        fs, fe = np.full(n, np.nan), np.full(n, np.nan)
+        k = i >= 0
+        o = np.nonzero(k)[0]
+        o = o[np.argsort(x[o], kind="stable")[::-1]]   # the first of each burst wins (written last)
+        fs[i[o]], fe[i[o]] = x[o], y[o]
+        return fs, fe
+
+    a, ae = firsts(ss, se)
+    b, be = firsts(rs, re_)
+    both = np.isfinite(a) & np.isfinite(b)
+    if both.sum() < 4:
+        return False
+    dur = np.maximum(end - bs, 1.0)
+    lead = np.where(a <= b, (b >= ae) & (b - bs >= 0.4 * dur), (a >= be) & (a - bs >= 0.4 * dur))
+    return float(lead[both].mean()) >= 0.8
+
+
+def _ring_iterations(s, e, ss, se, rs, re_):
     """Iteration starts of a ring member (_iterations of its send and receive intervals s,
     e) where an iteration holds >= 2 sends of a lane (ss, rs: one lane's send and receive
-    starts) and as many receives: a ring collective has >= 2 steps per member, each answered
+    starts, se, re_ their ends) and as many receives, not opened by one side: a ring collective has >= 2 steps per member, each answered
     by one from its upstream, so bursts of one send each, or that split a step from its
     upstream's, are the member's own lag (longer than the token gap), not iterations. Then
     the next natural break up that holds them, else one iteration (steps matched in order)."""
     its = _iterations(s, e)
 
     def fits(bs):
-        return len(bs) >= 1 and _modal_per_burst(bs, ss) >= 2 and _aligned_share(bs, ss, rs) >= 0.5
+        return len(bs) >= 1 and _modal_per_burst(bs, ss) >= 2 and _aligned_share(bs, ss, rs) >= 0.5 \
+            and not _opened_by_one_side(bs, ss, se, rs, re_, s, e)
 
     if len(ss) < 4 or fits(its):
         return its
@@ -305,7 +338,7 @@ def _ring(ctx, node, send_f, recv_f, up, down):
     ips = ctx.nodes.ips
     s_all, e_all, _ = _events_of(ctx, np.concatenate([send_f, recv_f]))
     lane0 = _lanes(ctx, send_f, recv_f)[0]
-    its = _ring_iterations(s_all, e_all, _events_of(ctx, lane0[0])[0], _events_of(ctx, lane0[1])[0])
+    its = _ring_iterations(s_all, e_all, *_events_of(ctx, lane0[0])[:2], *_events_of(ctx, lane0[1])[:2])
     offs, waits, steps, first, coll_t, start_offs, own, own_off = [], [], [], [], [], [], [], []
     t_offs, t_soffs, t_in = [], [], []
     lane_parts = []

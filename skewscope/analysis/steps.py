@@ -119,7 +119,7 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
         # the gaps between them (the compute between tokens / iterations); without one that
         # merges at least half of them, the whole capture
         per_flow = float(np.median(kk[aligned])) / max(1.0, _flows_per_member(ctx, flows, members))
-        if per_flow <= 1.0:
+        if per_flow <= 1.0 or _opened_by_one(st, en, so, sb, ni, nm, aligned):
             gaps = np.diff(its)
             thr = natural_break(gaps, 3.0, 1000.0)
             keep = np.concatenate([[0], np.nonzero(gaps > thr)[0] + 1]) if np.isfinite(thr) else np.zeros(1, np.int64)
@@ -310,6 +310,43 @@ def _dep_distance(S, E, dmax: int = 64) -> int:
         if float(np.mean(S[:, :, d:] >= 0.5 * (S[:, :, :-d] + E[:, :, :-d]))) >= 0.9:
             return d
     return 1
+
+
+#: bursts are single steps when at least this share of them is opened by one member whose
+#: first message ends before any other member starts (_opened_by_one)
+OPENED_SHARE = 0.8
+
+
+def _opened_by_one(st, en, so, sb, ni, nm, aligned) -> bool:
+    """The aligned bursts are mostly opened by one member whose every message of the burst
+    (one step's pieces, on every channel) the others wait for before they send at all: a collective
+    starts with every member sending its first step together, so such bursts are single
+    ring steps -- one slow member's step, the others' answers -- of a lag much longer than a
+    step that leaves the wire idle between them (steps of several messages each; one
+    message per flow is the per_flow test)."""
+    if aligned.sum() < 4 or nm < 2:
+        return False
+    nk = ni * nm
+    cnt = np.diff(sb)[:nk]
+    first = np.full(nk, -1, dtype=np.int64)
+    has = cnt > 0
+    first[has] = so[sb[:nk][has]]
+    # the end of a member's last message in the burst (its whole step: every piece, channel)
+    last_end = np.full(nk, -np.inf)
+    if has.any():
+        es = en[so[:sb[nk]]]
+        last_end[has] = np.maximum.reduceat(es, sb[:nk][has])
+    f = first.reshape(ni, nm)[aligned]
+    le = last_end.reshape(ni, nm)[aligned]
+    if (f < 0).any():
+        return False
+    fs = st[f]
+    lead = np.argmin(fs, axis=1)
+    rows = np.arange(len(f))
+    others = fs.copy()
+    others[rows, lead] = np.inf
+    opened = others.min(axis=1) >= le[rows, lead]
+    return float(opened.mean()) >= OPENED_SHARE
 
 
 def _flows_per_member(ctx, flows, members) -> float:
