@@ -485,6 +485,16 @@ def _bars(ax, labels, values, hot=(), ylabel="", fmt=None):
         ax.yaxis.set_major_formatter(fmt)
 
 
+def _figure(kind) -> str:
+    """The kind's capture-wide picture (detector registry, Kind.figure), "" for none or an
+    unknown kind."""
+    from skewscope.analysis.detectors import registry  # heavy (numba)
+    try:
+        return registry.kind(str(kind)).figure
+    except KeyError:
+        return ""
+
+
 def fig_finding(Figure, f, doc, snap) -> object | None:
     """The evidence of one finding, drawn; None when it has nothing to draw."""
     ev = f.get("evidence") or {}
@@ -585,7 +595,7 @@ def fig_finding(Figure, f, doc, snap) -> object | None:
             panels.append((key.replace("_", " "), lambda ax, labs=labs, val=val: _bars(
                 ax, labs, [val[k] or 0 for k in labs], ips[:1])))
     pp = (doc.get("pfc") or {}).get("per_priority") or []
-    if not panels and "pfc" in f.get("kind", "") and any(x["pause"] for x in pp):
+    if not panels and _figure(f.get("kind")) == "pfc_per_priority" and any(x["pause"] for x in pp):
         panels.append(("PFC pause frames per priority (capture)", lambda ax: _bars(
             ax, [str(x["priority"]) for x in pp], [x["pause"] for x in pp],
             {str(x["priority"]) for x in pp if x["pause"] == max(y["pause"] for y in pp)}, "pause frames")))
