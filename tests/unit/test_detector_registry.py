@@ -87,6 +87,22 @@ def test_event_ids_are_keyed_by_entities_the_findings_have():
     assert len(seen) >= 20, sorted(set(KINDS) - seen)
 
 
+def test_every_kind_can_be_updated_by_numbers_its_findings_carry():
+    """A kind that is not context names headline numbers, and its findings carry at least one
+    of them (else its events would never say `updated` when the condition worsens)."""
+    for d in D.REGISTRY:
+        for k in d.kinds:
+            assert k.headline or k.role == "context", f"{k.name}: no headline numbers"
+    for name, f in _preset_findings():
+        k = D.registry.kind(f["kind"])
+        if k.headline:
+            assert any(h in f["evidence"] for h in k.headline), (name, f["kind"], k.headline, sorted(f["evidence"]))
+            o = E.finding_object(f)
+            h = next(h for h in k.headline if isinstance(f["evidence"].get(h), (int, float)))
+            worse = {**o, "evidence": {**o["evidence"], h: 2 * f["evidence"][h] + 1}}
+            assert E.material_change(o, worse), (name, f["kind"], h)
+
+
 def test_every_kind_and_threshold_declared_once():
     declared = [k.name for d in D.REGISTRY for k in d.kinds]
     assert len(declared) == len(set(declared))

@@ -437,7 +437,7 @@ DETECTORS = [
         doc="decode groups (many small collectives): cadence tail, prefill interference, a late TP shard",
         kinds=(
             Kind("decode_jitter",
-                 key=KEY_MEMBERS, headline=(), actions=(), role="symptom",
+                 key=KEY_MEMBERS, headline=("jitter_ratio",), actions=(), role="symptom",
                  fires='decode group: `decode_jitter_ratio` ≥ `warning` 1.5 (critical 3.0)',
                  blames='the members',
                  thresholds=(Threshold("warning", 1.5, "ratio", "p99 / p50 of the decode collective spacing: warning"),
@@ -445,7 +445,7 @@ DETECTORS = [
                  onset="the collective spacings ≥ `warning` × their p50 (inside a token when the tokens are known) "
                        "as an episode against the group's collectives"),
             Kind("prefill_interference",
-                 key=KEY_MEMBERS, headline=(), actions=(A.ISOLATE_PREFILL,), role="cause",
+                 key=KEY_MEMBERS, headline=("stall_share",), actions=(A.ISOLATE_PREFILL,), role="cause",
                  fires='decode group with ≥ `min_intervals` (1) interfered spacings (prefill messages in its own flows); '
                        'else a kv_transfer group, or a one-way star or pair of bulk messages (median ≥ max(64 KiB, 8 × the group\'s)) '
                        'from outside the group, sends into its members and its collective spacings that a transfer covers '

@@ -47,7 +47,7 @@ DETECTORS = [
         "period_jitter", period_jitter, needs=frozenset({"flows", "records", "groups"}), stage=20,
         doc="training groups: iteration period jitter",
         kinds=(Kind("period_jitter",
-                    key=KEY_MEMBERS, headline=(), actions=(), role="symptom",
+                    key=KEY_MEMBERS, headline=("jitter_ratio",), actions=(), role="symptom",
                     fires='ring/tree/all-to-all/pipeline with ≥ `min_iterations` (3) and period_jitter / period ≥ `warning` (5 %), critical 15 %',
                     blames='the members',
                     thresholds=(Threshold("warning", 0.05, "fraction", "period std / period: warning"),

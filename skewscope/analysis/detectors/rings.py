@@ -385,7 +385,8 @@ DETECTORS = [
                  onset="per time bin, the median message rate into it / into the other members (series scan, lower is "
                        "worse, threshold `warning`)"),
             Kind("slow_link",
-                 key=KEY_BLAMED, headline=("rate_ratio", "ratio"), actions=(A.CHECK_OWN_LINK,), role="cause",
+                 key=KEY_BLAMED, headline=("send_ratio", "recv_ratio", "max_delay_s", "max_stall_s"),
+                 actions=(A.CHECK_OWN_LINK,), role="cause",
                  fires="a node slow both ways: send and receive ratio ≤ `warning` 0.8 (critical 0.5) (`mode: slow`; in a ring its slowest out- and in-link against the median of the links that do not touch it: its port slows two links, in a ring of 3 the median; not when other traffic arriving at the node and at the end of its slowest out-link, while the ring runs, is ≥ 25 % of the ring's bytes into each: shared downlinks, e.g. KV transfers into decode members); or late ≥ `min_late_s` (50 µs) both as sender and receiver in ≥ 2 and ≥ `late_share` (30 %) of the iterations (`mode: flapping`); or the stalled data flows (a message ≥ 2× its flow's typical time, by ≥ `min_stall_s` = 50 µs) concentrate on it — ≥ 80 % of them touch it, in both directions (`mode: stalls`). Flaps and stalls are node faults only as outliers: when they spread over more than a quarter of the nodes, one `sampling` info says the capture's timing is irregular instead; in one host's view (every data flow touches it, so it collects every stall) its stalls are its port's only when its in- and out-stalls coincide for ≥ 50 % of the smaller side's stalled time, else the same `sampling` info",
                  blames='the node',
                  thresholds=(Threshold("warning", 0.8, "ratio", "send and receive rate / the median, both: warning at or below"),
