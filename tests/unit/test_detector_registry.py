@@ -5,15 +5,13 @@ matrices built here with a known hot destination / slow ring link."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
-import genlib  # noqa: E402
+import genlib
 
 from skewscope.analysis import analyze, live_metrics
 from skewscope.analysis import detectors as D
