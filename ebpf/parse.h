@@ -298,6 +298,20 @@ static __always_inline __u32 parse_gre(void *g, void *data_end, void *cap_end, v
 	return SS_DECAP;
 }
 
+/* VXLAN at the outer frame's UDP header udp (IPv4 or IPv6): the inner Ethernet frame
+ * follows the 8-byte VXLAN header (SS_DECAP, *iproto = 0 as parse_gre's TEB); l3end = where
+ * the outer IP header says the packet ends. */
+static __always_inline __u32 parse_vxlan(struct ss_udp *udp, void *data_end, void *cap_end, __u64 l3end,
+					 __u64 *l3end_out, void **inner, __u16 *iproto)
+{
+	if (OOB((void *)(udp + 1) + 8))
+		return SS_G_TRUNC_UDP;
+	*l3end_out = l3end;
+	*inner = (void *)(udp + 1) + 8;
+	*iproto = 0;
+	return SS_DECAP;
+}
+
 /* L3 (IPv4/IPv6 + UDP, RoCEv1 GRH, MAC control) at cur with EtherType proto, then the BTH;
  * fills key and p. l3off = where cur is on the wire (relative to the frame's Ethernet
  * header); *l3end = where the IP/GRH length says it ends. outer: the top-level frame, where
@@ -332,14 +346,9 @@ static __always_inline __u32 parse_l3(void *cur, __u16 proto, void *data_end, vo
 			return OOB((void *)ip + ihl) ? SS_G_TRUNC_IP : SS_G_TRUNC_UDP;
 		}
 		if (ss_ntohs(udp->dest) != SS_ROCE_UDP_PORT) {
-			if (outer && ss_ntohs(udp->dest) == SS_VXLAN_UDP_PORT) {
-				if (OOB((void *)(udp + 1) + 8))
-					return SS_G_TRUNC_UDP;
-				*l3end = l3off + ss_ntohs(ip->tot_len);
-				*inner = (void *)(udp + 1) + 8;
-				*iproto = 0;
-				return SS_DECAP;
-			}
+			if (outer && ss_ntohs(udp->dest) == SS_VXLAN_UDP_PORT)
+				return parse_vxlan(udp, data_end, cap_end, l3off + ss_ntohs(ip->tot_len),
+						   l3end, inner, iproto);
 			return SS_G_NON_ROCE;
 		}
 		tot = ss_ntohs(ip->tot_len);
@@ -372,14 +381,10 @@ static __always_inline __u32 parse_l3(void *cur, __u16 proto, void *data_end, vo
 		if (OOB(udp + 1))
 			return SS_G_TRUNC_UDP;
 		if (ss_ntohs(udp->dest) != SS_ROCE_UDP_PORT) {
-			if (outer && ss_ntohs(udp->dest) == SS_VXLAN_UDP_PORT) {
-				if (OOB((void *)(udp + 1) + 8))
-					return SS_G_TRUNC_UDP;
-				*l3end = l3off + sizeof(*ip6) + ss_ntohs(ip6->payload_len);
-				*inner = (void *)(udp + 1) + 8;
-				*iproto = 0;
-				return SS_DECAP;
-			}
+			if (outer && ss_ntohs(udp->dest) == SS_VXLAN_UDP_PORT)
+				return parse_vxlan(udp, data_end, cap_end,
+						   l3off + sizeof(*ip6) + ss_ntohs(ip6->payload_len),
+						   l3end, inner, iproto);
 			return SS_G_NON_ROCE;
 		}
 		plen = ss_ntohs(ip6->payload_len);

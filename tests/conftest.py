@@ -7,6 +7,8 @@
   `sst-` prefix, IPv6 off so the kernel sends nothing on its own, addresses 10.199.0.1/24
   and .2/24), deleted in a finally. Reusable by every integration test; see skewscope.testbed.netns.VethPair.
 - `REAL_DATA`: the real captures beside the checkout (../shared/data/real), never copied.
+- sys.path: tests/, tests/scenarios and tools/ (below): a test imports genlib, fuzzcorpus,
+  sweep_heldout ... directly, never edits sys.path itself.
 """
 from __future__ import annotations
 
@@ -20,14 +22,17 @@ from skewscope.testbed.netns import VethPair, create_pair, destroy_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/real"
-if str(ROOT / "tests") not in sys.path:
-    sys.path.insert(0, str(ROOT / "tests"))
+#: the one place test modules get their helpers' directories on sys.path: tests/ (fuzzcorpus,
+#: frames, kharness), tests/scenarios (genlib: generator scenarios -> truth, Snapshot,
+#: analysis) and tools/ (sweep_heldout, heldout_timing, reliability)
+for _d in (ROOT / "tools", ROOT / "tests" / "scenarios", ROOT / "tests"):
+    if str(_d) not in sys.path:
+        sys.path.insert(0, str(_d))
 
 IS_ROOT = os.geteuid() == 0
 ROOT_REASON = ("needs root (CAP_BPF + CAP_NET_ADMIN) for BPF_PROG_TEST_RUN / namespaces / attach; "
                "run the suite as root (CI does)")
 needs_root = pytest.mark.skipif(not IS_ROOT, reason=ROOT_REASON)
-
 
 
 def pytest_collection_modifyitems(config, items):

@@ -17,7 +17,7 @@ import numpy as np
 
 from skewscope.analysis.context import context
 from skewscope.analysis.intervals import break_candidates, keyed_busy, keyed_intervals, merge_sorted, natural_break
-from skewscope.analysis.matrix import incast_degree
+from skewscope.analysis.matrix import bits_per_s, incast_degree, pair_sums
 from skewscope.analysis.stats import _to_dict, grouped_weighted_median, skew_array, skew_rows, skew_stats
 from skewscope.analysis.timing import MIN_GAP_NS, first_start_per_key
 
@@ -49,13 +49,7 @@ def group_links(snap, flows) -> tuple[np.ndarray, np.ndarray]:
     st = ctx.fstat
     out["src"] = uk // nn
     out["dst"] = uk % nn
-    out["flows"] = np.bincount(pid, minlength=n)
-    out["bytes"] = np.bincount(pid, weights=ctx.volume[flows], minlength=n)
-    out["messages"] = np.bincount(pid, weights=st["n_data"][flows], minlength=n).astype(np.int64)
-    mb = np.bincount(pid, weights=st["multi_bytes"][flows], minlength=n)
-    wn = np.bincount(pid, weights=st["wire_ns"][flows], minlength=n)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out["rate_bps"] = np.where(wn > 0, mb * 8e9 / np.maximum(wn, 1e-9), np.nan)
+    pair_sums(ctx, flows, pid, n, out)         # flows, bytes, messages, rate_bps, stalls
     # robust link rate: bytes-weighted median over the pair's flows of their median message rate
     rm = st["rate_med_bps"][flows]
     w = st["multi_bytes"][flows]
@@ -74,11 +68,6 @@ def group_links(snap, flows) -> tuple[np.ndarray, np.ndarray]:
     if len(ctx.events):
         busy, first, last = keyed_busy(k, ctx.ev_start, ctx.ev_end, n)
         out["busy_ns"], out["first_ns"], out["last_ns"] = busy, first, last
-    out["stall_n"] = np.bincount(pid, weights=st["stall_n"][flows], minlength=n).astype(np.int64)
-    out["stall_ns"] = np.bincount(pid, weights=st["stall_ns"][flows], minlength=n)
-    mx = np.zeros(n)
-    np.maximum.at(mx, pid, st["stall_max_ns"][flows])
-    out["stall_max_ns"] = mx
     nmul = np.bincount(pid, weights=st["n_multi"][flows], minlength=n)
     pk = np.bincount(pid, weights=st["multi_bytes"][flows] / np.maximum(st["mtu"][flows], 1), minlength=n)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -558,8 +547,7 @@ def node_throughput(snap, flows, members):
         key = np.where(ok, nodes_of[np.maximum(f, 0)], -1).astype(np.int64)
         busy, _, _ = keyed_busy(key, ctx.ev_start, ctx.ev_end, nn)
         by = np.bincount(key[ok], weights=ctx.events["bytes"][ok].astype(np.float64), minlength=nn)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            thr = np.where(busy > 0, by * 8e9 / np.maximum(busy, 1e-9), np.nan)
+        thr = bits_per_s(by, busy)
         t = thr[np.asarray(members, dtype=np.int64)]
         okm = np.isfinite(t)
         med = float(np.median(t[okm])) if okm.any() else np.nan

@@ -47,6 +47,32 @@ LINK_DTYPE = np.dtype([
 ])
 
 
+def bits_per_s(nbytes, ns):
+    """8 × bytes / time (ns) in bit/s; NaN where the time is 0 (nothing timed)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(ns > 0, nbytes * 8e9 / np.maximum(ns, 1e-9), np.nan)
+
+
+def pair_sums(ctx, sel, p, n: int, out) -> None:
+    """The per-pair aggregation of flows (link_rates, group_metrics.group_links): the flows
+    `sel` (index or mask into the flow table) with pair ids `p` (0..n-1) summed into out's
+    "flows", "bytes" (data volume), "messages", "rate_bps" (the pair's per-QP payload rate
+    over active time: its multi-packet messages' bytes / their on-wire time),
+    "stall_n", "stall_ns", "stall_max_ns"."""
+    st = ctx.fstat
+    out["flows"] = np.bincount(p, minlength=n)
+    out["bytes"] = np.bincount(p, weights=ctx.volume[sel], minlength=n)
+    out["messages"] = np.bincount(p, weights=st["n_data"][sel], minlength=n).astype(np.int64)
+    mb = np.bincount(p, weights=st["multi_bytes"][sel], minlength=n)
+    wn = np.bincount(p, weights=st["wire_ns"][sel], minlength=n)
+    out["rate_bps"] = bits_per_s(mb, wn)
+    out["stall_n"] = np.bincount(p, weights=st["stall_n"][sel], minlength=n).astype(np.int64)
+    out["stall_ns"] = np.bincount(p, weights=st["stall_ns"][sel], minlength=n)
+    mx = np.zeros(n)
+    np.maximum.at(mx, p, st["stall_max_ns"][sel])
+    out["stall_max_ns"] = mx
+
+
 def link_rates(snap) -> np.ndarray:
     """One row per directed node pair carrying data (LINK_DTYPE)."""
     ctx = context(snap)
@@ -60,29 +86,16 @@ def link_rates(snap) -> np.ndarray:
     d = pid >= 0
     p = pid[d]
     fl = ctx.cols
-    st = ctx.fstat
-    out["flows"] = np.bincount(p, minlength=n)
-    out["bytes"] = np.bincount(p, weights=ctx.volume[d], minlength=n)
-    out["messages"] = np.bincount(p, weights=st["n_data"][d], minlength=n).astype(np.int64)
-    mb = np.bincount(p, weights=st["multi_bytes"][d], minlength=n)
-    wn = np.bincount(p, weights=st["wire_ns"][d], minlength=n)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out["rate_bps"] = np.where(wn > 0, mb * 8e9 / np.maximum(wn, 1e-9), np.nan)
+    pair_sums(ctx, d, p, n, out)
     busy, first, last = ctx.pair_busy
     out["busy_ns"] = busy
     out["first_ns"] = first
     out["last_ns"] = last
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out["throughput_bps"] = np.where(busy > 0, out["bytes"] * 8e9 / np.maximum(busy, 1e-9), np.nan)
+    out["throughput_bps"] = bits_per_s(out["bytes"], busy)
     for name, col in (("ce", "ce"), ("ecn_capable", "ecn_capable"), ("psn_gaps", "psn_gaps"),
                       ("retransmissions", "retransmissions")):
         out[name] = np.bincount(p, weights=fl[col][d].astype(np.float64), minlength=n)
     out["cnp"], out["naks"] = _reverse_feedback(ctx, d, p, n)
-    out["stall_n"] = np.bincount(p, weights=st["stall_n"][d], minlength=n).astype(np.int64)
-    out["stall_ns"] = np.bincount(p, weights=st["stall_ns"][d], minlength=n)
-    mx = np.zeros(n)
-    np.maximum.at(mx, p, st["stall_max_ns"][d])
-    out["stall_max_ns"] = mx
     return out
 
 

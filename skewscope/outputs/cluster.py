@@ -398,7 +398,7 @@ class Fetcher:
     def pair_observers(self, fd: dict) -> list[dict]:
         """seen_by of a node-pair finding: per DPU and pair of the finding, its own count of
         the finding's counter (one drill-down query, only those pairs' series)."""
-        metric = SEEN_BY_COUNTER[fd["kind"]]
+        metric = SEEN_BY_SERIES[seen_by(fd["kind"])]
         pairs = {(a, b) for a, b, _ in fd["entities"]["flows"]}
         if not pairs:
             return []
@@ -436,11 +436,21 @@ class Fetcher:
 
 
 # ---- document ---------------------------------------------------------------------------
-#: the counter each node-pair finding's seen_by reports per DPU
-SEEN_BY_COUNTER = {"hot_destination": M.PEER_BYTES, "alltoall_destination_skew": M.PEER_BYTES,
-                   "incast": M.PEER_BUSY_SECONDS, "ecn_congestion": M.PEER_CE_PACKETS,
-                   "cnp_storm": M.PEER_CNP_PACKETS, "retransmissions": M.PEER_RETRANSMITTED_PACKETS,
-                   "nak_errors": M.PEER_NAKS, "straggler": M.PEER_MESSAGE_WIRE_SECONDS}
+#: the counter a node-pair finding's seen_by reports per DPU, by its Kind's `seen_by` (the
+#: FleetMatrix series name; "link" is Fetcher.observers of evidence.link instead)
+SEEN_BY_SERIES = {**dict(PAIR_SERIES), "naks": M.PEER_NAKS}
+
+
+def seen_by(kind: str) -> str:
+    """The kind's drill-down (detector registry, Kind.seen_by): a SEEN_BY_SERIES name,
+    "link", or "" (none; also for a kind the registry does not know)."""
+    from skewscope.analysis.detectors import registry  # heavy (numpy, the analysis package)
+    try:
+        return registry.kind(kind).seen_by
+    except KeyError:
+        return ""
+
+
 def snapshot_of(fm: FleetMatrix, url: str) -> Snapshot:
     """The fleet matrix as a Snapshot whose flows are the (src, dst) pairs (dest_qp 0), so
     that report.to_dict gives the `report --json` shape. Counts are rounded to integers."""
@@ -507,10 +517,11 @@ def build_document(fm: FleetMatrix, url: str, fetcher: Fetcher | None = None, th
     if fetcher is not None:
         for k, fd in enumerate(result["findings"]):
             link = fd.get("evidence", {}).get("link")
-            if fd["kind"] == "ring_straggler" and link:
+            via = seen_by(fd["kind"])
+            if via == "link" and link:
                 fd["evidence"]["seen_by"] = fetcher.observers(link[0], link[1],
                                                               fd["evidence"].get("traffic_class", "bulk"))
-            elif "seen_by" not in fd["evidence"] and fd["kind"] in SEEN_BY_COUNTER and k < MAX_DRILLDOWNS:
+            elif "seen_by" not in fd["evidence"] and via in SEEN_BY_SERIES and k < MAX_DRILLDOWNS:
                 fd["evidence"]["seen_by"] = fetcher.pair_observers(fd)
     doc = R.to_dict(snap, result)
     doc["meta"]["dpu_clocks"] = fm.clock

@@ -1,10 +1,11 @@
 """Finding events: the stable id, the lifecycle (opened / updated / resolved) and the
 machine-readable actions a controller subscribes to (`skewscope watch`, webhooks,
-the exporter's /v1/findings). Schema: docs/feedback.md. Light: no numba, no analysis import.
+the exporter's /v1/findings). Schema: docs/feedback.md. Light: no numba; the analysis
+package (for the detector registry) is imported on first use, not at import.
 
     finding_id(f)          "hot_destination:9f3c0a1b2c4d5e6f" (kind + key entities, sha256 prefix)
-    finding_key(f)         the sorted key entities the id hashes (kind-specific, KEY_IPS)
-    actions_for(f)         [{"type": "rebalance_experts", ...}, ...] ([] for an unknown kind)
+    finding_key(f)         the sorted key entities the id hashes (the kind's Kind.key)
+    actions_for(f)         [{"type": "rebalance_experts", ...}, ...] (Kind.actions; [] for an unknown kind)
     finding_object(f)      {"id", "kind", "severity", "entities", "message", "evidence", "impact",
                             "actions", "since", "until"}
     Tracker(hold, change)  .update(findings, now, seen, clock) -> [event, ...] at each analysis time
@@ -13,13 +14,14 @@ the exporter's /v1/findings). Schema: docs/feedback.md. Light: no numba, no anal
     Webhook(url, token)    .post(event): background POSTs, bounded queue, retries, drop counts
 
 A finding here is the analysis' finding dict (Finding.to_dict(): report/diagnose/cluster
---json), read only through dict access.
+--json), read only through dict access. What is known about a kind -- which entities key
+its id, its headline numbers, its actions -- is on its Kind in the detector registry
+(analysis/detectors/registry.py), read here; the registry is imported on first use.
 """
 from __future__ import annotations
 
 import hashlib
 import http.client
-import ipaddress
 import json
 import math
 import queue
@@ -35,73 +37,20 @@ SCHEMA = "skewscope.finding_event/v1"
 STATS_SCHEMA = "skewscope.watch_stats/v1"
 EVENTS = ("opened", "updated", "resolved")
 
-#: how many of entities.ips (in the analysis' order: the blamed node(s) first) identify a
-#: finding of a kind; None = all of them. The rest ("then the members / the senders") may
-#: change between analyses of the same condition without making it a new one.
-KEY_IPS: dict[str, int | None] = {
-    "alltoall_destination_skew": 1,   # the hot destination
-    "hot_destination": 1,             # the hot node (a drifting one: the most observed; a short live
-                                      # window that sees part of a drift must keep the same id)
-    "incast": 1,                      # the destination
-    "ring_straggler": 2,              # the sender, its successor
-    "straggler": 1,
-    "slow_receiver": 1,
-    "slow_link": 1,
-    "rotating_straggler": 0,          # the ring (the endpoints of its flows): gates rotate
-    "pipeline_bubbles": 1,
-    "ecn_congestion": 1,
-    "cnp_storm": 1,
-    "packet_loss": 2,
-    "retransmissions": 2,
-    "nak_errors": 2,
-    "pfc_pause": None,
-    "period_jitter": None,
-    "decode_jitter": None,
-    "prefill_interference": None,
-    "slow_tp_shard": 1,
-    "pd_imbalance": 1,
-    "kv_transfer_slow": 2,
-    "instance_load_imbalance": None,  # the instance's members
-    "map_overflow": 0,
-    "sampling": 0,
-}
-
-#: the evidence numbers whose relative move > Tracker.change (default 25%) since the last
-#: event of an id makes an `updated` event (besides a severity change); missing keys are
-#: ignored. Counts that only grow with the window (packets, steps) are not listed.
-HEADLINE: dict[str, tuple[str, ...]] = {
-    "alltoall_destination_skew": ("dest_max_over_mean",),
-    "hot_destination": ("max_over_mean", "share"),
-    "incast": ("max_senders", "throttle_ratio"),
-    "ring_straggler": ("send_ratio", "lag_per_step_s"),
-    "straggler": ("send_ratio", "max_delay_s"),
-    "slow_receiver": ("recv_ratio",),
-    "slow_link": ("rate_ratio", "ratio"),
-    "rotating_straggler": ("max_share", "lost_per_gated_iteration_s"),
-    "pipeline_bubbles": ("bubble_fraction",),
-    "ecn_congestion": ("ce_fraction",),
-    "cnp_storm": ("max_cnp_rate_per_s",),
-    "packet_loss": ("loss_rate",),
-    "retransmissions": ("retransmissions",),
-    "nak_errors": ("psn_sequence_error",),
-    "pfc_pause": ("pause_fraction",),
-    "slow_tp_shard": ("lag_per_step_s", "token_share"),
-    "pd_imbalance": ("share",),
-    "kv_transfer_slow": ("rate_ratio",),
-    "instance_load_imbalance": ("load_ratio",),
-}
+def _registry():
+    """analysis/detectors/registry.py, every kind registered."""
+    # heavy (numpy, the analysis package): the registry loads on first use, not on `skewscope --help`
+    from skewscope.analysis.detectors import registry
+    return registry
 
 
-def _ip_sort_key(s):
+def _kind(name):
+    """The registry's Kind of a finding kind (its event key, headline numbers, actions,
+    role), None for a kind the registry does not know."""
     try:
-        a = ipaddress.ip_address(str(s))
-        return (0, a.version, int(a), "")
-    except ValueError:
-        return (1, 0, 0, str(s))
-
-
-def _sorted_ips(xs) -> list[str]:
-    return sorted({str(x) for x in xs}, key=_ip_sort_key)
+        return _registry().kind(str(name))
+    except KeyError:
+        return None
 
 
 def _ips(f: dict) -> list[str]:
@@ -109,15 +58,11 @@ def _ips(f: dict) -> list[str]:
 
 
 def finding_key(f: dict) -> list[str]:
-    """The key entities of a finding (sorted, deduplicated): the part of entities.ips that
-    names the condition (KEY_IPS); rotating_straggler: the endpoints of its flows (the ring)."""
-    kind = str(f.get("kind"))
-    ips = _ips(f)
-    n = KEY_IPS.get(kind)
-    if kind == "rotating_straggler":
-        ends = [x for fl in ((f.get("entities") or {}).get("flows") or []) for x in list(fl)[:2]]
-        return _sorted_ips(ends or ips)
-    return _sorted_ips(ips if n is None else ips[:n])
+    """The key entities of a finding (sorted, deduplicated): the part of its entities that
+    names the condition (its Kind's `key`: the blamed node, a link's two ends, the members,
+    a ring's flow ends, none); a kind the registry does not know: all its IPs."""
+    k = _kind(f.get("kind"))
+    return k.key.entities(f) if k is not None else _registry().sorted_ips(_ips(f))
 
 
 def finding_id(f: dict) -> str:
@@ -136,76 +81,12 @@ def _num(x):
     return v if math.isfinite(v) else None
 
 
-def _weights(ev: dict, hot: str | None) -> dict:
-    """Per-destination shares from the evidence: members + dest_bytes when the detector gives
-    them (hot_destination), else only the hot destination's share."""
-    mem, db = ev.get("members"), ev.get("dest_bytes")
-    if isinstance(mem, list) and isinstance(db, list) and len(mem) == len(db):
-        tot = sum(float(b) for b in db if _num(b) is not None)
-        if tot > 0:
-            return {str(ip): round(float(b) / tot, 6) for ip, b in zip(mem, db)}
-    share = _num(ev.get("share"))
-    if share is None:
-        ws = ev.get("windows") or []
-        share = _num(ws[-1].get("share")) if ws and isinstance(ws[-1], dict) else None
-    return {hot: round(share, 6)} if hot and share is not None else {}
-
-
 def actions_for(f: dict) -> list[dict]:
-    """Machine-readable suggestions for a finding (docs/feedback.md "Actions"); [] for a kind
-    without one. Derived from the finding's entities and evidence only."""
-    kind = str(f.get("kind"))
-    ips = _ips(f)
-    ev = f.get("evidence") or {}
-    first = ips[0] if ips else None
-    if kind in ("hot_destination", "alltoall_destination_skew"):
-        hot = str(ev.get("hot_destination") or first) if (ev.get("hot_destination") or first) else None
-        if hot is None:
-            return []
-        w = _weights(ev, hot)
-        members = [str(x) for x in (ev.get("members") or ips)]
-        fair = _num(ev.get("fair_share")) or (1.0 / len(members) if members else None)
-        share = w.get(hot)
-        move = round(max(0.0, (share - fair) / share), 4) if share and fair else None
-        return [{"type": "rebalance_experts", "hot": hot, "weights": w, "fair_share": fair, "move_fraction": move,
-                 "members": members}]
-    if kind in ("slow_tp_shard", "ring_straggler", "straggler"):
-        if not first:
-            return []
-        acts = [{"type": "drain", "node": first}, {"type": "check_node", "node": first}]
-        if kind == "ring_straggler" and len(ips) > 1:
-            acts.append({"type": "check_link", "src": first, "dst": ips[1]})
-        return acts
-    if kind in ("slow_receiver", "pipeline_bubbles", "pfc_pause"):
-        return [{"type": "check_node", "node": first}] if first else []
-    if kind in ("packet_loss", "retransmissions", "nak_errors", "kv_transfer_slow"):
-        return [{"type": "check_link", "src": ips[0], "dst": ips[1]}] if len(ips) >= 2 else []
-    if kind == "slow_link":
-        return [{"type": "check_link", "src": first, "dst": None}] if first else []
-    if kind in ("ecn_congestion", "cnp_storm"):
-        # the congested port is the one towards ips[0]; its senders are the others
-        return [{"type": "check_link", "src": None, "dst": first},
-                {"type": "spread_senders", "dst": first, "senders": ips[1:]}] if first else []
-    if kind == "incast":
-        return [{"type": "spread_senders", "dst": first, "senders": ips[1:],
-                 "max_senders": _num(ev.get("max_senders"))}] if first else []
-    if kind == "rotating_straggler":
-        return [{"type": "rebalance_batches", "members": finding_key(f),
-                 "gate_share": dict(ev.get("gate_share") or {}), "how": "pack or bucket sequences by length"}]
-    if kind == "pd_imbalance":
-        return [{"type": "reroute_requests", "from": first, "members": [first] if first else [],
-                 "to": None}] if first else []
-    if kind == "instance_load_imbalance":
-        if not first:
-            return []
-        ratios = ev.get("per_instance_load_ratio") or {}
-        to = sorted((str(k) for k, v in ratios.items() if k != first and (_num(v) or 0) < 1.0),
-                    key=lambda k: (_num(ratios[k]) or 0, _ip_sort_key(k)))
-        return [{"type": "reroute_requests", "from": first, "members": ips, "to": to,
-                 "load_ratio": _num(ev.get("load_ratio"))}]
-    if kind == "prefill_interference":
-        return [{"type": "isolate_prefill", "members": ips}] if ips else []
-    return []
+    """Machine-readable suggestions for a finding (docs/feedback.md "Actions"): its Kind's
+    action recipes (detectors/actions.py), from the finding's entities and evidence only;
+    [] for a kind without one or unknown to the registry."""
+    k = _kind(f.get("kind"))
+    return k.actions_for(f) if k is not None else []
 
 
 def finding_object(f: dict) -> dict:
@@ -253,11 +134,12 @@ def _merge_same_id(findings) -> dict:
 
 def material_change(old: dict, new: dict, change: float = 0.25) -> str | None:
     """Why `new` is an update of `old` (same id), or None: the severity changed, or a
-    headline evidence number (HEADLINE) moved by more than `change` relative to old."""
+    headline evidence number (its Kind's `headline`) moved by more than `change` relative to old."""
     if old.get("severity") != new.get("severity"):
         return f"severity {old.get('severity')} -> {new.get('severity')}"
     eo, en = old.get("evidence") or {}, new.get("evidence") or {}
-    for k in HEADLINE.get(str(new.get("kind")), ()):
+    kd = _kind(new.get("kind"))
+    for k in (kd.headline if kd is not None else ()):
         a, b = _num(eo.get(k)), _num(en.get(k))
         if a is None or b is None:
             continue

@@ -119,7 +119,6 @@ def test_healthy_barrier_ring_is_quiet_through_the_fleet(tmp_path):
 
 
 def test_sweep_fleet_slice(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
     import sweep_heldout as S
     names = {"tp-slow n4 lag80us barrier", "tp-healthy n4 barrier", "ring-straggler n4 ratex0.4 dataflow ch2",
              "ring-rotating n8 lag200us dataflow"}

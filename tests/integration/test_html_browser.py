@@ -27,15 +27,14 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
-import genlib  # noqa: E402
+import genlib
 
-from skewscope import gen as skewgen  # noqa: E402
-from skewscope.analysis import analyze  # noqa: E402
+from skewscope import gen as skewgen
+from skewscope.analysis import analyze
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytest.importorskip("matplotlib", reason="the html extra (matplotlib) is not installed: make setup")
-from skewscope.outputs import html as H  # noqa: E402
+from skewscope.outputs import html as H
 
 # preset -> the truth's pathology kind whose entity the page must name (None: healthy)
 PRESETS = {"moe-hot-expert": "hot_expert", "tp-decode-slow-shard": "slow_tp_shard",

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-from skewscope.testbed import traffic as R  # noqa: E402
+from skewscope.testbed import traffic as R
 
 pytestmark = [
     pytest.mark.integration,
@@ -173,7 +173,6 @@ def tiny_fs(tmp_path):
 
 
 def test_disk_full_keeps_previous_snapshot(tiny_fs, tmp_path):
-    sys.path.insert(0, str(ROOT / "tests"))
     import fuzzcorpus as fc
     # a small capture -> a small snapshot that fits; a big one (many flows) that does not
     small, big = tmp_path / "small.pcap", tmp_path / "big.pcap"

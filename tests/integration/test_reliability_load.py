@@ -18,13 +18,10 @@ counters.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import reliability as R  # noqa: E402
+import reliability as R
 
 pytestmark = [
     pytest.mark.integration,

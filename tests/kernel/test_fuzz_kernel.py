@@ -21,16 +21,13 @@ Size: SKEWSCOPE_FUZZ_FRAMES (default 1,000,000, all of it in CI: ~15 s per entry
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import fuzzcorpus as fc  # noqa: E402
+import fuzzcorpus as fc
 
-from skewscope.core import layout as L  # noqa: E402
+from skewscope.core import layout as L
 
 pytestmark = [
     pytest.mark.kernel,

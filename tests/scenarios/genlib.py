@@ -1,15 +1,16 @@
-"""Test helper: generator scenario -> (ground truth, Snapshot), cached per test session.
+"""The shared test helper: generator scenario -> (ground truth, Snapshot, analysis), cached
+per test session (get, get_any, analyzed, run), and Snapshot surgery (vantage, concat).
+Importable by every test (tests/conftest.py puts tests/scenarios on sys.path).
 
-Ground truth comes from skewgen (tools/skewgen), the Snapshot from the offline pcap parser
-(skewscope.offline.parse_file; the kernel replay when the parser is unavailable and we
-are root). Pcaps are written with a 128-byte snap length (headers only, like
+Ground truth comes from the generator (skewscope.gen), the Snapshot from the offline pcap
+parser (skewscope.sources.offline.parse_file; the kernel replay when the parser is
+unavailable and we are root). Pcaps are written with a 128-byte snap length (headers only, like
 `tcpdump -s 128`) to keep them small.
 """
 from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -17,8 +18,6 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 TOOLS = ROOT / "tools"
 REAL = ROOT.parent / "shared/data/real"
-if str(TOOLS) not in sys.path:
-    sys.path.insert(0, str(TOOLS))
 
 _cache: dict = {}
 _dir = None
@@ -89,6 +88,28 @@ def analyzed(name: str, seed: int = 0, **kw):
         from skewscope.analysis import analyze
         truth, snap = get(name, seed)
         _cache[key] = (truth, snap, analyze(snap, **kw))
+    return _cache[key]
+
+
+def run(sc, seed: int = 0):
+    """(truth, analysis, pcap path) of a preset name or a scenario dict, once per session:
+    written at a 128-byte snap length (the pcap is kept: CLI tests read it), read by the
+    offline parser, analysed with the default thresholds. The truth as get() (a name: its
+    truth file) and get_any() (a dict: the Capture's) give it."""
+    key = ("run", sc if isinstance(sc, str) else json.dumps(sc, sort_keys=True), seed)
+    if key not in _cache:
+        import copy
+
+        from skewscope import gen as skewgen
+        from skewscope.analysis import analyze
+        path = os.path.join(_workdir(), f"run-{len(_cache)}-{seed}.pcap")
+        cap = skewgen.write(copy.deepcopy(sc), path, seed=seed, snaplen=128)
+        if isinstance(sc, str):
+            with open(skewgen.truth_path(path)) as fh:
+                truth = json.load(fh)
+        else:
+            truth = cap.truth
+        _cache[key] = (truth, analyze(snapshot_of_pcap(path)), path)
     return _cache[key]
 
 

@@ -13,13 +13,10 @@ the scenario's own parameters:
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
-import genlib  # noqa: E402
+import genlib
 
 pytestmark = pytest.mark.timeout(600)
 

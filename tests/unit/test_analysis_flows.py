@@ -6,14 +6,11 @@ role/partner/matrix tests; hand-built Snapshots with known timing for the rate k
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
-import genlib  # noqa: E402
+import genlib
 
 from skewscope.analysis import analyze, context, flow_roles, incast_degree, link_rates, node_matrix
 from skewscope.analysis.flows import ROLE_NAMES

@@ -5,37 +5,100 @@ matrices built here with a known hot destination / slow ring link."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
-import genlib  # noqa: E402
+import genlib
 
 from skewscope.analysis import analyze, live_metrics
 from skewscope.analysis import detectors as D
+from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.fleet import analyze_matrix
 from skewscope.analysis.findings import DEFAULTS, KINDS, PARAM_SECTIONS, ThresholdError
 from skewscope.cli import main
 from skewscope.core.errors import EXIT_NOT_RUN, SkewscopeError
+from skewscope.outputs import events as E
 
-DOCS = Path(__file__).resolve().parents[2] / "docs/metrics.md"
+ROOT = Path(__file__).resolve().parents[2]
 BEGIN = "<!-- BEGIN generated"
 END = "<!-- END generated -->"
 UNITS = {"ratio", "fraction", "bytes", "s", "count", "1/s", "Gb/s", "MADs"}
 
 
 def test_docs_tables_are_the_registry():
-    from skewscope.analysis.detectors.__main__ import BLOCKS, block
-    text = DOCS.read_text()
-    for begin, end, gen in BLOCKS:
-        a, b = block(text, begin, end)
-        assert text[a:b] == gen(), (
-            f"docs/metrics.md generated block {begin!r} differs from the registry: regenerate the tables with "
-            "python -m skewscope.analysis.detectors")
+    from skewscope.analysis.detectors.__main__ import DOCS as GENERATED
+    from skewscope.analysis.detectors.__main__ import block
+    for doc, blocks in GENERATED.items():
+        text = (ROOT / doc).read_text()
+        for begin, end, gen in blocks:
+            a, b = block(text, begin, end)
+            assert text[a:b] == gen(), (
+                f"{doc} generated block {begin!r} differs from the registry: regenerate the tables with "
+                "python -m skewscope.analysis.detectors")
+
+
+def test_every_kind_declares_its_event_key_headline_actions_and_role():
+    from skewscope.outputs.cluster import SEEN_BY_SERIES
+    for d in D.REGISTRY:
+        for k in d.kinds:
+            k.check()                                       # key, headline, actions, role well-formed
+            assert k.seen_by in ("", "link", *SEEN_BY_SERIES), (k.name, k.seen_by)
+    # every kind a fleet detector emits on node pairs has its drill-down; the rest need none
+    for k in ("hot_destination", "incast", "ecn_congestion", "ring_straggler"):
+        assert D.registry.kind(k).seen_by
+
+
+#: presets whose findings cover most kinds (the others: unit tests of their detectors)
+KIND_PRESETS = ("demo-mix", "mixed", "slow-link", "incast", "ring-rotating-straggler", "pipeline-bubbles",
+                "pd-imbalanced", "pd-slow-link", "tp-decode-slow-shard", "tp-decode-prefill", "tp-decode-instances")
+
+
+def _preset_findings():
+    for name in KIND_PRESETS:
+        for f in genlib.analyzed(name)[2]["findings"]:
+            yield name, f
+    _truth, snap = genlib.get("ring-straggler")
+    for f in analyze(genlib.vantage(snap, "10.0.0.3"))["findings"]:     # one DPU's view: late_upstream
+        yield "ring-straggler@10.0.0.3", f
+
+
+def test_event_ids_are_keyed_by_entities_the_findings_have():
+    """A kind's event key names entities its findings carry (else every finding of it would
+    share one id, or its id would change with the members' order)."""
+    seen = set()
+    for name, f in _preset_findings():
+        k = D.registry.kind(f["kind"])
+        seen.add(k.name)
+        ips = f["entities"]["ips"]
+        ents = set(ips) | {x for fl in f["entities"]["flows"] for x in fl[:2]}
+        key = E.finding_key(f)
+        assert set(key) <= ents, (name, f["kind"], key)
+        if k.key.ips != 0 and ents:          # (a pfc_pause that cannot name the paused port has none)
+            assert key, f"{name}: {f['kind']} has no key entities: every finding of it would share one id"
+        if k.key.ips:
+            assert len(ips) >= k.key.ips, (name, f["kind"], ips)
+        assert E.finding_id(f) == E.finding_id({**f, "entities": {**f["entities"], "qps": [], "flows": (
+            f["entities"]["flows"] if k.key.flow_ends else [])}})
+    assert len(seen) >= 20, sorted(set(KINDS) - seen)
+
+
+def test_every_kind_can_be_updated_by_numbers_its_findings_carry():
+    """A kind that is not context names headline numbers, and its findings carry at least one
+    of them (else its events would never say `updated` when the condition worsens)."""
+    for d in D.REGISTRY:
+        for k in d.kinds:
+            assert k.headline or k.role == "context", f"{k.name}: no headline numbers"
+    for name, f in _preset_findings():
+        k = D.registry.kind(f["kind"])
+        if k.headline:
+            assert any(h in f["evidence"] for h in k.headline), (name, f["kind"], k.headline, sorted(f["evidence"]))
+            o = E.finding_object(f)
+            h = next(h for h in k.headline if isinstance(f["evidence"].get(h), (int, float)))
+            worse = {**o, "evidence": {**o["evidence"], h: 2 * f["evidence"][h] + 1}}
+            assert E.material_change(o, worse), (name, f["kind"], h)
 
 
 def test_every_kind_and_threshold_declared_once():
@@ -196,9 +259,12 @@ def test_a_new_kind_is_one_declaration(monkeypatch):
                 em.add("x_ring_members", "info", g.members, f"a ring of {len(g.members)}", {"n": len(g.members)},
                        group=gi)
 
+    with pytest.raises(TypeError):                         # no event key, headline, actions, role: no kind
+        R.Kind("x_ring_members", fires="a ring", blames="its members")
     det = R.Detector("x_rings", members_of_rings, needs=frozenset({"flows", "groups"}), stage=99,
                      kinds=(R.Kind("x_ring_members", fires="a ring", blames="its members",
-                                   thresholds=(R.Threshold("min_members", 3, "count", "ring members, at least"),)),))
+                                   thresholds=(R.Threshold("min_members", 3, "count", "ring members, at least"),),
+                                   key=R.KEY_MEMBERS, headline=("n",), actions=(A.CHECK_NODE,), role="symptom"),))
     monkeypatch.setattr(R, "REGISTRY", list(R.REGISTRY))
     R.register(det)
     truth, snap = genlib.get("ring-straggler")
@@ -212,3 +278,19 @@ def test_a_new_kind_is_one_declaration(monkeypatch):
     assert det not in D.detectors("node", live=True)
     with pytest.raises(ValueError):
         R.register(det)                                    # a kind is declared once
+    # its events: the id keyed by its members, its action, an `updated` when its headline moves
+    f = got[0]
+    assert E.finding_key(f) == sorted(ring["members"], key=R.ip_sort_key)
+    assert E.actions_for(f) == [{"type": "check_node", "node": f["entities"]["ips"][0]}]
+    moved = {**f, "evidence": {"n": 2 * f["evidence"]["n"]}}
+    assert E.material_change(f, moved) == f"n {f['evidence']['n']} -> {2 * f['evidence']['n']}"
+
+
+def test_a_malformed_kind_is_refused():
+    from skewscope.analysis.detectors import registry as R
+    ok = dict(fires="x", blames="y", key=R.KEY_BLAMED, headline=(), actions=(), role="cause")
+    R.Kind("x_ok", **ok).check()
+    for bad in ({"role": "culprit"}, {"key": 1}, {"headline": "share"}, {"actions": ("drain",)},
+                {"figure": "nope"}):
+        with pytest.raises(ValueError):
+            R.Kind("x_bad", **{**ok, **bad}).check()

@@ -22,16 +22,14 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
-import genlib  # noqa: E402
+import genlib
 
-from skewscope.analysis import analyze  # noqa: E402
-from skewscope.gen.presets import PRESETS  # noqa: E402
-from skewscope.outputs import events as E  # noqa: E402
+from skewscope.analysis import analyze
+from skewscope.gen.presets import PRESETS
+from skewscope.outputs import events as E
 
 _cache: dict = {}
 

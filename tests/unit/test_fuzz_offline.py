@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import gzip
 import struct
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +25,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import fuzzcorpus as fc  # noqa: E402
+import fuzzcorpus as fc
 
-from skewscope.core import layout as L  # noqa: E402
-from skewscope.core.errors import PcapError  # noqa: E402
+from skewscope.core import layout as L
+from skewscope.core.errors import PcapError
 
 try:
     from skewscope.sources import offline

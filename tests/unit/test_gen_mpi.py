@@ -7,9 +7,7 @@ which destination is hot), never our output."""
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,8 +19,7 @@ from skewscope.analysis.nodeview import node_timing
 from skewscope.gen import ScenarioError, load_scenario
 from skewscope.sources.offline import parse_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import sweep_heldout as S  # noqa: E402
+import sweep_heldout as S
 
 
 def _parse(cap):

@@ -14,6 +14,7 @@ import re
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from genlib import run
 
 from skewscope import gen as skewgen
 from skewscope.analysis import analyze
@@ -23,7 +24,6 @@ from skewscope.outputs import topview
 from skewscope.outputs.report import analysis_lines
 from skewscope.sources.offline import parse_file
 
-_cache: dict = {}
 
 
 def scenario(ring_bytes="64KiB", protocol="simple", channels=1, train=(0, 1, 2, 3), dec=(4, 5, 6, 7), tokens=6,
@@ -46,16 +46,6 @@ CASES = [
 ]
 
 
-def run(sc, seed, tmp_path_factory):
-    key = (json.dumps(sc, sort_keys=True), seed)
-    if key not in _cache:
-        cap = skewgen.generate(json.loads(key[0]), seed=seed)
-        p = os.path.join(str(tmp_path_factory.mktemp("mix")), "mix.pcap")
-        cap.write_pcap(p, snaplen=128)
-        _cache[key] = (cap.truth, p, analyze(parse_file(p)))
-    return _cache[key]
-
-
 def truth_groups(truth):
     """(training: members, period s, iterations), (decode: members, token period s, tokens)."""
     ring = next(g for g in truth["groups"] if g["kind"] == "ring_allreduce")
@@ -73,7 +63,7 @@ def group_of(an, members):
 
 @pytest.mark.parametrize("sc,seed", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_each_group_keeps_its_own_timing(sc, seed, tmp_path_factory):
-    truth, _, an = run(sc, seed, tmp_path_factory)
+    truth, an, _ = run(sc, seed)
     (tm, tper, tit), (dm, dper, dtok) = truth_groups(truth)
     ti, tc = group_of(an, tm)
     di, dc = group_of(an, dm)
@@ -106,7 +96,7 @@ def _block(lines, members):
 
 @pytest.mark.parametrize("sc,seed", CASES[:3] + CASES[4:5], ids=["case0", "case1", "case2", "case4"])
 def test_report_diagnose_top_print_per_group(sc, seed, tmp_path_factory):
-    truth, path, an = run(sc, seed, tmp_path_factory)
+    truth, an, path = run(sc, seed)
     (tm, tper, tit), (dm, dper, dtok) = truth_groups(truth)
     lines = analysis_lines(an)
     tb = _block(lines, sorted(tm))
@@ -144,7 +134,7 @@ def test_report_diagnose_top_print_per_group(sc, seed, tmp_path_factory):
 
 def test_html_timing_per_group(tmp_path_factory):
     pytest.importorskip("matplotlib")
-    truth, path, an = run(*CASES[0], tmp_path_factory)
+    truth, an, path = run(*CASES[0])
     out = os.path.join(str(tmp_path_factory.mktemp("html")), "r.html")
     r = CliRunner().invoke(main, ["report", path, "--html", out])
     assert r.exit_code == 0, r.output

@@ -5,13 +5,10 @@ variants quiet), on one seed none of the other tests use. The gaps the tool mark
 shown there and not counted; a variant that newly fails here is a regression."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import sweep_heldout as S  # noqa: E402
+import sweep_heldout as S
 
 pytestmark = pytest.mark.timeout(600)
 

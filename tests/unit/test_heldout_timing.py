@@ -13,13 +13,10 @@ A crossed sample of the grid other than the tool's default, on a seed no other t
 lags below the detectors' 1 us floor are left out (tools/heldout_timing.py shows them)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import heldout_timing as H  # noqa: E402
+import heldout_timing as H
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -21,13 +21,12 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
-import genlib  # noqa: E402
+import genlib
 
-from skewscope import gen as skewgen  # noqa: E402
-from skewscope.analysis import analyze  # noqa: E402
-from skewscope.core import files as F  # noqa: E402
-from skewscope.outputs import html as H  # noqa: E402
+from skewscope import gen as skewgen
+from skewscope.analysis import analyze
+from skewscope.core import files as F
+from skewscope.outputs import html as H
 
 pytest.importorskip("matplotlib", reason="the html extra (matplotlib) is not installed: pip install '.[html]'")
 

@@ -15,28 +15,13 @@ bytes per destination 1-64 KiB, hot factors, MTUs, seeds, jitter):
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
-import genlib  # noqa: E402
+from genlib import run
 
-from skewscope.analysis import analyze  # noqa: E402
-from skewscope.gen.presets import EPD, KV  # noqa: E402
-from skewscope.outputs.report import analysis_lines  # noqa: E402
-
-_cache: dict = {}
-
-
-def run(sc, seed=0):
-    """(truth, analysis) of a preset name or a scenario dict."""
-    key = (repr(sc), seed)
-    if key not in _cache:
-        truth, snap = genlib.get_any(sc, seed)
-        _cache[key] = (truth, analyze(snap))
-    return _cache[key]
+from skewscope.gen.presets import EPD, KV
+from skewscope.outputs.report import analysis_lines
 
 
 def kinds(an, sev=("warning", "critical")):
@@ -83,7 +68,7 @@ EP_CASES = [
 @pytest.mark.parametrize("sc,seed", EP_CASES, ids=[f"{c if isinstance(c, str) else 'n%d-%s' % (c['nodes'], c['workloads'][0]['bytes_per_dest'])}-s{s}"
                                                    for c, s in EP_CASES])
 def test_hot_destination_matches_truth(sc, seed):
-    truth, an = run(sc, seed)
+    truth, an, _ = run(sc, seed)
     check_truth_kinds(truth, an)
     mag = path_of(truth, "hot_destination")["magnitude"]
     f = only(an, "hot_destination")
@@ -113,7 +98,7 @@ DRIFT_CASES = [("ep-decode-hot-drift", 0), ("ep-decode-hot-drift", 2), (drift(8,
 
 @pytest.mark.parametrize("sc,seed", DRIFT_CASES, ids=[f"case{i}" for i in range(len(DRIFT_CASES))])
 def test_hot_destination_drift_windows(sc, seed):
-    truth, an = run(sc, seed)
+    truth, an, _ = run(sc, seed)
     check_truth_kinds(truth, an)
     mag = path_of(truth, "hot_destination")["magnitude"]
     tw = []                      # the truth's drift steps, consecutive ones with the same hot node merged
@@ -183,7 +168,7 @@ PD_IMB = [("pd-imbalanced", 0), ("pd-imbalanced", 4),
 
 @pytest.mark.parametrize("sc,seed", PD_IMB, ids=[f"case{i}" for i in range(len(PD_IMB))])
 def test_pd_imbalance_matches_truth(sc, seed):
-    truth, an = run(sc, seed)
+    truth, an, _ = run(sc, seed)
     check_truth_kinds(truth, an)
     # equal-sized blocks into an overloaded node: its requests queue into fewer bursts
     fixed = isinstance(sc, dict) and sc["workloads"][0].get("block_bytes_max", 0) is None
@@ -205,14 +190,14 @@ def test_kv_group_with_a_separate_one_way_pair_merges():
     base = dict(KV, requests=16)
     sc = {"nodes": 6, "workloads": [dict(base, prefill=[0, 1], decode=[2, 3]), dict(base, prefill=[4], decode=[5],
                                                                                    requests=8)]}
-    truth, an = run(sc, 1)
+    truth, an, _ = run(sc, 1)
     g = [c for c in an["collectives"] if c["kind"] == "kv_transfer"]
     assert len(g) == 1 and "merged from 2 one-way components" in g[0]["evidence"], an["collectives"]
     roles = {ip: r for ip, r in truth["inference"]["roles"].items() if r in ("prefill", "decode")}
     assert g[0]["metrics"]["roles"] == roles and len(roles) == 6
     assert kinds(an) == []
     pairs = {"nodes": 4, "workloads": [dict(base, prefill=[0], decode=[1]), dict(base, prefill=[2], decode=[3])]}
-    _, an2 = run(pairs, 2)
+    _, an2, _ = run(pairs, 2)
     assert sorted(c["kind"] for c in an2["collectives"]) == ["p2p", "p2p"], an2["collectives"]
 
 
@@ -224,7 +209,7 @@ PD_SLOW = [("pd-slow-link", 0), ("pd-slow-link", 3),
 
 @pytest.mark.parametrize("sc,seed", PD_SLOW, ids=[f"case{i}" for i in range(len(PD_SLOW))])
 def test_kv_transfer_slow_matches_truth(sc, seed):
-    truth, an = run(sc, seed)
+    truth, an, _ = run(sc, seed)
     check_truth_kinds(truth, an)
     check_group(truth, an)
     mag = path_of(truth, "kv_transfer_slow")["magnitude"]
@@ -254,14 +239,14 @@ HEALTHY = [("ep-decode-healthy", 0), ("ep-decode-healthy", 7), ("pd-healthy", 0)
 
 @pytest.mark.parametrize("sc,seed", HEALTHY, ids=[f"case{i}" for i in range(len(HEALTHY))])
 def test_healthy_is_quiet(sc, seed):
-    truth, an = run(sc, seed)
+    truth, an, _ = run(sc, seed)
     assert kinds(an) == [], [(f["kind"], f["message"]) for f in an["findings"]]
     if "inference" in truth and any(r in ("prefill", "decode") for r in truth["inference"]["roles"].values()):
         check_group(truth, an)
 
 
 def test_report_shows_kv_group():
-    truth, an = run("pd-imbalanced")
+    truth, an, _ = run("pd-imbalanced")
     lines = analysis_lines(an)
     tg = next(x for x in truth["inference"]["groups"] if x["kind"] == "kv_transfer")
     head = [x for x in lines if x.strip().startswith("prefill ")]

@@ -10,36 +10,18 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
-import sys
-import tempfile
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
-import genlib  # noqa: E402
+import genlib
+from genlib import run
 
-from skewscope import gen as skewgen  # noqa: E402
-from skewscope.analysis import analyze  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
 
-TMP = tempfile.mkdtemp(prefix="skewscope-inft-")
 _cache: dict = {}
-
-
-def run(sc, seed=0):
-    """(truth, analysis, pcap path) of a preset name or scenario dict (pcap kept for the CLI)."""
-    key = (repr(sc), seed)
-    if key not in _cache:
-        path = os.path.join(TMP, f"s{len(_cache)}-{seed}.pcap")
-        cap = skewgen.write(copy.deepcopy(sc), path, seed=seed, snaplen=128)
-        snap = genlib.snapshot_of_pcap(path)
-        _cache[key] = (cap.truth, analyze(snap), path)
-    return _cache[key]
 
 
 def warn(an, kind=None):

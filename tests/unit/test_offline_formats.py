@@ -22,6 +22,8 @@ import pytest
 from skewscope.core import layout as L
 from skewscope.core.snapshot import ip_bytes
 from skewscope.sources import offline
+from skewscope.sources.offline import run as offline_run
+from skewscope.sources.offline import streams
 
 scapy_all = pytest.importorskip("scapy.all")
 from scapy.contrib.roce import BTH, GRH, CNPPadding  # noqa: E402
@@ -541,7 +543,7 @@ def test_read_paths_agree(ref, ref_snap, tmp_path, monkeypatch):
     class NoMap:
         def __init__(self, *a):
             raise OSError("mmap not possible here")
-    monkeypatch.setattr(offline, "_MapBuffer", NoMap)
+    monkeypatch.setattr(offline_run, "_MapBuffer", NoMap)     # the run opens its read buffer there
     same_snapshot(offline.parse_file(p, chunk_bytes=1 << 16), mapped)
     assert int(mapped.globals[L.G_FRAMES]) == len(recs)
 
@@ -558,7 +560,7 @@ def test_prefetched_windows_give_the_same_snapshot(ref, tmp_path, monkeypatch):
     recs = recs[:len(recs) // 2] + [(jumbo.ts, jf, len(jf))] + recs[len(recs) // 2:]
     p = write(tmp_path / "w.pcap", pcap_bytes(recs))
     maps = {"helper": 0, "in place": 0}
-    real_map, real_work = offline._MapBuffer._map, offline._MapBuffer._work
+    real_map, real_work = streams._MapBuffer._map, streams._MapBuffer._work
 
     def work(self, *a):
         maps["helper"] += 1
@@ -568,8 +570,8 @@ def test_prefetched_windows_give_the_same_snapshot(ref, tmp_path, monkeypatch):
         if threading.current_thread() is threading.main_thread():
             maps["in place"] += 1
         return real_map(self, *a)
-    monkeypatch.setattr(offline._MapBuffer, "_work", work)
-    monkeypatch.setattr(offline._MapBuffer, "_map", in_place)
+    monkeypatch.setattr(streams._MapBuffer, "_work", work)
+    monkeypatch.setattr(streams._MapBuffer, "_map", in_place)
     fifo = tmp_path / "fifo.pcap"
     os.mkfifo(fifo)
     t = threading.Thread(target=lambda: fifo.write_bytes(p.read_bytes()))

@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
-import genlib  # noqa: E402
+import genlib
 
-from skewscope.analysis import analyze  # noqa: E402
-from skewscope.analysis import onset as O  # noqa: E402
-from skewscope.outputs import events as E  # noqa: E402
-from skewscope.outputs.when import Clock  # noqa: E402
+from skewscope.analysis import analyze
+from skewscope.analysis import onset as O
+from skewscope.outputs import events as E
+from skewscope.outputs.when import Clock
 
 A2A = {"kind": "all_to_all", "bytes_per_peer": "128KiB", "channels": 1, "combine": True}
 RING = {"kind": "ring_allreduce", "bytes": "8MiB", "channels": 2}

@@ -28,16 +28,14 @@ from __future__ import annotations
 import shutil
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import fuzzcorpus as fc  # noqa: E402
+import fuzzcorpus as fc
 
-from skewscope.core import layout as L  # noqa: E402
+from skewscope.core import layout as L
 
 ROOT = Path(__file__).resolve().parents[2]
 EBPF = ROOT / "ebpf"
@@ -175,11 +173,11 @@ def offline_fields(path: Path) -> dict:
     dissect use), one record per call so that the per-frame effects on the global counters
     (G_DECAP, PFC) and on the flow (bytes, ECN, opcode class) can be read. A one-entry flow
     table: each accounted frame's flow row is the one it touched."""
-    from skewscope.sources import offline  # heavy (numba)
     from skewscope.sources.offline import kernel as K  # heavy (numba)
+    from skewscope.sources.offline import tables as offline_tables  # heavy (numba)
     b, recs = pcap_records(path)
     ts_mult = 1 if struct.unpack_from("<I", b, 0)[0] == 0xA1B23C4D else 1000
-    t = offline._Tables(1, packets=1)
+    t = offline_tables._Tables(1, packets=1)
     n = len(recs)
     cols = {k: np.full(n, -1, np.int64) for k in FIELDS if k not in ("src", "dst")}
     src = np.full((n, 16), -1, np.int64)
@@ -191,8 +189,8 @@ def offline_fields(path: Path) -> dict:
         g0 = t.g.copy()
         s0 = t.S[0].copy() if st[K.ST_NUSED] else np.zeros_like(t.S[0])
         while True:
-            p, status = K.scan(b, pos, end, K.FMT_PCAP, False, ts_mult, K.K_ETHERNET, offline._NO_IF,
-                               offline._NO_IF, offline._NO_IF, 0, *t.args())
+            p, status = K.scan(b, pos, end, K.FMT_PCAP, False, ts_mult, K.K_ETHERNET, offline_tables._NO_IF,
+                               offline_tables._NO_IF, offline_tables._NO_IF, 0, *t.args())
             if status == K.S_GROW:
                 t.grow()
                 continue

@@ -12,27 +12,12 @@ KV bursts):
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
-import genlib  # noqa: E402
+from genlib import run
 
-from skewscope.analysis import analyze  # noqa: E402
-from skewscope.gen.presets import KV, PRESETS, TPD  # noqa: E402
-
-_cache: dict = {}
-
-
-def run(sc, seed=0):
-    """(truth, analysis) of a scenario dict written with `seed`."""
-    key = (repr(sc), seed)
-    if key not in _cache:
-        truth, snap = genlib.get_any(sc, seed)
-        _cache[key] = (truth, analyze(snap))
-    return _cache[key]
+from skewscope.gen.presets import KV, PRESETS, TPD
 
 
 def pif(an):
@@ -58,7 +43,7 @@ CASES = ([("preset", PRESETS["prefill-interference"], s) for s in (0, 1, 2)] + [
 
 @pytest.mark.parametrize("label,sc,seed", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
 def test_preset_names_kv_receivers_and_impact(label, sc, seed):
-    truth, an = run(sc, seed)
+    truth, an, _ = run(sc, seed)
     inf = truth["inference"]
     assert "prefill_interference" in inf["expected_kinds"]
     kvg = next(g for g in inf["groups"] if g["kind"] == "kv_transfer")
@@ -89,7 +74,7 @@ def test_without_kv_workload_is_quiet():
     sc = copy.deepcopy(PRESETS["prefill-interference"])
     sc["workloads"] = [w for w in sc["workloads"] if w["kind"] != "kv_transfer"]
     assert len(sc["workloads"]) == 1
-    truth, an = run(sc, 0)
+    truth, an, _ = run(sc, 0)
     assert "prefill_interference" not in (truth.get("inference") or {}).get("expected_kinds", [])
     assert any((c["metrics"].get("decode") or {}) for c in an["collectives"])     # still a decode group
     assert pif(an) == []
@@ -97,7 +82,7 @@ def test_without_kv_workload_is_quiet():
 
 @pytest.mark.parametrize("name", ["tp-decode-healthy", "pd-healthy"])
 def test_healthy_presets_are_quiet(name):
-    truth, an = run(PRESETS[name], 0)
+    truth, an, _ = run(PRESETS[name], 0)
     assert "prefill_interference" not in (truth.get("inference") or {}).get("expected_kinds", [])
     assert pif(an) == []
 
@@ -108,7 +93,7 @@ def test_kv_beside_the_decode_group_is_quiet():
     sc = copy.deepcopy(BLURRED)
     sc["nodes"] = 9
     sc["workloads"][1]["decode"] = [7, 8]
-    truth, an = run(sc, 3)
+    truth, an, _ = run(sc, 3)
     assert "prefill_interference" not in truth["inference"]["expected_kinds"]
     assert any((c["metrics"].get("decode") or {}) for c in an["collectives"])     # still a decode group
     assert pif(an) == []
@@ -118,7 +103,7 @@ def test_one_way_pairs_split_off_a_mixed_component_join_the_kv_group():
     """Under the KV load some prefill -> decode flows are split off the mixed component by
     their message count (one-way pairs whose last evidence line is the split's): they belong
     to the kv_transfer group with the rest, not left as point-to-point pairs."""
-    truth, an = run(BLURRED, 3)
+    truth, an, _ = run(BLURRED, 3)
     kvg = next(g for g in truth["inference"]["groups"] if g["kind"] == "kv_transfer")
     kinds = sorted(c["kind"] for c in an["collectives"])
     assert kinds == ["kv_transfer", "ring_allreduce"], an["collectives"]

@@ -6,19 +6,17 @@ to the terminal at 2, 8 and 64 nodes, and the key toggling."""
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
-import genlib  # noqa: E402
+import genlib
 
-from skewscope import gen as skewgen  # noqa: E402
-from skewscope.cli import main  # noqa: E402
-from skewscope.outputs import topview as V  # noqa: E402
+from skewscope import gen as skewgen
+from skewscope.cli import main
+from skewscope.outputs import topview as V
 
 SUFFIX = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 

@@ -37,6 +37,8 @@ from bench_analysis import fresh, synthetic  # noqa: E402
 
 from skewscope.analysis import analyze  # noqa: E402
 from skewscope.outputs import html as H  # noqa: E402
+from skewscope.outputs import html_data as HD  # noqa: E402
+from skewscope.outputs import html_figures as HF  # noqa: E402
 
 FETCH = re.compile(r"""(?:src|href)\s*=\s*["']?https?://""", re.I)
 
@@ -52,8 +54,8 @@ def timed(fn, rounds):
 
 def picture_data(snap):
     """The numbers every candidate draws (from the same functions the page uses)."""
-    ips, m, rate = H._matrices(snap)
-    names, am, ar, _ = H._aggregate(ips, m, rate)
+    ips, m, rate = HD._matrices(snap)
+    names, am, ar, _ = HD._aggregate(ips, m, rate)
     t0, t1 = int(snap.events["start_ts"].min()), int(snap.events["end_ts"].max())
     n = len(ips)
     groups = []
@@ -62,25 +64,25 @@ def picture_data(snap):
         sub = m[np.ix_(mi, mi)]
         flat = np.argsort(-sub, axis=None, kind="stable")[:8]
         pairs = [(mi[int(i) // 32], mi[int(i) % 32]) for i in flat]
-        edges, ser = H._link_series(snap, pairs, t0, t1)
+        edges, ser = HD._link_series(snap, pairs, t0, t1)
         groups.append(([f"{ips[s]}->{ips[d]}" for s, d in pairs], (edges[:-1] - t0) / 1e6, ser))
-    hists = [H._group_hist(snap, list(range(32 * g, 32 * g + 32))) for g in range(4)]
+    hists = [HD._group_hist(snap, list(range(32 * g, 32 * g + 32))) for g in range(4)]
     assert n == 128
     return names, am, ar, groups, hists
 
 
 def page_matplotlib(names, am, ar, groups, hists):
     Figure, rc = H._mpl()
-    with rc(H._RC):
-        parts = [H._svg(H.fig_matrix(Figure, names, am, ar, None))]
+    with rc(HF._RC):
+        parts = [HF._svg(HF.fig_matrix(Figure, names, am, ar, None))]
         for labels, x, ser in groups:
             fig = Figure(figsize=(10, 2.8))
             ax = fig.subplots()
             for lab, y in zip(labels, ser):
                 ax.step(x, y, where="post", linewidth=1.0, label=lab)
             ax.legend(fontsize=7, ncol=2)
-            parts.append(H._svg(fig))
-        parts.append(H._svg(H.fig_hists(Figure, [(f"group {i}", h) for i, h in enumerate(hists)])))
+            parts.append(HF._svg(fig))
+        parts.append(HF._svg(HF.fig_hists(Figure, [(f"group {i}", h) for i, h in enumerate(hists)])))
     return "<!DOCTYPE html><html><body>" + "".join(parts) + "</body></html>"
 
 

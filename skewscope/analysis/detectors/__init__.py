@@ -46,6 +46,7 @@ from skewscope.analysis.detectors.registry import (  # noqa: F401 (the public na
     defaults,
     detectors,
     kinds,
+    kinds_table,
     list_checks_lines,
     markdown_tables,
     onset_table,

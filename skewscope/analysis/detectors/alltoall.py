@@ -43,8 +43,9 @@ import math
 
 import numpy as np
 
+from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.common import impact_of, pct, sev
-from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.detectors.registry import KEY_BLAMED, Detector, Kind, Threshold
 from skewscope.analysis.group_metrics import node_throughput
 from skewscope.analysis.onset import series_onset
 from skewscope.analysis.significance import additive_contrast, binom_sf, t_sf, z_of
@@ -549,6 +550,8 @@ DETECTORS = [
         doc="all-to-all groups: destination byte skew repeated over (source, phase) observations",
         kinds=(
             Kind("alltoall_destination_skew",
+                 key=KEY_BLAMED, headline=("dest_max_over_mean",), actions=(A.REBALANCE_EXPERTS,),
+                 role="cause", seen_by="bytes",
                  fires='with a `hot_destination` window: its skewed observations ≥ `min_observations` (3); severity by the '
                        'median per-source max/mean of the hot destination\'s observations (worst window) ≥ `warning` (1.5), '
                        '≥ `critical` (3.0), at most `hot_destination`\'s (one node\'s view of one collective: info)',
@@ -558,6 +561,8 @@ DETECTORS = [
                              _MIN_OBS),
                  onset="as `hot_destination` (the same observations)"),
             Kind("hot_destination",
+                 key=KEY_BLAMED, headline=("max_over_mean", "share"), actions=(A.REBALANCE_EXPERTS,),
+                 role="cause", seen_by="bytes",
                  fires='all-to-all: one destination is the single hottest (≥ `warning` 1.5 × the source\'s mean per '
                        'destination) in ≥ `min_observations` (3) (source, phase) observations — sources of one collective '
                        'and iterations alike — and in > `majority` (50 %) of its window\'s skewed observations, and not chance: '

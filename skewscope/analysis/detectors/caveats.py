@@ -2,7 +2,8 @@
 (1-in-N, batched timestamps, no RoCE at all)."""
 from __future__ import annotations
 
-from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.detectors import actions as A
+from skewscope.analysis.detectors.registry import KEY_NONE, Detector, Kind, Threshold
 from skewscope.core import layout as L
 
 #: batched-timestamp messages are worth an info from this share of the multi-packet messages
@@ -54,11 +55,13 @@ DETECTORS = [
         doc="capture caveats from the snapshot's meta and global counters",
         kinds=(
             Kind("map_overflow",
+                 key=KEY_NONE, headline=(), actions=(), role="context",
                  fires='flows evicted ≥ `min_evicted` or packets without a flow slot (warning: counters incomplete); message records lost ≥ `min_lost` (warning: timing partial)',
                  blames='—',
                  thresholds=(Threshold("min_evicted", 1, "count", "flows evicted from the flow table, at least"),
                              Threshold("min_lost", 1, "count", "message records lost, at least"))),
             Kind("sampling",
+                 key=KEY_NONE, headline=(), actions=(), role="context",
                  fires='info: 1-in-N sampling in effect; ≥ 10 % of multi-packet messages with batched timestamps; no RoCE traffic at all',
                  blames='—'),
         )),

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.common import group_by_node, pct, sev
-from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.detectors.registry import KEY_BLAMED, Detector, Kind, Threshold
 from skewscope.analysis.onset import slowdown_onset
 
 
@@ -82,6 +83,8 @@ DETECTORS = [
         doc="flow-table ECN/CNP counters",
         kinds=(
             Kind("ecn_congestion",
+                 key=KEY_BLAMED, headline=("ce_fraction",), actions=(A.CHECK_PORT_INTO, A.SPREAD_SENDERS),
+                 role="symptom", seen_by="ce_packets",
                  fires='CE-marked data flows grouped by the node most of them share (into it, else from it): Σ CE ≥ `min_ce` (10) and CE / ECN-capable ≥ `warning` (1 %), critical ≥ 10 %',
                  blames='that node, then its peers',
                  thresholds=(Threshold("warning", 0.01, "fraction", "CE / ECN-capable packets: warning"),
@@ -92,6 +95,8 @@ DETECTORS = [
                        "lower is worse, no threshold: a change of ≥ 20 %); live (no records) or no timed message: "
                        "generic"),
             Kind("cnp_storm",
+                 key=KEY_BLAMED, headline=("max_cnp_rate_per_s",), actions=(A.CHECK_PORT_INTO, A.SPREAD_SENDERS),
+                 role="symptom", seen_by="cnp_packets",
                  fires='per CNP sender (the congested receiver): Σ CNPs ≥ `min_cnp` (10) and the highest per-QP CNP rate over active time ≥ `warning` (1,000/s), critical ≥ 10,000/s; all QPs it throttles listed',
                  blames='the CNP sender, then the throttled senders',
                  thresholds=(Threshold("warning", 1000.0, "1/s", "highest per-QP CNP rate while the throttled flow sends: warning"),

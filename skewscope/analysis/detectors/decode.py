@@ -10,6 +10,7 @@ from math import comb
 
 import numpy as np
 
+from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.common import (
     STEP_THRESHOLDS,
     impact_of,
@@ -20,7 +21,7 @@ from skewscope.analysis.detectors.common import (
     us,
 )
 from skewscope.analysis.detectors.ownview import collective_spacing, segment_timing
-from skewscope.analysis.detectors.registry import Detector, Kind, Parameters, Threshold
+from skewscope.analysis.detectors.registry import KEY_BLAMED, KEY_MEMBERS, Detector, Kind, Parameters, Threshold
 from skewscope.analysis.collectives import Group, _one_way_ends
 from skewscope.analysis.intervals import natural_break
 from skewscope.analysis.kv import kv_metrics
@@ -436,6 +437,7 @@ DETECTORS = [
         doc="decode groups (many small collectives): cadence tail, prefill interference, a late TP shard",
         kinds=(
             Kind("decode_jitter",
+                 key=KEY_MEMBERS, headline=("jitter_ratio",), actions=(), role="symptom",
                  fires='decode group: `decode_jitter_ratio` ≥ `warning` 1.5 (critical 3.0)',
                  blames='the members',
                  thresholds=(Threshold("warning", 1.5, "ratio", "p99 / p50 of the decode collective spacing: warning"),
@@ -443,6 +445,7 @@ DETECTORS = [
                  onset="the collective spacings ≥ `warning` × their p50 (inside a token when the tokens are known) "
                        "as an episode against the group's collectives"),
             Kind("prefill_interference",
+                 key=KEY_MEMBERS, headline=("stall_share",), actions=(A.ISOLATE_PREFILL,), role="cause",
                  fires='decode group with ≥ `min_intervals` (1) interfered spacings (prefill messages in its own flows); '
                        'else a kv_transfer group, or a one-way star or pair of bulk messages (median ≥ max(64 KiB, 8 × the group\'s)) '
                        'from outside the group, sends into its members and its collective spacings that a transfer covers '
@@ -463,6 +466,8 @@ DETECTORS = [
                        "the ones a transfer covers for ≥ half their length) as an episode against the group's "
                        "collectives"),
             Kind("slow_tp_shard",
+                 key=KEY_BLAMED, headline=("lag_per_step_s", "token_share"), actions=(A.DRAIN, A.CHECK_NODE),
+                 role="cause",
                  fires="decode ring: a member is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps of its slow stretch (the whole capture, or from an onset / up to a recovery: a change point on its per-step lag, `since`/`until`), by a median lag ≥ max(`min_lag_s` 1 µs, `lag_jitter` (4) × the step jitter) (docs: \"Steps and gates\"), not when its own or its successor's downlink is shared (other traffic arriving there ≥ 25 % of the group's bytes into it: its messages, or its successor's clear-to-send, queue behind KV transfers); critical when the time it costs is ≥ `critical_share` (50 %) of the token. Decode groups without ring steps: the collective-level start lag ≥ max(`min_lag_s`, `lag_fraction` (0.1) × collective duration, median + `lag_mad` × MAD). One node's view of a ring (a ring segment, one DPU): only its own node, by its own lag per step (min of its forward latency and minus the arrival offset of its upstream's same step: docs \"Per-node timing\") ≥ `min_lag_s` in ≥ `min_steps` steps that are ≥ `last_share` of the steps it waited in between the first and the last such step, their median ≥ `lag_jitter` × their spread and ≥ slow_tp_shard.`lag_fraction` × its median step; a late upstream is `late_upstream` (info)",
                  blames='the shard, then the others',
                  onset="its slow stretch: a change point on its per-step series 'last by a lag above the bar' (docs: \"Steps and gates\"); without ring steps the generic one",

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.common import us
-from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.detectors.registry import KEY_BLAMED, Detector, Kind, Threshold
 from skewscope.analysis.onset import incast_onset
 
 #: flows into the destination at <= this x their rate elsewhere: severe throttling (critical)
@@ -77,6 +78,8 @@ DETECTORS = [
         doc="destinations with many concurrent senders whose flows into it are throttled",
         kinds=(
             Kind("incast",
+                 key=KEY_BLAMED, headline=("max_senders", "throttle_ratio"), actions=(A.SPREAD_INCAST_SENDERS,),
+                 role="cause", seen_by="busy_seconds",
                  fires="a destination with ≥ `min_senders` (4) senders at once, ≥ `ratio` (2) × the typical destination's peak, for ≥ `min_time_s` (5 µs), and queueing evidence: its senders' flows into it run at ≤ `throttle` (0.7) × their rate elsewhere (or, without other flows, a many-to-one pattern). Critical with stalls, ≥ 2 × `min_senders`, or throttle ≤ 0.25",
                  blames='the destination, then the senders',
                  thresholds=(Threshold("min_senders", 4, "count", "senders at once into one destination (fleet: mean "

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.common import impact_of, sev
-from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.detectors.registry import KEY_MEMBERS, Detector, Kind, Threshold
 from skewscope.analysis.onset import series_onset
 
 #: instance_load_imbalance onset: a time bin spans this many of the compared instances'
@@ -153,6 +154,7 @@ DETECTORS = [
         "instances", instances, needs=frozenset({"flows", "records", "groups"}), stage=25,
         doc="decode groups as serving instances: load (tokens/s x data bytes per token) against comparable instances",
         kinds=(Kind("instance_load_imbalance",
+                    key=KEY_MEMBERS, headline=("load_ratio",), actions=(A.REROUTE_INSTANCE,), role="cause",
                     fires='≥ `min_instances` (3) comparable decode instances (same collective kind and size), each with '
                           '≥ `min_tokens` (4) tokens: one instance\'s load (tokens/s × data bytes per token) / the median of the others ≥ `warning` '
                           '(1.5), ≥ `critical` (2.5). Two instances are not enough: either could be the odd one',

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.common import gbps, impact_of, pct, sev, us
-from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.detectors.registry import KEY_BLAMED, KEY_LINK, Detector, Kind, Threshold
 from skewscope.analysis.onset import series_onset, slowdown_onset
 
 #: pd_imbalance onset: consecutive transfers are taken in chunks of at least this many
@@ -134,6 +135,7 @@ DETECTORS = [
         doc="kv_transfer groups (prefill -> decode KV-cache transfers): decode-node share, link throughput",
         kinds=(
             Kind("pd_imbalance",
+                 key=KEY_BLAMED, headline=("share",), actions=(A.REROUTE_DECODE,), role="cause",
                  fires='kv_transfer group with ≥ 2 decode nodes: a decode node\'s share of the KV bytes / its fair share '
                        '(1 / decode nodes) ≥ `warning` (1.5), ≥ `critical` (2.5), over ≥ `min_transfers` (3) requests, and its request '
                        'count ≥ `min_z` (2) standard deviations above an even random spread (n/D ± √(n·(1/D)(1−1/D))): not chance; '
@@ -147,6 +149,7 @@ DETECTORS = [
                  onset="per chunk of consecutive transfers (≥ 4, ≥ one per decode node), the node's share of the "
                        "requests; the stretch at or above `warning` × the fair share (series scan)"),
             Kind("kv_transfer_slow",
+                 key=KEY_LINK, headline=("rate_ratio",), actions=(A.CHECK_LINK,), role="cause",
                  fires='kv_transfer group with ≥ 3 links: a prefill → decode link\'s rate (90th percentile of its '
                        'messages\' rates: uncontended) / the median link\'s ≤ `warning` (0.5), ≤ `critical` (0.25), '
                        'over ≥ `min_messages` (4) messages',

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.common import by_pair, pct, qp_list
-from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.detectors.registry import KEY_LINK, Detector, Kind, Threshold
 from skewscope.analysis.onset import resend_onset
 from skewscope.core import layout as L
 
@@ -122,6 +123,7 @@ DETECTORS = [
         doc="flow-table PSN gaps, retransmissions and NAKs per directed node pair",
         kinds=(
             Kind("packet_loss",
+                 key=KEY_LINK, headline=("loss_rate",), actions=(A.CHECK_LINK,), role="cause",
                  fires='per link: PSN gaps ≥ `min_gaps` (1); critical when PSNs skipped / requests ≥ `critical` (0.1 %); warning when ≥ `warning_events` (2) gaps, or when the packets missing and resent (go-back-N) are ≥ `warning` (0.1 %) of the link\'s requests; else info (one loss event of no measurable cost)',
                  blames='src, dst; the lossy flows',
                  thresholds=(Threshold("min_gaps", 1, "count", "PSN gaps on a flow, at least"),
@@ -133,6 +135,8 @@ DETECTORS = [
                        "rate predicts, ≥ 4 robust standard deviations above the flows' median, ≥ +1 %) as an episode "
                        "against the flows' data; none, or no records (live): generic"),
             Kind("retransmissions",
+                 key=KEY_LINK, headline=("retransmissions",), actions=(A.CHECK_LINK,),
+                 role="symptom", seen_by="retransmitted_packets",
                  fires='per link: retransmitted packets ≥ `min_packets`; info when every flow also shows gaps (recovery of the loss above); else (loss after the observation point, timeouts) by what the resends cost: critical when retransmitted / requests ≥ `critical` (1 %), warning when ≥ `warning` (0.1 %) and ≥ `warning_events` (2) packets, else info (one resend in a long run: a line, not a page)',
                  blames='src, dst',
                  thresholds=(Threshold("min_packets", 1, "count", "retransmitted packets on a flow, at least"),
@@ -141,6 +145,8 @@ DETECTORS = [
                              Threshold("critical", 1e-2, "fraction", "retransmitted / requests: critical")),
                  onset="as `packet_loss` (N = the PSN gaps, else the retransmitted packets)"),
             Kind("nak_errors",
+                 key=KEY_LINK, headline=("psn_sequence_error",), actions=(A.CHECK_LINK,),
+                 role="symptom", seen_by="naks",
                  fires='per link of NAK senders: NAKs ≥ `min_naks`; other syndromes (remote access / invalid request) critical; PSN sequence errors info when the data flow shows gaps (the loss above); RNR and the other PSN sequence errors by what they cost: critical when NAKs / the NAKed requests ≥ `critical` (1 %), warning when ≥ `warning` (0.1 %) and ≥ `warning_events` (2) NAKs, else info',
                  blames='the requester, then the responder',
                  thresholds=(Threshold("min_naks", 1, "count", "NAKs on a flow, at least"),

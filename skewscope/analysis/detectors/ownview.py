@@ -28,8 +28,9 @@ import inspect
 
 import numpy as np
 
+from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.common import impact_of, pct, us
-from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.detectors.registry import KEY_MEMBERS, Detector, Kind, Threshold
 
 
 def segment_ends(ctx, g):
@@ -218,6 +219,7 @@ DETECTORS = [
         doc="one DPU's view of a ring (a ring segment): its own node's lag per step, its upstream observed late",
         kinds=(
             Kind("late_upstream",
+                 key=KEY_MEMBERS, headline=("arrival_offset_p50_s",), actions=(), role="symptom",
                  fires="one node's view of a ring (ring segment: upstream -> this node -> downstream): the upstream's "
                        "step-k data starts ≥ `min_lag_s` (1 µs) after this node's own step-k send in ≥ `share` (50 %) "
                        "of the steps between the first and the last such step, ≥ `min_steps` (8, of slow_tp_shard / "

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.common import pct, sev, us
-from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.detectors.registry import KEY_MEMBERS, Detector, Kind, Threshold
 from skewscope.analysis.onset import series_onset
 
 #: the median |period deviation| / period of iterations jittering with std = s x period is
@@ -46,6 +47,7 @@ DETECTORS = [
         "period_jitter", period_jitter, needs=frozenset({"flows", "records", "groups"}), stage=20,
         doc="training groups: iteration period jitter",
         kinds=(Kind("period_jitter",
+                    key=KEY_MEMBERS, headline=("jitter_ratio",), actions=(), role="symptom",
                     fires='ring/tree/all-to-all/pipeline with ≥ `min_iterations` (3) and period_jitter / period ≥ `warning` (5 %), critical 15 %',
                     blames='the members',
                     thresholds=(Threshold("warning", 0.05, "fraction", "period std / period: warning"),

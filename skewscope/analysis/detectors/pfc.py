@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.common import pct, us
-from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.detectors.registry import KEY_MEMBERS, Detector, Kind, Threshold
 from skewscope.analysis.onset import stall_onset
 
 #: the likely paused receivers named, at most
@@ -56,6 +57,8 @@ DETECTORS = [
         "pfc", pfc, needs=frozenset({"flows"}), live=True, stage=70,
         doc="PFC/802.3x pause counters; pause time and the paused port when message records give a link speed and stalls",
         kinds=(Kind("pfc_pause",
+                    key=KEY_MEMBERS, headline=("pause_fraction",), actions=(A.CHECK_NODE,),
+                    role="symptom", figure="pfc_per_priority",
                     fires='pause frames of a priority ≥ `min_frames`; critical when pause time ≥ `critical` (5 %) of the capture. The paused port is named when traffic into it stalled (inbound stalls ≥ max(2 pause quanta, `min_stall_s`) without outbound ones), else entities are empty. Also 802.3x global pauses',
                     blames='the likely paused receiver',
                     thresholds=(Threshold("min_frames", 1, "count", "pause frames of a priority, at least"),

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.common import pct, sev
-from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.detectors.registry import KEY_BLAMED, Detector, Kind, Threshold
 from skewscope.analysis.intervals import break_candidates
 from skewscope.analysis.onset import flow_events, series_onset
 
@@ -71,6 +72,7 @@ DETECTORS = [
         "pipeline", pipeline, needs=frozenset({"flows", "records", "groups"}), stage=20,
         doc="pipeline groups: the slowest stage's compute time and the bubbles it causes",
         kinds=(Kind("pipeline_bubbles",
+                    key=KEY_BLAMED, headline=("bubble_fraction",), actions=(A.CHECK_NODE,), role="cause",
                     fires='pipeline: slowest stage compute / median ≥ `warning` 1.5 (critical 3.0) and `bubble_fraction` ≥ `min_bubble` (0.1)',
                     blames='the slow stage, then the stages',
                     thresholds=(Threshold("warning", 1.5, "ratio", "slowest stage compute / the median stage: warning"),

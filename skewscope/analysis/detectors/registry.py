@@ -13,7 +13,12 @@ derived from REGISTRY:
   `KINDS`, `diagnose --list-checks` and the tables in docs/metrics.md "Findings"
   (`markdown_tables()`, checked by tests/unit/test_detector_registry.py).
 
-Adding a finding kind = one `Kind` in one module's `Detector(...)` (plus the code that emits it).
+Adding a finding kind = one `Kind` in one module's `Detector(...)` (plus the code that emits it):
+its thresholds and docs lines, and -- keyword-only, required -- its event `key` (which
+entities key its event id), `headline` (the evidence numbers whose move makes an `updated`
+event), `actions` (recipes of actions.py) and incident `role` (ROLES); outputs.events,
+outputs.cluster and outputs.html read them here, and docs/feedback.md "Kinds" is generated
+from them (`kinds_table()`).
 
 A finding (`Finding.to_dict()`, the `report --json` / `diagnose --json` / `cluster --json`
 contract): {"kind", "severity" (info|warning|critical), "entities" {"ips", "qps", "flows":
@@ -29,6 +34,7 @@ node, the slow sender, the paused receiver), then the others involved.
 from __future__ import annotations
 
 import copy
+import ipaddress
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -63,9 +69,81 @@ class Threshold:
     meaning: str
 
 
+#: a kind's incident role (Kind.role; docs/feedback.md "Kinds"): how a finding of the kind
+#: relates to the others of one analysis when they are read together as one incident
+#: (a slow node's ring_straggler and the period_jitter and ECN marks it causes)
+ROLES = {
+    "cause": "names a condition of an entity (a node, a link, a destination, a load split) that makes the "
+             "job slow and that an action on that entity can remove: an incident's lead",
+    "symptom": "an effect on the wire or on the timing (jitter, congestion marks, pauses, resends, a late "
+               "upstream seen from one node) that a cause on the same entities explains; it leads an "
+               "incident only when no cause does",
+    "context": "a property of the observation, not of the traffic (the flow table overflowed, the capture "
+               "is sampled): it qualifies every other finding and never leads an incident",
+}
+
+
+def ip_sort_key(s):
+    """IPv4 before IPv6, numerically; a string that is no address last."""
+    try:
+        a = ipaddress.ip_address(str(s))
+        return (0, a.version, int(a), "")
+    except ValueError:
+        return (1, 0, 0, str(s))
+
+
+def sorted_ips(xs) -> list[str]:
+    """Deduplicated, in ip_sort_key order."""
+    return sorted({str(x) for x in xs}, key=ip_sort_key)
+
+
+@dataclass(frozen=True)
+class EventKey:
+    """Which entities of a finding key its event id (outputs.events.finding_id): the same
+    key entities = the same condition (one id across analyses, runs and finding order);
+    the rest of entities.ips ("then the members / the senders") may change between analyses
+    of one condition without making it a new one. `ips`: the first N of entities.ips (the
+    blamed node(s) first), None = all of them, 0 = none (one id per kind); `flow_ends`: the
+    endpoints of entities.flows instead (entities.ips when it has no flows)."""
+    ips: int | None = None
+    flow_ends: bool = False
+
+    def entities(self, f: dict) -> list[str]:
+        """The key entities of a finding dict (sorted, deduplicated)."""
+        ent = f.get("entities") or {}
+        ips = [str(x) for x in (ent.get("ips") or [])]
+        if self.flow_ends:
+            ends = [x for fl in (ent.get("flows") or []) for x in list(fl)[:2]]
+            return sorted_ips(ends or ips)
+        return sorted_ips(ips if self.ips is None else ips[:self.ips])
+
+    def describe(self) -> str:
+        if self.flow_ends:
+            return "the endpoints of its flows"
+        if self.ips is None:
+            return "all its IPs"
+        if self.ips == 0:
+            return "none (one id per kind)"
+        return "the first IP" if self.ips == 1 else f"the first {self.ips} IPs"
+
+
+#: the event keys the kinds use (docs/feedback.md "Key entities")
+KEY_BLAMED = EventKey(1)          # the blamed node
+KEY_LINK = EventKey(2)            # the two ends of a link (src, dst)
+KEY_MEMBERS = EventKey(None)      # every node involved (a group's members)
+KEY_NONE = EventKey(0)            # one condition per kind (a property of the capture)
+KEY_RING = EventKey(flow_ends=True)   # the ring (the ends of its flows): a rotating gate stays one condition
+
+
 @dataclass(frozen=True)
 class Kind:
-    """A finding kind: its thresholds and its line in docs/metrics.md "Findings"."""
+    """A finding kind: everything known about it, declared once -- its thresholds and its
+    line in docs/metrics.md "Findings"; what makes its event id (`key`), the evidence numbers
+    whose move makes an `updated` event (`headline`), the actions it suggests (`actions`),
+    its incident `role` (ROLES) -- docs/feedback.md "Kinds", read by outputs.events (ids,
+    updates, actions), outputs.cluster (`seen_by`) and outputs.html (`figure`). `key`,
+    `headline`, `actions` and `role` must be given (keyword-only): a new kind cannot fall
+    back to default ids or never be updated."""
     name: str
     fires: str           # "fires when (defaults)"
     blames: str          # what entities.ips lists first
@@ -74,6 +152,46 @@ class Kind:
     #: code: analysis.onset, called where the finding is made); "" = the generic one
     #: (ONSET_FALLBACK)
     onset: str = ""
+    #: which entities key its event id (EventKey; KEY_BLAMED, KEY_LINK, ...)
+    key: EventKey = field(kw_only=True)
+    #: evidence numbers whose relative move > the tracker's `change` (25 %) since the id's last
+    #: event makes an `updated` event (besides a severity change); () = severity only. Not
+    #: counts that only grow with the window (packets, steps)
+    headline: tuple[str, ...] = field(kw_only=True)
+    #: the machine-readable suggestions (detectors.actions: Action recipes, concatenated); ()
+    #: = nothing to automate
+    actions: tuple = field(kw_only=True)
+    #: "cause", "symptom" or "context" (ROLES)
+    role: str = field(kw_only=True)
+    #: `skewscope cluster`: the per-DPU drill-down of its `seen_by` evidence -- the FleetMatrix
+    #: per-pair series each DPU's count is read from ("bytes", "ce_packets", ...; "naks"),
+    #: "link" (each DPU's bytes and rate of evidence.link), "" = none
+    seen_by: str = ""
+    #: the capture-wide picture of the HTML page that stands for its evidence when the
+    #: evidence itself draws none ("pfc_per_priority"), "" = none
+    figure: str = ""
+
+    def check(self) -> None:
+        """ValueError when a declaration is incomplete or malformed (register() calls it)."""
+        if not isinstance(self.key, EventKey):
+            raise ValueError(f"kind {self.name}: key must be an EventKey")
+        if not isinstance(self.headline, tuple) or not all(isinstance(h, str) and h for h in self.headline):
+            raise ValueError(f"kind {self.name}: headline must be a tuple of evidence names")
+        if not isinstance(self.actions, tuple) or not all(callable(a) and getattr(a, "type", "")
+                                                          for a in self.actions):
+            raise ValueError(f"kind {self.name}: actions must be a tuple of detectors.actions.Action")
+        if self.role not in ROLES:
+            raise ValueError(f"kind {self.name}: role {self.role!r} is not one of {', '.join(ROLES)}")
+        if self.figure not in FIGURES:
+            raise ValueError(f"kind {self.name}: figure {self.figure!r} is not one of {FIGURES}")
+
+    def actions_for(self, f: dict) -> list[dict]:
+        """Its actions for one finding dict: the recipes' actions, in order."""
+        return [a for rec in self.actions for a in rec(f)]
+
+
+#: Kind.figure values (outputs/html.py draws them)
+FIGURES = ("", "pfc_per_priority")
 
 
 @dataclass(frozen=True)
@@ -124,6 +242,7 @@ def register(d: Detector) -> Detector:
         raise ValueError(f"detector {d.name}: unknown needs {sorted(bad)}")
     declared = {k.name for det in REGISTRY for k in det.kinds}
     for k in d.kinds:
+        k.check()
         if k.name in declared:
             raise ValueError(f"kind {k.name} declared twice")
     keys = {(s, t.name) for s, t in all_thresholds()}
@@ -339,6 +458,30 @@ def markdown_tables() -> str:
             seen.add((s, t.name))
             where = "parameter" if s in param_sections() else scope
             lines.append(f"| `{s}.{t.name}` | {_num(t.default, t.unit)} | {t.unit} | {where} | {t.meaning} |")
+    return "\n".join(lines) + "\n"
+
+
+def kinds_table() -> str:
+    """The tables of docs/feedback.md "Kinds": the incident roles, then per node-scope kind
+    its role, event key, headline numbers and actions, then what each action recipe makes."""
+    lines = ["| role | meaning |", "|---|---|"]
+    lines += [f"| `{r}` | {text} |" for r, text in ROLES.items()]
+    lines += ["", "| kind | role | event id key (of `entities`) | `updated` when moves > 25 % | actions |",
+              "|---|---|---|---|---|"]
+    recipes = []
+    for det in REGISTRY:
+        if det.scope != "node":
+            continue
+        for k in det.kinds:
+            hl = ", ".join(f"`{h}`" for h in k.headline) or "(severity only)"
+            acts = ", ".join(f"`{a.type}`" for a in k.actions) or "—"
+            lines.append(f"| `{k.name}` | {k.role} | {k.key.describe()} | {hl} | {acts} |")
+            recipes += [a for a in k.actions if a not in recipes]
+    lines += ["", "| action | made as | for |", "|---|---|---|"]
+    for a in recipes:
+        users = ", ".join(f"`{k.name}`" for det in REGISTRY if det.scope == "node" for k in det.kinds
+                          if a in k.actions)
+        lines.append(f"| `{a.type}` | {a.shape} | {users} |")
     return "\n".join(lines) + "\n"
 
 

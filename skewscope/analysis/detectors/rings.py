@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.common import (
     STEP_THRESHOLDS,
     ce_explained,
@@ -21,7 +22,7 @@ from skewscope.analysis.detectors.common import (
     split_by,
     us,
 )
-from skewscope.analysis.detectors.registry import Detector, Kind, Threshold
+from skewscope.analysis.detectors.registry import KEY_BLAMED, KEY_LINK, KEY_RING, Detector, Kind, Threshold
 from skewscope.analysis.onset import Onset, episode, slowdown_onset
 from skewscope.analysis.steps import member_summary, persistent, start_lag_onset
 
@@ -400,18 +401,23 @@ DETECTORS = [
         doc="ring/tree/all-to-all members: rate ratios and start lags -> the slow link, the straggler, the slow receiver",
         kinds=(
             Kind("ring_straggler",
+                 key=KEY_LINK, headline=("send_ratio", "lag_per_step_s"), actions=(A.DRAIN, A.CHECK_NODE, A.CHECK_LINK),
+                 role="cause", seen_by="link",
                  fires="ring: a member's out-link median-message rate / ring median ≤ `warning` (0.8) (≤ `critical` 0.5), or its start lag ≥ max(`min_lag_s` 5 µs, median + `lag_mad` (4) × MAD of the others), or it is the last to send in ≥ `last_share` (50 %) and ≥ `min_steps` (8) of the ring steps of its slow stretch by a median lag ≥ max(`min_step_lag_s` 1 µs, `lag_jitter` (4) × the step jitter) (the stretch: the whole capture, or from an onset / up to a recovery found by a change point on its per-step lag; docs: \"Steps and gates\"); critical also when the time the ring loses to it is ≥ slow_tp_shard.`critical_share` (50 %) of the period (or of the captured steps). Not when its successor is slow both ways (slow_link), nor (by rate) when its successor's downlink is shared (other traffic arriving there while the ring runs ≥ 25 % of the ring's bytes into it: KV transfers into a decode member; its messages are seen queued there), nor (by steps) when its own or its successor's is (its successor's clear-to-send queues on its own), nor when its flows are CE-marked (ecn_congestion); the start lag alone not while the ring's gate rotates (rotating_straggler: a member that gated some iterations is late on average), needs ≥ 2 late bursts, and is not read when the ring's bursts are its single steps (docs: \"Steps and gates\"). One node's view of a ring (a ring segment, one DPU): only its own node, by its own lag per step (min of its forward latency and minus the arrival offset of its upstream's same step: docs \"Per-node timing\") ≥ `min_lag_s` in ≥ `min_steps` steps that are ≥ `last_share` of the steps it waited in between the first and the last such step, their median ≥ `lag_jitter` × their spread and ≥ slow_tp_shard.`lag_fraction` × its median step; a late upstream is `late_upstream` (info)",
                  blames='the sender, then its successor',
                  onset="by steps: its slow stretch, a change point on its per-step series 'last by a lag above the bar' (docs: \"Steps and gates\"); by start lag: the same over the iterations (late by half its lag); by rate: the generic rate series (ONSET_FNS)",
                  thresholds=_lag_thresholds("ring link (fleet: link rate over active time)") + STEP_THRESHOLDS
                  + (Threshold("min_step_lag_s", 1e-6, "s", "steps: its median lag per step, at least (timestamp resolution / one packet; the start lag floor is min_lag_s)"),)),
             Kind("straggler",
+                 key=KEY_BLAMED, headline=("send_ratio", "max_delay_s"), actions=(A.DRAIN, A.CHECK_NODE),
+                 role="cause", seen_by="message_wire_seconds",
                  fires="tree/all-to-all: a member's send throughput over active time / members' median ≤ `warning` 0.8 (critical 0.5) -- in an all-to-all also its links' rates / the other senders' links into the same destinations (median over its destinations: uneven per-pair volumes slow a sender whose bytes go to busy destinations), or start lag as above (all-to-all) and ≥ `min_lag_share` (5 %) of the group's median burst",
                  blames='the sender, then its receivers',
                  thresholds=_lag_thresholds("member") + (
                      Threshold("min_lag_share", 0.05, "fraction", "start lag: at least this share of the group's "
                                "median burst (the collective it delays); a shorter one costs the group less"),)),
             Kind("slow_receiver",
+                 key=KEY_BLAMED, headline=("recv_ratio",), actions=(A.CHECK_NODE,), role="cause",
                  fires="all-to-all: a member's receive throughput ratio ≤ `warning` 0.8 (critical 0.5) and its in-links' rates / the same senders' links to their other destinations (median over its senders) too, not CE-marked, not explained by slow senders",
                  blames='the receiver, then its senders',
                  thresholds=(Threshold("warning", 0.8, "ratio", "receive throughput / the members' median: warning at or below"),
@@ -419,6 +425,8 @@ DETECTORS = [
                  onset="per time bin, the median message rate into it / into the other members (series scan, lower is "
                        "worse, threshold `warning`)"),
             Kind("slow_link",
+                 key=KEY_BLAMED, headline=("send_ratio", "recv_ratio", "max_delay_s", "max_stall_s"),
+                 actions=(A.CHECK_OWN_LINK,), role="cause",
                  fires="a node slow both ways: send and receive ratio ≤ `warning` 0.8 (critical 0.5) (`mode: slow`; in a ring its slowest out- and in-link against the median of the links that do not touch it: its port slows two links, in a ring of 3 the median; not when other traffic arriving at the node and at the end of its slowest out-link, while the ring runs, is ≥ 25 % of the ring's bytes into each: shared downlinks, e.g. KV transfers into decode members); or late ≥ `min_late_s` (50 µs) both as sender and receiver in ≥ 2 and ≥ `late_share` (30 %) of the iterations (`mode: flapping`); or the stalled data flows (a message ≥ 2× its flow's typical time, by ≥ `min_stall_s` = 50 µs) concentrate on it — ≥ 80 % of them touch it, in both directions (`mode: stalls`). Flaps and stalls are node faults only as outliers: when they spread over more than a quarter of the nodes, one `sampling` info says the capture's timing is irregular instead; in one host's view (every data flow touches it, so it collects every stall) its stalls are its port's only when its in- and out-stalls coincide for ≥ 50 % of the smaller side's stalled time, else the same `sampling` info",
                  blames='the node',
                  thresholds=(Threshold("warning", 0.8, "ratio", "send and receive rate / the median, both: warning at or below"),
@@ -436,6 +444,8 @@ DETECTORS = [
         doc="ring groups: the member that gated each iteration (token) moves between members",
         kinds=(
             Kind("rotating_straggler",
+                 key=KEY_RING, headline=("max_share", "lost_per_gated_iteration_s"), actions=(A.REBALANCE_BATCHES,),
+                 role="cause",
                  fires="ring: ≥ `min_iterations` (3) and ≥ `gated_share` (50 %) of the iterations (tokens) have a gate — a member whose own step lags in it total ≥ max(`min_lag_s` 5 µs, 4 × the step jitter) and ≥ 2× any other member's (docs: \"Steps and gates\") — with ≥ 2 distinct gates and none gating more than `persistent_share` (50 %) of them (that is ring_straggler / slow_tp_shard)",
                  blames='the gating members, most iterations first',
                  thresholds=(Threshold("min_iterations", 3, "count", "iterations with a gate, at least"),

@@ -8,7 +8,7 @@ table is passed in as data (layout.OPCODE_TABLE, the same array the kernel's op_
 filled from). Differences from the kernel are deliberate and listed in docs/offline.md
 (flow-table eviction is exact LRU here).
 
-State lives in numpy arrays owned by skewscope/offline/__init__.py and passed to every call:
+State lives in numpy arrays owned by skewscope/sources/offline/tables.py and passed to every call:
 
   g      int64[G_N]              the global counters (same indices as the BPF array)
   st     int64[ST_N]             scalars: flow-table fill, LRU ends, event/instance fill...
