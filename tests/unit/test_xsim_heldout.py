@@ -9,15 +9,9 @@ per send, onsets, channels, QPs, IPv6, MTUs, SEND data) is `tools/xsim_check.py`
 recorded result is in docs/metrics.md "Held-out simulator"."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
-sys.path.insert(0, str(TOOLS))
-
-import xsim_check  # noqa: E402
+import xsim_check  # tools/ is on sys.path (tests/conftest.py)
 
 #: one case of each shape the issue named: lag >> step under both step timings, a small lag
 #: in a 2-channel ring, an onset mid-capture, a TP decode with a lag longer than its token
