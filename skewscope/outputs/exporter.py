@@ -26,7 +26,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -44,7 +43,6 @@ from skewscope.analysis.nodeview import NodeViewError, per_node_timing, resolve_
 from skewscope.core import layout as L
 from skewscope.core.snapshot import Snapshot, flow_key_words, ip_str, match_rows
 from skewscope.outputs import metrics as M
-from skewscope.sources.live import LiveSession
 
 DEFAULT_LISTEN = "127.0.0.1:9435"
 DEFAULT_TOP_K = 10
@@ -789,7 +787,7 @@ def _node(spec, node, v):
     return f
 
 
-# ---- sources --------------------------------------------------------------------------
+# ---- sources (the live one, LiveSource, is skewscope/live/export.py) ---------------------
 class StaticSource:
     """A Snapshot file (or a capture through the offline parser): one fixed state."""
 
@@ -804,70 +802,6 @@ class StaticSource:
 
     def close(self) -> None:
         pass
-
-
-class LiveSource:
-    """The live data plane on an interface (`live.LiveSession`: attach, leftover checks,
-    per-interval deltas, detach), read every `interval` seconds by a thread. Reading on a
-    clock rather than on scrape drains the message-record rings before they wrap, and
-    makes scrapes cheap (they render the last state)."""
-
-    def __init__(self, iface: str, node: str, top_k: int, max_peers: int, interval: float = 1.0,
-                 mode: str = "xdp", xdp_mode: str = "native", direction: str = "ingress",
-                 max_flows: int = 65536, sample_n: int = 1, on_stale="error", on_interval=None,
-                 node_ip: str | None = None):
-        self.node, self.top_k, self.interval = node, top_k, float(interval)
-        self.on_interval = on_interval   # f(live.Interval) after each read (outputs.http's analysis window)
-        # live: the node given or inferred only (every node of a mirror costs one analysis
-        # of its sub-view per node per read: ~55 ms per node at 4k records, ring-32; files only)
-        self.acc = Accumulator(max_peers=max_peers, node_ip=node_ip, timing_nodes=0)
-        self.session = LiveSession(iface, mode=mode, xdp_mode=xdp_mode, direction=direction,
-                                   sample_n=sample_n, max_flows=max_flows, on_stale=on_stale,
-                                   source="live").open()
-        self._lock = threading.Lock()
-        self._state: ExportState | None = None
-        self._stop = threading.Event()
-        self.error: BaseException | None = None
-        try:
-            self._absorb(self.session.read_interval())
-        except BaseException:
-            self.session.close()
-            raise
-        self._thread = threading.Thread(target=self._run, name="skewscope-export-reader", daemon=True)
-        self._thread.start()
-
-    def describe(self) -> str:
-        return self.session.describe()
-
-    def _absorb(self, iv) -> None:
-        t0 = time.monotonic()
-        self.acc.add(iv.delta.flows, iv.delta.events, cum_flows=iv.cum.flows)
-        meta = dict(iv.cum.meta)
-        meta["events_lost"] = int(meta.get("events_lost", 0)) + int(meta.get("events_dropped", 0))
-        st = self.acc.state(self.node, iv.cum.globals, meta, self.top_k, read_ts=iv.wall,
-                            read_seconds=time.monotonic() - t0)
-        with self._lock:
-            self._state = st
-        if self.on_interval is not None:
-            self.on_interval(iv)
-
-    def _run(self) -> None:
-        try:
-            for iv in self.session.intervals(self.interval, stop=self._stop):
-                self._absorb(iv)
-                # records are handed over per interval; the session keeps none
-        except BaseException as e:  # serve the last good state; the command stops on it
-            self.error = e
-
-    def get(self) -> ExportState | None:
-        with self._lock:
-            return self._state
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=self.interval + 5)
-        self.session.close()
 
 
 # ---- serving ----------------------------------------------------------------------------------
