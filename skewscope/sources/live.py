@@ -57,7 +57,7 @@ DIRECTIONS = ("ingress", "egress", "both")
 
 
 # ---- signals ------------------------------------------------------------------------------
-# One mechanism for the whole package (dataplane.py): SIGTERM/SIGHUP raise Terminated, a
+# One mechanism for the whole package (core/signals.py): SIGTERM/SIGHUP raise Terminated, a
 # SystemExit with status 128 + signal, so every `finally` (detach, namespace teardown) runs.
 # Ctrl-C stays a KeyboardInterrupt (for top: the normal way out; for capture: "stop early").
 Terminated = _dp_Terminated
@@ -559,7 +559,7 @@ def capture(iface: str, duration: float, mode: str = "xdp", xdp_mode: str = "nat
     return the cumulative Snapshot (source "capture"). `progress(elapsed, duration, snap_globals)`
     is called about 10 times a second. `pcap_out`: also write the RoCE headers seen
     (first `pcap_snaplen` bytes of each RoCE/PFC frame, original length kept) to a pcap
-    file, atomically (see skewscope.pcaptap). `on_attached(session)` is called once the
+    file, atomically (see skewscope.sources.pcaptap). `on_attached(session)` is called once the
     program is attached (startup line). Ctrl-C ends the capture early and still returns
     the data collected so far (meta["interrupted"] = True)."""
     if not duration or duration <= 0:

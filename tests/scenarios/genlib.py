@@ -1,7 +1,7 @@
 """Test helper: generator scenario -> (ground truth, Snapshot), cached per test session.
 
-Ground truth comes from skewgen (tools/skewgen), the Snapshot from the offline pcap parser
-(skewscope.offline.parse_file; the kernel replay when the parser is unavailable and we
+Ground truth comes from skewgen (skewscope/gen/), the Snapshot from the offline pcap parser
+(skewscope.sources.offline.parse_file; the kernel replay when the parser is unavailable and we
 are root). Pcaps are written with a 128-byte snap length (headers only, like
 `tcpdump -s 128`) to keep them small.
 """

@@ -7,7 +7,7 @@ and the one reader of capture files (`skewscope replay` reads its frames here to
     for batch in offline.read_frames("trace.pcap"):   # the records as Ethernet frames
         batch.ts, batch.orig_len, batch.frame(0)
 
-The file is streamed in chunks through numba kernels (skewscope/offline/kernel.py): one
+The file is streamed in chunks through numba kernels (skewscope/sources/offline/kernel.py): one
 record walk for pcap (µs/ns magic, either byte order) or pcapng (SHB, IDB, EPB, SPB, the
 obsolete PB; several interfaces, each with its own link type and if_tsresol), then either a
 line-by-line mirror of ebpf/skewscope.bpf.c's parser and accounting (parse_file, dissect) or

@@ -2,13 +2,13 @@
 mirror of ebpf/skewscope.bpf.c (`process`, `parse_l3`, `parse_gre`, `parse_bth`,
 `handle_macctl`, `account`).
 
-Keep this file in lock-step with the C. Every constant comes from skewscope/layout.py (the
+Keep this file in lock-step with the C. Every constant comes from skewscope/core/layout.py (the
 mirror of ebpf/skewscope.h, checked against it by tests/unit/test_layout.py); the opcode
 table is passed in as data (layout.OPCODE_TABLE, the same array the kernel's op_table map is
 filled from). Differences from the kernel are deliberate and listed in docs/offline.md
 (flow-table eviction is exact LRU here).
 
-State lives in numpy arrays owned by skewscope/offline/__init__.py and passed to every call:
+State lives in numpy arrays owned by skewscope/sources/offline/__init__.py and passed to every call:
 
   g      int64[G_N]              the global counters (same indices as the BPF array)
   st     int64[ST_N]             scalars: flow-table fill, LRU ends, event/instance fill...
