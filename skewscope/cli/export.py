@@ -84,11 +84,12 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
     from skewscope.live.export import LiveSource  # heavy (numba)
     from skewscope.live.runner import AnalysisRunner, load_analyze  # heavy (numba)
     from skewscope.outputs import exporter as E  # heavy (numba)
+    from skewscope.outputs import expose as X  # heavy (numba, prometheus_client)
     if bool(iface) == bool(from_file):
         fail("export needs exactly one of -i IFACE (live) or --from FILE", EXIT_USAGE)
     try:
-        addr, port = E.parse_listen(listen)
-    except E.ListenError as e:
+        addr, port = X.parse_listen(listen)
+    except X.ListenError as e:
         fail(str(e), EXIT_USAGE)
     node = node if node is not None else E.default_node()
     if not node.strip():
@@ -119,12 +120,12 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
     try:
         if once and fmt == "openmetrics":
             # a backfill describes the DPU's traffic, not this converting process: no process_*
-            reg = E.make_registry(E.SkewscopeCollector(src.get), process_metrics=False)
-            click.echo(E.render_openmetrics(reg, time.time() if timestamp is None else timestamp), nl=False)
+            reg = X.make_registry(X.SkewscopeCollector(src.get), process_metrics=False)
+            click.echo(X.render_openmetrics(reg, time.time() if timestamp is None else timestamp), nl=False)
             return
-        reg = E.make_registry(E.SkewscopeCollector(src.get))
+        reg = X.make_registry(X.SkewscopeCollector(src.get))
         if once:
-            click.echo(E.render(reg), nl=False)
+            click.echo(X.render(reg), nl=False)
             return
         try:
             server = H.Server(addr, port, reg, analyst=analyst, token=token, open_metrics=open_metrics)
