@@ -11,7 +11,7 @@ import click
 
 from skewscope.cli.common import fail, friendly_errors, load_source
 from skewscope.core.errors import EXIT_NOT_RUN, EXIT_USAGE
-from skewscope.core.signals import stop_on_signals
+from skewscope.core.signals import exit_on_signals, stop_on_signals
 from skewscope.outputs import http as H
 
 EXPORT_EPILOG = """\b
@@ -113,10 +113,11 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
         E.check_node_in(snap, node_ip)
         src = E.StaticSource(snap, node, top_k=top_k, max_peers=max_peers, node_ip=node_ip)
     else:
-        src = LiveSource(iface, node, top_k=top_k, max_peers=max_peers, interval=interval,
-                         mode="tc" if use_tc else "xdp", xdp_mode=xdp_mode, direction=direction,
-                         max_flows=max_flows, node_ip=node_ip, runner=analyst.runner if analyst else None,
-                         every=analysis_every, window_s=analysis_window)
+        with exit_on_signals():   # SIGTERM/SIGHUP during the compile/attach: detach, exit 128 + n
+            src = LiveSource(iface, node, top_k=top_k, max_peers=max_peers, interval=interval,
+                             mode="tc" if use_tc else "xdp", xdp_mode=xdp_mode, direction=direction,
+                             max_flows=max_flows, node_ip=node_ip, runner=analyst.runner if analyst else None,
+                             every=analysis_every, window_s=analysis_window)
     try:
         if once and fmt == "openmetrics":
             # a backfill describes the DPU's traffic, not this converting process: no process_*
