@@ -73,6 +73,12 @@ class AnalysisRunner:
             self._run(snap, wall_end)
 
     def _run(self, snap, wall_end: float | None) -> None:
+        try:
+            self._analyse(snap, wall_end)
+        finally:
+            self._busy.clear()
+
+    def _analyse(self, snap, wall_end: float | None) -> None:
         if self.nice:
             try:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
@@ -81,13 +87,17 @@ class AnalysisRunner:
         t0 = time.monotonic()
         wall = time.time() if wall_end is None else wall_end     # puts the window's clock on the wall
         m = snap.meta
-        try:
-            res = self.analyze(snap) if self.thresholds is None else self.analyze(snap, thresholds=self.thresholds)
-            if isinstance(res, dict):
-                res["_clock"] = Clock.of(m, wall_end=wall)
-            err = None
-        except Exception as e:  # an analysis bug must not stop the live loop; the consumer says it
-            res, err = None, f"{type(e).__name__}: {e}"
+        res, err = None, None
+        if self.analyze is None:
+            err = "analysis module not available"
+        else:
+            try:
+                res = (self.analyze(snap) if self.thresholds is None
+                       else self.analyze(snap, thresholds=self.thresholds))
+                if isinstance(res, dict):
+                    res["_clock"] = Clock.of(m, wall_end=wall)
+            except Exception as e:  # an analysis bug must not stop the live loop; the consumer says it
+                res, err = None, f"{type(e).__name__}: {e}"
         took = time.monotonic() - t0
         with self._lock:
             self.when = time.time()
@@ -101,7 +111,6 @@ class AnalysisRunner:
             self.error = err
             self.window_s = float(m.get("window_s", m.get("duration_s", 0)) or 0)
             self.took = took
-        self._busy.clear()
 
     def latest(self) -> dict | None:
         with self._lock:
