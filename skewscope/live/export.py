@@ -39,7 +39,7 @@ class LiveSource:
         except BaseException:
             self.session.close()
             raise
-        self.reader = Reader(self.session, self.interval, self._absorb).start()
+        self.reader = Reader(self.session, self.interval, self._absorb, name="skewscope-export-reader").start()
 
     @property
     def error(self) -> BaseException | None:

@@ -51,11 +51,11 @@ class Reader:
     rings before they wrap). An exception stops the reader and is kept in `error` (the
     command stops on it); close() stops the thread and detaches."""
 
-    def __init__(self, session, interval: float, on_interval):
+    def __init__(self, session, interval: float, on_interval, name: str = "skewscope-reader"):
         self.session, self.interval, self.on_interval = session, float(interval), on_interval
         self.error: BaseException | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="skewscope-export-reader", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> "Reader":
         self._thread.start()
