@@ -15,8 +15,8 @@ import tty
 from skewscope.live.loop import Loop
 from skewscope.live.runner import AnalysisRunner, load_analyze
 from skewscope.outputs.topformat import PLAIN_WIDTH
-from skewscope.outputs.topview import ViewState, build_model, decode_keys, plain_lines
 from skewscope.outputs.toprich import render_rich
+from skewscope.outputs.topview import ViewState, build_model, decode_keys, plain_lines
 
 
 def runner_for(analyze="auto") -> AnalysisRunner:

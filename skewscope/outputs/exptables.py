@@ -42,12 +42,12 @@ MSG_LE = _le_bounds(L.MSG_SLOTS)
 GAP_LE_NS = _le_bounds(L.GAP_SLOTS)
 
 
-def _fmt_le(v: float) -> str:
+def fmt_le(v: float) -> str:
     return floatToGoString(v)
 
 
-MSG_LE_STR = [_fmt_le(v) for v in MSG_LE] + ["+Inf"]
-GAP_LE_STR = [_fmt_le(v / 1e9) for v in GAP_LE_NS] + ["+Inf"]
+MSG_LE_STR = [fmt_le(v) for v in MSG_LE] + ["+Inf"]
+GAP_LE_STR = [fmt_le(v / 1e9) for v in GAP_LE_NS] + ["+Inf"]
 
 
 def cumulative_buckets(slots: np.ndarray, le_str: list[str]) -> list[tuple[str, float]]:

@@ -10,12 +10,12 @@ from skewscope.analysis.nodeview import NodeViewError, per_node_timing
 from skewscope.core import layout as L
 from skewscope.core.snapshot import Snapshot, flow_key_words, match_rows
 from skewscope.outputs import metrics as M
-from skewscope.outputs.exptables import DEFAULT_MAX_PEERS, OVERFLOW_LABEL, _fmt_le, cumulative_buckets
+from skewscope.outputs.exptables import DEFAULT_MAX_PEERS, OVERFLOW_LABEL, cumulative_buckets, fmt_le
 
 # ---- per-node timing (analysis.nodeview) ---------------------------------------------------
-DUR_LE_STR = [_fmt_le(v) for v in M.DURATION_BUCKETS] + ["+Inf"]
-OFF_LE_STR = [_fmt_le(v) for v in M.OFFSET_BUCKETS] + ["+Inf"]
-LE_STR = {id(b): [_fmt_le(v) for v in b] + ["+Inf"]
+DUR_LE_STR = [fmt_le(v) for v in M.DURATION_BUCKETS] + ["+Inf"]
+OFF_LE_STR = [fmt_le(v) for v in M.OFFSET_BUCKETS] + ["+Inf"]
+LE_STR = {id(b): [fmt_le(v) for v in b] + ["+Inf"]
           for b in (M.DURATION_BUCKETS, M.OFFSET_BUCKETS, M.OWN_LAG_BUCKETS)}
 
 

@@ -174,7 +174,7 @@ def heat_index(x: float, scale: tuple[float, float]) -> int:
     return int(min(len(HEAT) - 1, max(0, round(f * (len(HEAT) - 1)))))
 
 
-def _marks(mv: MatrixView, lay: MatrixLayout) -> dict:
+def matrix_marks(mv: MatrixView, lay: MatrixLayout) -> dict:
     """{(shown row, shown column): 'hot' | 'rowmax'}: the hottest cell and each source's
     largest destination (over all its destinations; marked when that column is shown)."""
     pos = {x: p for p, x in enumerate(lay.nodes)}
@@ -190,13 +190,13 @@ def _marks(mv: MatrixView, lay: MatrixLayout) -> dict:
     return out
 
 
-def _is_hot(mv: MatrixView) -> bool:
+def is_hot(mv: MatrixView) -> bool:
     """The busiest destination stands out (>= HOT_SHOWN x the mean of the receiving nodes)."""
     ds = mv.dest_skew or {}
     return mv.hot_dst >= 0 and ds.get("n", 0) > 1 and float(ds.get("max_over_mean") or 0) >= HOT_SHOWN
 
 
-def _matrix_title(mv: MatrixView) -> str:
+def matrix_title(mv: MatrixView) -> str:
     span = f"since start ({mv.dt:.0f} s)" if mv.cumulative else f"last {mv.dt:.2g} s"
     return f"node matrix, data bit/s, {span} (rows: source, columns: destination)"
 
@@ -206,7 +206,7 @@ def matrix_summary(mv: MatrixView, lay: MatrixLayout) -> list[str]:
     out = []
     if mv.hot_dst >= 0:
         ds = mv.dest_skew or {}
-        if _is_hot(mv):
+        if is_hot(mv):
             out.append(f"hot destination {mv.ips[mv.hot_dst]}: {100 * float(ds['max_share']):.0f}% of the bytes in, "
                        f"{float(ds['max_over_mean']):.2f}x the mean")
         elif ds.get("max_over_mean") is not None:
@@ -229,12 +229,12 @@ def matrix_lines(mv: MatrixView, width: int = PLAIN_WIDTH, max_rows: int | None 
     hottest cell, '+' a source's largest destination), width-bounded."""
     if mv.error:
         return [mv.error[:width]]
-    out = [_matrix_title(mv)[:width]]
+    out = [matrix_title(mv)[:width]]
     if not mv.n or mv.hot_dst < 0:
         return out + ["(no data traffic between nodes)"]
     lay = matrix_layout(mv, width, max_rows)
     g, rs, cs = matrix_grid(mv, lay)
-    marks = _marks(mv, lay)
+    marks = matrix_marks(mv, lay)
     labels = lay.labels + (["other"] if lay.other else [])
     c = lay.cell_w
     out.append(f"{CORNER:<{lay.label_w}}" + "".join(f"{x:>{c}}" for x in labels) + f"{'OUT':>{MATRIX_MIN_CELL + 1}}")

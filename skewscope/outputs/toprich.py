@@ -13,14 +13,14 @@ from skewscope.outputs.topmatrix import (
     MATRIX_LINES,
     MATRIX_MIN_CELL,
     MatrixView,
-    _is_hot,
-    _marks,
-    _matrix_title,
     heat_index,
     heat_scale,
+    is_hot,
     matrix_grid,
     matrix_layout,
+    matrix_marks,
     matrix_summary,
+    matrix_title,
 )
 from skewscope.outputs.topview import (
     HELP,
@@ -43,17 +43,17 @@ def render_matrix(mv: MatrixView, width: int, max_rows: int | None = None):
     if mv.error:
         t.append(mv.error, style="yellow")
         return t
-    t.append(_matrix_title(mv) + "\n", style="bold")
+    t.append(matrix_title(mv) + "\n", style="bold")
     if not mv.n or mv.hot_dst < 0:
         t.append("(no data traffic between nodes in this view)")
         return t
     lay = matrix_layout(mv, width - 1, max_rows)
     g, rs, cs = matrix_grid(mv, lay)
-    marks = _marks(mv, lay)
+    marks = matrix_marks(mv, lay)
     scale = heat_scale(g)
     labels = lay.labels + (["other"] if lay.other else [])
     c = lay.cell_w
-    hot_pos = lay.nodes.index(mv.hot_dst) if (_is_hot(mv) and mv.hot_dst in lay.nodes) else -1
+    hot_pos = lay.nodes.index(mv.hot_dst) if (is_hot(mv) and mv.hot_dst in lay.nodes) else -1
     t.append(f"{CORNER:<{lay.label_w}}", style="bold")
     for q, x in enumerate(labels):
         t.append(" ")

@@ -14,8 +14,8 @@ from skewscope.core import layout as L
 from skewscope.core.rates import flow_rates
 from skewscope.core.snapshot import Snapshot, ip_bytes
 from skewscope.live import top as T
-from skewscope.outputs import topview as V
 from skewscope.outputs import toprich
+from skewscope.outputs import topview as V
 from skewscope.sources import live
 
 
