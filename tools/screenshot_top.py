@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from skewscope import gen as skewgen  # noqa: E402
+from skewscope.outputs import toprich  # noqa: E402
 from skewscope.outputs import topview as V  # noqa: E402
 
 
@@ -43,7 +44,7 @@ def render_svg(preset: str, width: int, height: int, seed: int, workdir: str) ->
                       analysis=analyze(snap), analysis_note=f"gen {preset}, seed {seed}")
     con = Console(width=width, height=height, record=True, force_terminal=True, color_system="truecolor",
                   file=open(os.devnull, "w"))
-    con.print(V.render_rich(m, height=height, width=width, banner=f"skewscope gen {preset} (offline replay)"))
+    con.print(toprich.render_rich(m, height=height, width=width, banner=f"skewscope gen {preset} (offline replay)"))
     return con.export_svg(title="skewscope top  (m: node matrix)")
 
 

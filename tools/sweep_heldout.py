@@ -543,6 +543,7 @@ def run_fabric(case, cap, d):
 def run_views(case, cap, d, vantages, seed, fleet_sink):
     """node vantage (each view analysed alone) and/or the fleet's exporter files."""
     from skewscope.outputs import exporter as E
+    from skewscope.outputs import expose as X
     want = truth_blame(cap)
     ips = list(cap.job.ip_str)
     per = {}
@@ -552,8 +553,8 @@ def run_views(case, cap, d, vantages, seed, fleet_sink):
         snap = _snap_of(cap.view(i, clock_skew_us=VIEW_SKEW_US), d, f"v{i}")
         if "fleet" in vantages:
             src = E.StaticSource(snap, f"{fleet_sink.prefix(case, seed)}{i}", top_k=10, max_peers=4096, node_ip=ip)
-            reg = E.make_registry(E.SkewscopeCollector(src.get), process_metrics=False)
-            fleet_sink.add(case, seed, E.render_openmetrics(reg, fleet_sink.ts))
+            reg = X.make_registry(X.SkewscopeCollector(src.get), process_metrics=False)
+            fleet_sink.add(case, seed, X.render_openmetrics(reg, fleet_sink.ts))
         if "node" not in vantages:
             continue
         an = analyze(snap)

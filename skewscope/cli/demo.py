@@ -94,7 +94,7 @@ def demo(nodes, scenarios, rate, duration, no_top, use_tc, xdp_mode, interval, w
     removed."""
     from skewscope import gen as sg  # heavy (numpy): not loaded by --help
     from skewscope.bpf.loader import import_bcc  # heavy (numpy): not loaded by --help
-    from skewscope.outputs import topview as V  # heavy (numpy): not loaded by --help
+    from skewscope.live import top as T  # heavy (numpy): not loaded by --help
     from skewscope.sources.live import (  # heavy (numpy): not loaded by --help
         LiveSession,
         Terminated,
@@ -158,11 +158,11 @@ def demo(nodes, scenarios, rate, duration, no_top, use_tc, xdp_mode, interval, w
                     if no_top:
                         _scripted(sess, duration or 30.0, stop)
                     elif tty:
-                        V.run_tty(sess, interval, window=window, stop=stop, banner=banner)
+                        T.run_tty(sess, interval, window=window, stop=stop, banner=banner)
                     else:
                         click.echo(sess.startup_line())
                         count = math.ceil(duration / interval) if duration else None
-                        V.run_plain(sess, interval, count, window=window, stop=stop)
+                        T.run_plain(sess, interval, count, window=window, stop=stop)
                 finally:
                     sess.close()
         except Terminated as e:

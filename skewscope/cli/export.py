@@ -3,7 +3,6 @@ from Prometheus). Metric contract and cardinality: docs/fleet.md."""
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 import time
@@ -12,6 +11,7 @@ import click
 
 from skewscope.cli.common import fail, friendly_errors, load_source
 from skewscope.core.errors import EXIT_NOT_RUN, EXIT_USAGE
+from skewscope.core.signals import exit_on_signals, stop_on_signals
 from skewscope.outputs import http as H
 
 EXPORT_EPILOG = """\b
@@ -81,12 +81,15 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
     """Serve this DPU's view as Prometheus metrics (/metrics): per-peer counters, top-K flows,
     message-size and gap histograms. Scrape every DPU; `skewscope cluster` and the rules in
     docs/prometheus/ turn them into the fleet-wide matrix and skew."""
+    from skewscope.live.export import LiveSource  # heavy (numba)
+    from skewscope.live.runner import AnalysisRunner, load_analyze  # heavy (numba)
     from skewscope.outputs import exporter as E  # heavy (numba)
+    from skewscope.outputs import expose as X  # heavy (numba, prometheus_client)
     if bool(iface) == bool(from_file):
         fail("export needs exactly one of -i IFACE (live) or --from FILE", EXIT_USAGE)
     try:
-        addr, port = E.parse_listen(listen)
-    except E.ListenError as e:
+        addr, port = X.parse_listen(listen)
+    except X.ListenError as e:
         fail(str(e), EXIT_USAGE)
     node = node if node is not None else E.default_node()
     if not node.strip():
@@ -100,7 +103,8 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
     token = H.read_token(token_file) if token_file else None
     analyst = None
     if not once and not no_analysis:
-        analyst = H.Analyst(node, "file" if from_file else "live", every=analysis_every,
+        runner = AnalysisRunner(load_analyze(), nice=H.ANALYSIS_NICE)
+        analyst = H.Analyst(node, "file" if from_file else "live", runner, every=analysis_every,
                             window_s=analysis_window)
     if node_ip is not None:
         node_ip = E.check_node_ip(node_ip)
@@ -109,19 +113,20 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
         E.check_node_in(snap, node_ip)
         src = E.StaticSource(snap, node, top_k=top_k, max_peers=max_peers, node_ip=node_ip)
     else:
-        src = E.LiveSource(iface, node, top_k=top_k, max_peers=max_peers, interval=interval,
-                           mode="tc" if use_tc else "xdp", xdp_mode=xdp_mode, direction=direction,
-                           max_flows=max_flows, on_interval=analyst.on_interval if analyst else None,
-                           node_ip=node_ip)
+        with exit_on_signals():   # SIGTERM/SIGHUP during the compile/attach: detach, exit 128 + n
+            src = LiveSource(iface, node, top_k=top_k, max_peers=max_peers, interval=interval,
+                             mode="tc" if use_tc else "xdp", xdp_mode=xdp_mode, direction=direction,
+                             max_flows=max_flows, node_ip=node_ip, runner=analyst.runner if analyst else None,
+                             every=analysis_every, window_s=analysis_window)
     try:
         if once and fmt == "openmetrics":
             # a backfill describes the DPU's traffic, not this converting process: no process_*
-            reg = E.make_registry(E.SkewscopeCollector(src.get), process_metrics=False)
-            click.echo(E.render_openmetrics(reg, time.time() if timestamp is None else timestamp), nl=False)
+            reg = X.make_registry(X.SkewscopeCollector(src.get), process_metrics=False)
+            click.echo(X.render_openmetrics(reg, time.time() if timestamp is None else timestamp), nl=False)
             return
-        reg = E.make_registry(E.SkewscopeCollector(src.get))
+        reg = X.make_registry(X.SkewscopeCollector(src.get))
         if once:
-            click.echo(E.render(reg), nl=False)
+            click.echo(X.render(reg), nl=False)
             return
         try:
             server = H.Server(addr, port, reg, analyst=analyst, token=token, open_metrics=open_metrics)
@@ -138,13 +143,13 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
         click.echo(f"skewscope export: node {node!r}, {what}, serving http://{_hostport(addr, real_port)}/metrics"
                    f" and /v1/findings, /v1/load (Ctrl-C to stop)", err=True)
         stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, lambda *_: stop.set())
-        while not stop.wait(0.5):
-            err = getattr(src, "error", None)
-            if err is not None:
-                fail(f"reading the data plane failed: {err}; stopping", EXIT_NOT_RUN)
-        server.stop()
+        with stop_on_signals(stop):
+            while not stop.wait(0.5):
+                err = getattr(src, "error", None)
+                if err is not None:
+                    fail(f"reading the data plane failed: {err}; stopping", EXIT_NOT_RUN)
+            server.stop()
+            src.close()     # detach while a second signal still only sets `stop`
     finally:
         src.close()
 

@@ -140,8 +140,9 @@ def top(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, e
     ECN/CNP, retransmits, NAKs, detected collectives and findings. Refreshes every INTERVAL
     seconds (default 1); with COUNT, or when stdout is not a terminal, prints COUNT plain
     tables (forever without COUNT) instead of the full-screen view."""
+    from skewscope.live import top as T  # heavy (numpy): not loaded by --help
+    from skewscope.live.loop import Attached  # heavy (numpy): not loaded by --help
     from skewscope.outputs import topview as V  # heavy (numpy): not loaded by --help
-    from skewscope.sources.live import Terminated, terminate_on_signals  # heavy (numpy): not loaded by --help
     if ebpf:
         _print_ebpf(sample_n, max_flows)
         return
@@ -153,29 +154,21 @@ def top(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, e
     tty = sys.stdout.isatty() and sys.stdin.isatty() and count is None and not plain
     analyze = None if no_analysis else "auto"
     sess = _session(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, "live")
-    code = 0
-    with terminate_on_signals():
-        try:
-            sess.open()
-            if sess.removed_leftover is not None:
-                click.echo(f"removed stale {sess.removed_leftover.describe()} from {iface}", err=True)
-            if tty:
-                V.run_tty(sess, interval, rows=rows or 0, window=window, state=st, analyze=analyze)
-            else:
-                click.echo(sess.startup_line())
-                sys.stdout.flush()
-                V.run_plain(sess, interval, count, rows=20 if rows is None else rows, window=window, state=st,
-                            analyze=analyze)
-        except Terminated as e:
-            code = 128 + e.signum
-        except KeyboardInterrupt:
-            pass                      # Ctrl-C is how one leaves top: normal exit
-        finally:
-            sess.close()
+    with Attached(sess) as att:       # Ctrl-C is how one leaves top: normal exit
+        att.open()
+        if sess.removed_leftover is not None:
+            click.echo(f"removed stale {sess.removed_leftover.describe()} from {iface}", err=True)
+        if tty:
+            T.run_tty(sess, interval, rows=rows or 0, window=window, state=st, analyze=analyze)
+        else:
+            click.echo(sess.startup_line())
+            sys.stdout.flush()
+            T.run_plain(sess, interval, count, rows=20 if rows is None else rows, window=window, state=st,
+                        analyze=analyze)
     if sess.t0_mono_ns:
         click.echo(f"Detached skewscope from {iface}.", err=not tty)
-    if code:
-        sys.exit(code)
+    if att.code:
+        sys.exit(att.code)
 
 
 # ---- capture -----------------------------------------------------------------------------------

@@ -6,7 +6,7 @@
 
 --from FILE: diagnose's analysis (cli.diagnose.run), every finding `opened`, diagnose's exit
 code (0 healthy, 1 warning, 2 critical, 3 could not run). -i IFACE: live reads every
---interval, the last --window seconds analysed in a worker thread (top's AnalysisRunner),
+--interval, the last --window seconds analysed in a worker thread (the live loop, skewscope/live/),
 events from a Tracker, until Ctrl-C / SIGTERM / --duration (detaches). --prometheus URL:
 the fleet findings of `skewscope cluster` every --interval.
 """
@@ -25,6 +25,7 @@ from skewscope.cli import diagnose as D
 from skewscope.cli.common import fail, friendly_errors, load_source
 from skewscope.cli.live import Duration, _stale_policy
 from skewscope.core.errors import EXIT_NOT_RUN, DataplaneError, PcapError
+from skewscope.core.signals import stop_on_signals
 from skewscope.outputs import events as E
 from skewscope.outputs.when import Clock
 
@@ -187,59 +188,45 @@ def _from_file(path, em: Emitter, hold: float, drain_s: float) -> int:
 
 def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, interval, window, tr: E.Tracker,
           duration, em: Emitter, drain_s: float) -> int:
-    from skewscope.outputs.topview import AnalysisRunner, load_analyze  # heavy (numpy): not loaded by --help
-    from skewscope.sources.live import (  # heavy (numpy): not loaded by --help
-        LiveSession,
-        Terminated,
-        Window,
-        terminate_on_signals,
-    )
+    from skewscope.live.loop import Attached, Loop  # heavy (numpy): not loaded by --help
+    from skewscope.live.runner import AnalysisRunner, load_analyze  # heavy (numpy): not loaded by --help
+    from skewscope.sources.live import LiveSession  # heavy (numpy): not loaded by --help
     analyze = load_analyze()
     if analyze is None:
         fail("the analysis package is not importable (numba missing?)", EXIT_NOT_RUN)
     sess = LiveSession(iface, mode="tc" if use_tc else "xdp", xdp_mode=xdp_mode, direction=direction,
                        sample_n=sample_n, max_flows=max_flows, on_stale=_stale_policy(force_detach), source="live")
     runner = AnalysisRunner(analyze)
-    win = Window(window)
-    code = 0
-    pending = {"wall": None, "span": 0.0, "meta": {}}
+    loop = Loop(sess, interval, window, runner)
     seen_when = 0.0
     err_said = ""
     t_end = time.monotonic() + duration if duration else None
-    with terminate_on_signals():
-        try:
-            sess.open()
+    try:
+        with Attached(sess) as att:
+            att.open()
             if sess.removed_leftover is not None:
                 _say(f"removed stale {sess.removed_leftover.describe()} from {iface}")
             _say(sess.startup_line())
-            for iv in sess.intervals(interval, None):
-                win.add(iv)
-                if runner.when != seen_when and pending["wall"] is not None:
+            for _ in loop.ticks():
+                if runner.when != seen_when:          # a run ended: its window is the runner's last
                     seen_when = runner.when
-                    if runner.error and runner.error != err_said:
-                        _say(runner.error)
-                    err_said = runner.error
-                    if not runner.error and runner.result is not None:
-                        end = pending["wall"]
-                        em.emit(tr.update(runner.result["findings"], now=end, seen=(end - pending["span"], end),
-                                          clock=Clock.of(pending["meta"], wall_end=end)))
-                if runner.idle():
-                    snap = win.snapshot(iv)
-                    pending = {"wall": iv.wall, "span": float(snap.meta.get("duration_s", 0) or 0),
-                               "meta": snap.meta}
-                    runner.submit(snap)
+                    err = f"analysis failed: {runner.error}" if runner.error else ""
+                    if err and err != err_said:
+                        _say(err)
+                    err_said = err
+                    last = runner.latest()
+                    if not err and last is not None:
+                        w = last["window"]
+                        end = w["end_wall"]
+                        em.emit(tr.update(last["analysis"]["findings"], now=end, seen=(end - w["duration_s"], end),
+                                          clock=last["analysis"]["_clock"]))
                 if t_end is not None and time.monotonic() >= t_end:
                     break
-        except Terminated as e:
-            code = 128 + e.signum
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sess.close()
-            if sess.t0_mono_ns:
-                _say(f"detached skewscope from {iface}")
-            em.finish(drain_s)
-    return code
+    finally:
+        if sess.t0_mono_ns:
+            _say(f"detached skewscope from {iface}")
+        em.finish(drain_s)
+    return att.code
 
 
 def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emitter, drain_s: float,
@@ -251,45 +238,38 @@ def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emi
     except C.ClusterError as e:                    # bad arguments exit 3 here (2 means critical)
         fail(str(e).replace("--window", "--prometheus-window"), EXIT_NOT_RUN)
     stop = threading.Event()
-    got = {"sig": 0}
-
-    def on_sig(signum, _frame):
-        got["sig"] = signum if signum != signal.SIGINT else 0
-        stop.set()
-    old = {s: signal.signal(s, on_sig) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    t_end = time.monotonic() + duration if duration else None
-    last_err = ""
-    first, failed = True, False
-    try:
-        while not stop.is_set():
-            t0 = time.monotonic()
-            try:
-                doc = C.run(url, window=prom_window, timeout=timeout)
-            except C.ClusterError as e:
-                if first:
-                    failed = True
-                    raise
-                if str(e) != last_err:
-                    _say(f"{e} (retrying every {interval:g} s)")
-                last_err = str(e)
-            else:
-                if last_err:
-                    _say("Prometheus answers again")
-                last_err, first = "", False
-                now = time.time()
-                span = C.window_seconds(prom_window)
-                em.emit(tr.update(doc.get("findings") or [], now=now, seen=(now - span, now) if span else None))
-            if t_end is not None and time.monotonic() >= t_end:
-                break
-            wait = interval - (time.monotonic() - t0)
-            if t_end is not None:
-                wait = min(wait, t_end - time.monotonic())
-            stop.wait(max(0.0, wait))
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        em.finish(0 if failed else drain_s, summary=not failed)
-    return 128 + got["sig"] if got["sig"] else 0
+    with stop_on_signals(stop) as got:     # Ctrl-C: exit 0; SIGTERM/SIGHUP: 128 + n
+        t_end = time.monotonic() + duration if duration else None
+        last_err = ""
+        first, failed = True, False
+        try:
+            while not stop.is_set():
+                t0 = time.monotonic()
+                try:
+                    doc = C.run(url, window=prom_window, timeout=timeout)
+                except C.ClusterError as e:
+                    if first:
+                        failed = True
+                        raise
+                    if str(e) != last_err:
+                        _say(f"{e} (retrying every {interval:g} s)")
+                    last_err = str(e)
+                else:
+                    if last_err:
+                        _say("Prometheus answers again")
+                    last_err, first = "", False
+                    now = time.time()
+                    span = C.window_seconds(prom_window)
+                    em.emit(tr.update(doc.get("findings") or [], now=now, seen=(now - span, now) if span else None))
+                if t_end is not None and time.monotonic() >= t_end:
+                    break
+                wait = interval - (time.monotonic() - t0)
+                if t_end is not None:
+                    wait = min(wait, t_end - time.monotonic())
+                stop.wait(max(0.0, wait))
+        finally:
+            em.finish(0 if failed else drain_s, summary=not failed)
+    return 128 + got["sig"] if got["sig"] and got["sig"] != signal.SIGINT else 0
 
 
 @click.command(cls=_WatchCommand, epilog=EPILOG)

@@ -59,3 +59,20 @@ def restore_handlers(old: dict) -> None:
         except (ValueError, OSError):
             pass
 
+
+@contextlib.contextmanager
+def stop_on_signals(stop: threading.Event, signums=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)):
+    """Within the block SIGTERM/SIGINT/SIGHUP set `stop` (a serving or polling loop then leaves
+    its wait and cleans up in order); yields {"sig": the last signal number, 0 if none}. The
+    previous handlers come back on exit."""
+    got = {"sig": 0}
+
+    def on_sig(signum, _frame):
+        got["sig"] = signum
+        stop.set()
+    old = {s: signal.signal(s, on_sig) for s in signums}
+    try:
+        yield got
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

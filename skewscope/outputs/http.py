@@ -7,11 +7,11 @@ method is 405), 404 for any other path. Optional bearer token (`Server(token=...
 request without `Authorization: Bearer <token>` gets 401; /metrics too unless
 `open_metrics` (docs/fleet.md "Exporter HTTP API").
 
-The JSON endpoints serve the last result of an `Analyst`: `analysis.analyze` (what
-`diagnose` runs) on the --from file once, or live on the recent window (`live.Window`)
-every K reads of the data plane, in a background thread. A new analysis is skipped (and
-counted) while the previous one still runs, so the CPU it takes is bounded and /metrics
-never waits on it.
+The JSON endpoints serve the last result of an `Analyst` over an analysis runner
+(live.runner.AnalysisRunner): `analysis.analyze` (what `diagnose` runs) on the --from file
+once, or live on the recent window every K reads of the data plane (live.export.LiveSource),
+in a background thread. A new analysis is skipped (and counted) while the previous one still
+runs, so the CPU it takes is bounded and /metrics never waits on it.
 
 Schemas (version API_VERSION; docs/fleet.md has them with an example):
 
@@ -38,11 +38,9 @@ import hmac
 import ipaddress
 import json
 import math
-import os
 import socket
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -104,81 +102,34 @@ def clean(x):
 
 # ---- the analysis ---------------------------------------------------------------------------
 class Analyst:
-    """Runs `analysis.analyze` in a background thread and keeps the last result.
+    """The /v1 documents of an analysis runner (live.runner.AnalysisRunner: the background
+    thread, its last good result, `runs`, `skipped`, `error`). Static (a file):
+    `start_once(snap)`. Live: the runner is fed by live.export.LiveSource (the window of
+    `window_s` seconds, every `every` reads, skipped and counted while one still runs)."""
 
-    Static (a file): `start_once(snap)`. Live: pass `on_interval` to the LiveSource; every
-    `every` reads the window's Snapshot is analysed, unless the previous analysis still
-    runs (then that turn is skipped and counted in `skipped`)."""
-
-    def __init__(self, node: str, source: str, every: int = DEFAULT_EVERY, window_s: float = DEFAULT_WINDOW_S,
-                 thresholds: dict | None = None):
-        self.node, self.source = node, source
+    def __init__(self, node: str, source: str, runner, every: int = DEFAULT_EVERY,
+                 window_s: float = DEFAULT_WINDOW_S):
+        self.node, self.source, self.runner = node, source, runner
         self.every, self.window_s = max(1, int(every)), float(window_s)
-        self.thresholds = thresholds
-        from skewscope.sources.live import Window  # heavy (numpy): `skewscope --help` imports this module
-        self.window = Window(self.window_s)
-        self._lock = threading.Lock()
-        self._busy = threading.Event()
-        self._result: dict | None = None
-        self.reads = 0
-        self.runs = 0
-        self.skipped = 0
-        self.error: str | None = None
 
-    # live
-    def on_interval(self, iv) -> None:
-        """The LiveSource's callback (its reader thread): add the read to the window and,
-        every `every` reads, start an analysis of the window unless one still runs."""
-        try:
-            self.window.add(iv)
-            self.reads += 1
-            if self.reads % self.every:
-                return
-            if self._busy.is_set():
-                self.skipped += 1
-                return
-            snap = self.window.snapshot(iv)
-            self._start(snap, wall_end=iv.wall)
-        except Exception as e:  # never stop the reader; say it in /v1/findings
-            self.error = f"{type(e).__name__}: {e}"
+    @property
+    def runs(self) -> int:
+        return self.runner.runs
+
+    @property
+    def skipped(self) -> int:
+        return self.runner.skipped
+
+    @property
+    def error(self) -> str | None:
+        return self.runner.error
 
     # a file
     def start_once(self, snap) -> threading.Thread:
-        return self._start(snap, wall_end=None)
-
-    def _start(self, snap, wall_end) -> threading.Thread:
-        self._busy.set()
-        t = threading.Thread(target=self._run, args=(snap, wall_end), name="skewscope-analysis", daemon=True)
-        t.start()
-        return t
-
-    def _run(self, snap, wall_end) -> None:
-        try:  # this thread only: below the data-plane reader and the HTTP threads
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), ANALYSIS_NICE)
-        except (OSError, AttributeError):
-            pass
-        try:
-            from skewscope.analysis import analyze  # heavy (numba): the analysis thread only
-            t0 = time.monotonic()
-            a = analyze(snap, thresholds=self.thresholds)
-            took = time.monotonic() - t0
-            m = snap.meta
-            res = {"analysis": a, "analysed_at": time.time(), "analysis_seconds": took,
-                   "window": {"first_ts": m.get("first_ts"), "last_ts": m.get("last_ts"),
-                              "duration_s": float(m.get("duration_s", 0) or 0), "clock": m.get("clock"),
-                              "end_wall": wall_end}}
-            with self._lock:
-                self._result = res
-                self.runs += 1
-                self.error = None
-        except Exception as e:  # keep the last good result; the error is served
-            self.error = f"{type(e).__name__}: {e}"
-        finally:
-            self._busy.clear()
+        return self.runner.start(snap)
 
     def result(self) -> dict | None:
-        with self._lock:
-            return self._result
+        return self.runner.latest()
 
     # the documents
     def _head(self, res) -> dict:

@@ -1,13 +1,13 @@
 """Live machinery shared by every command that watches an interface (top, capture,
-diagnose --live, export): attach safely, read periodically, compute per-interval deltas
-and rates, detach whatever happens.
+diagnose --live, export): attach safely, read periodically, compute per-interval deltas,
+detach whatever happens (the loop over intervals with its analysis: skewscope/live/).
 
-    from skewscope import live
+    from skewscope.sources import live
     snap = live.capture("eth1", 30, mode="xdp", xdp_mode="native")        # one-shot
 
     with live.LiveSession("eth1") as s:                                    # periodic
         for iv in s.intervals(1.0, count=10):
-            r = live.flow_rates(iv.delta, iv.dt)                           # arrays per flow
+            r = flow_rates(iv.delta.flows, iv.dt)  # core.rates: arrays per flow
             ...
 
 Maps are cumulative in the kernel (never cleared: clearing races with the data path and
@@ -57,7 +57,7 @@ DIRECTIONS = ("ingress", "egress", "both")
 
 
 # ---- signals ------------------------------------------------------------------------------
-# One mechanism for the whole package (dataplane.py): SIGTERM/SIGHUP raise Terminated, a
+# One mechanism for the whole package (core/signals.py): SIGTERM/SIGHUP raise Terminated, a
 # SystemExit with status 128 + signal, so every `finally` (detach, namespace teardown) runs.
 # Ctrl-C stays a KeyboardInterrupt (for top: the normal way out; for capture: "stop early").
 Terminated = _dp_Terminated
@@ -196,39 +196,6 @@ def globals_delta(prev: np.ndarray | None, cur: np.ndarray) -> np.ndarray:
     if prev is None:
         return cur.copy()
     return np.where(cur >= prev, cur - prev, cur).astype(np.uint64)
-
-
-def flow_rates(flows: np.ndarray, dt: float, sample_n: int = 1) -> dict[str, np.ndarray]:
-    """Rates of a delta flow table over dt seconds, scaled by the sampling factor (with
-    1-in-N sampling the counters are of sampled packets; N times them is the unbiased
-    estimate). Definitions (README "Counters"/"Live rates"):
-      gbps      wire bytes (Ethernet frame without FCS) * 8 / dt / 1e9
-      pps       packets / dt
-      cnp_ps    CNP packets / dt
-      ce_pct    100 * CE packets / ECN-capable packets (0 when none is ECN-capable)
-      retx, naks  counts in the interval (scaled)
-      msg_mode  lower bound (bytes) of the most frequent message-size bucket, -1 if none
-    """
-    dt = max(float(dt), 1e-9)
-    k = float(max(1, int(sample_n)))
-    pk = flows["packets"].astype(np.float64)
-    ecn = flows["ecn_capable"].astype(np.float64)
-    ce = flows["ce"].astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ce_pct = np.where(ecn > 0, 100.0 * ce / np.maximum(ecn, 1), 0.0)
-    hist = flows["msg_hist"]
-    has = hist.sum(axis=1) > 0 if len(flows) else np.zeros(0, bool)
-    mode_slot = np.argmax(hist, axis=1) if len(flows) else np.zeros(0, np.int64)
-    lb = np.where(mode_slot == 0, 0, np.left_shift(np.int64(1), np.maximum(mode_slot - 1, 0)))
-    return {
-        "gbps": flows["bytes"].astype(np.float64) * 8.0 / dt / 1e9 * k,
-        "pps": pk / dt * k,
-        "cnp_ps": flows["cnp"].astype(np.float64) / dt * k,
-        "ce_pct": ce_pct,
-        "retx": flows["retransmissions"].astype(np.float64) * k,
-        "naks": (flows["nak_seq"] + flows["nak_rnr"] + flows["nak_other"]).astype(np.float64) * k,
-        "msg_mode": np.where(has, lb, -1),
-    }
 
 
 # ---- the session --------------------------------------------------------------------------
@@ -592,7 +559,7 @@ def capture(iface: str, duration: float, mode: str = "xdp", xdp_mode: str = "nat
     return the cumulative Snapshot (source "capture"). `progress(elapsed, duration, snap_globals)`
     is called about 10 times a second. `pcap_out`: also write the RoCE headers seen
     (first `pcap_snaplen` bytes of each RoCE/PFC frame, original length kept) to a pcap
-    file, atomically (see skewscope.pcaptap). `on_attached(session)` is called once the
+    file, atomically (see skewscope.sources.pcaptap). `on_attached(session)` is called once the
     program is attached (startup line). Ctrl-C ends the capture early and still returns
     the data collected so far (meta["interrupted"] = True)."""
     if not duration or duration <= 0:

@@ -1,6 +1,6 @@
 """Integration tier: the data plane attached to a real veth, real frames through it.
 
-Two namespaces joined by veth (tests/netns.py); the program is attached to `if_b` (in ns b)
+Two namespaces joined by veth (skewscope/testbed/netns.py); the program is attached to `if_b` (in ns b)
 with XDP (native, generic) or TC (ingress, egress); frames are injected with AF_PACKET from
 the other end (or, for egress, sent out of if_b itself). Expected counts come from the frames
 as built (tests/frames.py). IPv6 is off in the namespaces, so nothing else crosses the link

@@ -46,7 +46,7 @@ pytestmark = [pytest.mark.integration,
 SCRAPE_S = 1.0
 FPS = 4000                  # frames/s the whole fabric sends (sets the time stretch)
 #: the exporters' read interval. Live per-node timing is measured over a sliding window of the
-#: node's recent records (exporter.WindowedTiming, 60 s), exported once per step/iteration; the
+#: node's recent records (outputs/exptiming.py WindowedTiming, 60 s), exported once per step/iteration; the
 #: stretch (~160x for the TP decode) makes a token ~1 s long here, where a real one is a few ms
 EXPORT_INTERVAL = 3.0
 

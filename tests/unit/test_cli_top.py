@@ -11,7 +11,10 @@ from click.testing import CliRunner
 
 from skewscope.cli import main
 from skewscope.core import layout as L
+from skewscope.core.rates import flow_rates
 from skewscope.core.snapshot import Snapshot, ip_bytes
+from skewscope.live import top as T
+from skewscope.outputs import toprich
 from skewscope.outputs import topview as V
 from skewscope.sources import live
 
@@ -143,14 +146,14 @@ def test_globals_delta_never_negative():
 def test_flow_rates_by_hand():
     f = table(flow("10.0.0.1", "10.0.0.2", 7, packets=1000, bytes=125_000_000, ecn_capable=800, ce=200, cnp=30,
                    retransmissions=2, nak_seq=1, nak_other=1, msg_hist=hist(21, 9) + hist(7, 3)))
-    r = live.flow_rates(f, 2.0, sample_n=1)
+    r = flow_rates(f, 2.0, sample_n=1)
     assert r["gbps"][0] == pytest.approx(125e6 * 8 / 2 / 1e9)         # 0.5 Gb/s
     assert r["pps"][0] == pytest.approx(500)
     assert r["cnp_ps"][0] == pytest.approx(15)
     assert r["ce_pct"][0] == pytest.approx(25.0)                     # 200 of 800 ECN-capable
     assert r["naks"][0] == 2 and r["retx"][0] == 2
     assert r["msg_mode"][0] == 1 << 20                               # slot 21 = [1 MiB, 2 MiB)
-    r4 = live.flow_rates(f, 2.0, sample_n=4)
+    r4 = flow_rates(f, 2.0, sample_n=4)
     assert r4["pps"][0] == pytest.approx(2000) and r4["ce_pct"][0] == pytest.approx(25.0)
 
 
@@ -283,7 +286,7 @@ def test_run_plain_prints_count_tables_and_survives_a_failing_analysis(capsys):
         calls.append(len(snapshot.flows))
         raise ValueError("boom")
     sess = FakeSession([make_interval(i, three_flows()) for i in range(3)])
-    n = V.run_plain(sess, 1.0, 2, rows=2, analyze=bad)
+    n = T.run_plain(sess, 1.0, 2, rows=2, analyze=bad)
     out = capsys.readouterr().out.splitlines()
     assert n == 2 and len(calls) == 2
     assert sum(1 for ln in out if ln == V.PLAIN_HEADER) == 2
@@ -295,7 +298,7 @@ def test_run_plain_shows_findings_most_severe_first(capsys):
     def fake(snapshot):
         return {"findings": [{"severity": "warning", "kind": "a", "message": "w1"},
                              {"severity": "critical", "kind": "b", "message": "c1"}], "collectives": []}
-    V.run_plain(FakeSession([make_interval(0, three_flows())]), 1.0, 1, analyze=fake)
+    T.run_plain(FakeSession([make_interval(0, three_flows())]), 1.0, 1, analyze=fake)
     out = capsys.readouterr().out
     assert out.index("CRIT c1") < out.index("WARN w1")
 
@@ -309,7 +312,7 @@ def test_rich_render_contains_panels():
     m = V.build_model(snap(three_flows()), 1.0, st, iface="obs0", attach="XDP native", analysis=analysis,
                       analysis_note="last 10 s")
     con = Console(width=200, record=True, file=open("/dev/null", "w"))
-    con.print(V.render_rich(m, height=40, width=200))
+    con.print(toprich.render_rich(m, height=40, width=200))
     text = con.export_text()
     assert "skewscope top  obs0" in text and "hot destination 10.0.0.6" in text
     assert "all_to_all  8 nodes  conf 0.90" in text and "10.0.0.3" in text

@@ -79,7 +79,7 @@ def test_exporter_buckets_agree_with_the_fusion_counts(tmp_path):
     the others none (the lag is the generator's magnitude)."""
     from skewscope import gen as skewgen
     from skewscope.analysis.nodeview import node_timing
-    from skewscope.outputs.exporter import bucket_counts
+    from skewscope.outputs.exptiming import bucket_counts
     from skewscope.sources.offline import parse_file
     cap = skewgen.generate("tp-decode-slow-shard", seed=2)
     pat = next(p for p in cap.truth["pathologies"] if p["kind"] == "slow_tp_shard")

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from skewscope.core import layout as L
 from skewscope.core.snapshot import Snapshot, ip_bytes, ip_str
 from skewscope.outputs import exporter as E
+from skewscope.outputs import expose as X
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -163,7 +164,7 @@ def test_histograms_are_cumulative_with_exact_bounds(gen_snap):
     from the message records (bytes = RETH length), not from the histogram."""
     _, snapfile, snap, _ = gen_snap["congestion"]
     st_ = E.state_from_snapshot(snap, "n")
-    text = E.render(E.make_registry(E.SkewscopeCollector(lambda: st_), process_metrics=False))
+    text = X.render(X.make_registry(X.SkewscopeCollector(lambda: st_), process_metrics=False))
     m = parse(text)
     buckets = {float(dict(k)["le"]): v for k, v in m["skewscope_message_size_bytes_bucket"].items()}
     les = sorted(buckets)
@@ -242,7 +243,7 @@ def test_max_peers_overflow_conserves_totals():
     st_ = E.state_from_snapshot(snap, "n", top_k=3, max_peers=3)
     assert len(st_.peer_src) == 4 and st_.peer_src[-1] == E.OVERFLOW_LABEL
     assert int(st_.peer_counts[:, E.COL["bytes"]].sum()) == sum(r[4] for r in rows)
-    text = E.render(E.make_registry(E.SkewscopeCollector(lambda: st_), process_metrics=False))
+    text = X.render(X.make_registry(X.SkewscopeCollector(lambda: st_), process_metrics=False))
     m = parse(text)
     assert len(m["skewscope_peer_bytes_total"]) == 4
     assert len(m["skewscope_flow_bytes_total"]) == 3
@@ -296,12 +297,12 @@ def test_busy_union_matches_brute_force_across_reads(evs, split):
 
 
 def test_parse_listen():
-    assert E.parse_listen("127.0.0.1:9435") == ("127.0.0.1", 9435)
-    assert E.parse_listen("[::1]:9") == ("::1", 9)
-    assert E.parse_listen(":9435") == ("127.0.0.1", 9435)
+    assert X.parse_listen("127.0.0.1:9435") == ("127.0.0.1", 9435)
+    assert X.parse_listen("[::1]:9") == ("::1", 9)
+    assert X.parse_listen(":9435") == ("127.0.0.1", 9435)
     for bad in ("9435", "host:9435", "1.2.3.4:x", "1.2.3.4:70000", "::1:9435", "[::1]9435"):
-        with pytest.raises(E.ListenError):
-            E.parse_listen(bad)
+        with pytest.raises(X.ListenError):
+            X.parse_listen(bad)
 
 
 @pytest.mark.parametrize("args,code,needle", [
@@ -372,7 +373,7 @@ def test_dashboard_uses_only_recorded_or_exported_series():
     recorded = set(re.findall(r"record: (\S+)", rules))
     f = mk_flows([("10.0.0.1", "10.0.0.2", 5, 10, 1000, 1, 8192, 1)])
     st_ = E.state_from_snapshot(Snapshot(f, np.zeros(0, L.EVENT_DTYPE), np.zeros(L.G_N, np.uint64), {}), "n")
-    exported = set(parse(E.render(E.make_registry(E.SkewscopeCollector(lambda: st_), process_metrics=False))))
+    exported = set(parse(X.render(X.make_registry(X.SkewscopeCollector(lambda: st_), process_metrics=False))))
     for p in dash["panels"]:
         for t in p["targets"]:
             for name in re.findall(r"[a-z_]*:[a-z_]+:[a-z0-9_]+|skewscope_[a-z_]+", t["expr"]):

@@ -1,7 +1,7 @@
 """Fuzzing the offline path (issue 8), no root needed.
 
 1. The mutation corpus (tests/fuzzcorpus.py, frames of any length 0..3.6 KB, 200k in CI)
-   through the numba parser (skewscope.offline): every frame in exactly one category, the
+   through the numba parser (skewscope.sources.offline): every frame in exactly one category, the
    categories add up to the records, only accounted frames make flows, no flow counts more
    payload than wire bytes, unmutated RoCE templates are all accounted, and the per-frame
    categories of offline.dissect agree with parse_file's totals. (Kernel == offline per frame

@@ -1,4 +1,7 @@
 """The package's import rules (docs/architecture.md):
+- layer direction: a module imports only its own package and the packages on the lines above
+  its package's line in the "import layers" block of docs/architecture.md (the one place the
+  order is written; this test reads it from there), imports inside functions included;
 - no import cycle among skewscope's modules, imports inside functions included;
 - an import inside a function is there only for a heavy or optional dependency, and says so
   in a comment on its line (or the line above);
@@ -60,6 +63,51 @@ def _imports():
             ln = lines[node.lineno - 1]
             above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
             yield mod, node.lineno, targets, id(node) in inner, "#" in ln or above.startswith("#")
+
+
+DOC = PKG.parent / "docs" / "architecture.md"
+LAYERS_MARK = "<!-- import layers"
+
+
+def layers() -> list[list[str]]:
+    """The "import layers" block of docs/architecture.md: one line per layer, bottom first;
+    the packages of a line may import the lines above it, not each other."""
+    lines = DOC.read_text().splitlines()
+    i = next(k for k, ln in enumerate(lines) if ln.startswith(LAYERS_MARK))
+    start = next(k for k in range(i + 1, len(lines)) if lines[k].startswith("```")) + 1
+    end = next(k for k in range(start, len(lines)) if lines[k].startswith("```"))
+    return [ln.split("#")[0].split() for ln in lines[start:end] if ln.split("#")[0].strip()]
+
+
+def layer_of(mod: str) -> str:
+    """`__main__` for an entry point (python -m), `skewscope` for the package itself, else
+    the first subpackage (skewscope.outputs.topview -> outputs)."""
+    parts = mod.split(".")
+    if parts[-1] == "__main__":
+        return "__main__"
+    return parts[1] if len(parts) > 1 else "skewscope"
+
+
+def test_the_layers_name_every_package_once():
+    names = [n for layer in layers() for n in layer]
+    assert len(names) == len(set(names)), f"a package on two lines: {names}"
+    have = {layer_of(m) for m in MODS}
+    assert set(names) == have, (f"docs/architecture.md import layers vs the packages: missing "
+                                f"{sorted(have - set(names))}, no such package {sorted(set(names) - have)}")
+
+
+def test_layer_direction():
+    rank = {n: i for i, layer in enumerate(layers()) for n in layer}
+    bad = []
+    for mod, ln, targets, _, _ in _imports():
+        a = layer_of(mod)
+        for t in targets:
+            if t not in MODS:
+                continue
+            b = layer_of(t)
+            if a != b and rank[b] >= rank[a]:
+                bad.append(f"{mod}:{ln} imports {t} ({a} may import only {[n for n in rank if rank[n] < rank[a]]})")
+    assert bad == [], "imports against the layer order of docs/architecture.md:\n" + "\n".join(bad)
 
 
 def test_no_import_cycles():

@@ -1,4 +1,4 @@
-"""ebpf/skewscope.h (the source of truth) vs skewscope/layout.py (its Python mirror).
+"""ebpf/skewscope.h (the source of truth) vs skewscope/core/layout.py (its Python mirror).
 
 A small C program including the header is compiled with gcc and prints sizeof/offsetof of
 every member of every struct and the value of every #define; the test compares that with

@@ -210,9 +210,9 @@ def test_unprivileged_report_works(tmp_path):
 
 # ---- the exporter listens on loopback by default -----------------------------------------------
 def test_exporter_default_listen_is_loopback():
-    from skewscope.outputs import exporter
-    assert exporter.DEFAULT_LISTEN.startswith("127.0.0.1:")
-    assert exporter.parse_listen(":9435")[0] == "127.0.0.1"
+    from skewscope.outputs import expose
+    assert expose.DEFAULT_LISTEN.startswith("127.0.0.1:")
+    assert expose.parse_listen(":9435")[0] == "127.0.0.1"
     from skewscope.cli.export import export
     opt = {o.name: o for o in export.params}["listen"]
     assert opt.default.startswith("127.0.0.1:")

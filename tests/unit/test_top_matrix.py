@@ -16,6 +16,8 @@ import genlib
 
 from skewscope import gen as skewgen
 from skewscope.cli import main
+from skewscope.outputs import topmatrix as M
+from skewscope.outputs import toprich
 from skewscope.outputs import topview as V
 
 SUFFIX = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
@@ -188,11 +190,11 @@ def test_heatmap_stays_within_the_terminal(nodes, hot, width, height):
     truth, snap = generated(a2a(nodes, hot, per_peer="4KiB" if nodes > 8 else "64KiB",
                                  combine=2 < nodes <= 8), seed=3)      # 2 nodes + combine = symmetric
     m = model(snap)
-    max_rows = max(3, height - 16 - V.MATRIX_LINES)
-    text = V.render_matrix(m.matrix, width, max_rows=max_rows)
+    max_rows = max(3, height - 16 - M.MATRIX_LINES)
+    text = toprich.render_matrix(m.matrix, width, max_rows=max_rows)
     lines = text.plain.split("\n")
     assert max(len(ln) for ln in lines) <= width, max(lines, key=len)
-    assert len(lines) <= max_rows + V.MATRIX_LINES + 1
+    assert len(lines) <= max_rows + M.MATRIX_LINES + 1
     hot_ip = truth_hot(truth)
     head = next(ln for ln in lines if ln.startswith("SRC\\DST")).split()[1:-1]
     pre = next((ln.split()[-1] for ln in lines if ln.startswith("labels: the address after")), "")
@@ -208,17 +210,17 @@ def test_heatmap_stays_within_the_terminal(nodes, hot, width, height):
     assert coloured >= len(head) * (len(head) - 1), coloured       # every off-diagonal cell + legend
     # the whole screen fits as well (rich would crop a line silently; measure before it does)
     con = Console(width=width, height=height, record=True, force_terminal=True, color_system="truecolor")
-    con.print(V.render_rich(m, height=height, width=width))
+    con.print(toprich.render_rich(m, height=height, width=width))
     assert "node matrix" in con.export_text()
 
 
 def test_colour_scale_orders_cells_by_log_rate():
     truth, snap = generated(a2a(6, 4, per_peer="64KiB"), seed=1)
     mv = model(snap).matrix
-    scale = V.heat_scale(mv.bps)
+    scale = M.heat_scale(mv.bps)
     v = mv.bps[mv.bps > 0]
-    idx = np.array([V.heat_index(x, scale) for x in v])
-    assert idx[np.argmax(v)] == len(V.HEAT) - 1
+    idx = np.array([M.heat_index(x, scale) for x in v])
+    assert idx[np.argmax(v)] == len(M.HEAT) - 1
     assert all(idx[a] <= idx[b] for a in range(len(v)) for b in range(len(v)) if v[a] < v[b])
 
 
@@ -288,8 +290,8 @@ def test_a_cold_link_is_the_darkest_cell_and_named(nodes, cold):
     a, b = (f"10.0.0.{cold[0] + 1}", f"10.0.0.{cold[1] + 1}")
     assert truth_matrix(truth)[(a, b)] * 4 == truth_matrix(truth)[(b, a)]
     i, j = mv.ips.index(a), mv.ips.index(b)
-    scale = V.heat_scale(mv.bps)
-    colours = {(p, q): V.heat_index(mv.bps[p, q], scale) for p in range(nodes) for q in range(nodes) if p != q}
+    scale = M.heat_scale(mv.bps)
+    colours = {(p, q): M.heat_index(mv.bps[p, q], scale) for p in range(nodes) for q in range(nodes) if p != q}
     assert colours[(i, j)] == min(colours.values()) < max(colours.values())
     assert sum(c == colours[(i, j)] for c in colours.values()) == 1
     lines = V.plain_lines(model(snap))

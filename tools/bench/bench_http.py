@@ -25,7 +25,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from skewscope import gen as skewgen  # noqa: E402
 from skewscope.cli.common import load_source  # noqa: E402
+from skewscope.live.runner import AnalysisRunner, load_analyze  # noqa: E402
 from skewscope.outputs import exporter as E  # noqa: E402
+from skewscope.outputs import expose as X  # noqa: E402
 from skewscope.outputs import http as H  # noqa: E402
 
 
@@ -54,8 +56,8 @@ def main() -> int:
         skewgen.write(a.preset, p, seed=0)
         snap = load_source(p)
     src = E.StaticSource(snap, "bench", top_k=10, max_peers=4096)
-    reg = E.make_registry(E.SkewscopeCollector(src.get))
-    an = H.Analyst("bench", "file")
+    reg = X.make_registry(X.SkewscopeCollector(src.get))
+    an = H.Analyst("bench", "file", AnalysisRunner(load_analyze(), nice=H.ANALYSIS_NICE))
     an.start_once(snap).join()                     # numba compiled, caches warm
     srv = H.Server("127.0.0.1", 0, reg, analyst=an)
     srv.start()

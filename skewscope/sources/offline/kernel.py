@@ -2,7 +2,7 @@
 mirror of ebpf/skewscope.bpf.c (`process`, `parse_l3`, `parse_gre`, `parse_bth`,
 `handle_macctl`, `account`).
 
-Keep this file in lock-step with the C. Every constant comes from skewscope/layout.py (the
+Keep this file in lock-step with the C. Every constant comes from skewscope/core/layout.py (the
 mirror of ebpf/skewscope.h, checked against it by tests/unit/test_layout.py); the opcode
 table is passed in as data (layout.OPCODE_TABLE, the same array the kernel's op_table map is
 filled from). Differences from the kernel are deliberate and listed in docs/offline.md

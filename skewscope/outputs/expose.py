@@ -1,0 +1,225 @@
+"""The exporter's exposition: SkewscopeCollector (an ExportState -> the Prometheus families
+of the metric table, on every scrape), the registry, text and OpenMetrics rendering (with
+one timestamp: backfill), --listen parsing and the plain prometheus_client server."""
+from __future__ import annotations
+
+import socket
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest, start_http_server
+from prometheus_client.samples import Sample
+
+from skewscope import __version__
+from skewscope.core import layout as L
+from skewscope.core.snapshot import ip_str
+from skewscope.outputs import metrics as M
+from skewscope.outputs.exporter import ExportState
+from skewscope.outputs.exptables import (
+    COL,
+    GAP_LE_STR,
+    MSG_LE_STR,
+    NAK_SYNDROMES,
+    PFC_FAMILIES,
+    cumulative_buckets,
+)
+
+DEFAULT_LISTEN = "127.0.0.1:9435"
+
+
+# ---- the collector ---------------------------------------------------------------------------
+class SkewscopeCollector:
+    """prometheus_client custom collector: collect() renders the current ExportState."""
+
+    def __init__(self, get_state):
+        self._get_state = get_state
+
+    def describe(self):
+        return []  # unchecked collector: families depend on the data
+
+    def collect(self):
+        st: ExportState | None = self._get_state()
+        if st is None:
+            return
+        node = st.node
+        n = len(st.peer_src)
+        rows = [(node, st.peer_src[i], st.peer_dst[i], st.peer_class[i]) for i in range(n)]
+        for spec in M.PEER_COUNTERS:
+            fam = M.family(spec)
+            vals = st.peer_counts[:, COL[spec.column]].tolist()
+            for r, v in zip(rows, vals):
+                fam.add_metric(r, v)
+            yield fam
+        fam = M.family(M.PEER_NAKS)
+        for syn, col in NAK_SYNDROMES:
+            vals = st.peer_counts[:, COL[col]].tolist()
+            for r, v in zip(rows, vals):
+                fam.add_metric(r + (syn,), v)
+        yield fam
+        fam = M.family(M.PEER_BUSY_SECONDS)
+        for r, v in zip(rows, (st.peer_busy_ns / 1e9).tolist()):
+            fam.add_metric(r, v)
+        yield fam
+        fam = M.family(M.PEER_TIMED_MESSAGE_BYTES)
+        for r, v in zip(rows, st.peer_timed[:, 0].tolist()):
+            fam.add_metric(r, v)
+        yield fam
+        fam = M.family(M.PEER_MESSAGE_WIRE_SECONDS)
+        for r, v in zip(rows, (st.peer_timed[:, 1] / 1e9).tolist()):
+            fam.add_metric(r, v)
+        yield fam
+        fam = M.family(M.DESTINATION_BUSY_SECONDS)
+        for d, v in zip(st.dst_labels, (st.dst_busy_ns / 1e9).tolist()):
+            fam.add_metric([node, d], v)
+        yield fam
+        fam = M.family(M.SOURCE_BUSY_SECONDS)
+        for d, v in zip(st.src_labels, (st.src_busy_ns / 1e9).tolist()):
+            fam.add_metric([node, d], v)
+        yield fam
+        fam = M.family(M.PEER_QPS)
+        for r, v in zip(rows, st.peer_qps.tolist()):
+            fam.add_metric(r, v)
+        yield fam
+        # top-K flows
+        frows = []
+        for f in st.flows:
+            v = int(f["ipver"])
+            frows.append((node, ip_str(f["src"], v), ip_str(f["dst"], v), str(int(f["dest_qp"]))))
+        for spec in M.FLOW_COUNTERS:
+            fam = M.family(spec)
+            for r, v in zip(frows, st.flows[spec.column].tolist() if len(st.flows) else []):
+                fam.add_metric(r, v)
+            yield fam
+        fam = M.family(M.FLOW_NAKS)
+        for r, f in zip(frows, st.flows):
+            fam.add_metric(r, int(f["nak_seq"]) + int(f["nak_rnr"]) + int(f["nak_other"]))
+        yield fam
+        fam = M.family(M.FLOW_MESSAGE_SIZE_BYTES)
+        for r, f in zip(frows, st.flows):
+            fam.add_metric(r, cumulative_buckets(f["msg_hist"], MSG_LE_STR), float(f["msg_bytes"]))
+        yield fam
+        # node-level histograms
+        fam = M.family(M.MESSAGE_SIZE_BYTES)
+        fam.add_metric([node], cumulative_buckets(st.hist_msg, MSG_LE_STR), st.hist_msg_sum)
+        yield fam
+        fam = M.family(M.MESSAGE_GAP_SECONDS)
+        b = cumulative_buckets(st.hist_gap, GAP_LE_STR)
+        fam.add_metric([node], b, None)
+        fam.samples.append(Sample(fam.name + "_count", {"node": node}, b[-1][1], None, None))
+        yield fam
+        # node-level counters and gauges
+        g = st.globals
+        fam = M.family(M.FRAMES)
+        for i, cat in enumerate(L.CATEGORY_NAMES):
+            fam.add_metric([node, cat], int(g[i]))
+        yield fam
+        for spec, base in PFC_FAMILIES:
+            fam = M.family(spec)
+            for p in range(8):
+                fam.add_metric([node, str(p)], int(g[base + p]))
+            yield fam
+        m = st.meta
+        yield _node(M.FLOWS, node, st.flows_present)
+        yield _node(M.FLOWS_CREATED, node, int(g[L.G_FLOWS_CREATED]))
+        yield _node(M.FLOWS_EVICTED, node, int(m.get("flows_evicted", 0)))
+        yield _node(M.MESSAGE_RECORDS_LOST, node, int(m.get("events_lost", 0)))
+        yield _node(M.PARTIAL_MESSAGES, node, int(g[L.G_MSG_PARTIAL]))
+        yield _node(M.SAMPLING_DENOMINATOR, node, int(m.get("sample_n", 1) or 1))
+        yield _node(M.PEERS, node, n)
+        yield _node(M.LAST_READ_TIMESTAMP_SECONDS, node, st.read_ts)
+        yield _node(M.READ_DURATION_SECONDS, node, st.read_seconds)
+        info = M.family(M.EXPORTER_INFO)
+        info.add_metric([node, __version__, str(m.get("source", "?")),
+                         str(m.get("interface") or m.get("file") or "")], 1)
+        yield info
+        # per-node timing: one family per table row, even when empty (no node, no groups)
+        fams = {}
+        for spec in M.METRICS[M.METRICS.index(M.NODE_FORWARD_LATENCY):]:
+            fams[spec.name] = M.family(spec)
+        for spec, key, payload in st.timing:
+            if spec.type == M.HISTOGRAM:
+                lab = (node,) + tuple(key)
+                fam = fams[spec.name]
+                fam.add_metric(lab, payload[0], payload[1])
+                if float(payload[0][0][0]) < 0:  # signed buckets: no _sum (OpenMetrics), _count kept
+                    fam.samples.append(Sample(fam.name + "_count", dict(zip(spec.labels, lab)),
+                                              payload[0][-1][1], None, None))
+            else:
+                fams[spec.name].add_metric((node,) + tuple(key), payload)
+        yield from fams.values()
+
+
+def _node(spec, node, v):
+    """A family with the one series of this node."""
+    f = M.family(spec)
+    f.add_metric([node], v)
+    return f
+
+
+# ---- serving ----------------------------------------------------------------------------------
+class ListenError(ValueError):
+    pass
+
+
+def parse_listen(s: str) -> tuple[str, int]:
+    """'ADDR:PORT', '[v6]:PORT' or ':PORT' (= 127.0.0.1) -> (addr, port)."""
+    s = s.strip()
+    if s.startswith("["):
+        host, sep, port = s[1:].partition("]:")
+        if not sep:
+            raise ListenError(f"invalid --listen {s!r}: expected [ADDR]:PORT")
+    else:
+        host, sep, port = s.rpartition(":")
+        if not sep:
+            raise ListenError(f"invalid --listen {s!r}: expected ADDR:PORT (e.g. {DEFAULT_LISTEN})")
+        if ":" in host:
+            raise ListenError(f"invalid --listen {s!r}: write IPv6 addresses as [ADDR]:PORT")
+    host = host or "127.0.0.1"
+    try:
+        p = int(port)
+    except ValueError:
+        raise ListenError(f"invalid --listen {s!r}: port {port!r} is not a number") from None
+    if not 0 <= p <= 65535:
+        raise ListenError(f"invalid --listen {s!r}: port must be 0..65535")
+    try:
+        socket.getaddrinfo(host, p, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        raise ListenError(f"invalid --listen {s!r}: {host!r} is not a numeric IP address") from None
+    return host, p
+
+
+def make_registry(collector: SkewscopeCollector, process_metrics: bool = True):
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(collector)
+    if process_metrics:
+        ProcessCollector(registry=reg)
+    return reg
+
+
+def render(registry) -> str:
+    return generate_latest(registry).decode()
+
+
+class _Stamped:
+    """A registry's families with every sample at one timestamp (seconds)."""
+
+    def __init__(self, registry, ts: float):
+        self.registry, self.ts = registry, float(ts)
+
+    def collect(self):
+        for fam in self.registry.collect():
+            fam.samples = [Sample(s.name, s.labels, s.value, self.ts, s.exemplar) for s in fam.samples]
+            yield fam
+
+
+def render_openmetrics(registry, ts: float) -> str:
+    """The exposition in the OpenMetrics text format (what a scrape that asks for it gets),
+    every sample stamped with `ts` (Unix seconds), ending in `# EOF`: the input of
+    `promtool tsdb create-blocks-from openmetrics` (backfill a Prometheus from a capture
+    without running an exporter). Files of several DPUs may be concatenated, each with its
+    own `node` label, minus every `# EOF` but the last."""
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest  # only for --format openmetrics
+    return om_latest(_Stamped(registry, ts)).decode()
+
+
+def serve(registry, addr: str, port: int):
+    """Start the HTTP server (daemon threads). Returns (server, thread)."""
+    return start_http_server(port, addr=addr, registry=registry)

@@ -1,0 +1,147 @@
+"""The exporter's per-flow columns and flow-table keys: the counter columns accumulated per
+peer (SCALARS/COL, the message-size and gap histogram slots), their Prometheus bucket
+bounds, flow classes, peer/destination ids and per-peer busy time (outputs/exporter.py
+accumulates them; outputs/expose.py renders them)."""
+from __future__ import annotations
+
+import numpy as np
+from prometheus_client.utils import floatToGoString
+
+from skewscope.analysis.fleet import BULK_MIN_MESSAGE, CTS_MAX_BYTES
+from skewscope.analysis.flows import flow_event_stats
+from skewscope.analysis.intervals import union_kernel
+from skewscope.core import layout as L
+from skewscope.core.snapshot import Snapshot
+from skewscope.outputs import metrics as M
+
+DEFAULT_TOP_K = 10
+DEFAULT_MAX_PEERS = 4096
+OVERFLOW_LABEL = M.OVERFLOW_LABEL
+
+# Per-flow counter columns accumulated per peer (name in FLOW_DTYPE).
+SCALARS = ("packets", "bytes", "payload_bytes", "messages", "msg_bytes", "ce", "cnp",
+           "retransmissions", "psn_gaps", "nak_seq", "nak_rnr", "nak_other")
+COL = {n: i for i, n in enumerate(SCALARS)}
+MSG0 = len(SCALARS)
+GAP0 = MSG0 + L.MSG_SLOTS
+NCOLS = GAP0 + L.GAP_SLOTS
+
+# Families, names, labels and help: outputs.metrics (the metric table). Per-pair and
+# per-flow counters read the FLOW_DTYPE column of their spec's "flows.<column>" source.
+NAK_SYNDROMES = tuple(zip(M.SYNDROMES, ("nak_seq", "nak_rnr", "nak_other")))
+PFC_FAMILIES = ((M.PFC_PAUSE_FRAMES, L.G_PFC_PAUSE), (M.PFC_RESUME_FRAMES, L.G_PFC_XON),
+                (M.PFC_PAUSE_QUANTA, L.G_PFC_QUANTA))
+
+
+def _le_bounds(nslots: int) -> list[int]:
+    """Exact upper bounds of the finite log2 slots (all but the last, which is +Inf)."""
+    return [(1 << s) - 1 for s in range(nslots - 1)]
+
+
+MSG_LE = _le_bounds(L.MSG_SLOTS)
+GAP_LE_NS = _le_bounds(L.GAP_SLOTS)
+
+
+def fmt_le(v: float) -> str:
+    return floatToGoString(v)
+
+
+MSG_LE_STR = [fmt_le(v) for v in MSG_LE] + ["+Inf"]
+GAP_LE_STR = [fmt_le(v / 1e9) for v in GAP_LE_NS] + ["+Inf"]
+
+
+def cumulative_buckets(slots: np.ndarray, le_str: list[str]) -> list[tuple[str, float]]:
+    """log2 slot counts -> Prometheus cumulative buckets, every bucket present."""
+    c = np.cumsum(np.asarray(slots, dtype=np.float64))
+    return list(zip(le_str, c.tolist()))
+
+
+# ---- tables ---------------------------------------------------------------------------
+def flow_matrix(flows: np.ndarray) -> np.ndarray:
+    """FLOW_DTYPE rows -> (n, NCOLS) uint64: SCALARS, msg_hist, gap_hist."""
+    n = len(flows)
+    m = np.empty((n, NCOLS), dtype=np.uint64)
+    for i, name in enumerate(SCALARS):
+        m[:, i] = flows[name]
+    m[:, MSG0:GAP0] = flows["msg_hist"]
+    m[:, GAP0:] = flows["gap_hist"]
+    return m
+
+
+def _rows_u64(a: np.ndarray) -> np.ndarray:
+    """(n, k) uint8 with k % 8 == 0 -> (n, k/8) uint64 (row identity only, not order)."""
+    return np.ascontiguousarray(a).view("<u8").reshape(len(a), a.shape[1] // 8)
+
+
+# Traffic class of a flow (the `class` label of the per-peer series), from its cumulative
+# mean message size: NCCL runs each connection on its own QPs, so one flow carries one
+# kind of traffic, and a node pair that carries a ring link and all-to-all chunks at once
+# keeps them apart.
+CLASSES = M.CLASSES
+CLS_BULK, CLS_CHUNK, CLS_CONTROL = range(3)
+
+
+def flow_class(flows: np.ndarray) -> np.ndarray:
+    """bulk: mean message >= analysis.fleet.BULK_MIN_MESSAGE (ring/tree SIMPLE slices);
+    chunk: other messages with mean > analysis.flows.CTS_MAX_BYTES (all-to-all, P2P, LL);
+    control: everything else (NCCL clear-to-send writes, ACK/NAK, CNP, no messages)."""
+    m = flows["messages"].astype(np.float64)
+    mean = np.where(m > 0, flows["msg_bytes"].astype(np.float64) / np.maximum(m, 1), 0.0)
+    c = np.full(len(flows), CLS_CONTROL, dtype=np.uint8)
+    c[mean > CTS_MAX_BYTES] = CLS_CHUNK
+    c[mean >= BULK_MIN_MESSAGE] = CLS_BULK
+    return c
+
+
+def peer_ids(flows: np.ndarray, cls: np.ndarray | None = None) -> np.ndarray:
+    """(n, 5) uint64 identity of each flow's peer series: src, dst, ipver, class."""
+    k = np.zeros((len(flows), 40), dtype=np.uint8)
+    k[:, 0:16] = flows["src"]
+    k[:, 16:32] = flows["dst"]
+    k[:, 32] = flows["ipver"]
+    if cls is not None:
+        k[:, 33] = cls
+    return _rows_u64(k)
+
+
+def dst_ids(flows: np.ndarray, end: str = "dst") -> np.ndarray:
+    """(n, 3) uint64 identity of each flow's destination (or source: end="src"), ipver."""
+    k = np.zeros((len(flows), 24), dtype=np.uint8)
+    k[:, 0:16] = flows[end]
+    k[:, 16] = flows["ipver"]
+    return _rows_u64(k)
+
+
+def message_timing(flows: np.ndarray, events: np.ndarray) -> np.ndarray:
+    """Per-flow message timing of one interval, by the analysis package's definitions
+    (analysis.flows.flow_event_stats: multi-packet message bytes, their on-wire time,
+    packet time), so that the fleet's rate over active time is the single-node one."""
+    st, _, _ = flow_event_stats(Snapshot(flows, events, np.zeros(L.G_N, np.uint64), {}))
+    return st
+
+
+def busy_ns_per_peer(events: np.ndarray, flow_peer: np.ndarray, npeers: int,
+                     carry_end: np.ndarray | None = None,
+                     pkt_ns: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Busy time (ns) per peer pair from message records: the measure of the union of the
+    on-wire intervals [start_ts, end_ts + pkt_ns(flow)] of the pair's messages (pkt_ns:
+    the flow's packet time, analysis.flows; 0 if not given). Records of flows no longer in
+    the table (flow = -1) are skipped. Returns (busy_ns, carry_end)."""
+    busy = np.zeros(npeers, dtype=np.int64)
+    carry = np.zeros(npeers, dtype=np.int64) if carry_end is None else carry_end.astype(np.int64).copy()
+    if carry.shape[0] < npeers:
+        carry = np.concatenate([carry, np.zeros(npeers - carry.shape[0], dtype=np.int64)])
+    ev = events[events["flow"] >= 0]
+    if len(ev) == 0:
+        return busy, carry
+    p = flow_peer[ev["flow"]].astype(np.int64)
+    s = ev["start_ts"].astype(np.int64)
+    e = np.maximum(ev["end_ts"].astype(np.int64), s)
+    if pkt_ns is not None:
+        e = e + np.nan_to_num(pkt_ns[ev["flow"]], nan=0.0).astype(np.int64)
+    order = np.lexsort((s, p))
+    scratch = np.zeros(npeers, dtype=np.int64)  # first/last of union_kernel (not needed here)
+    union_kernel(p[order], s[order], e[order], carry, busy, scratch, scratch.copy())
+    return busy, carry
+
+

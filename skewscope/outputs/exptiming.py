@@ -1,0 +1,258 @@
+"""The exporter's per-node timing series (analysis.nodeview): TimingAccumulator (histograms
+per node and peer of step/collective/iteration durations, offsets, forward latency, own
+lag) and WindowedTiming (the live records of the last WINDOW_S seconds, exported once a
+group's role is fixed)."""
+from __future__ import annotations
+
+import numpy as np
+
+from skewscope.analysis.nodeview import NodeViewError, per_node_timing
+from skewscope.core import layout as L
+from skewscope.core.snapshot import Snapshot, flow_key_words, match_rows
+from skewscope.outputs import metrics as M
+from skewscope.outputs.exptables import DEFAULT_MAX_PEERS, OVERFLOW_LABEL, cumulative_buckets, fmt_le
+
+# ---- per-node timing (analysis.nodeview) ---------------------------------------------------
+DUR_LE_STR = [fmt_le(v) for v in M.DURATION_BUCKETS] + ["+Inf"]
+OFF_LE_STR = [fmt_le(v) for v in M.OFFSET_BUCKETS] + ["+Inf"]
+LE_STR = {id(b): [fmt_le(v) for v in b] + ["+Inf"]
+          for b in (M.DURATION_BUCKETS, M.OFFSET_BUCKETS, M.OWN_LAG_BUCKETS)}
+
+
+def bucket_counts(samples_ns, bounds_s) -> np.ndarray:
+    """Non-cumulative counts per bucket (x <= le; the last = +Inf) of samples in ns."""
+    x = np.asarray(samples_ns, dtype=np.float64)
+    x = x[np.isfinite(x)] / 1e9
+    idx = np.searchsorted(np.asarray(bounds_s, dtype=np.float64), x, side="left")
+    return np.bincount(idx, minlength=len(bounds_s) + 1).astype(np.float64)
+
+
+class TimingAccumulator:
+    """Cumulative per-node timing histograms and counters: analysis.nodeview results of
+    successive reads (a file = one read) added up; per (ip, role) at most max_peers peers,
+    later ones in peer="_overflow"."""
+
+    def __init__(self, max_peers: int = DEFAULT_MAX_PEERS, max_nodes: int = 64):
+        self.max_peers, self.max_nodes = int(max_peers), int(max_nodes)
+        self.hist: dict = {}      # (spec name, labels minus node) -> [counts, sum_s]
+        self.count: dict = {}     # (spec name, labels minus node) -> value
+        self.peers: dict = {}     # (ip, role) -> set of peers with their own series
+
+    def _h(self, spec, key, samples, bounds):
+        h = self.hist.setdefault((spec.name, key), [np.zeros(len(bounds) + 1), 0.0])
+        x = np.asarray(samples, dtype=np.float64)
+        x = x[np.isfinite(x)]
+        h[0] += bucket_counts(x, bounds)
+        h[1] += float(x.sum()) / 1e9
+
+    def add_results(self, results: list) -> None:
+        for nt in results:
+            ip = nt["node"]
+            for g in nt["groups"]:
+                role, smp = g["role"], g.get("_samples") or {}
+                base = (ip, role)
+                for spec, key, bounds in M.TIMING_HISTOGRAMS:
+                    self._h(spec, base, smp.get(key, ()), bounds)
+                known = self.peers.setdefault(base, set())
+                for spec, key, bounds in M.TIMING_PEER_HISTOGRAMS:
+                    for peer, v in (smp.get(key) or {}).items():
+                        if peer not in known and len(known) >= self.max_peers:
+                            peer = OVERFLOW_LABEL
+                        else:
+                            known.add(peer)
+                        self._h(spec, base + (peer,), v, bounds)
+                for spec, key in M.TIMING_COUNTERS:
+                    k = (spec.name, base)
+                    self.count[k] = self.count.get(k, 0) + int(g.get(key) or 0)
+
+    def add(self, snap: Snapshot, node_ip: str | None = None) -> None:
+        if not len(snap.events):
+            return
+        try:
+            res = per_node_timing(snap, node_ip, max_nodes=self.max_nodes, samples=True)
+        except NodeViewError:  # the node sent and received nothing in this read
+            return
+        self.add_results(res)
+
+    def rows(self) -> list:
+        """[(spec, labels without node, payload)]: histograms (cumulative buckets, sum),
+        counters (value), in table order."""
+        out = []
+        for spec, _, bounds in M.TIMING_HISTOGRAMS + M.TIMING_PEER_HISTOGRAMS:
+            le = LE_STR[id(bounds)]
+            for (name, key), (cnt, sm) in sorted(self.hist.items()):
+                if name == spec.name:
+                    out.append((spec, key, (cumulative_buckets(cnt, le), sm)))
+        for spec, _ in M.TIMING_COUNTERS:
+            for (name, key), v in sorted(self.count.items()):
+                if name == spec.name:
+                    out.append((spec, key, v))
+        order = {m.name: i for i, m in enumerate(M.METRICS)}
+        return sorted(out, key=lambda r: order[r[0].name])
+
+
+#: live per-node timing: the sliding window of the node's recent message records
+WINDOW_S = 60.0            # seconds of records kept (and back to half a window before the ...
+WINDOW_RECORDS = 100_000   # ... oldest open watermark), at most this many records
+WINDOW_MIN_ITERATIONS = 3  # confirmed iterations (collectives: kv_transfer) before a group's role is fixed
+
+
+def _sel(t, lo, hi):
+    t = np.asarray(t, dtype=np.int64)
+    return (t >= lo) & (t < hi)
+
+
+class WindowedTiming:
+    """The live exporter's per-node timing: analysis.nodeview over a sliding window of the
+    node's recent message records (the last WINDOW_S seconds, at most WINDOW_RECORDS), so
+    groups, roles and iteration boundaries are decided with context rather than from one
+    read interval. Each read exports only the window's NEW samples, by their start times
+    (steps, collectives, iterations each counted once), up to the latest iteration start
+    that is at least half the window (WINDOW_S / 2, or half the window's span when
+    WINDOW_RECORDS bounds it) older than the newest record and that the previous read saw
+    too: every boundary is decided with that much context after it. A read that brings no
+    records for the node closes the tail (flush: the rest, decided on the whole window). A
+    group (ring lane, alltoall peers, kv) keeps the role it had at its first export, made
+    with WINDOW_MIN_ITERATIONS confirmed iterations at least (flush: what there is)."""
+
+    def __init__(self, timing: TimingAccumulator, node_ip: str | None = None, window_s: float = WINDOW_S,
+                 max_records: int = WINDOW_RECORDS, min_iterations: int = WINDOW_MIN_ITERATIONS):
+        self.timing, self.node_ip = timing, node_ip
+        self.window_ns, self.max_records = int(window_s * 1e9), int(max_records)
+        self.min_iterations = int(min_iterations)
+        self.flows = np.zeros(0, L.FLOW_DTYPE)
+        self.events = np.zeros(0, L.EVENT_DTYPE)
+        self.wm: dict = {}        # group -> samples before this time (ns) are exported
+        self.role: dict = {}      # group -> its fixed role
+        self.seen: dict = {}      # group -> iteration starts of the previous read
+        self.pending = False      # records not yet exported (flush has work)
+        self.horizon = 0          # export boundaries up to this time (ns)
+        self.full = False         # the window has spanned WINDOW_S (or held max_records)
+
+    def add(self, delta: np.ndarray, events: np.ndarray | None, cum_flows: np.ndarray | None = None) -> None:
+        if events is None or not len(events):
+            self.flush()
+            return
+        ev = events.copy()
+        f = ev["flow"].astype(np.int64)
+        ok = f >= 0
+        d = delta
+        if cum_flows is not None and len(cum_flows) and len(delta):
+            # the cumulative row (stable counters: roles, mean message size) where there is one
+            j = match_rows(flow_key_words(cum_flows), flow_key_words(delta))
+            d = delta.copy()
+            d[j >= 0] = cum_flows[j[j >= 0]]
+        if len(self.flows) and len(d):
+            j = match_rows(flow_key_words(self.flows), flow_key_words(d))
+        else:
+            j = np.full(len(d), -1, np.int64)
+        fl = self.flows.copy()
+        fl[j[j >= 0]] = d[j >= 0]
+        new = np.nonzero(j < 0)[0]
+        j = j.astype(np.int64)
+        j[new] = len(fl) + np.arange(len(new))
+        fl = np.concatenate([fl, d[new]])
+        ev["flow"][ok] = j[f[ok]]
+        self.flows = fl
+        # a read longer than a quarter window (or of many records) goes in pieces: the
+        # window never drops records it has not exported from
+        ev = ev[np.argsort(ev["start_ts"], kind="stable")]
+        t = ev["start_ts"].astype(np.int64)
+        piece = np.maximum((t - t[0]) // max(1, self.window_ns // 4), np.arange(len(t)) // max(1, self.max_records // 4))
+        for k in np.unique(piece):
+            self._slide(ev[piece == k])
+        # the flows the window still refers to
+        w = self.events
+        used, inv = np.unique(w["flow"][w["flow"] >= 0], return_inverse=True)
+        w["flow"][w["flow"] >= 0] = inv
+        self.flows = self.flows[used]
+
+    def _slide(self, ev) -> None:
+        allev = np.concatenate([self.events, ev])
+        allev = allev[np.argsort(allev["start_ts"], kind="stable")]
+        # nothing exported yet: keep everything (up to max_records)
+        cut = int(allev["end_ts"].max()) - self.window_ns if self.wm else np.iinfo(np.int64).min
+        live = [w for w in self.wm.values() if w >= cut]   # groups gone for a window: not kept
+        if live:
+            cut = min(cut, min(live) - self.window_ns // 2)
+        allev = allev[allev["start_ts"].astype(np.int64) >= cut]
+        capped = len(allev) > self.max_records
+        allev = allev[-self.max_records:]
+        end = int(allev["end_ts"].max())
+        lag = (end - int(allev["start_ts"][0])) // 2 if capped else self.window_ns // 2
+        self.horizon = end - lag
+        # exports start once the window is full (all the context it can hold)
+        self.full = self.full or capped or end - int(allev["start_ts"][0]) >= 0.9 * self.window_ns
+        self.events = allev
+        self.pending = True
+        self._export(final=False)
+
+    def flush(self) -> None:
+        if self.pending and len(self.events):
+            self._export(final=True)
+        self.pending = False
+
+    def _export(self, final: bool) -> None:
+        snap = Snapshot(self.flows, self.events, np.zeros(L.G_N, np.uint64), {})
+        try:
+            res = per_node_timing(snap, self.node_ip, max_nodes=self.timing.max_nodes, samples=True)
+        except NodeViewError:
+            return
+        out = []
+        for nt in res:
+            gs = []
+            for g in nt["groups"]:
+                g2 = self._new_part(nt["node"], g, final)
+                if g2 is not None:
+                    gs.append(g2)
+            if gs:
+                out.append({"node": nt["node"], "groups": gs})
+        self.timing.add_results(out)
+
+    def _new_part(self, ip, g, final):
+        kind = "lane" if g["role"] in ("ring", "tp_decode") else g["role"]
+        key = (ip, kind, tuple(g["upstream"]), tuple(g["downstream"]))
+        smp = g["_samples"]
+        tm = smp["_times"]
+        starts = tm["collectives"] if kind == "kv_transfer" else tm["iterations"]
+        starts = np.asarray(starts, dtype=np.int64)
+        prev = self.seen.get(key)
+        self.seen[key] = starts
+        lo = self.wm.get(key, np.iinfo(np.int64).min)
+        if final:
+            hi = np.iinfo(np.int64).max
+        else:
+            # the last start is open (its iteration may go on); of the others, the latest
+            # one the previous read saw too
+            conf = starts[:-1][np.isin(starts[:-1], prev)] if prev is not None else starts[:0]
+            conf = conf[conf <= self.horizon] if self.full else conf[:0]
+            if key not in self.role:
+                if len(conf) < self.min_iterations:
+                    return None
+                self.role[key] = g["role"]
+            if not len(conf) or conf[-1] <= lo:
+                return None
+            hi = int(conf[-1])
+        role = self.role.setdefault(key, g["role"])
+        if final:
+            allt = [np.asarray(v, np.int64) for v in tm.values() if not isinstance(v, dict) and len(v)]
+            self.wm[key] = int(max(int(x.max()) for x in allt)) + 1 if allt else lo
+        else:
+            self.wm[key] = hi
+        ns = {}
+        for spec, k, _ in M.TIMING_HISTOGRAMS:
+            x = np.asarray(smp.get(k, ()), dtype=np.float64)
+            t = np.asarray(tm.get(k, ()), dtype=np.int64)
+            ns[k] = x[_sel(t, lo, hi) & np.isfinite(x)]
+        for spec, k, _ in M.TIMING_PEER_HISTOGRAMS:
+            ns[k] = {}
+            for peer, x in (smp.get(k) or {}).items():
+                x = np.asarray(x, dtype=np.float64)
+                t = np.asarray(tm[k][peer], dtype=np.int64)
+                ns[k][peer] = x[_sel(t, lo, hi) & np.isfinite(x)]
+        g2 = {"role": role, "_samples": ns}
+        for spec, k in M.TIMING_COUNTERS:
+            g2[k] = int(_sel(tm[k], lo, hi).sum())
+        return g2
+
+
