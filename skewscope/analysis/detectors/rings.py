@@ -4,6 +4,8 @@ member is blamed for at most one of them, in this order (a slow link first, then
 slow or late sender, a slow receiver), so the decisions share their state."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from skewscope.analysis.detectors import actions as A
@@ -50,258 +52,316 @@ def rates_and_lags(inp, em):
     over active time / the members' median (independent of how a collective splits a
     sender's bandwidth). Slowness explained by CE marks is left to ecn_congestion; a link
     into a node that is slow both ways is not blamed on its sender."""
-    ctx, th = inp.ctx, inp.th
-    ips = ctx.nodes.ips
-    tl = th["slow_link"]
     blamed = set()
     for gi, g, r, ev in inp.groups:
         if g.kind not in ("ring_allreduce", "tree_allreduce", "all_to_all"):
             continue                     # pipeline stages / p2p are staggered by design
-        # start lags compare members doing the same thing at the same time: not in a
-        # one-host view, where each peer's first message to the hub comes at its own turn
-        symmetric = g.kind in ("ring_allreduce", "all_to_all") and "hub" not in g.extra
-        mem = list(g.members)
-        nm = len(mem)
-        links = ev.links
-        ring = g.kind == "ring_allreduce"
-        kind = "ring_straggler" if ring else "straggler"
-        t = th[kind]
-        sr = np.full(nm, np.nan)
-        rr = np.full(nm, np.nan)
-        # slow both ways (a node's own port): its links against the links that do not touch
-        # it -- a slow port slows two links of the ring, which in a ring of 3 are the
-        # median; the straggler ratios (sr, rr) keep the ring median
-        sb = np.full(nm, np.nan)
-        rb = np.full(nm, np.nan)
-        reliable = np.zeros(nm, dtype=bool)
-        if links is not None and len(links):
-            ratio = links["rate_ratio"]
-            rmed = links["rate_med_bps"]
-            for i, m in enumerate(mem):
-                o = (links["src"] == m) & np.isfinite(ratio)
-                n_ = (links["dst"] == m) & np.isfinite(ratio)
-                if ring:
-                    sr[i] = ratio[o].min() if o.any() else np.nan
-                    rr[i] = ratio[n_].min() if n_.any() else np.nan
-                    away = (links["src"] != m) & (links["dst"] != m) & np.isfinite(rmed)
-                    ref = float(np.median(rmed[away])) if away.any() else np.nan
-                    if ref > 0 and o.any() and n_.any():
-                        sb[i] = float(rmed[o].min()) / ref
-                        rb[i] = float(rmed[n_].min()) / ref
-                rel = (links["src"] == m) | (links["dst"] == m)
-                reliable[i] = bool(rel.any()) and float(np.median(links["pkts_per_msg"][rel])) >= MIN_PKTS_PER_MSG
-        if g.pattern == "tree_node":
-            continue                     # one tree node's links differ by role: nothing to compare
-        hub = g.extra.get("hub") if g.pattern == "alltoall_star" else None
-        if hub is not None and links is not None and len(links):
-            # one-host view: each peer's link to / from the hub against the other peers'
-            into = links["dst"] == hub
-            outo = links["src"] == hub
-            for i, m in enumerate(mem):
-                if m == hub:
-                    continue
-                a = into & (links["src"] == m)
-                b = outo & (links["dst"] == m)
-                ri = links["rate_med_bps"]
-                if a.any() and np.isfinite(ri[into]).any():
-                    sr[i] = float(ri[a][0]) / float(np.nanmedian(ri[into]))
-                if b.any() and np.isfinite(ri[outo]).any():
-                    rr[i] = float(ri[b][0]) / float(np.nanmedian(ri[outo]))
-        elif not ring:
-            nt = ev.node_tp
-            if nt is not None:
-                sr = nt["send_ratio"]
-                rr = nt["recv_ratio"]
-                if g.kind == "all_to_all" and links is not None and len(links):
-                    # uneven per-pair volumes (MoE routing) leave a sender whose bytes go to
-                    # busy destinations slower over its active time: slow only when also
-                    # slower than the other senders into the same destinations (a receiver:
-                    # than the same senders into their other destinations)
-                    ps, pr = pair_ratios(links, mem)
-                    sr, rr = np.fmax(sr, ps), np.fmax(rr, pr)
-        if not ring or hub is not None:
-            sb, rb = sr, rr
-        gf = np.asarray(g.flows, dtype=np.int64)
-        out_flows = split_by(gf, ctx.nodes.src[gf], mem)
-        in_flows = split_by(gf, ctx.nodes.dst[gf], mem)
-        # a tree node receives from its children and its parent at different rates by role:
-        # its receive side counts as slow only at the critical ratio
-        rthr = tl["warning"] if g.kind != "tree_allreduce" else tl["critical"]
-        # 1. slow both ways: the node's own link
-        both = set()
-        shared = cross_loaded(ctx, g) if ring else None
-        for i, m in enumerate(mem):
-            if not reliable[i] or not (sb[i] <= tl["warning"] and rb[i] <= rthr):
-                continue
-            if ce_explained(inp, in_flows[m]) or m in blamed:
-                continue
-            if shared is not None and shared[m]:
-                # its slowest out-link ends at a node whose downlink is shared too: both
-                # directions are explained by other traffic arriving, not by its port
-                o = (links["src"] == m) & np.isfinite(links["rate_med_bps"])
-                if o.any() and shared[int(links["dst"][o][np.argmin(links["rate_med_bps"][o])])]:
-                    continue
-            both.add(m)
-            worst = float(max(sb[i], rb[i]))
-            rate = [float(x) for x in (links["rate_bps"][(links["src"] == m) | (links["dst"] == m)] if links is not None else [])
-                    if np.isfinite(x)]
-            em.add("slow_link", sev(worst, tl["warning"], tl["critical"], higher_is_worse=False), [m],
-                   f"{ips[m]}'s link is slow both ways: it sends at {sb[i]:.2f}x and receives at {rb[i]:.2f}x its "
-                   f"peers' rate{(' (' + gbps(float(np.median(rate))) + ' per QP)') if rate else ''}: check its port "
-                   "speed, cable/optics, FEC errors and NIC link state",
-                   {"send_ratio": float(sb[i]), "recv_ratio": float(rb[i]), "mode": "slow"},
-                   flows=out_flows[m] + in_flows[m], group=gi,
-                   onset=slowdown_onset(ctx, out_flows[m] + in_flows[m],
-                                        [f for f in gf.tolist() if int(ctx.nodes.src[f]) != m and int(ctx.nodes.dst[f]) != m],
-                                        thr=tl["warning"]))
-        # 2. silent both ways in some iterations: flaps
-        sd, rd = ev.send_dev_ns, ev.recv_dev_ns
-        late = set()
-        if symmetric and sd is not None and rd is not None and len(sd) and not (
-                ring and (r.get("_steps") or {}).get("bursts_are_steps")):
-            late_ns = tl["min_late_s"] * 1e9
-            cand = []
-            for i, m in enumerate(mem):
-                if m in both or m in blamed:
-                    continue
-                bl = (sd[:, i] >= late_ns) & (rd[:, i] >= late_ns)
-                if bl.sum() >= MIN_LATE_ITERATIONS and float(bl.mean()) >= tl["late_share"]:
-                    cand.append((i, m, bl))
-            if inp.stall_culprits.irregular:
-                pass                       # the capture's timing, not a link (see stalls.py)
-            elif few(len(cand), nm):
-                for i, m, bl in cand:
-                    late.add(m)
-                    worst = float(np.nanmax(np.minimum(sd[:, i], rd[:, i])))
-                    em.add("slow_link", "warning", [m],
-                           f"{ips[m]} goes silent in both directions for up to {us(worst)} in {int(bl.sum())} of "
-                           f"{len(bl)} iterations while its peers proceed: a flapping link or port; check link "
-                           "down/up events and error counters",
-                           {"late_iterations": int(bl.sum()), "iterations": int(len(bl)), "max_delay_s": worst / 1e9,
-                            "mode": "flapping"}, flows=out_flows[m] + in_flows[m], group=gi,
-                           onset=_late_onset(ev.bursts, bl))
-            elif cand:
-                irregular(em, f"{len(cand)} of {nm} members of a {g.kind} are late both ways in the same "
-                          "iterations", gi)
+        G = _member_rates(inp, gi, g, r, ev)
+        if G is None:
+            continue
+        both = _slow_both_ways(inp, em, G, blamed)
+        late = _flaps(inp, em, G, both, blamed)
         skip = both | late | blamed
-        # 3. slow senders
-        # the group's bursts are its steps (a lag much longer than a step): a burst's first
-        # sender is whoever broke the silence, not an iteration's late starter
-        steps_bursts = ring and bool((r.get("_steps") or {}).get("bursts_are_steps"))
-        lag = ev.start_lag_ns if symmetric and not r.get("decode") and not steps_bursts else None
-        lagged = dict(lag_outliers(lag, t["lag_mad"], t["min_lag_s"] * 1e9))
-        if lagged and ev.send_dev_ns is not None:
-            # "starts each step late" needs repetition: late in >= MIN_LATE_ITERATIONS bursts
-            # (one late start -- a process that came up later, a capture edge -- is not a
-            # straggler; a single burst is one observation)
-            sd = np.nan_to_num(np.asarray(ev.send_dev_ns, dtype=np.float64), nan=-np.inf)
-            lagged = {i: v for i, v in lagged.items()
-                      if int((sd[:, i] >= max(t["min_lag_s"] * 1e9, 0.5 * v)).sum()) >= MIN_LATE_ITERATIONS}
-        if lagged and not ring and ev.bursts is not None and len(ev.bursts[0]):
-            # a start lag that is a sliver of the collective it delays costs the group that
-            # sliver (a few us of launch skew in a multi-ms all-to-all): not a straggler (in a
-            # ring the steps carry it: each step waits for the late member)
-            dur = float(np.median(np.asarray(ev.bursts[1]) - np.asarray(ev.bursts[0])))
-            lagged = {i: v for i, v in lagged.items() if v >= t["min_lag_share"] * dur}
-        # one DPU's view (a ring segment): the members' step matrix needs the upstream's own
-        # readiness, which is outside the view -- its own node's lag is judged by ownview.py
-        steps = r.get("_steps") if ring and g.pattern != "ring_segment" else None
-        if lagged and rotation(steps, th["rotating_straggler"], nm) is not None:
-            # a member late on average because it gated some of the iterations, while the
-            # gate moves between members: rotating_straggler, not a straggler of its own
-            lagged = {}
-        seg = {}
-        if steps is not None and not r.get("decode"):
-            # the member last to send in most ring steps of its slow stretch (analysis.steps:
-            # the whole capture, or from an onset / up to a recovery), at any volume
-            hit = persistent(steps, t, nm, min_lag_ns=t["min_step_lag_s"] * 1e9,
-                             skip=shared_successors(ctx, g, shared))
-            if hit is not None:
-                seg[hit[0]] = hit[1]
-                if hit[0] not in lagged:
-                    lagged[hit[0]] = hit[1]["lag_ns"]
-                # a member the ring waits for in its steps: the others' start lags shorter than
-                # its lag are their answers to its late data (a burst that it opens), not lags
-                lagged = {i: v for i, v in lagged.items() if i in seg or v >= hit[1]["lag_ns"]}
-        succ_both = {}
-        if ring and links is not None:
-            for k in range(len(links)):
-                succ_both.setdefault(int(links["src"][k]), set()).add(int(links["dst"][k]))
+        _slow_senders(inp, em, G, skip, both, blamed)
+        _slow_receivers(inp, em, G, skip, blamed)
+
+
+#: what _member_rates hands the four decisions of rates_and_lags (one group's state)
+_G_FIELDS = ("gi", "g", "r", "ev", "mem", "nm", "links", "ring", "kind", "t", "sr", "rr", "sb", "rb", "reliable",
+             "symmetric", "hub", "gf", "out_flows", "in_flows", "rthr", "shared")
+
+
+def _member_rates(inp, gi, g, r, ev):
+    """One group's members' rate ratios (sr/rr: send/receive against the group; sb/rb: a
+    ring member's links against the links that do not touch it), which are reliable (enough
+    packets per message) and its flows per member: a namespace of _G_FIELDS, or None for a
+    group whose members cannot be compared."""
+    ctx, th = inp.ctx, inp.th
+    tl = th["slow_link"]
+    # start lags compare members doing the same thing at the same time: not in a
+    # one-host view, where each peer's first message to the hub comes at its own turn
+    symmetric = g.kind in ("ring_allreduce", "all_to_all") and "hub" not in g.extra
+    mem = list(g.members)
+    nm = len(mem)
+    links = ev.links
+    ring = g.kind == "ring_allreduce"
+    kind = "ring_straggler" if ring else "straggler"
+    t = th[kind]
+    sr = np.full(nm, np.nan)
+    rr = np.full(nm, np.nan)
+    # slow both ways (a node's own port): its links against the links that do not touch
+    # it -- a slow port slows two links of the ring, which in a ring of 3 are the
+    # median; the straggler ratios (sr, rr) keep the ring median
+    sb = np.full(nm, np.nan)
+    rb = np.full(nm, np.nan)
+    reliable = np.zeros(nm, dtype=bool)
+    if links is not None and len(links):
+        ratio = links["rate_ratio"]
+        rmed = links["rate_med_bps"]
         for i, m in enumerate(mem):
-            if m in skip:
+            o = (links["src"] == m) & np.isfinite(ratio)
+            n_ = (links["dst"] == m) & np.isfinite(ratio)
+            if ring:
+                sr[i] = ratio[o].min() if o.any() else np.nan
+                rr[i] = ratio[n_].min() if n_.any() else np.nan
+                away = (links["src"] != m) & (links["dst"] != m) & np.isfinite(rmed)
+                ref = float(np.median(rmed[away])) if away.any() else np.nan
+                if ref > 0 and o.any() and n_.any():
+                    sb[i] = float(rmed[o].min()) / ref
+                    rb[i] = float(rmed[n_].min()) / ref
+            rel = (links["src"] == m) | (links["dst"] == m)
+            reliable[i] = bool(rel.any()) and float(np.median(links["pkts_per_msg"][rel])) >= MIN_PKTS_PER_MSG
+    if g.pattern == "tree_node":
+        return None                     # one tree node's links differ by role: nothing to compare
+    hub = g.extra.get("hub") if g.pattern == "alltoall_star" else None
+    if hub is not None and links is not None and len(links):
+        # one-host view: each peer's link to / from the hub against the other peers'
+        into = links["dst"] == hub
+        outo = links["src"] == hub
+        for i, m in enumerate(mem):
+            if m == hub:
                 continue
-            slow = reliable[i] and sr[i] <= t["warning"]
-            if slow and ring and succ_both.get(m, set()) & both:
-                slow = False                       # its successor's port is the slow one
-            if slow and shared is not None and any(shared[d] for d in succ_both.get(m, ())):
-                slow = False                       # its successor's downlink is shared (KV into a decode member)
-            if slow and ce_explained(inp, out_flows[m]):
-                slow = False
-            lag_ns = lagged.get(i)
-            if not slow and lag_ns is None:
+            a = into & (links["src"] == m)
+            b = outo & (links["dst"] == m)
+            ri = links["rate_med_bps"]
+            if a.any() and np.isfinite(ri[into]).any():
+                sr[i] = float(ri[a][0]) / float(np.nanmedian(ri[into]))
+            if b.any() and np.isfinite(ri[outo]).any():
+                rr[i] = float(ri[b][0]) / float(np.nanmedian(ri[outo]))
+    elif not ring:
+        nt = ev.node_tp
+        if nt is not None:
+            sr = nt["send_ratio"]
+            rr = nt["recv_ratio"]
+            if g.kind == "all_to_all" and links is not None and len(links):
+                # uneven per-pair volumes (MoE routing) leave a sender whose bytes go to
+                # busy destinations slower over its active time: slow only when also
+                # slower than the other senders into the same destinations (a receiver:
+                # than the same senders into their other destinations)
+                ps, pr = pair_ratios(links, mem)
+                sr, rr = np.fmax(sr, ps), np.fmax(rr, pr)
+    if not ring or hub is not None:
+        sb, rb = sr, rr
+    gf = np.asarray(g.flows, dtype=np.int64)
+    out_flows = split_by(gf, ctx.nodes.src[gf], mem)
+    in_flows = split_by(gf, ctx.nodes.dst[gf], mem)
+    # a tree node receives from its children and its parent at different rates by role:
+    # its receive side counts as slow only at the critical ratio
+    rthr = tl["warning"] if g.kind != "tree_allreduce" else tl["critical"]
+    shared = cross_loaded(ctx, g) if ring else None
+    return SimpleNamespace(**{n: v for n, v in locals().items() if n in _G_FIELDS})
+
+
+def _slow_both_ways(inp, em, G, blamed) -> set:
+    """slow_link (mode slow): a member slow both ways -- its own port or link."""
+    ctx, th = inp.ctx, inp.th
+    ips = ctx.nodes.ips
+    tl = th["slow_link"]
+    (gi, g, r, ev, mem, nm, links, ring, kind, t, sr, rr, sb, rb, reliable, symmetric, hub, gf, out_flows, in_flows,
+     rthr, shared) = (getattr(G, n) for n in _G_FIELDS)
+    # 1. slow both ways: the node's own link
+    both = set()
+    for i, m in enumerate(mem):
+        if not reliable[i] or not (sb[i] <= tl["warning"] and rb[i] <= rthr):
+            continue
+        if ce_explained(inp, in_flows[m]) or m in blamed:
+            continue
+        if shared is not None and shared[m]:
+            # its slowest out-link ends at a node whose downlink is shared too: both
+            # directions are explained by other traffic arriving, not by its port
+            o = (links["src"] == m) & np.isfinite(links["rate_med_bps"])
+            if o.any() and shared[int(links["dst"][o][np.argmin(links["rate_med_bps"][o])])]:
                 continue
-            severity = sev(float(sr[i]), t["warning"], t["critical"], higher_is_worse=False) if slow else "warning"
-            parts = []
-            if slow:
-                parts.append(f"sends at {sr[i]:.2f}x the {'median link rate' if ring else 'median member'}"
-                             + (f" ({gbps(float(ev.node_tp['send'][i]))} while sending)" if not ring and ev.node_tp else ""))
-            if lag_ns is not None:
-                parts.append(f"starts each step {us(lag_ns)} late")
-            dsts = sorted({int(ctx.nodes.dst[f]) for f in out_flows[m]})
-            what = "ring" if ring else g.kind
-            evd = {"send_ratio": None if not np.isfinite(sr[i]) else float(sr[i]),
-                   "start_lag_s": None if lag_ns is None else lag_ns / 1e9}
-            imp = None
-            when = seg.get(i)
-            if when is None and lag_ns is not None and ev.send_dev_ns is not None and ev.bursts is not None:
-                when = start_lag_onset(ev.send_dev_ns[:, i], ev.bursts[0], 0.5 * lag_ns)
-            if steps is not None:
-                ms = seg.get(i) or member_summary(steps, i)
-                if steps.get("whole_capture"):
-                    # no iteration boundary to be seen: what it cost over the captured steps
-                    lost, span = ms["lost_per_iteration_ns"] / 1e9, steps["span_ns"] / 1e9
-                    imp = {"seconds": lost, "share": min(1.0, lost / span) if span > 0 else None}
-                    evd.update(lost_in_capture_s=lost, capture_share=imp["share"])
-                else:
-                    imp = impact_of(ms["lost_per_iteration_ns"] / 1e9, r.get("period_s"))
-                evd.update(lag_per_step_s=ms["lag_ns"] / 1e9, last_steps=ms["last_steps"],
-                           last_share=ms["last_share"], lost_per_iteration_s=ms["lost_per_iteration_ns"] / 1e9,
-                           gated_iterations=ms["gated"], iterations=int(len(steps["iterations"])))
-                if ms["last_steps"]:
-                    parts.append(f"is the last to send in {ms['last_steps']} of {ms['steps_with_last']} steps "
-                                 f"({us(ms['lag_ns'])} each)")
-            if severity != "critical" and imp is not None and (imp.get("share") or 0) >= th["slow_tp_shard"]["critical_share"]:
-                severity = "critical"      # the ring spends most of its time waiting for it
-            cost = ""
-            if imp is not None and imp["seconds"] > 0 and steps is not None and steps.get("whole_capture"):
-                cost = (f"; the ring waited {us(imp['seconds'] * 1e9)} for it in {us(steps['span_ns'])} of steps"
-                        + (f" ({pct(imp['share'])})" if imp["share"] is not None else ""))
-            elif imp is not None and imp["seconds"] > 0:
-                cost = f"; each iteration waits {us(imp['seconds'] * 1e9)} for it" + (
-                    f" ({pct(imp['share'])} of the period)" if imp["share"] is not None else "")
-            em.add(kind, severity, [m] + dsts,
-                   f"{what} straggler {ips[m]}: " + " and ".join(parts) + cost
-                   + "; every rank waits for it: check that host's GPU/NIC (clocks, PCIe, thermal) or its uplink",
-                   evd, flows=out_flows[m], group=gi, impact=imp,
-                   onset=None if when is None else Onset(when["since_ns"], when["until_ns"]))
-            blamed.add(m)
-        # 4. slow receivers (all-to-all: every sender slows down towards one node)
-        if g.kind == "all_to_all":
-            for i, m in enumerate(mem):
-                if m in skip or m in blamed or not reliable[i] or not rr[i] <= t["warning"]:
-                    continue
-                if ce_explained(inp, in_flows[m]):
-                    continue
-                srcs = {int(ctx.nodes.src[f]) for f in in_flows[m]}
-                if len(srcs & blamed) >= BLAMED_SENDERS_SHARE * len(srcs):
-                    continue
-                em.add("slow_receiver", sev(float(rr[i]), t["warning"], t["critical"], higher_is_worse=False),
-                       [m] + sorted(srcs),
-                       f"every sender slows down towards {ips[m]} ({rr[i]:.2f}x the median receive rate) without CE "
-                       "marks: its ingress is the bottleneck (PFC-paused port, receiver NIC/PCIe, ECN disabled?)",
-                       {"recv_ratio": float(rr[i])}, flows=in_flows[m], group=gi,
-                       onset=slowdown_onset(ctx, in_flows[m], [f for x in mem if x != m for f in in_flows[x]],
-                                            thr=t["warning"]))
+        both.add(m)
+        worst = float(max(sb[i], rb[i]))
+        rate = [float(x) for x in (links["rate_bps"][(links["src"] == m) | (links["dst"] == m)] if links is not None else [])
+                if np.isfinite(x)]
+        em.add("slow_link", sev(worst, tl["warning"], tl["critical"], higher_is_worse=False), [m],
+               f"{ips[m]}'s link is slow both ways: it sends at {sb[i]:.2f}x and receives at {rb[i]:.2f}x its "
+               f"peers' rate{(' (' + gbps(float(np.median(rate))) + ' per QP)') if rate else ''}: check its port "
+               "speed, cable/optics, FEC errors and NIC link state",
+               {"send_ratio": float(sb[i]), "recv_ratio": float(rb[i]), "mode": "slow"},
+               flows=out_flows[m] + in_flows[m], group=gi,
+               onset=slowdown_onset(ctx, out_flows[m] + in_flows[m],
+                                    [f for f in gf.tolist() if int(ctx.nodes.src[f]) != m and int(ctx.nodes.dst[f]) != m],
+                                    thr=tl["warning"]))
+    return both
+
+
+def _flaps(inp, em, G, both, blamed) -> set:
+    """slow_link (mode flapping): a member silent both ways in some iterations."""
+    ctx, th = inp.ctx, inp.th
+    ips = ctx.nodes.ips
+    tl = th["slow_link"]
+    (gi, g, r, ev, mem, nm, links, ring, kind, t, sr, rr, sb, rb, reliable, symmetric, hub, gf, out_flows, in_flows,
+     rthr, shared) = (getattr(G, n) for n in _G_FIELDS)
+    # 2. silent both ways in some iterations: flaps
+    sd, rd = ev.send_dev_ns, ev.recv_dev_ns
+    late = set()
+    if symmetric and sd is not None and rd is not None and len(sd) and not (
+            ring and (r.get("_steps") or {}).get("bursts_are_steps")):
+        late_ns = tl["min_late_s"] * 1e9
+        cand = []
+        for i, m in enumerate(mem):
+            if m in both or m in blamed:
+                continue
+            bl = (sd[:, i] >= late_ns) & (rd[:, i] >= late_ns)
+            if bl.sum() >= MIN_LATE_ITERATIONS and float(bl.mean()) >= tl["late_share"]:
+                cand.append((i, m, bl))
+        if inp.stall_culprits.irregular:
+            pass                       # the capture's timing, not a link (see stalls.py)
+        elif few(len(cand), nm):
+            for i, m, bl in cand:
+                late.add(m)
+                worst = float(np.nanmax(np.minimum(sd[:, i], rd[:, i])))
+                em.add("slow_link", "warning", [m],
+                       f"{ips[m]} goes silent in both directions for up to {us(worst)} in {int(bl.sum())} of "
+                       f"{len(bl)} iterations while its peers proceed: a flapping link or port; check link "
+                       "down/up events and error counters",
+                       {"late_iterations": int(bl.sum()), "iterations": int(len(bl)), "max_delay_s": worst / 1e9,
+                        "mode": "flapping"}, flows=out_flows[m] + in_flows[m], group=gi,
+                       onset=_late_onset(ev.bursts, bl))
+        elif cand:
+            irregular(em, f"{len(cand)} of {nm} members of a {g.kind} are late both ways in the same "
+                      "iterations", gi)
+    return late
+
+
+def _slow_senders(inp, em, G, skip, both, blamed):
+    """ring_straggler / straggler: a slow or late sender (rate, start lag, ring steps); the
+    members blamed are added to `blamed`."""
+    ctx, th = inp.ctx, inp.th
+    ips = ctx.nodes.ips
+    tl = th["slow_link"]
+    (gi, g, r, ev, mem, nm, links, ring, kind, t, sr, rr, sb, rb, reliable, symmetric, hub, gf, out_flows, in_flows,
+     rthr, shared) = (getattr(G, n) for n in _G_FIELDS)
+    # 3. slow senders
+    # the group's bursts are its steps (a lag much longer than a step): a burst's first
+    # sender is whoever broke the silence, not an iteration's late starter
+    steps_bursts = ring and bool((r.get("_steps") or {}).get("bursts_are_steps"))
+    lag = ev.start_lag_ns if symmetric and not r.get("decode") and not steps_bursts else None
+    lagged = dict(lag_outliers(lag, t["lag_mad"], t["min_lag_s"] * 1e9))
+    if lagged and ev.send_dev_ns is not None:
+        # "starts each step late" needs repetition: late in >= MIN_LATE_ITERATIONS bursts
+        # (one late start -- a process that came up later, a capture edge -- is not a
+        # straggler; a single burst is one observation)
+        sd = np.nan_to_num(np.asarray(ev.send_dev_ns, dtype=np.float64), nan=-np.inf)
+        lagged = {i: v for i, v in lagged.items()
+                  if int((sd[:, i] >= max(t["min_lag_s"] * 1e9, 0.5 * v)).sum()) >= MIN_LATE_ITERATIONS}
+    if lagged and not ring and ev.bursts is not None and len(ev.bursts[0]):
+        # a start lag that is a sliver of the collective it delays costs the group that
+        # sliver (a few us of launch skew in a multi-ms all-to-all): not a straggler (in a
+        # ring the steps carry it: each step waits for the late member)
+        dur = float(np.median(np.asarray(ev.bursts[1]) - np.asarray(ev.bursts[0])))
+        lagged = {i: v for i, v in lagged.items() if v >= t["min_lag_share"] * dur}
+    # one DPU's view (a ring segment): the members' step matrix needs the upstream's own
+    # readiness, which is outside the view -- its own node's lag is judged by ownview.py
+    steps = r.get("_steps") if ring and g.pattern != "ring_segment" else None
+    if lagged and rotation(steps, th["rotating_straggler"], nm) is not None:
+        # a member late on average because it gated some of the iterations, while the
+        # gate moves between members: rotating_straggler, not a straggler of its own
+        lagged = {}
+    seg = {}
+    if steps is not None and not r.get("decode"):
+        # the member last to send in most ring steps of its slow stretch (analysis.steps:
+        # the whole capture, or from an onset / up to a recovery), at any volume
+        hit = persistent(steps, t, nm, min_lag_ns=t["min_step_lag_s"] * 1e9,
+                         skip=shared_successors(ctx, g, shared))
+        if hit is not None:
+            seg[hit[0]] = hit[1]
+            if hit[0] not in lagged:
+                lagged[hit[0]] = hit[1]["lag_ns"]
+            # a member the ring waits for in its steps: the others' start lags shorter than
+            # its lag are their answers to its late data (a burst that it opens), not lags
+            lagged = {i: v for i, v in lagged.items() if i in seg or v >= hit[1]["lag_ns"]}
+    succ_both = {}
+    if ring and links is not None:
+        for k in range(len(links)):
+            succ_both.setdefault(int(links["src"][k]), set()).add(int(links["dst"][k]))
+    for i, m in enumerate(mem):
+        if m in skip:
+            continue
+        slow = reliable[i] and sr[i] <= t["warning"]
+        if slow and ring and succ_both.get(m, set()) & both:
+            slow = False                       # its successor's port is the slow one
+        if slow and shared is not None and any(shared[d] for d in succ_both.get(m, ())):
+            slow = False                       # its successor's downlink is shared (KV into a decode member)
+        if slow and ce_explained(inp, out_flows[m]):
+            slow = False
+        lag_ns = lagged.get(i)
+        if not slow and lag_ns is None:
+            continue
+        severity = sev(float(sr[i]), t["warning"], t["critical"], higher_is_worse=False) if slow else "warning"
+        parts = []
+        if slow:
+            parts.append(f"sends at {sr[i]:.2f}x the {'median link rate' if ring else 'median member'}"
+                         + (f" ({gbps(float(ev.node_tp['send'][i]))} while sending)" if not ring and ev.node_tp else ""))
+        if lag_ns is not None:
+            parts.append(f"starts each step {us(lag_ns)} late")
+        dsts = sorted({int(ctx.nodes.dst[f]) for f in out_flows[m]})
+        what = "ring" if ring else g.kind
+        evd = {"send_ratio": None if not np.isfinite(sr[i]) else float(sr[i]),
+               "start_lag_s": None if lag_ns is None else lag_ns / 1e9}
+        imp = None
+        when = seg.get(i)
+        if when is None and lag_ns is not None and ev.send_dev_ns is not None and ev.bursts is not None:
+            when = start_lag_onset(ev.send_dev_ns[:, i], ev.bursts[0], 0.5 * lag_ns)
+        if steps is not None:
+            ms = seg.get(i) or member_summary(steps, i)
+            if steps.get("whole_capture"):
+                # no iteration boundary to be seen: what it cost over the captured steps
+                lost, span = ms["lost_per_iteration_ns"] / 1e9, steps["span_ns"] / 1e9
+                imp = {"seconds": lost, "share": min(1.0, lost / span) if span > 0 else None}
+                evd.update(lost_in_capture_s=lost, capture_share=imp["share"])
+            else:
+                imp = impact_of(ms["lost_per_iteration_ns"] / 1e9, r.get("period_s"))
+            evd.update(lag_per_step_s=ms["lag_ns"] / 1e9, last_steps=ms["last_steps"],
+                       last_share=ms["last_share"], lost_per_iteration_s=ms["lost_per_iteration_ns"] / 1e9,
+                       gated_iterations=ms["gated"], iterations=int(len(steps["iterations"])))
+            if ms["last_steps"]:
+                parts.append(f"is the last to send in {ms['last_steps']} of {ms['steps_with_last']} steps "
+                             f"({us(ms['lag_ns'])} each)")
+        if severity != "critical" and imp is not None and (imp.get("share") or 0) >= th["slow_tp_shard"]["critical_share"]:
+            severity = "critical"      # the ring spends most of its time waiting for it
+        cost = ""
+        if imp is not None and imp["seconds"] > 0 and steps is not None and steps.get("whole_capture"):
+            cost = (f"; the ring waited {us(imp['seconds'] * 1e9)} for it in {us(steps['span_ns'])} of steps"
+                    + (f" ({pct(imp['share'])})" if imp["share"] is not None else ""))
+        elif imp is not None and imp["seconds"] > 0:
+            cost = f"; each iteration waits {us(imp['seconds'] * 1e9)} for it" + (
+                f" ({pct(imp['share'])} of the period)" if imp["share"] is not None else "")
+        em.add(kind, severity, [m] + dsts,
+               f"{what} straggler {ips[m]}: " + " and ".join(parts) + cost
+               + "; every rank waits for it: check that host's GPU/NIC (clocks, PCIe, thermal) or its uplink",
+               evd, flows=out_flows[m], group=gi, impact=imp,
+               onset=None if when is None else Onset(when["since_ns"], when["until_ns"]))
+        blamed.add(m)
+
+
+def _slow_receivers(inp, em, G, skip, blamed):
+    """slow_receiver (all-to-all): every sender slows down towards one member."""
+    ctx, th = inp.ctx, inp.th
+    ips = ctx.nodes.ips
+    tl = th["slow_link"]
+    (gi, g, r, ev, mem, nm, links, ring, kind, t, sr, rr, sb, rb, reliable, symmetric, hub, gf, out_flows, in_flows,
+     rthr, shared) = (getattr(G, n) for n in _G_FIELDS)
+    # 4. slow receivers (all-to-all: every sender slows down towards one node)
+    if g.kind == "all_to_all":
+        for i, m in enumerate(mem):
+            if m in skip or m in blamed or not reliable[i] or not rr[i] <= t["warning"]:
+                continue
+            if ce_explained(inp, in_flows[m]):
+                continue
+            srcs = {int(ctx.nodes.src[f]) for f in in_flows[m]}
+            if len(srcs & blamed) >= BLAMED_SENDERS_SHARE * len(srcs):
+                continue
+            em.add("slow_receiver", sev(float(rr[i]), t["warning"], t["critical"], higher_is_worse=False),
+                   [m] + sorted(srcs),
+                   f"every sender slows down towards {ips[m]} ({rr[i]:.2f}x the median receive rate) without CE "
+                   "marks: its ingress is the bottleneck (PFC-paused port, receiver NIC/PCIe, ECN disabled?)",
+                   {"recv_ratio": float(rr[i])}, flows=in_flows[m], group=gi,
+                   onset=slowdown_onset(ctx, in_flows[m], [f for x in mem if x != m for f in in_flows[x]],
+                                        thr=t["warning"]))
 
 
 def pair_ratios(links, mem) -> tuple[np.ndarray, np.ndarray]:
