@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
-import math
 import queue
 import threading
 import time
@@ -31,6 +30,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from skewscope.core.numbers import finite
 from skewscope.outputs.when import Clock
 
 SCHEMA = "skewscope.finding_event/v1"
@@ -73,12 +73,7 @@ def finding_id(f: dict) -> str:
     return f"{kind}:{hashlib.sha256(canon.encode()).hexdigest()[:16]}"
 
 
-def _num(x):
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
+_num = finite
 
 
 def actions_for(f: dict) -> list[dict]:

@@ -6,11 +6,11 @@ actions are its recipes' in order. Light: no numpy.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
 from skewscope.analysis.detectors.registry import KEY_RING, ip_sort_key
+from skewscope.core.numbers import finite
 
 
 @dataclass(frozen=True)
@@ -25,12 +25,7 @@ class Action:
         return self.fn(f)
 
 
-def _num(x):
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
+_num = finite
 
 
 def _ips(f: dict) -> list[str]:

@@ -4,6 +4,7 @@ member is blamed for at most one of them, in this order (a slow link first, then
 slow or late sender, a slow receiver), so the decisions share their state."""
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -368,19 +369,27 @@ def pair_ratios(links, mem) -> tuple[np.ndarray, np.ndarray]:
     """Per member of an all-to-all: the median over its out-links of the link's median-message
     rate / the median of the other senders' links into the same destination (send), and over
     its in-links of the rate / the same sender's links to its other destinations (receive);
-    NaN with fewer than 2 comparable links."""
-    src, dst, r = links["src"], links["dst"], links["rate_med_bps"]
-    ok = np.isfinite(r) & (r > 0)
-    ps, pr = np.full(len(mem), np.nan), np.full(len(mem), np.nan)
-    for i, m in enumerate(mem):
-        for out, me, other in ((ps, src, dst), (pr, dst, src)):
-            xs = []
-            for k in np.nonzero(ok & (me == m))[0]:
-                peers = ok & (other == other[k]) & (me != m)
-                if peers.sum() >= 2:
-                    xs.append(float(r[k]) / float(np.median(r[peers])))
-            if len(xs) >= 2:
-                out[i] = float(np.median(xs))
+    NaN with fewer than 2 comparable links. One member x member matrix (links are per ordered
+    pair), one vectorised median per member: a 256-member all-to-all is 256 calls."""
+    nm = len(mem)
+    pos = {int(m): i for i, m in enumerate(mem)}
+    R = np.full((nm, nm), np.nan)
+    r = links["rate_med_bps"]
+    for s_, d_, v in zip(links["src"].tolist(), links["dst"].tolist(), r.tolist()):
+        i, j = pos.get(int(s_)), pos.get(int(d_))
+        if i is not None and j is not None and np.isfinite(v) and v > 0:
+            R[i, j] = v
+    ps, pr = np.full(nm, np.nan), np.full(nm, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)          # all-NaN columns: NaN, as meant
+        for i in range(nm):
+            for out, M in ((ps, R), (pr, R.T)):
+                others = np.delete(M, i, axis=0)                 # the other senders (receivers)
+                ok = np.isfinite(others).sum(axis=0) >= 2
+                x = M[i] / np.nanmedian(others, axis=0)
+                x = x[ok & np.isfinite(x)]
+                if len(x) >= 2:
+                    out[i] = float(np.median(x))
     return ps, pr
 
 
