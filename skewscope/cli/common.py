@@ -55,3 +55,29 @@ def load_source(path: str, progress: bool = False, max_flows: int = 65536):
     for w in snap.meta.get("warnings", []):
         click.echo(f"skewscope: warning: {w}", err=True)
     return snap
+
+
+def enrich_options(f):
+    """--inventory (names for addresses) on every command that shows findings; the command
+    gets `enricher` (a telemetry.enrich.Enricher, falsy when nothing was asked)."""
+    @click.option("--inventory", "inventory_path", metavar="FILE",
+                  help="name addresses: a CSV/TSV (header ip,host[,gpu,rank,job,pod,namespace,instance,rail]) "
+                       "or YAML file (docs/fleet.md \"Inventory\")")
+    @functools.wraps(f)
+    def wrapper(*a, inventory_path=None, **kw):
+        try:
+            enricher = make_enricher(inventory_path)
+        except SkewscopeError as e:          # before any capture or attach: nothing to undo
+            fail(str(e), e.code)
+        return f(*a, enricher=enricher, **kw)
+    return wrapper
+
+
+def make_enricher(inventory_path: str | None = None):
+    """The Enricher of the options (one-line errors for a bad inventory: SkewscopeError)."""
+    from skewscope.telemetry.enrich import Enricher  # light: core + re
+    inv = None
+    if inventory_path:
+        from skewscope.core.inventory import load  # light; only when --inventory is given
+        inv = load(inventory_path)
+    return Enricher(inventory=inv)

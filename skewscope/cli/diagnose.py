@@ -27,7 +27,7 @@ import sys
 
 import click
 
-from skewscope.cli.common import fail, load_source
+from skewscope.cli.common import enrich_options, fail, load_source
 from skewscope.core.errors import EXIT_CRITICAL, EXIT_NOT_RUN, EXIT_OK, EXIT_WARNING, DataplaneError, PcapError
 from skewscope.outputs.when import Clock
 
@@ -102,11 +102,14 @@ def live_snapshot(iface: str, duration: float, use_tc: bool, xdp_mode: str, dire
     return snap
 
 
-def run(snap, checks=None, thresholds=None) -> tuple[dict, int]:
-    """Analyze a Snapshot and build the diagnose document and its exit code."""
+def run(snap, checks=None, thresholds=None, enricher=None) -> tuple[dict, int]:
+    """Analyze a Snapshot and build the diagnose document and its exit code (enricher: names
+    and causes, telemetry.enrich; never the status)."""
     from skewscope.analysis import analyze, resolve_checks  # heavy (numba)
     from skewscope.outputs import report as R  # heavy (numpy): not loaded by --help
     a = analyze(snap, thresholds=thresholds, checks=checks or None)
+    if enricher:
+        enricher(a)
     fs = a["findings"]
     counts = {s: sum(1 for f in fs if f["severity"] == s) for s in ("critical", "warning", "info")}
     code = EXIT_CRITICAL if counts["critical"] else EXIT_WARNING if counts["warning"] else EXIT_OK
@@ -118,12 +121,14 @@ def run(snap, checks=None, thresholds=None) -> tuple[dict, int]:
         "source": m.get("file") or m.get("interface") or m.get("source", "?"),
         "status": status, "exit_code": code, "counts": counts, "findings": fs,
         "collectives": [{"kind": c["kind"], "pattern": c["pattern"], "members": c["members"],
+                         **({"member_names": c["member_names"]} if "member_names" in c else {}),
                          "confidence": c["confidence"], "workload": c["metrics"].get("workload"),
                          "period_s": c["metrics"].get("period_s"), "timing": c.get("timing")}
                         for c in a["collectives"]],
         "timing": a["timing"],
         "checks": sorted(resolve_checks(checks or None)),
         "thresholds": a["thresholds"],
+        **({"inventory": a["inventory"]} if "inventory" in a else {}),
         "capture": {"packets": t["packets_seen"], "roce_packets": t["roce_packets"], "flows": int(len(snap.flows)),
                     "message_records": t["message_records"], "duration_s": float(m.get("duration_s", 0) or 0),
                     "source": m.get("source"), "sample_n": int(m.get("sample_n", 1) or 1),
@@ -177,7 +182,9 @@ def _human(doc) -> None:
               help="override a default threshold (repeatable; see --list-checks)")
 @click.option("--list-checks", is_flag=True, is_eager=True, expose_value=False, callback=_list_checks,
               help="list the checks and their default thresholds, then exit")
-def diagnose(file, iface, duration, use_tc, xdp_mode, direction, sample_n, max_flows, as_json, checks, thresholds):
+@enrich_options
+def diagnose(file, iface, duration, use_tc, xdp_mode, direction, sample_n, max_flows, as_json, checks, thresholds,
+             enricher):
     """Find skews and pathologies in a snapshot, a capture or a live interface; exit
     0 healthy, 1 warnings, 2 critical, 3 could not run."""
     from skewscope.core.snapshot import SnapshotError  # heavy (numpy): not loaded by --help
@@ -196,7 +203,7 @@ def diagnose(file, iface, duration, use_tc, xdp_mode, direction, sample_n, max_f
             snap = load_source(file, progress=not as_json and sys.stderr.isatty())
         else:
             snap = live_snapshot(iface, _duration(duration), use_tc, xdp_mode, direction, sample_n, max_flows)
-        doc, code = run(snap, checks=list(checks), thresholds=th)
+        doc, code = run(snap, checks=list(checks), thresholds=th, enricher=enricher)
     except (DataplaneError, PcapError, SnapshotError, ThresholdError) as e:
         fail(str(e), EXIT_NOT_RUN)
     except KeyboardInterrupt:

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from skewscope.cli.common import fail, friendly_errors, load_source
+from skewscope.cli.common import enrich_options, fail, friendly_errors, load_source
 from skewscope.core.errors import EXIT_BUSY, EXIT_USAGE
 
 REPORT_EPILOG = """\b
@@ -86,8 +86,9 @@ def replay(file, output, entry, max_flows, as_json):
                    "message sizes, each finding's evidence drawn, counters (docs/html.md)")
 @click.option("--node-ip", metavar="IP", help="the node whose DPU took this capture (one DPU per node): its "
               "own timing in node_timing; default: the IP that is an end of every data flow, if any")
+@enrich_options
 @friendly_errors
-def report(file, as_json, top, max_flows, html_out, node_ip):
+def report(file, as_json, top, max_flows, html_out, node_ip, enricher):
     """Report on a snapshot (.snap) or a capture (pcap/pcapng, .gz too). No root needed."""
     from skewscope.outputs import report as R  # heavy (numpy): not loaded by --help
     if html_out:
@@ -99,6 +100,7 @@ def report(file, as_json, top, max_flows, html_out, node_ip):
     if node_ip:
         from skewscope.analysis.nodeview import node_timing  # heavy (numba)
         analysis["node_timing"] = node_timing(snap, node_ip)
+    enricher(analysis)
     if html_out:
         size = H.write(html_out, snap, analysis)
         click.echo(f"wrote {html_out} ({size / 1024:.0f} KiB)", err=True)

@@ -12,7 +12,7 @@ Formats (chosen by the suffix; `.csv` / `.tsv` else sniffed):
   extra labels (`extra`). Blank lines and lines starting with `#` are skipped.
 * YAML: a list of mappings with the same keys, or a mapping `{hosts: [...]}`.
 
-Validation (one-line errors naming the file and line, exit code EXIT_USAGE): a missing
+Validation (one-line errors naming the file and line, exit code EXIT_NOT_RUN: could not run): a missing
 required column or value, an address that is not IPv4/IPv6, the same address twice, a `gpu`
 or `rank` that is not a non-negative integer. Addresses are normalised (ipaddress), so
 `fd00::01` and `fd00::1` are one.
@@ -25,7 +25,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from skewscope.core.errors import EXIT_USAGE, SkewscopeError
+from skewscope.core.errors import EXIT_NOT_RUN, SkewscopeError
 
 REQUIRED = ("ip", "host")
 OPTIONAL = ("gpu", "rank", "job", "pod", "namespace", "instance", "rail")
@@ -34,7 +34,7 @@ INTEGER = ("gpu", "rank")
 
 class InventoryError(SkewscopeError):
     def __init__(self, msg: str):
-        super().__init__(msg, EXIT_USAGE)
+        super().__init__(msg, EXIT_NOT_RUN)
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def parse(text: str, name: str = "inventory", fmt: str | None = None) -> Invento
 
 def load(path: str | Path) -> Inventory:
     """An Inventory from a file (suffix .csv/.tsv/.yaml/.yml, else sniffed); InventoryError
-    (one line, EXIT_USAGE) when it cannot be read or is not valid."""
+    (one line, EXIT_NOT_RUN) when it cannot be read or is not valid."""
     p = Path(path)
     try:
         raw = p.read_bytes()

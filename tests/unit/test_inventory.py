@@ -1,6 +1,6 @@
 """The inventory file (issue 27 deliverable 1a): CSV/TSV/YAML forms read exactly, one-line
 errors naming the line, 1,000 hosts well under a second (timed loosely: a bound, not a
-benchmark), and the CLI-style error contract (SkewscopeError with the usage exit code).
+benchmark), and the CLI-style error contract (SkewscopeError with exit 3, could not run: an invalid file).
 Ground truth: the rows written by the test itself, and Python's ipaddress for normalisation."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from skewscope.core.errors import EXIT_USAGE
+from skewscope.core.errors import EXIT_NOT_RUN
 from skewscope.core.inventory import InventoryError, dumps_csv, load, parse
 
 CSV = """# GPU hosts of job llama-70b
@@ -69,7 +69,7 @@ def test_bad_rows_are_one_line_errors_naming_the_line(tmp_path, text, where, wor
         load(p)
     msg = str(ei.value)
     assert "\n" not in msg and msg.startswith(str(tmp_path / where)) and words in msg, msg
-    assert ei.value.code == EXIT_USAGE
+    assert ei.value.code == EXIT_NOT_RUN
 
 
 def test_bad_files(tmp_path):
