@@ -62,7 +62,8 @@ def enrich_options(f):
     gets `enricher` (a telemetry.enrich.Enricher, falsy when nothing was asked)."""
     @click.option("--inventory", "inventory_path", metavar="FILE",
                   help="name addresses: a CSV/TSV (header ip,host[,gpu,rank,job,pod,namespace,instance,rail]) "
-                       "or YAML file (docs/fleet.md \"Inventory\")")
+                       "or YAML file, or a Prometheus URL[#METRIC] holding skewscope_inventory_info (or a "
+                       "site's info metric) (docs/fleet.md \"Inventory\")")
     @functools.wraps(f)
     def wrapper(*a, inventory_path=None, **kw):
         try:
@@ -78,6 +79,10 @@ def make_enricher(inventory_path: str | None = None):
     from skewscope.telemetry.enrich import Enricher  # light: core + re
     inv = None
     if inventory_path:
-        from skewscope.core.inventory import load  # light; only when --inventory is given
-        inv = load(inventory_path)
+        from skewscope.telemetry import promnames  # light (urllib); only when --inventory is given
+        if promnames.is_url(inventory_path):
+            inv = promnames.load(inventory_path)
+        else:
+            from skewscope.core.inventory import load  # light; only when --inventory is given
+            inv = load(inventory_path)
     return Enricher(inventory=inv)

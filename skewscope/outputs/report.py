@@ -217,7 +217,7 @@ def analysis_lines(analysis: dict) -> list[str]:
     timed = [c for c in colls if c.get("timing")]
     per_group = len(timed) > 1
     for c in colls:
-        mem = c["members"]
+        mem = c.get("member_names") or c["members"]      # --inventory: what people call them
         pat = c.get("pattern") or (c.get("metrics") or {}).get("pattern") or "?"
         wl = c["timing"].get("workload") if per_group and c.get("timing") else None
         out.append(f"  {c['kind']} ({pat}, confidence {c['confidence']:.2f}{', ' + wl if wl else ''}): "
