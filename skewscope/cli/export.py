@@ -131,7 +131,9 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
             click.echo(X.render(reg), nl=False)
             return
         try:
-            server = H.Server(addr, port, reg, analyst=analyst, token=token, open_metrics=open_metrics)
+            from skewscope.mitigate.software import list_all  # light until asked
+            server = H.Server(addr, port, reg, analyst=analyst, token=token, open_metrics=open_metrics,
+                              mitigations=list_all)
         except OSError as e:
             fail(f"cannot listen on {listen}: {e.strerror or e}", EXIT_NOT_RUN)
         server.start()

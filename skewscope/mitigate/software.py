@@ -321,3 +321,18 @@ class Software:
 
 def _same(r: Rule) -> tuple:
     return (r.action, r.src, r.dst, r.sport, r.dest_qp)
+
+
+def list_all() -> list[dict]:
+    """Every skewscope mitigation active in this network namespace, all interfaces and hooks
+    (the exporter's /v1/mitigations: the state is in the kernel, not in the process that
+    applied it)."""
+    out = []
+    for _idx, name in socket.if_nameindex():
+        for d in HOOKS:
+            try:
+                rules = Software(name, d).status()
+            except (DataplaneError, MitigationError, OSError):
+                continue
+            out += [dict(r.to_dict(), interface=name, direction=d) for r in rules]
+    return out

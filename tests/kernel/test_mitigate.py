@@ -237,3 +237,63 @@ def test_plan_from_diagnose_names_the_truths_kv_bulk(tmp_path):
     acts = json.loads(cli("plan", "--from", tmp_path / "d.json", "--json").stdout)["actions"]
     assert {a["action"] for a in acts} == {"remark"} and all(a["dscp"] == 8 for a in acts)
     assert {(a["src"], a["dst"]) for a in acts} == pairs           # the KV bulk, and nothing of decode
+
+
+def _pi_pcap(tmp_path):
+    pcap = tmp_path / "pi.pcap"
+    if not pcap.exists():
+        subprocess.run([sys.executable, "-m", "skewscope.cli", "gen", "prefill-interference", "-o", pcap, "--seed",
+                        "7"], check=True, capture_output=True)
+    return pcap
+
+
+def test_watch_closed_loop_applies_and_reverts_when_it_stops(ns, tmp_path):
+    ns_, dev = ns
+    before = tc_state(ns_, dev)
+    pol = tmp_path / "pol.yaml"
+    pol.write_text(f"interface: {dev}\nttl_s: 120\nkinds:\n  prefill_interference: {{action: remark, dscp: 8}}\n")
+    r = subprocess.run(["ip", "netns", "exec", ns_, sys.executable, "-m", "skewscope.cli", "watch", "--from",
+                        _pi_pcap(tmp_path), "--mitigate", pol, "--json"], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 2, r.stderr                     # critical finding: watch's exit code
+    evs = [json.loads(x) for x in r.stdout.splitlines()]
+    steps = [(e["step"], e.get("reason")) for e in evs if e.get("event") == "mitigation"]
+    assert steps == [("planned", None), ("applied", None), ("reverted", "watch stopped")], steps
+    applied = next(e for e in evs if e.get("step") == "applied")
+    assert applied["finding_id"] == next(e["id"] for e in evs if e.get("event") == "opened")
+    assert all(a["id"] for a in applied["actions"]) and applied["headline"]["name"] == "impact.share"
+    assert tc_state(ns_, dev) == before
+
+
+def test_v1_mitigations_lists_what_the_kernel_holds(ns, tmp_path):
+    ns_, dev = ns
+    subprocess.run(["ip", "-n", ns_, "link", "set", "lo", "up"], check=True)
+    cli("apply", *base(ns), "--flow", "10.0.0.1,10.0.0.2", "--remark", "8", "--yes", "--ttl", "90")
+    tok = tmp_path / "tok"
+    tok.write_text("s3cret-token-for-tests\n")
+    tok.chmod(0o600)
+    port = 19000 + os.getpid() % 1000          # the namespace is fresh: nothing else listens there
+    p = subprocess.Popen(["ip", "netns", "exec", ns_, sys.executable, "-m", "skewscope.cli", "export", "--from",
+                          _pi_pcap(tmp_path), "--listen", f"127.0.0.1:{port}", "--token-file", tok, "--no-analysis"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        def get(token=None):
+            hdr = ["-H", f"Authorization: Bearer {token}"] if token else []
+            r = subprocess.run(["ip", "netns", "exec", ns_, "curl", "-s", "-w", "\n%{http_code}", *hdr,
+                                f"http://127.0.0.1:{port}/v1/mitigations"], capture_output=True, text=True)
+            body, _, code = r.stdout.rpartition("\n")
+            return int(code or 0), body
+        for _ in range(240):
+            code, body = get("s3cret-token-for-tests")
+            if code or p.poll() is not None:
+                break
+            time.sleep(0.25)
+        assert code == 200, (code, body, p.stderr.read() if p.poll() is not None else "")
+        ms = json.loads(body)["mitigations"]
+        assert [(m["interface"], m["direction"], m["src"], m["dst"], m["dscp"]) for m in ms] == \
+            [(dev, "ingress", "10.0.0.1", "10.0.0.2", 8)]
+        assert 0 < ms[0]["expires_in"] <= 90
+        assert get()[0] == 401
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+        cli("revert", *base(ns), "--all")
