@@ -10,12 +10,13 @@ import sys
 import click
 
 from skewscope.cli.common import fail, friendly_errors
-from skewscope.core.errors import EXIT_USAGE
+from skewscope.core.errors import EXIT_NOT_RUN, EXIT_USAGE
 
 EPILOG = """\b
 Examples:
   skewscope diagnose run.pcap --json > d.json
   skewscope mitigate plan --from d.json                       what would change, and why
+  skewscope mitigate plan --from http://dpu1:9435 --token-file t --finding prefill_interference:d6f8...
   skewscope mitigate apply -i pf0hpf --from d.json            dry run: the same, nothing changes
   skewscope mitigate apply -i pf0hpf --from d.json --yes --ttl 600
   skewscope mitigate apply -i pf0hpf --flow 10.0.0.1,10.0.0.5 --remark 8 --yes
@@ -45,8 +46,11 @@ def _where(f):
 
 def _what(f):
     opts = [
-        click.option("--from", "from_file", metavar="FILE", type=click.Path(dir_okay=False),
-                     help="a diagnose/report --json document (or /v1/findings): act on its findings"),
+        click.option("--from", "from_file", metavar="FILE|URL",
+                     help="a diagnose/report --json document, or a running exporter (http://HOST:9435: its "
+                          "/v1/findings): act on its findings"),
+        click.option("--token-file", metavar="FILE", type=click.Path(dir_okay=False),
+                     help="with --from URL: the exporter's bearer token"),
         click.option("--finding", metavar="ID", help="only this finding (its event id, e.g. incast:9f3c...)"),
         click.option("--flow", "flows", multiple=True, metavar="SRC,DST[,QP]",
                      help="act on these RoCE flows instead (an empty end = any; repeatable)"),
@@ -72,7 +76,33 @@ def _ns(netns):
         yield
 
 
-def _rules(from_file, finding, flows, dscp, police, ttl):
+def _document(src: str, token_file: str | None) -> dict:
+    """The findings document: a JSON file, or GET URL/v1/findings of a running exporter."""
+    if src.startswith(("http://", "https://")):
+        import urllib.error
+        import urllib.request
+        url = src.rstrip("/") + ("" if src.rstrip("/").endswith("/v1/findings") else "/v1/findings")
+        req = urllib.request.Request(url)
+        if token_file:
+            from skewscope.outputs.http import read_token  # light
+            req.add_header("Authorization", f"Bearer {read_token(token_file)}")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            fail(f"{url}: HTTP {e.code} {e.reason}" + (" (--token-file?)" if e.code == 401 else ""), EXIT_NOT_RUN)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            fail(f"{url}: cannot read the exporter's findings ({getattr(e, 'reason', None) or e})", EXIT_NOT_RUN)
+    try:
+        with open(src) as fh:
+            return json.load(fh)
+    except OSError as e:
+        fail(f"{src}: {e.strerror or e}", EXIT_USAGE)
+    except json.JSONDecodeError as e:
+        fail(f"{src}:{e.lineno}: not JSON ({e.msg})", EXIT_USAGE)
+
+
+def _rules(from_file, finding, flows, dscp, police, ttl, token_file=None):
     from skewscope.mitigate import rules as R  # light
     if bool(from_file) == bool(flows):
         fail("give --from FILE (act on its findings) or --flow SRC,DST (act on chosen flows)", EXIT_USAGE)
@@ -81,13 +111,7 @@ def _rules(from_file, finding, flows, dscp, police, ttl):
         fail("--remark and --police are two actions: give one", EXIT_USAGE)
     out = []
     if from_file:
-        try:
-            with open(from_file) as fh:
-                doc = json.load(fh)
-        except OSError as e:
-            fail(f"{from_file}: {e.strerror or e}", EXIT_USAGE)
-        except json.JSONDecodeError as e:
-            fail(f"{from_file}:{e.lineno}: not JSON ({e.msg})", EXIT_USAGE)
+        doc = _document(from_file, token_file)
         action = "police" if police else ("remark" if dscp is not None else None)
         for f, rs in R.plan_from_document(doc, finding=finding, action=action, rate_bps=rate,
                                           dscp=R.DEFAULT_DSCP if dscp is None else dscp, ttl=ttl):
@@ -135,9 +159,9 @@ def _print_plan(pairs, as_json, applied=False, dry=False):
 @mitigate.command("plan", epilog=EPILOG)
 @_what
 @friendly_errors
-def plan(from_file, finding, flows, dscp, police, ttl, as_json):
+def plan(from_file, token_file, finding, flows, dscp, police, ttl, as_json):
     """Print exactly what `apply` would change, and why. Needs no root, touches nothing."""
-    _print_plan(_rules(from_file, finding, flows, dscp, police, ttl), as_json)
+    _print_plan(_rules(from_file, finding, flows, dscp, police, ttl, token_file), as_json)
 
 
 @mitigate.command("apply", epilog=EPILOG)
@@ -145,9 +169,9 @@ def plan(from_file, finding, flows, dscp, police, ttl, as_json):
 @_what
 @click.option("--yes", is_flag=True, help="really apply (without it: a dry run that changes nothing)")
 @friendly_errors
-def apply(iface, direction, netns, from_file, finding, flows, dscp, police, ttl, as_json, yes):
+def apply(iface, direction, netns, from_file, token_file, finding, flows, dscp, police, ttl, as_json, yes):
     """Apply the plan on IFACE (a dry run without --yes)."""
-    pairs = _rules(from_file, finding, flows, dscp, police, ttl)
+    pairs = _rules(from_file, finding, flows, dscp, police, ttl, token_file)
     if not yes or not pairs:
         _print_plan(pairs, as_json, dry=bool(pairs))
         return

@@ -264,7 +264,7 @@ def test_watch_closed_loop_applies_and_reverts_when_it_stops(ns, tmp_path):
     assert tc_state(ns_, dev) == before
 
 
-def test_v1_mitigations_lists_what_the_kernel_holds(ns, tmp_path):
+def test_v1_mitigations_lists_what_the_kernel_holds_and_plan_reads_v1_findings(ns, tmp_path):
     ns_, dev = ns
     subprocess.run(["ip", "-n", ns_, "link", "set", "lo", "up"], check=True)
     cli("apply", *base(ns), "--flow", "10.0.0.1,10.0.0.2", "--remark", "8", "--yes", "--ttl", "90")
@@ -273,7 +273,7 @@ def test_v1_mitigations_lists_what_the_kernel_holds(ns, tmp_path):
     tok.chmod(0o600)
     port = 19000 + os.getpid() % 1000          # the namespace is fresh: nothing else listens there
     p = subprocess.Popen(["ip", "netns", "exec", ns_, sys.executable, "-m", "skewscope.cli", "export", "--from",
-                          _pi_pcap(tmp_path), "--listen", f"127.0.0.1:{port}", "--token-file", tok, "--no-analysis"],
+                          _pi_pcap(tmp_path), "--listen", f"127.0.0.1:{port}", "--token-file", tok],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         def get(token=None):
@@ -293,6 +293,22 @@ def test_v1_mitigations_lists_what_the_kernel_holds(ns, tmp_path):
             [(dev, "ingress", "10.0.0.1", "10.0.0.2", 8)]
         assert 0 < ms[0]["expires_in"] <= 90
         assert get()[0] == 401
+        # plan from the running exporter's /v1/findings (its analysis of the capture)
+        for _ in range(240):
+            r = subprocess.run(["ip", "netns", "exec", ns_, sys.executable, "-m", "skewscope.cli", "mitigate", "plan",
+                                "--from", f"http://127.0.0.1:{port}", "--token-file", tok, "--json"],
+                               capture_output=True, text=True, timeout=120)
+            if r.returncode == 0:
+                break
+            time.sleep(0.5)                              # 503 while the analysis runs
+        assert r.returncode == 0, r.stderr
+        truth = json.loads((tmp_path / "pi.truth.json").read_text())
+        kv = next(g for g in truth["groups"] if g["kind"] == "kv_transfer")["details"]["pair_bytes"]
+        acts = json.loads(r.stdout)["actions"]
+        assert {(a["src"], a["dst"]) for a in acts} == {tuple(k.split("->")) for k in kv}
+        r = subprocess.run(["ip", "netns", "exec", ns_, sys.executable, "-m", "skewscope.cli", "mitigate", "plan",
+                            "--from", f"http://127.0.0.1:{port}"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 3 and "401" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     finally:
         p.terminate()
         p.wait(timeout=30)
