@@ -139,10 +139,13 @@ def parse_exposition(text: str, source: str = "scrape") -> Readings:
     try:
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
-                if s.name.startswith("DCGM_FI_"):
+                # the parser names a counter's samples <family>_total whatever the text said;
+                # DCGM field names are upper case, so a lower-case _total is the parser's
+                name = s.name[:-6] if fam.type == "counter" and s.name.endswith("_total") else s.name
+                if name.startswith("DCGM_FI_"):
                     seen += 1
-                if s.name in wanted:
-                    r.add(s.name, s.labels, s.timestamp if s.timestamp is None else float(s.timestamp), s.value)
+                if name in wanted:
+                    r.add(name, s.labels, s.timestamp if s.timestamp is None else float(s.timestamp), s.value)
     except ValueError as e:
         raise DcgmError(f"{source}: not a Prometheus text exposition ({_short(e)})") from None
     if not seen:
