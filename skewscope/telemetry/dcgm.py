@@ -158,8 +158,11 @@ def _short(e) -> str:
     return s if len(s) <= 120 else s[:117] + "..."
 
 
-def _get(url: str, timeout: float) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, headers={"Accept": "text/plain, application/json"})
+def _get(url: str, timeout: float, form: dict | None = None) -> tuple[int, bytes]:
+    """(HTTP status, body) of a GET (a POST of `form`: a query naming a large group's hosts
+    can outgrow a URL)."""
+    data = urllib.parse.urlencode(form).encode() if form is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Accept": "text/plain, application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read(64 << 20)
@@ -187,7 +190,10 @@ class ScrapeFile:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise DcgmError(f"--dcgm {path}: not UTF-8 text (a dcgm-exporter scrape is text)") from None
-        self.readings = parse_exposition(text, path)
+        try:
+            self.readings = parse_exposition(text, path)
+        except DcgmError as e:
+            raise DcgmError(f"--dcgm {e}") from None
         self.readings.kind = "file"
 
     def read(self, hosts, start=None, end=None) -> Readings:
@@ -243,8 +249,7 @@ class PrometheusUrl:
         params = {"query": self.query(hosts, start, end)}
         if end is not None:
             params["time"] = f"{end:.3f}"
-        url = f"{self.spec}/api/v1/query?{urllib.parse.urlencode(params)}"
-        code, body = _get(url, self.timeout)
+        code, body = _get(f"{self.spec}/api/v1/query", self.timeout, form=params)
         try:
             doc = json.loads(body)
         except ValueError:
