@@ -299,3 +299,79 @@ def test_cli_report_and_diagnose_show_the_cause(tmp_path):
     # a bad scrape file: one line, exit 3, before any analysis
     rc, out, err = _cli("diagnose", pcap, "--dcgm", "/etc/hostname")
     assert rc == 3 and err.startswith("skewscope: ") and err.strip().count("\n") == 0, err
+
+
+class _Fixed:
+    """A DCGM source holding timed samples (what a Prometheus read returns), no network."""
+    kind = "prometheus"
+    spec = "test"
+
+    def __init__(self, rows):
+        self.rows = rows
+        self.asked = []
+
+    def read(self, hosts, start=None, end=None):
+        self.asked.append((sorted(hosts), start, end))
+        rd = dcgm.Readings(source=self.spec, kind=self.kind, window=(start, end))
+        for name, host, gpu, t, v in self.rows:
+            if host in hosts:
+                rd.add(name, {"Hostname": host, "gpu": str(gpu)}, t, v)
+        return rd.finish()
+
+
+def test_counters_xid_and_the_old_reasons_name_in_the_window():
+    truth, snap, a, slow, members = _case()
+    inv = _inventory(members)
+    t0 = snap.meta["first_ts"] / 1e9
+    rows = []
+    for ip in members:
+        e = inv.get(ip)
+        for k in range(5):
+            t = t0 - 10 + 5 * k
+            rows.append(("DCGM_FI_DEV_SM_CLOCK", e.host, e.gpu, t, 1980))
+            rows.append(("DCGM_FI_DEV_XID_ERRORS", e.host, e.gpu, t, 79 if ip == slow and k >= 2 else 0))
+            # PCIe replays on the slow GPU: 3, 20, 40, then a counter reset (2), 9
+            pcie = [3, 20, 40, 2, 9][k] if ip == slow else 3
+            rows.append(("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", e.host, e.gpu, t, pcie))
+            rows.append(("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", e.host, e.gpu, t, 0x1 if ip == slow else 0))
+    src = _Fixed(rows)
+    doc = _enrich(a, snap, inv, src)
+    c = next(f for f in doc["findings"] if f["kind"] == "slow_tp_shard")["cause"]
+    # increase with a reset: (20-3) + (40-20) + 2 + (9-2) = 46
+    assert c["verdict"] == "gpu"
+    assert c["text"] == f"GPU {inv.get(slow).gpu} of {inv.get(slow).host}: XID 79, 46 PCIe replays"
+    assert c["evidence"]["reasons"] == ["GPU idle"]            # the old field name, decoded; not a slowdown
+    # only the finding's hosts were asked for, over its window widened by WINDOW_PAD_S
+    hosts, start, end = src.asked[0]
+    assert hosts == sorted(inv.get(ip).host for ip in members)
+    f = next(f for f in a["findings"] if f["kind"] == "slow_tp_shard")
+    last = snap.meta["last_ts"] / 1e9
+    assert start == pytest.approx(f["since"] - dcgm.WINDOW_PAD_S)
+    assert end == pytest.approx((f["until"] if f["until"] is not None else last) + dcgm.WINDOW_PAD_S)
+
+
+def test_window_of_a_monotonic_live_capture():
+    from skewscope.telemetry.cause import window_of
+    meta = {"clock": "monotonic", "first_ts": 5_000_000_000, "last_ts": 7_000_000_000, "started_at": 1_700_000_000.0}
+    # 6.0 s on the monotonic clock is 1.0 s after the capture started at unix 1,700,000,000
+    assert window_of({"since": 6.0, "until": None}, meta) == (1_700_000_001.0 - dcgm.WINDOW_PAD_S,
+                                                              1_700_000_002.0 + dcgm.WINDOW_PAD_S)
+    assert window_of({"since": 6.0}, {"clock": "monotonic", "first_ts": 5e9, "last_ts": 7e9}) is None
+
+
+def test_several_scrape_files_one_per_host(tmp_path):
+    truth, a, pcap = genlib.run("tp-decode-slow-shard", 7)
+    slow = truth["pathologies"][0]["entities"]["ips"][0]
+    members = truth["groups"][0]["members"]
+    inv = tmp_path / "inv.csv"
+    inv.write_text("ip,host,gpu\n" + "".join(f"{ip},node{i + 1},0\n" for i, ip in enumerate(members)))
+    args = []
+    for i, ip in enumerate(members):
+        p = tmp_path / f"node{i + 1}.prom"
+        p.write_text(dcgmlib.exposition([(f"node{i + 1}", 0, dcgmlib.THROTTLED if ip == slow else dcgmlib.HEALTHY)]))
+        args += ["--dcgm", str(p)]
+    rc, out, err = _cli("diagnose", pcap, "--json", "--inventory", str(inv), *args)
+    assert rc == 2, err
+    c = next(f for f in json.loads(out)["findings"] if f["kind"] == "slow_tp_shard")["cause"]
+    assert (c["verdict"], c["host"], c["evidence"]["group_gpus"]) == ("gpu", f"node{members.index(slow) + 1}", 3)
+    assert c["text"].startswith(f"GPU 0 of node{members.index(slow) + 1}: SM clock 1,215 MHz vs 1,980 MHz")
