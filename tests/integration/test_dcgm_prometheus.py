@@ -60,9 +60,15 @@ def span(truth: dict) -> tuple[float, float]:
     return (min(f["first_ts"] for f in truth["flows"]) / 1e9, max(f["last_ts"] for f in truth["flows"]) / 1e9)
 
 
+def host_name(prefix: str, i: int) -> str:
+    """Host names with regex metacharacters (. and -), as real ones have: the Hostname=~
+    matcher (escaped for RE2) must still match them."""
+    return f"{prefix}-gpu{i + 1}.rack-1.example"
+
+
 def inventory(work: Path, prefix: str, members: list[str]) -> str:
     p = work / f"inv-{prefix}.csv"
-    p.write_text("ip,host,gpu\n" + "".join(f"{ip},{prefix}{i + 1},0\n" for i, ip in enumerate(members)))
+    p.write_text("ip,host,gpu\n" + "".join(f"{ip},{host_name(prefix, i)},0\n" for i, ip in enumerate(members)))
     return str(p)
 
 
@@ -79,7 +85,7 @@ def world(tmp_path_factory):
             for t in times:
                 st = state_of(ip, t)
                 if st is not None:
-                    samples.append((t, f"{prefix}{i + 1}", 0, st))
+                    samples.append((t, host_name(prefix, i), 0, st))
 
     worlds = {}
     for prefix, preset, truth, pcap in (("a", "tp", tp_truth, tp), ("b", "tp", tp_truth, tp),
@@ -103,7 +109,7 @@ def world(tmp_path_factory):
         members = truth["groups"][0]["members"]
         worlds[prefix] = {"pcap": pcap, "truth": truth, "slow": slow, "other": other, "throttle_at": thr,
                           "inv": inventory(work, prefix, members), "members": members,
-                          "host": f"{prefix}{members.index(slow) + 1}"}
+                          "host": host_name(prefix, members.index(slow))}
     prom = Backfilled(work, [dcgmlib.openmetrics(samples)])
     prom.start()
     try:
