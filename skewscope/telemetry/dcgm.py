@@ -167,7 +167,10 @@ def _get(url: str, timeout: float, form: dict | None = None) -> tuple[int, bytes
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read(64 << 20)
     except urllib.error.HTTPError as e:
-        return e.code, b""
+        try:
+            return e.code, e.read(1 << 20)        # Prometheus explains a bad query in the body
+        except OSError:
+            return e.code, b""
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", None) or e
         if isinstance(reason, TimeoutError) or "timed out" in str(reason):
@@ -289,9 +292,14 @@ class UrlSource:
     """An http(s) URL whose kind is found on first use: Prometheus when it answers
     /api/v1/status/buildinfo, else a dcgm-exporter scrape (a bare host:port gets /metrics)."""
 
+    #: after a failure, reads within this many seconds fail at once with the same error (one
+    #: enrichment of many findings waits for one timeout, not one per finding)
+    HOLD_S = 30.0
+
     def __init__(self, url: str, timeout: float = TIMEOUT_S):
         self.spec, self.timeout = url, timeout
         self._inner = None
+        self._failed: tuple[float, DcgmError] | None = None
 
     @property
     def kind(self) -> str:
@@ -317,7 +325,16 @@ class UrlSource:
         return self._inner
 
     def read(self, hosts, start=None, end=None) -> Readings:
-        return self.resolve().read(hosts, start, end)
+        now = time.monotonic()
+        if self._failed is not None and now - self._failed[0] < self.HOLD_S:
+            raise self._failed[1]
+        try:
+            out = self.resolve().read(hosts, start, end)
+        except DcgmError as e:
+            self._failed = (now, e)
+            raise
+        self._failed = None
+        return out
 
 
 def open_source(specs, timeout: float = TIMEOUT_S):

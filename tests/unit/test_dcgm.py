@@ -375,3 +375,22 @@ def test_several_scrape_files_one_per_host(tmp_path):
     c = next(f for f in json.loads(out)["findings"] if f["kind"] == "slow_tp_shard")["cause"]
     assert (c["verdict"], c["host"], c["evidence"]["group_gpus"]) == ("gpu", f"node{members.index(slow) + 1}", 3)
     assert c["text"].startswith(f"GPU 0 of node{members.index(slow) + 1}: SM clock 1,215 MHz vs 1,980 MHz")
+
+
+def test_a_url_that_times_out_costs_one_timeout_per_enrichment():
+    truth, snap, a, slow, members = _case()
+    inv = _inventory(members)
+    srv, base = serve(b"", delay=3.0)
+    try:
+        src = dcgm.open_source(base + "/metrics", timeout=0.5)
+        doc = copy.deepcopy(a)
+        doc["findings"] = [copy.deepcopy(f) for f in a["findings"] if f["kind"] == "slow_tp_shard"] * 4
+        t = time.monotonic()
+        Enricher(inventory=inv, telemetry=src)(doc, meta=snap.meta)
+        took = time.monotonic() - t
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert [f["cause"]["verdict"] for f in doc["findings"]] == ["unreadable"] * 4
+    assert all("no answer within 0.5 s" in f["cause"]["text"] for f in doc["findings"])
+    assert took < 2.0, took          # one 0.5 s timeout, not four
