@@ -86,7 +86,6 @@ class Readings:
     kind: str = ""                 # "file", "exporter" or "prometheus"
     series: dict = field(default_factory=dict)
     labels: dict = field(default_factory=dict)
-    window: tuple | None = None    # (start, end) unix s of a Prometheus read
 
     def add(self, name: str, labels: dict, t: float | None, v: float) -> None:
         host, gpu = labels.get("Hostname"), labels.get("gpu")
@@ -245,7 +244,7 @@ class PrometheusUrl:
         return "{__name__=~%s,Hostname=~%s}[%ds]" % (_re_alt(FIELDS), _re_alt(hosts), span)
 
     def read(self, hosts, start=None, end=None) -> Readings:
-        r = Readings(source=self.spec, kind="prometheus", window=(start, end) if end is not None else None)
+        r = Readings(source=self.spec, kind="prometheus")
         hosts = [h for h in hosts if h]
         if not hosts:
             return r
@@ -282,7 +281,7 @@ class Sources:
         self.kind = kinds.pop() if len(kinds) == 1 else "mixed"
 
     def read(self, hosts, start=None, end=None) -> Readings:
-        out = Readings(source=self.spec, kind=self.kind, window=(start, end) if end is not None else None)
+        out = Readings(source=self.spec, kind=self.kind)
         for s in self.sources:
             out.merge(s.read(hosts, start, end))
         return out.finish()

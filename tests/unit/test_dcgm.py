@@ -25,7 +25,7 @@ import pytest
 from skewscope.core.errors import EXIT_NOT_RUN
 from skewscope.core.inventory import parse as parse_inventory
 from skewscope.telemetry import dcgm
-from skewscope.telemetry.cause import COVERED
+from skewscope.telemetry.cause import COVERED, VERDICTS
 from skewscope.telemetry.enrich import Enricher
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm" / "datadog-dcgm-metrics.txt"
@@ -208,6 +208,7 @@ def test_throttled_gpu_on_the_slow_node_is_named(tmp_path):
     Enricher(inventory=inv)(names_only, meta=snap.meta)
     assert _strip(doc) == names_only["findings"]
     assert all("cause" not in f for f in doc["findings"] if f["kind"] not in COVERED)
+    assert all(f["cause"]["verdict"] in VERDICTS for f in doc["findings"] if f["kind"] in COVERED)
 
 
 def test_throttled_gpu_on_a_healthy_host_blames_no_one_new(tmp_path):
@@ -312,7 +313,7 @@ class _Fixed:
 
     def read(self, hosts, start=None, end=None):
         self.asked.append((sorted(hosts), start, end))
-        rd = dcgm.Readings(source=self.spec, kind=self.kind, window=(start, end))
+        rd = dcgm.Readings(source=self.spec, kind=self.kind)
         for name, host, gpu, t, v in self.rows:
             if host in hosts:
                 rd.add(name, {"Hostname": host, "gpu": str(gpu)}, t, v)
