@@ -395,3 +395,54 @@ def test_a_url_that_times_out_costs_one_timeout_per_enrichment():
     assert [f["cause"]["verdict"] for f in doc["findings"]] == ["unreadable"] * 4
     assert all("no answer within 0.5 s" in f["cause"]["text"] for f in doc["findings"])
     assert took < 2.0, took          # one 0.5 s timeout, not four
+
+
+class _FakeProm(http.server.BaseHTTPRequestHandler):
+    """Answers buildinfo like a Prometheus, and every query with Prometheus' error shape."""
+
+    def _json(self, code, doc):
+        body = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):  # noqa: N802 -- http.server's name
+        if self.path.startswith("/api/v1/status/buildinfo"):
+            self._json(200, {"status": "success", "data": {"version": "2.42.0"}})
+        else:
+            self.send_error(404)
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._json(400, {"status": "error", "errorType": "bad_data", "error": "parse error: unexpected character"})
+
+    def log_message(self, *a):
+        pass
+
+
+def test_prometheus_detected_and_a_failed_query_said_in_the_cause():
+    truth, snap, a, slow, members = _case()
+    inv = _inventory(members)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeProm)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        src = dcgm.open_source(f"http://127.0.0.1:{srv.server_address[1]}")
+        doc = _enrich(a, snap, inv, src)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert src.kind == "prometheus"
+    c = next(f for f in doc["findings"] if f["kind"] == "slow_tp_shard")["cause"]
+    assert c["verdict"] == "unreadable"
+    assert c["text"].endswith("the DCGM query failed (HTTP 400: parse error: unexpected character)")
+
+
+def test_an_exporter_url_answering_html_is_unreadable():
+    srv, base = serve(b"<html><body>login</body></html>\n")
+    try:
+        with pytest.raises(dcgm.DcgmError, match="not a Prometheus text exposition|no DCGM_FI_"):
+            dcgm.open_source(base + "/metrics", timeout=1).read(["x"])
+    finally:
+        srv.shutdown()
+        srv.server_close()
