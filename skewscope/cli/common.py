@@ -64,7 +64,8 @@ def enrich_options(f):
     when it cannot be, the causes say so (the findings still come out)."""
     @click.option("--inventory", "inventory_path", metavar="FILE",
                   help="name addresses: a CSV/TSV (header ip,host[,gpu,rank,job,pod,namespace,instance,rail]) "
-                       "or YAML file (docs/fleet.md \"Inventory\")")
+                       "or YAML file, or a Prometheus URL[#METRIC] holding skewscope_inventory_info (or a "
+                       "site's info metric) (docs/fleet.md \"Inventory\")")
     @click.option("--dcgm", "dcgm", metavar="URL|FILE", multiple=True,
                   help="GPU telemetry for the blamed nodes' cause: a Prometheus base URL, a dcgm-exporter "
                        "/metrics URL or a saved scrape (repeatable; joined through --inventory; "
@@ -85,8 +86,12 @@ def make_enricher(inventory_path: str | None = None, dcgm=()):
     from skewscope.telemetry.enrich import Enricher  # light: core + re
     inv = None
     if inventory_path:
-        from skewscope.core.inventory import load  # light; only when --inventory is given
-        inv = load(inventory_path)
+        from skewscope.telemetry import promnames  # light (urllib); only when --inventory is given
+        if promnames.is_url(inventory_path):
+            inv = promnames.load(inventory_path)
+        else:
+            from skewscope.core.inventory import load  # light; only when --inventory is given
+            inv = load(inventory_path)
     tel = None
     if isinstance(dcgm, str):
         dcgm = (dcgm,)

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 import click
 
 from skewscope.cli import diagnose as D
-from skewscope.cli.common import fail, friendly_errors, load_source
+from skewscope.cli.common import enrich_options, fail, friendly_errors, load_source
 from skewscope.cli.live import Duration, _stale_policy
 from skewscope.core.errors import EXIT_NOT_RUN, DataplaneError, PcapError
 from skewscope.core.signals import stop_on_signals
@@ -169,11 +169,11 @@ def _file_times(snap) -> tuple[float, float]:
     return f / 1e9, last / 1e9
 
 
-def _from_file(path, em: Emitter, hold: float, drain_s: float) -> int:
+def _from_file(path, em: Emitter, hold: float, drain_s: float, enricher=None) -> int:
     from skewscope.core.snapshot import SnapshotError  # heavy (numpy): not loaded by --help
     try:
         snap = load_source(path)
-        doc, code = D.run(snap)
+        doc, code = D.run(snap, enricher=enricher)
     except (DataplaneError, PcapError, SnapshotError) as e:
         em.finish(0, summary=False)
         fail(str(e), EXIT_NOT_RUN)
@@ -187,7 +187,7 @@ def _from_file(path, em: Emitter, hold: float, drain_s: float) -> int:
 
 
 def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, interval, window, tr: E.Tracker,
-          duration, em: Emitter, drain_s: float) -> int:
+          duration, em: Emitter, drain_s: float, enricher=None) -> int:
     from skewscope.live.loop import Attached, Loop  # heavy (numpy): not loaded by --help
     from skewscope.live.runner import AnalysisRunner, load_analyze  # heavy (numpy): not loaded by --help
     from skewscope.sources.live import LiveSession  # heavy (numpy): not loaded by --help
@@ -196,7 +196,7 @@ def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach,
         fail("the analysis package is not importable (numba missing?)", EXIT_NOT_RUN)
     sess = LiveSession(iface, mode="tc" if use_tc else "xdp", xdp_mode=xdp_mode, direction=direction,
                        sample_n=sample_n, max_flows=max_flows, on_stale=_stale_policy(force_detach), source="live")
-    runner = AnalysisRunner(analyze)
+    runner = AnalysisRunner(analyze, enrich=enricher or None)
     loop = Loop(sess, interval, window, runner)
     seen_when = 0.0
     err_said = ""
@@ -230,7 +230,7 @@ def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach,
 
 
 def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emitter, drain_s: float,
-                prom_window: str | None = None) -> int:
+                prom_window: str | None = None, enricher=None) -> int:
     from skewscope.outputs import cluster as C  # heavy (numpy): not loaded by --help
     prom_window = prom_window or f"{window:g}s"
     try:
@@ -247,6 +247,8 @@ def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emi
                 t0 = time.monotonic()
                 try:
                     doc = C.run(url, window=prom_window, timeout=timeout)
+                    if enricher:
+                        enricher(doc)
                 except C.ClusterError as e:
                     if first:
                         failed = True
@@ -312,10 +314,11 @@ def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emi
               help="live: count 1 RoCE packet in N")
 @click.option("--max-flows", type=click.IntRange(16, 1 << 24), default=65536, show_default=True)
 @click.option("--force-detach", is_flag=True, help="live: remove a stale skewscope program left on IFACE")
+@enrich_options
 @friendly_errors
 def watch(iface, from_file, prom, prom_window, as_json, webhooks, token_file, interval, window, hold, confirm, duration, webhook_timeout,
           webhook_retries, webhook_queue, drain_s, timeout, use_tc, direction, xdp_mode, sample_n, max_flows,
-          force_detach):
+          force_detach, enricher):
     """Finding events for controllers and schedulers: each finding `opened`, `updated`
     (severity or headline evidence changed) and `resolved` (absent for --hold seconds), with a
     stable id and machine-readable actions; human lines, NDJSON (--json) and webhooks."""
@@ -334,11 +337,12 @@ def watch(iface, from_file, prom, prom_window, as_json, webhooks, token_file, in
     source = from_file or (f"live:{iface}" if iface else prom)
     em = Emitter(as_json, hooks, source)
     if from_file:
-        code = _from_file(from_file, em, hold, drain_s)
+        code = _from_file(from_file, em, hold, drain_s, enricher)
     elif iface:
         code = _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, interval or 1.0,
-                     window or 10.0, E.Tracker(hold=hold, source=source, confirm=confirm), duration, em, drain_s)
+                     window or 10.0, E.Tracker(hold=hold, source=source, confirm=confirm), duration, em, drain_s,
+                     enricher)
     else:
         code = _prometheus(prom, interval or 15.0, window or 60.0, E.Tracker(hold=hold, source=source, confirm=confirm),
-                           duration, timeout, em, drain_s, prom_window)
+                           duration, timeout, em, drain_s, prom_window, enricher)
     sys.exit(code)

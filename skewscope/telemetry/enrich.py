@@ -93,6 +93,10 @@ class Enricher:
     def __bool__(self) -> bool:
         return self.inventory is not None or self.telemetry is not None
 
+    def names(self) -> dict:
+        """ip -> name of every address the inventory knows (top's labels)."""
+        return {ip: e.name() for ip, e in self.inventory.entries.items()} if self.inventory is not None else {}
+
     def __call__(self, doc: dict, meta: dict | None = None) -> dict:
         if isinstance(doc, dict) and self.inventory is not None:
             name_document(doc, self.inventory)
