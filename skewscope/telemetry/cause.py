@@ -41,6 +41,8 @@ VERDICTS = ("gpu", "gpu_normal", "no_data", "no_inventory", "unreadable")
 CLOCK_LOW = 0.9
 #: power at or above this share of its limit is "at the power limit"
 POWER_AT_LIMIT = 0.95
+#: the longest DCGM window read (its end kept): a cluster document over "all" time starts at 0
+MAX_WINDOW_S = 3600.0
 
 
 def _wall_offset(meta: dict | None) -> tuple[float | None, float | None, float | None]:
@@ -63,8 +65,8 @@ def _wall_offset(meta: dict | None) -> tuple[float | None, float | None, float |
 
 def window_of(f: dict, meta: dict | None) -> tuple[float, float] | None:
     """The unix-time window DCGM is read over: the finding's since..until (until None = the
-    capture's end; since None = its start), widened by WINDOW_PAD_S each side; None when the
-    capture has no wall clock or no times."""
+    capture's end; since None = its start; at most MAX_WINDOW_S), widened by WINDOW_PAD_S each
+    side; None when the capture has no wall clock or no times."""
     first, last, off = _wall_offset(meta)
     if off is None:
         return None
@@ -74,7 +76,8 @@ def window_of(f: dict, meta: dict | None) -> tuple[float, float] | None:
         return None
     s = u if s is None else s
     u = s if u is None else u
-    return float(s) + off - WINDOW_PAD_S, float(u) + off + WINDOW_PAD_S
+    s = max(float(s), float(u) - MAX_WINDOW_S)
+    return s + off - WINDOW_PAD_S, float(u) + off + WINDOW_PAD_S
 
 
 def _hms(t: float) -> str:

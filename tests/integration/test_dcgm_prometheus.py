@@ -199,3 +199,53 @@ def test_ring_straggler_cause(world):
         assert (f["cause"]["verdict"], f["cause"]["host"]) == ("gpu", r["host"])
         assert f"HW thermal slowdown since {hms(r['throttle_at'])} UTC" in f["cause"]["text"]
     assert strip(doc) == diagnose(r["pcap"], r["inv"])["findings"]
+
+
+def test_cluster_cause_from_the_fleet_series_and_dcgm_in_one_prometheus(tmp_path):
+    """`skewscope cluster --dcgm`: the DPUs' skewscope series (export --from VIEW --once) and the
+    GPUs' DCGM series in one Prometheus; the fleet's straggler gets the cause of its throttled
+    GPU, over the window of `--at` (a unix clock), and the findings are those of the run
+    without --dcgm."""
+    views = tmp_path / "views"
+    rc, _, err = sh("skewscope", "gen", "ring-straggler", "--views", str(views), "--seed", "7")
+    assert rc == 0, err
+    truth = json.loads((views / "truth.json").read_text())
+    slow = next(p for p in truth["pathologies"] if p["kind"] == "straggler")["entities"]["ips"][0]
+    ips = sorted(p.name[:-len(".pcap")] for p in views.glob("*.pcap"))
+    inv = tmp_path / "inv.csv"
+    inv.write_text("ip,host,gpu\n" + "".join(f"{ip},{host_name('f', k)},0\n" for k, ip in enumerate(ips)))
+    t = float(int(datetime.now(timezone.utc).timestamp()) - 120)
+    om = []
+    for k, ip in enumerate(ips):
+        rc, out, err = sh("skewscope", "export", "--from", str(views / f"{ip}.pcap"), "--once", "--format",
+                          "openmetrics", "--timestamp", str(t), "--node", f"dpu{k}", "--node-ip", ip)
+        assert rc == 0, err
+        om.append(out)
+    thr = t - 200
+    om.append(dcgmlib.openmetrics([(t - 300 + STEP * j, host_name("f", k), 0,
+                                    dcgmlib.THROTTLED if ip == slow and t - 300 + STEP * j >= thr else dcgmlib.HEALTHY)
+                                   for j in range(300 // STEP + 1) for k, ip in enumerate(ips)]))
+    prom = Backfilled(tmp_path, om)
+    prom.start()
+    try:
+        base = ["skewscope", "cluster", "--prometheus", prom.url, "--window", "all", "--at", str(t + 1), "--json",
+                "--inventory", str(inv)]
+        rc, out, err = sh(*base)
+        assert rc == 0, err
+        plain = json.loads(out)
+        rc, out, err = sh(*base, "--dcgm", prom.url)
+        assert rc == 0, err
+        withc = json.loads(out)
+    finally:
+        prom.stop()
+    assert strip(withc) == plain["findings"]
+    covered = [f for f in withc["findings"] if f["kind"] in ("straggler", "ring_straggler", "slow_tp_shard")]
+    assert covered, [f["kind"] for f in withc["findings"]]
+    f = covered[0]
+    assert f["entities"]["ips"][0] == slow
+    c = f["cause"]
+    assert (c["verdict"], c["host"], c["gpu"]) == ("gpu", host_name("f", ips.index(slow)), 0)
+    assert c["text"].startswith(f"GPU 0 of {c['host']}: SM clock 1,215 MHz vs 1,980 MHz group median, "
+                                f"HW thermal slowdown since {hms(thr)} UTC")
+    lo, hi = c["evidence"]["window"]
+    assert lo <= thr and hi >= t + 1

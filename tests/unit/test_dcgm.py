@@ -446,3 +446,11 @@ def test_an_exporter_url_answering_html_is_unreadable():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_window_of_a_cluster_document_over_all_time_is_bounded():
+    from skewscope.telemetry.cause import MAX_WINDOW_S, window_of
+    at = 1_735_689_600.0
+    meta = {"clock": "unix", "first_ts": 0, "last_ts": int(at * 1e9)}     # `cluster --window all`
+    assert window_of({"since": None, "until": None}, meta) == (at - MAX_WINDOW_S - dcgm.WINDOW_PAD_S,
+                                                               at + dcgm.WINDOW_PAD_S)
