@@ -11,7 +11,9 @@ JSON (`--json`, stable; docs/metrics.md "diagnose --json"):
  "exit_code": 0|1|2, "counts": {"critical", "warning", "info"},
  "findings": [{"kind", "severity", "entities": {"ips", "qps", "flows"}, "evidence",
                "message", "group", "impact": {"seconds", "share"} | null,
-               "since": s | null, "until": s | null}]  (severity, then impact),
+               "since": s | null, "until": s | null,
+               "cause": {...} (with --dcgm, on straggler/slow-shard kinds: telemetry/cause.py)}]
+               (severity, then impact),
  "collectives": [{"kind", "pattern", "members", "confidence"}],
  "timing": {...} | null, "checks": [kinds run], "thresholds": {kind: {name: value}},
  "capture": {"packets", "roce_packets", "flows", "message_records", "duration_s",
@@ -109,7 +111,7 @@ def run(snap, checks=None, thresholds=None, enricher=None) -> tuple[dict, int]:
     from skewscope.outputs import report as R  # heavy (numpy): not loaded by --help
     a = analyze(snap, thresholds=thresholds, checks=checks or None)
     if enricher:
-        enricher(a)
+        enricher(a, meta=snap.meta)
     fs = a["findings"]
     counts = {s: sum(1 for f in fs if f["severity"] == s) for s in ("critical", "warning", "info")}
     code = EXIT_CRITICAL if counts["critical"] else EXIT_WARNING if counts["warning"] else EXIT_OK
@@ -159,6 +161,8 @@ def _human(doc) -> None:
         when = clock.text(f.get("since"), f.get("until"))
         if when:
             con.print(f"{'':9s}{when}")
+        if f.get("cause"):
+            con.print(f"{'':9s}cause: {f['cause']['text']}", markup=False)
     c = doc["counts"]
     color = {"critical": "red", "warning": "yellow"}.get(doc["status"], "green")
     con.print(f"[{color}]{doc['status']}[/{color}]: {c['critical']} critical, {c['warning']} warning, "

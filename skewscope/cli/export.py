@@ -200,7 +200,7 @@ def cluster(url, window, as_json, timeout, selector, no_rules, top, clock, stats
                     at=at)
     except C.ClusterError as e:
         fail(str(e), e.code)
-    enricher(doc)
+    enricher(doc, meta=doc.get("meta"))   # a unix clock: the findings' DCGM window
     if stats:
         m = doc["meta"]
         click.echo(f"cluster: queries {m['queries']}, samples returned {m['samples_returned']}, "

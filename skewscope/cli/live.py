@@ -294,7 +294,7 @@ def capture(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detac
         return
     try:
         from skewscope.analysis import analyze  # heavy (numba): only when a report is printed
-        analysis = enricher(analyze(snap))
+        analysis = enricher(analyze(snap), meta=snap.meta)
     except Exception as e:  # the snapshot is saved; a failing analysis must not hide it
         click.echo(f"warning: analysis failed ({type(e).__name__}: {e}); report without findings", err=True)
         analysis = None

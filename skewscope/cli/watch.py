@@ -276,7 +276,7 @@ def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emi
                 try:
                     doc = C.run(url, window=prom_window, timeout=timeout)
                     if enricher:
-                        enricher(doc)
+                        enricher(doc, meta=doc.get("meta"))
                 except C.ClusterError as e:
                     if first:
                         failed = True

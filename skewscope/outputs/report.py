@@ -194,6 +194,8 @@ def human(snap: Snapshot, analysis: dict | None = None, top: int = 20, console=N
             when = clock.text(fd.get("since"), fd.get("until"))
             if when:
                 con.print(f"{'':9s}{when}", highlight=False)
+            if fd.get("cause"):
+                con.print(f"{'':9s}cause: {fd['cause']['text']}", highlight=False, markup=False)
 
 
 def _kv_lines(m: dict) -> list[str]:
