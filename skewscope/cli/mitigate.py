@@ -79,8 +79,8 @@ def _ns(netns):
 def _document(src: str, token_file: str | None) -> dict:
     """The findings document: a JSON file, or GET URL/v1/findings of a running exporter."""
     if src.startswith(("http://", "https://")):
-        import urllib.error
-        import urllib.request
+        import urllib.error  # light; only for --from URL
+        import urllib.request  # light; only for --from URL
         url = src.rstrip("/") + ("" if src.rstrip("/").endswith("/v1/findings") else "/v1/findings")
         req = urllib.request.Request(url)
         if token_file:
