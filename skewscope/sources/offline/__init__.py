@@ -24,7 +24,7 @@ a killed tcpdump, a corrupt record length, a broken gzip stream) is read up to t
 with the reason in meta["warnings"] (read_frames: FrameReader.warnings).
 
 Modules, one job each: this one the API (parse_file, dissect, read_frames / FrameReader)
-and the numba cache's layout check; streams.py the bytes (gzip, pipes, mmap windows, read
+and the numba cache's staleness check; streams.py the bytes (gzip, pipes, mmap windows, read
 buffers); formats.py the pcap/pcapng magic and link types; run.py one pass over a file
 (open, format header, warnings, the Snapshot); pcap.py and pcapng.py its record walks;
 tables.py the kernel's state arrays and the events; frames.py the frame batches;

@@ -1,6 +1,6 @@
 """The parser (C: ebpf/parse.h: the VLAN tags of parse_l2, parse_l3, parse_gre, parse_vxlan,
-parse_bth, handle_macctl) and `process` (C: ebpf/skewscope.bpf.c: one frame parsed, one level
-decapsulated, then accounted)."""
+parse_bth, handle_macctl) and `process` (C: ss_parse in parse.h, one frame parsed and one
+level decapsulated, then accounted as process in ebpf/skewscope.bpf.c does)."""
 from __future__ import annotations
 
 import numpy as np
@@ -67,7 +67,7 @@ from skewscope.sources.offline.kernel.base import (
 )
 
 
-# ---- parsing (C: parse.h; process: skewscope.bpf.c) ---------------------------------------
+# ---- parsing (C: parse.h) ----------------------------------------------------------------
 @njit(cache=True, inline="always")
 def handle_macctl(g, b, cur, end):
     if cur + 20 > end:
