@@ -99,3 +99,26 @@ def make_enricher(inventory_path: str | None = None, dcgm=()):
         from skewscope.telemetry.dcgm import open_source  # light (urllib); only with --dcgm
         tel = open_source(list(dcgm))
     return Enricher(inventory=inv, telemetry=tel)
+
+
+def threshold_option(f):
+    """--threshold KIND.NAME=VALUE (repeatable) for the live analysis; the command gets
+    `thresholds` ({} = the defaults), checked against the registry before anything starts."""
+    @click.option("--threshold", "threshold_items", multiple=True, metavar="KIND.NAME=VALUE",
+                  help="override a finding threshold in the live analysis (repeatable; diagnose --list-checks)")
+    @functools.wraps(f)
+    def wrapper(*a, threshold_items=(), **kw):
+        th = {}
+        for it in threshold_items:
+            if "=" not in it:
+                fail(f"--threshold {it!r}: use KIND.NAME=VALUE (see diagnose --list-checks)", EXIT_NOT_RUN)
+            k, v = it.split("=", 1)
+            th[k.strip()] = v.strip()
+        if th:
+            from skewscope.analysis.detectors import ThresholdError, resolve_thresholds  # heavy (numba)
+            try:
+                resolve_thresholds(th)
+            except ThresholdError as e:
+                fail(str(e), EXIT_NOT_RUN)
+        return f(*a, thresholds=th, **kw)
+    return wrapper

@@ -9,7 +9,8 @@ import time
 
 import click
 
-from skewscope.cli.common import enrich_options, fail, friendly_errors, load_source
+from skewscope.cli.common import enrich_options, fail, friendly_errors, load_source, threshold_option
+from skewscope.cli.config import config_option
 from skewscope.core.errors import EXIT_NOT_RUN, EXIT_USAGE
 from skewscope.core.signals import exit_on_signals, stop_on_signals
 from skewscope.outputs import http as H
@@ -76,10 +77,12 @@ Exit codes: 0 ok (--once, or Ctrl-C); 2 usage; 3 unreadable --from FILE or canno
 @click.option("--node-ip", metavar="IP", help="the IP of the node this DPU watches (its per-node timing series, "
               "label ip); default: the IP that is an end of every data flow, else (--from FILE only) every node seen")
 @enrich_options
+@threshold_option
+@config_option
 @friendly_errors
 def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, xdp_mode, direction, max_flows,
            once, fmt, timestamp, token_file, open_metrics, analysis_every, analysis_window, no_analysis, node_ip,
-           enricher):
+           enricher, thresholds):
     """Serve this DPU's view as Prometheus metrics (/metrics): per-peer counters, top-K flows,
     message-size and gap histograms. Scrape every DPU; `skewscope cluster` and the rules in
     docs/prometheus/ turn them into the fleet-wide matrix and skew."""
@@ -105,7 +108,8 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
     token = H.read_token(token_file) if token_file else None
     analyst = None
     if not once and not no_analysis:
-        runner = AnalysisRunner(load_analyze(), nice=H.ANALYSIS_NICE, enrich=enricher or None)
+        runner = AnalysisRunner(load_analyze(), nice=H.ANALYSIS_NICE, enrich=enricher or None,
+                                thresholds=thresholds or None)
         analyst = H.Analyst(node, "file" if from_file else "live", runner, every=analysis_every,
                             window_s=analysis_window)
     if node_ip is not None:

@@ -9,6 +9,7 @@ import sys
 import click
 
 from skewscope.cli.common import enrich_options, fail, friendly_errors
+from skewscope.cli.config import config_option
 from skewscope.core.errors import EXIT_NO_IFACE, EXIT_USAGE
 
 TOP_EPILOG = """\b
@@ -134,6 +135,7 @@ def _session(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_deta
 @click.argument("interval", type=click.FloatRange(0.1, 3600), default=1.0, required=False)
 @click.argument("count", type=click.IntRange(1), required=False)
 @enrich_options
+@config_option
 @friendly_errors
 def top(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, ebpf, rows, window, sort, ip_filter,
         no_analysis, plain, matrix, interval, count, enricher):

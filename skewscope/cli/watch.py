@@ -23,7 +23,8 @@ from datetime import datetime, timezone
 import click
 
 from skewscope.cli import diagnose as D
-from skewscope.cli.common import enrich_options, fail, friendly_errors, load_source
+from skewscope.cli.common import enrich_options, fail, friendly_errors, load_source, threshold_option
+from skewscope.cli.config import config_option
 from skewscope.cli.live import Duration, _stale_policy
 from skewscope.core.errors import EXIT_NO_PRIV, EXIT_NOT_RUN, DataplaneError, PcapError
 from skewscope.core.signals import stop_on_signals
@@ -195,11 +196,11 @@ def _file_times(snap) -> tuple[float, float]:
     return f / 1e9, last / 1e9
 
 
-def _from_file(path, em: Emitter, hold: float, drain_s: float, enricher=None) -> int:
+def _from_file(path, em: Emitter, hold: float, drain_s: float, enricher=None, thresholds=None) -> int:
     from skewscope.core.snapshot import SnapshotError  # heavy (numpy): not loaded by --help
     try:
         snap = load_source(path)
-        doc, code = D.run(snap, enricher=enricher)
+        doc, code = D.run(snap, enricher=enricher, thresholds=thresholds or None)
     except (DataplaneError, PcapError, SnapshotError) as e:
         em.finish(0, summary=False)
         fail(str(e), EXIT_NOT_RUN)
@@ -214,7 +215,7 @@ def _from_file(path, em: Emitter, hold: float, drain_s: float, enricher=None) ->
 
 
 def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, interval, window, tr: E.Tracker,
-          duration, em: Emitter, drain_s: float, enricher=None) -> int:
+          duration, em: Emitter, drain_s: float, enricher=None, thresholds=None) -> int:
     from skewscope.live.loop import Attached, Loop  # heavy (numpy): not loaded by --help
     from skewscope.live.runner import AnalysisRunner, load_analyze  # heavy (numpy): not loaded by --help
     from skewscope.sources.live import LiveSession  # heavy (numpy): not loaded by --help
@@ -223,7 +224,7 @@ def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach,
         fail("the analysis package is not importable (numba missing?)", EXIT_NOT_RUN)
     sess = LiveSession(iface, mode="tc" if use_tc else "xdp", xdp_mode=xdp_mode, direction=direction,
                        sample_n=sample_n, max_flows=max_flows, on_stale=_stale_policy(force_detach), source="live")
-    runner = AnalysisRunner(analyze, enrich=enricher or None)
+    runner = AnalysisRunner(analyze, enrich=enricher or None, thresholds=thresholds or None)
     loop = Loop(sess, interval, window, runner)
     seen_when = 0.0
     err_said = ""
@@ -347,10 +348,12 @@ def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emi
               help="closed loop (root): act on findings as the policy file allows, verify, revert "
                    "(docs/mitigation.md \"Closed loop\")")
 @enrich_options
+@threshold_option
+@config_option
 @friendly_errors
 def watch(iface, from_file, prom, prom_window, as_json, webhooks, token_file, interval, window, hold, confirm, duration, webhook_timeout,
           webhook_retries, webhook_queue, drain_s, timeout, use_tc, direction, xdp_mode, sample_n, max_flows,
-          force_detach, policy_file, enricher):
+          force_detach, policy_file, enricher, thresholds):
     """Finding events for controllers and schedulers: each finding `opened`, `updated`
     (severity or headline evidence changed) and `resolved` (absent for --hold seconds), with a
     stable id and machine-readable actions; human lines, NDJSON (--json) and webhooks."""
@@ -382,11 +385,11 @@ def watch(iface, from_file, prom, prom_window, as_json, webhooks, token_file, in
             fail("--mitigate needs root (it changes the data path of the policy's interface)", EXIT_NO_PRIV)
     em = Emitter(as_json, hooks, source, mit)
     if from_file:
-        code = _from_file(from_file, em, hold, drain_s, enricher)
+        code = _from_file(from_file, em, hold, drain_s, enricher, thresholds)
     elif iface:
         code = _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, interval or 1.0,
                      window or 10.0, E.Tracker(hold=hold, source=source, confirm=confirm), duration, em, drain_s,
-                     enricher)
+                     enricher, thresholds)
     else:
         code = _prometheus(prom, interval or 15.0, window or 60.0, E.Tracker(hold=hold, source=source, confirm=confirm),
                            duration, timeout, em, drain_s, prom_window, enricher)
