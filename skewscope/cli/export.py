@@ -76,13 +76,16 @@ Exit codes: 0 ok (--once, or Ctrl-C); 2 usage; 3 unreadable --from FILE or canno
 @click.option("--no-analysis", is_flag=True, help="serve /metrics only (/v1/* answer 503)")
 @click.option("--node-ip", metavar="IP", help="the IP of the node this DPU watches (its per-node timing series, "
               "label ip); default: the IP that is an end of every data flow, else (--from FILE only) every node seen")
+@click.option("--force-detach", is_flag=True,
+              help="live: remove a stale skewscope program a killed run left on IFACE (a service's restart; one a "
+                   "running skewscope holds is never touched)")
 @enrich_options
 @threshold_option
 @config_option
 @friendly_errors
 def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, xdp_mode, direction, max_flows,
            once, fmt, timestamp, token_file, open_metrics, analysis_every, analysis_window, no_analysis, node_ip,
-           enricher, thresholds):
+           force_detach, enricher, thresholds):
     """Serve this DPU's view as Prometheus metrics (/metrics): per-peer counters, top-K flows,
     message-size and gap histograms. Scrape every DPU; `skewscope cluster` and the rules in
     docs/prometheus/ turn them into the fleet-wide matrix and skew."""
@@ -123,7 +126,11 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
             src = LiveSource(iface, node, top_k=top_k, max_peers=max_peers, interval=interval,
                              mode="tc" if use_tc else "xdp", xdp_mode=xdp_mode, direction=direction,
                              max_flows=max_flows, node_ip=node_ip, runner=analyst.runner if analyst else None,
-                             every=analysis_every, window_s=analysis_window)
+                             every=analysis_every, window_s=analysis_window,
+                             on_stale="detach" if force_detach else "error")
+        if src.session.removed_leftover is not None:
+            click.echo(f"skewscope export: removed stale {src.session.removed_leftover.describe()} from {iface}",
+                       err=True)
     try:
         if once and fmt == "openmetrics":
             # a backfill describes the DPU's traffic, not this converting process: no process_*
