@@ -20,7 +20,6 @@ its id, its headline numbers, its actions -- is on its Kind in the detector regi
 """
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import queue
@@ -53,24 +52,17 @@ def _kind(name):
         return None
 
 
-def _ips(f: dict) -> list[str]:
-    return [str(x) for x in ((f.get("entities") or {}).get("ips") or [])]
-
-
 def finding_key(f: dict) -> list[str]:
-    """The key entities of a finding (sorted, deduplicated): the part of its entities that
-    names the condition (its Kind's `key`: the blamed node, a link's two ends, the members,
-    a ring's flow ends, none); a kind the registry does not know: all its IPs."""
-    k = _kind(f.get("kind"))
-    return k.key.entities(f) if k is not None else _registry().sorted_ips(_ips(f))
+    """The key entities of a finding (sorted, deduplicated): its Kind's `key` (the blamed
+    node, a link's two ends, the members, a ring's flow ends, none); a kind the registry does
+    not know: all its IPs (registry.finding_key)."""
+    return _registry().finding_key(f)
 
 
 def finding_id(f: dict) -> str:
     """Stable id: "<kind>:" + the first 16 hex digits of sha256 over kind and the sorted key
-    entities (same condition, same id: across runs, processes, finding order)."""
-    kind = str(f.get("kind"))
-    canon = json.dumps([kind, finding_key(f)], separators=(",", ":"))
-    return f"{kind}:{hashlib.sha256(canon.encode()).hexdigest()[:16]}"
+    entities (registry.finding_id: the incidents of analysis.incidents use the same one)."""
+    return _registry().finding_id(f)
 
 
 _num = finite
