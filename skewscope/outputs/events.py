@@ -9,8 +9,9 @@ package (for the detector registry) is imported on first use, not at import.
     finding_object(f)      {"id", "kind", "severity", "entities", "message", "evidence", "impact",
                             "actions", "since", "until"}
     Tracker(hold, change)  .update(findings, now, seen, clock) -> [event, ...] at each analysis time
-    event(...)             {"schema", "id", "event", "time", "first_seen", "last_seen", "source",
-                            "finding", "since", "until"}
+    event(...)             {"schema", "id", "incident", "event", "time", "first_seen", "last_seen",
+                            "source", "finding", "since", "until"}
+    by_incident(events)    a batch of events, each incident's together, its lead's event first
     Webhook(url, token)    .post(event): background POSTs, bounded queue, retries, drop counts
 
 A finding here is the analysis' finding dict (Finding.to_dict(): report/diagnose/cluster
@@ -89,17 +90,35 @@ def finding_object(f: dict) -> dict:
 
 
 def event(kind: str, obj: dict, first_seen: float, last_seen: float, at: float, source: str | None = None,
-          since: float | None = None, until: float | None = None) -> dict:
+          since: float | None = None, until: float | None = None, incident: str | None = None) -> dict:
     """One finding event (schema SCHEMA). since/until: the condition's onset and end on the
-    source's clock (unix s), null when unknown / still holding."""
+    source's clock (unix s), null when unknown / still holding; incident: the id of the
+    incident the finding belongs to (analysis.incidents; = id when it leads it; null for a
+    context finding or an analysis without incidents)."""
     if kind not in EVENTS:
         raise ValueError(f"event {kind!r}: one of {EVENTS}")
-    return {"schema": SCHEMA, "id": obj["id"], "event": kind, "time": float(at),
+    return {"schema": SCHEMA, "id": obj["id"], "incident": incident, "event": kind, "time": float(at),
             "first_seen": float(first_seen), "last_seen": float(last_seen), "source": source,
             "finding": obj, "since": _num(since), "until": _num(until)}
 
 
 _SEV = {"info": 0, "warning": 1, "critical": 2}
+
+
+def by_incident(events: list[dict]) -> list[tuple[dict, bool]]:
+    """(event, nested) for a batch of events as a reader takes them in: each incident's
+    events together, where its first event appears, its lead's event (id == incident) first;
+    nested = a finding of an incident whose lead's event is in the batch (shown under it).
+    Events of no incident keep their place."""
+    leads = {e["id"] for e in events if e.get("incident") == e["id"]}
+    order: dict = {}
+    for k, e in enumerate(events):
+        order.setdefault(e.get("incident") or ("", k), []).append(e)
+    out = []
+    for key, evs in order.items():
+        evs.sort(key=lambda e: e["id"] != e.get("incident"))       # stable: the lead's first
+        out += [(e, isinstance(key, str) and key in leads and e["id"] != key) for e in evs]
+    return out
 
 
 def _merge_same_id(findings) -> dict:
@@ -161,7 +180,13 @@ class Tracker:
     def update(self, findings, now: float, seen: tuple[float, float] | None = None,
                clock: Clock | None = None) -> list[dict]:
         first, last = seen if seen is not None else (now, now)
+        findings = list(findings)
         cur = _merge_same_id(findings)
+        incident: dict[str, str | None] = {}
+        for f in findings:                    # one id, one incident (analysis.incidents); the first known
+            fid = finding_id(f)
+            if incident.get(fid) is None:
+                incident[fid] = f.get("incident")
         out: list[dict] = []
         for fid in sorted(set(self.open) - set(cur)):
             st = self.open[fid]
@@ -176,10 +201,12 @@ class Tracker:
             st = self.open.get(fid)
             if st is None:
                 st = self.open[fid] = {"obj": o, "emitted": o, "first_seen": first if since is None else since,
-                                       "last_seen": last, "pending": 0, "since": since, "until": until}
+                                       "last_seen": last, "pending": 0, "since": since, "until": until,
+                                       "incident": incident.get(fid)}
                 opened.append(self._event("opened", st, now))
                 continue
             st["obj"], st["last_seen"], st["until"] = o, max(st["last_seen"], last), until
+            st["incident"] = incident.get(fid)
             if since is not None and (st["since"] is None or since < st["since"]):
                 st["since"] = since
             why = material_change(st["emitted"], o, self.change)
@@ -193,7 +220,7 @@ class Tracker:
 
     def _event(self, kind: str, st: dict, now: float) -> dict:
         return event(kind, st["obj"], st["first_seen"], st["last_seen"], now, self.source, st.get("since"),
-                     st.get("until"))
+                     st.get("until"), st.get("incident"))
 
     def resolve_all(self, now: float) -> list[dict]:
         """Every open id as resolved now (a source that ended: not used by watch, which
