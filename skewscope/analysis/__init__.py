@@ -4,7 +4,7 @@ Every metric is one function over a Snapshot (or its cached Context: `context(sn
 defined once here and in docs/metrics.md, and called by every output (report, diagnose,
 top, the Prometheus exporter). Public functions:
 
-    analyze(snap, thresholds=None, checks=None) -> {"collectives", "timing", "findings", "metrics"}
+    analyze(snap, thresholds=None, checks=None) -> {"collectives", "timing", "findings", "incidents", "metrics"}
         everything below, JSON-ready (the `report --json` / `diagnose --json` contract)
     live_metrics(snap, thresholds=None, records=False) -> dict
         the per-interval subset for a live view: flow-table metrics and the findings that

@@ -11,11 +11,17 @@ JSON (`--json`, stable; docs/metrics.md "diagnose --json"):
  "exit_code": 0|1|2, "counts": {"critical", "warning", "info"},
  "findings": [{"kind", "severity", "entities": {"ips", "qps", "flows"}, "evidence",
                "message", "group", "impact": {"seconds", "share"} | null,
-               "since": s | null, "until": s | null}]  (severity, then impact),
+               "since": s | null, "until": s | null,
+               "incident": id | null}]  (severity, then impact),
+ "incidents": [{"id", "severity", "kind", "lead", "symptoms": [i], "context": [i],
+                "entities", "impact", "since", "until", "message"}]  (the findings that
+               share a root, indices into "findings"; docs/metrics.md "Incidents"),
  "collectives": [{"kind", "pattern", "members", "confidence"}],
  "timing": {...} | null, "checks": [kinds run], "thresholds": {kind: {name: value}},
  "capture": {"packets", "roce_packets", "flows", "message_records", "duration_s",
              "source", "sample_n", "first_s", "last_s", "clock", "started_at"}}
+The human output shows each incident (severity, id, the lead's kind and node) with its
+findings indented under it, then the context findings.
 since/until and capture first_s/last_s: seconds on the capture's clock (pcap: unix time;
 "monotonic": a live capture's, on the wall clock at started_at + (t - first_s)).
 """

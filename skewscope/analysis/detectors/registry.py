@@ -29,7 +29,8 @@ estimated; per kind in docs/metrics.md "Impact"), "since" / "until" (s, on the s
 clock = meta first_ts/last_ts ns / 1e9: when the condition began, and when it stopped
 holding -- null = still holding at the end of the data; both null when unknown; per kind
 in docs/metrics.md "Onset", Kind.onset)}. entities.ips lists the node(s) the finding blames first (the hot
-node, the slow sender, the paused receiver), then the others involved.
+node, the slow sender, the paused receiver), then the others involved. analyze() adds "incident" (the id of
+its incident, analysis.incidents; null for a context finding).
 """
 from __future__ import annotations
 
