@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -306,3 +307,38 @@ def test_by_incident_keeps_events_of_no_incident_in_place():
 def test_docs_list_every_kind_and_its_root():
     text = (ROOT / "docs" / "metrics.md").read_text()
     assert markdown_table() in text, "docs/metrics.md 'Incidents': paste analysis.incidents.markdown_table()"
+
+
+def hot_and_congested():
+    sc = variant("moe-hot-expert", add=[{"kind": "congestion", "into": 5, "ce_fraction": 0.3, "rate_factor": 0.6}])
+    truth, a, path = genlib.run(sc, 1)
+    return truth_of(truth, "hot_expert")["entities"]["ips"][0], a, path
+
+
+def test_top_panel_puts_symptoms_under_their_lead():
+    from skewscope.outputs import topview
+    hot, a, _ = hot_and_congested()
+    rows = topview.finding_rows(a)
+    (x,) = a["incidents"]
+    assert rows[0] == (0, a["findings"][x["lead"]]) and rows[0][1]["entities"]["ips"][0] == hot
+    assert [d for d, _ in rows[1:]] == [1, 1, 1]
+    assert {f["kind"] for _, f in rows[1:]} | {rows[0][1]["kind"]} == {f["kind"] for f in a["findings"]}
+
+
+def test_html_incidents_section_nests_symptoms(tmp_path):
+    from skewscope.cli.common import load_source
+    from skewscope.outputs import html as H
+    hot, a, path = hot_and_congested()
+    out = tmp_path / "p.html"
+    H.write(str(out), load_source(path), a)
+    page = out.read_text()
+    assert page.index('<h2 id="incidents">') < page.index('<h2 id="findings">')
+    sec = page[page.index('<h2 id="incidents">'):page.index('<h2 id="findings">')]
+    (box,) = re.findall(r'<div class="incident critical" id="incident-0">.*?</div>', sec, re.S)
+    assert f"on <b>{hot}</b>" in box
+    lead = a["findings"][a["incidents"][0]["lead"]]
+    # the lead's item, then a nested list holding every other finding of the incident
+    outer = re.search(r"<ul><li>(.*)</li></ul>", box, re.S).group(1)
+    assert f'<a href="#finding-{a["incidents"][0]["lead"]}">{lead["kind"]}</a>' in outer.split("<ul>")[0]
+    nested = outer.split("<ul>", 1)[1]
+    assert sorted(re.findall(r'href="#finding-(\d+)"', nested)) == sorted(str(j) for j in a["incidents"][0]["symptoms"])
