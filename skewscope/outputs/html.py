@@ -295,7 +295,7 @@ def _incidents(doc, fs) -> list[str]:
 
         box = [f'<div class="incident {_esc(sev)}" id="incident-{k}"><span class="sev" '
                f'style="color:{SEV_COLOR.get(sev, "#555")}">{_esc(sev)}</span> <b>{_esc(x["kind"])}</b>'
-               + (f" on <b>{_esc(ents[0])}</b>" if ents else "") + f' <span class="sub">{_esc(x["id"])}</span>'
+               + (f" on <b>{_esc(R.named(ents[0], fs[x['lead']]))}</b>" if ents else "") + f' <span class="sub">{_esc(x["id"])}</span>'
                + f"<p>{_esc(fs[x['lead']].get('message', ''))}</p>"]
         when = clock.text(x.get("since"), x.get("until"))
         if when:

@@ -189,6 +189,12 @@ def human(snap: Snapshot, analysis: dict | None = None, top: int = 20, console=N
             con.print(line, highlight=False)
 
 
+def named(ip: str, finding: dict) -> str:
+    """"name (ip)" when the finding names the address (its "names", from an inventory), else ip."""
+    n = (finding.get("names") or {}).get(ip)
+    return f"{n} ({ip})" if n else str(ip)
+
+
 def finding_lines(analysis: dict, clock: Clock) -> list[str]:
     """Rich markup lines of the findings, incidents first (report, diagnose, cluster): one
     line per incident (severity, id, lead kind and node), its findings indented under it,
@@ -198,7 +204,7 @@ def finding_lines(analysis: dict, clock: Clock) -> list[str]:
         pad = "  "
         if inc is not None:
             color = {"critical": "red", "warning": "yellow"}.get(inc["severity"], "cyan")
-            on = (inc.get("entities") or [])[:1]
+            on = [named(ip, fs[0]) for ip in (inc.get("entities") or [])[:1]]
             out.append(f"[{color}]{inc['severity'].upper():8s}[/{color}] [bold]incident {inc['id']}[/bold]: "
                        f"{inc['kind']}{' on ' + on[0] if on else ''}"
                        + (f" (+{len(fs) - 1} finding{'s' if len(fs) > 2 else ''})" if len(fs) > 1 else ""))
