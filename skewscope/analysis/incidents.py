@@ -38,10 +38,6 @@ from skewscope.analysis.detectors import registry as R
 #: the likely paused receiver, the upstream seen late
 FIRST_IP_NAMED = frozenset({"pfc_pause", "late_upstream"})
 
-#: how each step may attach a symptom, in order of preference
-ATTACH = ("root", "flow_destination", "group")
-
-
 def _kind(name):
     try:
         return R.kind(str(name))
@@ -119,18 +115,32 @@ def _group_by_root(idx: list[int], fs: list[dict], roots: dict) -> list[list[int
     return list(out.values())
 
 
-def _attach(i: int, f: dict, incs: list[dict], fs: list[dict], roots: dict):
-    """Rule 3: the incident a symptom joins, or None."""
-    for how in ATTACH:
-        if how == "root":
-            want = roots[i]
-            hits = [c for c in incs if any(roots[j] == want for j in c["_causes"])]
-        elif how == "flow_destination":
-            want = flow_destination(f)
-            hits = [] if want is None else [c for c in incs if any(roots[j] == want for j in c["_causes"])]
-        else:
-            g = f.get("group")
-            hits = [] if g is None else [c for c in incs if any(fs[j].get("group") == g for j in c["_causes"])]
+def _on_root(i: int, c: dict, fs: list[dict], roots: dict) -> bool:
+    """A cause of incident c has the symptom's root (the same blamed node, the same group)."""
+    return any(roots[j] == roots[i] for j in c["_causes"])
+
+
+def _on_flow_destination(i: int, c: dict, fs: list[dict], roots: dict) -> bool:
+    """A cause of c is rooted at the one destination of all the symptom's flows."""
+    d = flow_destination(fs[i])
+    return d is not None and any(roots[j] == d for j in c["_causes"])
+
+
+def _in_group(i: int, c: dict, fs: list[dict], roots: dict) -> bool:
+    """A cause of c judges the symptom's group (a timing symptom under a member's cause)."""
+    g = fs[i].get("group")
+    return g is not None and any(fs[j].get("group") == g for j in c["_causes"])
+
+
+#: rule 3: how a symptom joins a cause's incident, in order of preference
+ATTACH = (_on_root, _on_flow_destination, _in_group)
+
+
+def _attach(i: int, incs: list[dict], fs: list[dict], roots: dict):
+    """Rule 3: the incident symptom i joins (the first ATTACH test any incident passes; among
+    those, the incident whose lead ranks first), or None."""
+    for test in ATTACH:
+        hits = [c for c in incs if test(i, c, fs, roots)]
         if hits:
             return min(hits, key=lambda c: _rank(fs[c["lead"]], c["lead"]))
     return None
@@ -169,7 +179,7 @@ def incidents(findings: list[dict]) -> tuple[list[dict], list]:
     for i, r in enumerate(roles):
         if r != "symptom":
             continue
-        c = _attach(i, fs[i], incs, fs, roots)
+        c = _attach(i, incs, fs, roots)
         if c is None:
             orphans.append(i)
         else:
