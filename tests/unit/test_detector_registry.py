@@ -242,6 +242,13 @@ def test_fleet_findings_have_the_single_node_schema():
     assert st["entities"]["ips"] == ["10.0.0.5", "10.0.0.6"]
     assert st["entities"]["flows"] == [["10.0.0.5", "10.0.0.6", None]]
     assert st["severity"] == "critical"                       # 0.3x < ring_straggler.critical (0.5)
+    # the fleet's findings are grouped into incidents too: the hot destination and the slow
+    # link are two (the node each names first), each led by its own finding
+    inc = {x["id"]: x for x in doc["incidents"]}
+    hot = by["hot_destination"][0]
+    assert hot["incident"] != st["incident"] and {hot["incident"], st["incident"]} <= set(inc)
+    assert inc[st["incident"]]["entities"][0] == "10.0.0.5" and inc[hot["incident"]]["entities"][0] == "10.0.0.3"
+    assert sorted(j for x in doc["incidents"] for j in [x["lead"]] + x["symptoms"]) == list(range(len(doc["findings"])))
     # the shared threshold moves the fleet verdict as it moves the single-node one
     doc2 = analyze_matrix(_Fm(ips, bulk, chunk, rate), thresholds={"ring_straggler.critical": 0.2})
     assert [f["severity"] for f in doc2["findings"] if f["kind"] == "ring_straggler"] == ["warning"]
