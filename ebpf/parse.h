@@ -21,7 +21,7 @@
  * __always_inline. Packet pointers are plain C pointers bounded by data_end and cap_end (see
  * OOB), so this file also builds with the host C compiler: tests/unit/test_parse_host.py
  * compiles it with gcc (tests/unit/parse_host.c) and checks it frame by frame against the
- * offline parser (skewscope/sources/offline/kernel.py), without root; the kernel tier
+ * offline parser (skewscope/sources/offline/kernel/parse.py), without root; the kernel tier
  * (tests/kernel) checks the compiled BPF program against the same parser.
  *
  * Every header is bounds-checked before it is read; every frame gets exactly one category.

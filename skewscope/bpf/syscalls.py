@@ -126,6 +126,21 @@ def prog_test_run(prog_fd: int, data: bytes | memoryview | np.ndarray, repeat: i
     return _get(a, 4, "<I"), _get(a, 36, "<I")
 
 
+def prog_test_run_out(prog_fd: int, data: bytes) -> tuple[int, bytes]:
+    """BPF_PROG_TEST_RUN once, with the packet as the program left it: (retval, bytes out)."""
+    inb = ctypes.create_string_buffer(bytes(data), len(data))
+    outb = ctypes.create_string_buffer(len(data) + 256)
+    a = _attr()
+    _put(a, 0, "<I", prog_fd)
+    _put(a, 8, "<I", len(data))
+    _put(a, 12, "<I", len(outb))
+    _put(a, 16, "<Q", ctypes.addressof(inb))
+    _put(a, 24, "<Q", ctypes.addressof(outb))
+    _put(a, 32, "<I", 1)
+    _sys_bpf(BPF_PROG_TEST_RUN, a)
+    return _get(a, 4, "<I"), outb.raw[:_get(a, 12, "<I")]
+
+
 def map_lookup_batch(map_fd: int, key_size: int, value_size: int, max_entries: int,
                      chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
     """Read a whole hash/array map with BPF_MAP_LOOKUP_BATCH into (keys, values) byte
@@ -192,7 +207,57 @@ def prog_name_by_id(prog_id: int) -> str | None:
         os.close(fd)
 
 
+BPF_MAP_LOOKUP_ELEM = 1
 BPF_MAP_UPDATE_ELEM = 2
+BPF_MAP_GET_FD_BY_ID = 14
+BPF_F_LOCK = 4
+
+
+def prog_map_ids(prog_fd: int) -> list[int]:
+    """The ids of the maps a loaded program uses (bpf_prog_info nr_map_ids / map_ids): how a
+    process that did not load it reaches its maps (skewscope mitigate status/revert)."""
+    ids = (ctypes.c_uint32 * 64)()
+    info = (ctypes.c_uint8 * 256)()
+    struct.pack_into("<IQ", info, 52, 64, ctypes.addressof(ids))
+    a = _attr()
+    _put(a, 0, "<I", prog_fd)
+    _put(a, 4, "<I", ctypes.sizeof(info))
+    _put(a, 8, "<Q", ctypes.addressof(info))
+    _sys_bpf(BPF_OBJ_GET_INFO_BY_FD, a)
+    n = struct.unpack_from("<I", info, 52)[0]
+    return [int(ids[i]) for i in range(min(n, 64))]
+
+
+def map_fd_by_id(map_id: int) -> int:
+    a = _attr()
+    _put(a, 0, "<I", map_id)
+    return _sys_bpf(BPF_MAP_GET_FD_BY_ID, a)
+
+
+def map_info(map_fd: int) -> dict:
+    """type, id, key_size, value_size, max_entries, name of a map (struct bpf_map_info prefix)."""
+    info = (ctypes.c_uint8 * 128)()
+    a = _attr()
+    _put(a, 0, "<I", map_fd)
+    _put(a, 4, "<I", ctypes.sizeof(info))
+    _put(a, 8, "<Q", ctypes.addressof(info))
+    _sys_bpf(BPF_OBJ_GET_INFO_BY_FD, a)
+    t, i, ks, vs, me, _fl = struct.unpack_from("<IIIIII", info, 0)
+    name = bytes(info[24:40]).split(b"\0")[0].decode(errors="replace")
+    return {"type": t, "id": i, "key_size": ks, "value_size": vs, "max_entries": me, "name": name}
+
+
+def map_lookup(map_fd: int, key: bytes, value_size: int, flags: int = 0) -> bytes:
+    """BPF_MAP_LOOKUP_ELEM (flags: BPF_F_LOCK reads a value with a bpf_spin_lock consistently)."""
+    kb = ctypes.create_string_buffer(key, len(key))
+    vb = ctypes.create_string_buffer(value_size)
+    a = _attr()
+    _put(a, 0, "<I", map_fd)
+    _put(a, 8, "<Q", ctypes.addressof(kb))
+    _put(a, 16, "<Q", ctypes.addressof(vb))
+    _put(a, 24, "<Q", flags)
+    _sys_bpf(BPF_MAP_LOOKUP_ELEM, a)
+    return vb.raw
 
 
 def map_update(map_fd: int, key: bytes, value: bytes, flags: int = 0) -> None:

@@ -102,6 +102,7 @@ COMMANDS = {
     "watch": ("watch", "watch"),                                      # controllers: finding events, webhooks
     "export": ("export", "export"), "cluster": ("export", "cluster"),  # fleet: Prometheus exporter, fusion
     "mirror": ("mirror", "mirror"),                                   # tc mirred rules that feed a DPU netdev
+    "mitigate": ("mitigate", "mitigate"),                             # guarded, reversible actions with a TTL
     "demo": ("demo", "demo"),                                         # namespace fabric + pathologies + top
     "gen": ("gen", "gen"),                                            # traffic generator with ground truth
 }

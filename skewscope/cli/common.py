@@ -58,26 +58,44 @@ def load_source(path: str, progress: bool = False, max_flows: int = 65536):
 
 
 def enrich_options(f):
-    """--inventory (names for addresses) on every command that shows findings; the command
-    gets `enricher` (a telemetry.enrich.Enricher, falsy when nothing was asked)."""
+    """--inventory (names for addresses) and --dcgm (GPU causes) on every command that shows
+    findings; the command gets `enricher` (a telemetry.enrich.Enricher, falsy when nothing was
+    asked). A bad inventory or DCGM scrape file fails here; a DCGM URL is read later, and
+    when it cannot be, the causes say so (the findings still come out)."""
     @click.option("--inventory", "inventory_path", metavar="FILE",
                   help="name addresses: a CSV/TSV (header ip,host[,gpu,rank,job,pod,namespace,instance,rail]) "
-                       "or YAML file (docs/fleet.md \"Inventory\")")
+                       "or YAML file, or a Prometheus URL[#METRIC] holding skewscope_inventory_info (or a "
+                       "site's info metric) (docs/fleet.md \"Inventory\")")
+    @click.option("--dcgm", "dcgm", metavar="URL|FILE", multiple=True,
+                  help="GPU telemetry for the blamed nodes' cause: a Prometheus base URL, a dcgm-exporter "
+                       "/metrics URL or a saved scrape (repeatable; joined through --inventory; "
+                       "docs/fleet.md \"GPU telemetry (DCGM)\")")
     @functools.wraps(f)
-    def wrapper(*a, inventory_path=None, **kw):
+    def wrapper(*a, inventory_path=None, dcgm=(), **kw):
         try:
-            enricher = make_enricher(inventory_path)
+            enricher = make_enricher(inventory_path, dcgm)
         except SkewscopeError as e:          # before any capture or attach: nothing to undo
             fail(str(e), e.code)
         return f(*a, enricher=enricher, **kw)
     return wrapper
 
 
-def make_enricher(inventory_path: str | None = None):
-    """The Enricher of the options (one-line errors for a bad inventory: SkewscopeError)."""
+def make_enricher(inventory_path: str | None = None, dcgm=()):
+    """The Enricher of the options (one-line errors for a bad inventory or DCGM scrape file:
+    SkewscopeError)."""
     from skewscope.telemetry.enrich import Enricher  # light: core + re
     inv = None
     if inventory_path:
-        from skewscope.core.inventory import load  # light; only when --inventory is given
-        inv = load(inventory_path)
-    return Enricher(inventory=inv)
+        from skewscope.telemetry import promnames  # light (urllib); only when --inventory is given
+        if promnames.is_url(inventory_path):
+            inv = promnames.load(inventory_path)
+        else:
+            from skewscope.core.inventory import load  # light; only when --inventory is given
+            inv = load(inventory_path)
+    tel = None
+    if isinstance(dcgm, str):
+        dcgm = (dcgm,)
+    if dcgm:
+        from skewscope.telemetry.dcgm import open_source  # light (urllib); only with --dcgm
+        tel = open_source(list(dcgm))
+    return Enricher(inventory=inv, telemetry=tel)

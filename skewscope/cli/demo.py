@@ -15,7 +15,7 @@ import time
 
 import click
 
-from skewscope.cli.common import fail, friendly_errors
+from skewscope.cli.common import enrich_options, fail, friendly_errors
 from skewscope.cli.live import Duration, report_console
 from skewscope.core.errors import DataplaneError
 from skewscope.core.netns import in_netns
@@ -41,7 +41,23 @@ be built; 4 --cleanup without root; 5 bcc missing; 8 kernel refused; 143/129 SIG
 """
 
 
-def _fallback(scenarios, seed):
+def demo_enricher(nodes: int):
+    """The demo's inventory: generator node i (10.0.0.i+1) is host gpu-NN, one GPU NIC each
+    (rank = node index), so the screens show what `--inventory FILE` gives a real site."""
+    from skewscope.core.inventory import parse  # light
+    from skewscope.telemetry.enrich import Enricher  # light
+    rows = "".join(f"10.0.0.{i + 1},gpu-{i + 1:02d},0,{i},demo\n" for i in range(nodes))
+    return Enricher(parse("ip,host,gpu,rank,job\n" + rows, "demo inventory", "csv"))
+
+
+def named_state(enricher):
+    from skewscope.outputs.topview import ViewState  # heavy (numpy): not loaded by --help
+    st = ViewState()
+    st.names = enricher.names()
+    return st
+
+
+def _fallback(scenarios, seed, enricher):
     """No root: the same traffic, offline."""
     from skewscope import gen as sg  # heavy (numpy): not loaded by --help
 
@@ -61,7 +77,7 @@ def _fallback(scenarios, seed):
             click.echo(f"\n=== {name}: {desc}")
             snap = parse_file(path)
             try:
-                res = analyze(snap)
+                res = enricher(analyze(snap))
             except Exception as e:  # the report without findings is still worth showing
                 click.echo(f"warning: analysis failed ({type(e).__name__}: {e})", err=True)
                 res = None
@@ -86,8 +102,10 @@ def _fallback(scenarios, seed):
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--pass-seconds", type=click.FloatRange(5, 3600), default=60, hidden=True)
 @click.option("--cleanup", is_flag=True, help="only remove fabrics left by demos that were killed, then exit")
+@enrich_options
 @friendly_errors
-def demo(nodes, scenarios, rate, duration, no_top, use_tc, xdp_mode, interval, window, seed, pass_seconds, cleanup):
+def demo(nodes, scenarios, rate, duration, no_top, use_tc, xdp_mode, interval, window, seed, pass_seconds, cleanup,
+         enricher):
     """Build an N-node RoCE fabric of network namespaces (GPU nodes -> switch -> mirror
     port -> DPU namespace), play generator scenarios with known pathologies from the nodes
     in a bounded loop, and open `top` on the DPU's interface. On exit everything made is
@@ -104,13 +122,15 @@ def demo(nodes, scenarios, rate, duration, no_top, use_tc, xdp_mode, interval, w
     # heavy (numba, via the generator): loaded only when the demo runs
     from skewscope.testbed.fabric import DEMO_SCENARIOS, Fabric, FabricError, cleanup_stale  # heavy (numba)
     scenarios = tuple(scenarios) or DEFAULT_SCENARIOS
+    if not enricher:                 # the demo names its nodes as a site's inventory would
+        enricher = demo_enricher(nodes)
     for s in scenarios:
         if s not in sg.PRESETS and s not in DEMO_SCENARIOS and not os.path.exists(s):
             fail(f"unknown scenario {s!r} (see 'skewscope gen --list-presets')", 2)
     if os.geteuid() != 0:
         if cleanup:
             fail("--cleanup needs root", 4)
-        _fallback(scenarios, seed)
+        _fallback(scenarios, seed, enricher)
         return
     old = cleanup_stale("ssd-")
     if old:
@@ -156,13 +176,15 @@ def demo(nodes, scenarios, rate, duration, no_top, use_tc, xdp_mode, interval, w
                         timer.daemon = True
                         timer.start()
                     if no_top:
-                        _scripted(sess, duration or 30.0, stop)
+                        _scripted(sess, duration or 30.0, stop, enricher)
                     elif tty:
-                        T.run_tty(sess, interval, window=window, stop=stop, banner=banner)
+                        T.run_tty(sess, interval, window=window, stop=stop, banner=banner, state=named_state(enricher),
+                                  enrich=enricher)
                     else:
                         click.echo(sess.startup_line())
                         count = math.ceil(duration / interval) if duration else None
-                        T.run_plain(sess, interval, count, window=window, stop=stop)
+                        T.run_plain(sess, interval, count, window=window, stop=stop, state=named_state(enricher),
+                                    enrich=enricher)
                 finally:
                     sess.close()
         except Terminated as e:
@@ -209,7 +231,7 @@ def _wait_started(info, player, timeout):
         time.sleep(0.1)
 
 
-def _scripted(sess, duration, stop):
+def _scripted(sess, duration, stop, enricher):
     from skewscope.outputs import report as R  # heavy (numpy): not loaded by --help
     t_end = time.monotonic() + duration
     while time.monotonic() < t_end and not stop.is_set():
@@ -218,7 +240,7 @@ def _scripted(sess, duration, stop):
     snap = sess.snapshot()
     from skewscope.analysis import analyze  # heavy (numba)
     try:
-        res = analyze(snap)
+        res = enricher(analyze(snap))
     except Exception as e:
         click.echo(f"warning: analysis failed ({type(e).__name__}: {e})", err=True)
         res = None

@@ -12,7 +12,9 @@ JSON (`--json`, stable; docs/metrics.md "diagnose --json"):
  "findings": [{"kind", "severity", "entities": {"ips", "qps", "flows"}, "evidence",
                "message", "group", "impact": {"seconds", "share"} | null,
                "since": s | null, "until": s | null,
-               "incident": id | null}]  (severity, then impact),
+               "incident": id | null,
+               "cause": {...} (with --dcgm, on straggler/slow-shard kinds: telemetry/cause.py)}]
+               (severity, then impact),
  "incidents": [{"id", "severity", "kind", "lead", "symptoms": [i], "context": [i],
                 "entities", "impact", "since", "until", "message"}]  (the findings that
                share a root, indices into "findings"; docs/metrics.md "Incidents"),
@@ -116,7 +118,7 @@ def run(snap, checks=None, thresholds=None, enricher=None) -> tuple[dict, int]:
     from skewscope.outputs import report as R  # heavy (numpy): not loaded by --help
     a = analyze(snap, thresholds=thresholds, checks=checks or None)
     if enricher:
-        enricher(a)
+        enricher(a, meta=snap.meta)
         refresh_messages(a)       # the incidents' messages from the findings' named ones
     fs = a["findings"]
     counts = {s: sum(1 for f in fs if f["severity"] == s) for s in ("critical", "warning", "info")}
@@ -161,7 +163,7 @@ def _human(doc) -> None:
               f"{cap['flows']} flows, {cap['duration_s']:.3f} s")
     for line in analysis_lines(doc):
         con.print(line)
-    for line in finding_lines(doc, clock):
+    for line in finding_lines(doc, clock):        # incidents first, each finding's when and cause
         con.print(line)
     c = doc["counts"]
     color = {"critical": "red", "warning": "yellow"}.get(doc["status"], "green")

@@ -9,7 +9,7 @@ import time
 
 import click
 
-from skewscope.cli.common import fail, friendly_errors, load_source
+from skewscope.cli.common import enrich_options, fail, friendly_errors, load_source
 from skewscope.core.errors import EXIT_NOT_RUN, EXIT_USAGE
 from skewscope.core.signals import exit_on_signals, stop_on_signals
 from skewscope.outputs import http as H
@@ -75,9 +75,11 @@ Exit codes: 0 ok (--once, or Ctrl-C); 2 usage; 3 unreadable --from FILE or canno
 @click.option("--no-analysis", is_flag=True, help="serve /metrics only (/v1/* answer 503)")
 @click.option("--node-ip", metavar="IP", help="the IP of the node this DPU watches (its per-node timing series, "
               "label ip); default: the IP that is an end of every data flow, else (--from FILE only) every node seen")
+@enrich_options
 @friendly_errors
 def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, xdp_mode, direction, max_flows,
-           once, fmt, timestamp, token_file, open_metrics, analysis_every, analysis_window, no_analysis, node_ip):
+           once, fmt, timestamp, token_file, open_metrics, analysis_every, analysis_window, no_analysis, node_ip,
+           enricher):
     """Serve this DPU's view as Prometheus metrics (/metrics): per-peer counters, top-K flows,
     message-size and gap histograms. Scrape every DPU; `skewscope cluster` and the rules in
     docs/prometheus/ turn them into the fleet-wide matrix and skew."""
@@ -103,7 +105,7 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
     token = H.read_token(token_file) if token_file else None
     analyst = None
     if not once and not no_analysis:
-        runner = AnalysisRunner(load_analyze(), nice=H.ANALYSIS_NICE)
+        runner = AnalysisRunner(load_analyze(), nice=H.ANALYSIS_NICE, enrich=enricher or None)
         analyst = H.Analyst(node, "file" if from_file else "live", runner, every=analysis_every,
                             window_s=analysis_window)
     if node_ip is not None:
@@ -121,15 +123,17 @@ def export(iface, from_file, listen, node, top_k, max_peers, interval, use_tc, x
     try:
         if once and fmt == "openmetrics":
             # a backfill describes the DPU's traffic, not this converting process: no process_*
-            reg = X.make_registry(X.SkewscopeCollector(src.get), process_metrics=False)
+            reg = X.make_registry(X.SkewscopeCollector(src.get, enricher.inventory), process_metrics=False)
             click.echo(X.render_openmetrics(reg, time.time() if timestamp is None else timestamp), nl=False)
             return
-        reg = X.make_registry(X.SkewscopeCollector(src.get))
+        reg = X.make_registry(X.SkewscopeCollector(src.get, enricher.inventory))
         if once:
             click.echo(X.render(reg), nl=False)
             return
         try:
-            server = H.Server(addr, port, reg, analyst=analyst, token=token, open_metrics=open_metrics)
+            from skewscope.mitigate.software import list_all  # light until asked
+            server = H.Server(addr, port, reg, analyst=analyst, token=token, open_metrics=open_metrics,
+                              mitigations=list_all)
         except OSError as e:
             fail(f"cannot listen on {listen}: {e.strerror or e}", EXIT_NOT_RUN)
         server.start()
@@ -185,8 +189,9 @@ Exit codes: 0 ok; 2 usage; 3 Prometheus unreachable, refused the query or has no
 @click.option("--at", "at", type=click.FloatRange(0, None), default=None, metavar="UNIX_S",
               help="evaluate at this time instead of now (e.g. a Prometheus backfilled with `export --once "
                    "--format openmetrics`); the window ends there")
+@enrich_options
 @friendly_errors
-def cluster(url, window, as_json, timeout, selector, no_rules, top, clock, stats, at):
+def cluster(url, window, as_json, timeout, selector, no_rules, top, clock, stats, at, enricher):
     """Cluster-wide traffic matrix, skew and findings from the Prometheus that scrapes every
     DPU's `skewscope export`: the same metrics and findings as the single-node report."""
     from skewscope.outputs import cluster as C  # heavy (numpy): not loaded by --help
@@ -195,6 +200,7 @@ def cluster(url, window, as_json, timeout, selector, no_rules, top, clock, stats
                     at=at)
     except C.ClusterError as e:
         fail(str(e), e.code)
+    enricher(doc, meta=doc.get("meta"))   # a unix clock: the findings' DCGM window
     if stats:
         m = doc["meta"]
         click.echo(f"cluster: queries {m['queries']}, samples returned {m['samples_returned']}, "

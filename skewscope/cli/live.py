@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from skewscope.cli.common import fail, friendly_errors
+from skewscope.cli.common import enrich_options, fail, friendly_errors
 from skewscope.core.errors import EXIT_NO_IFACE, EXIT_USAGE
 
 TOP_EPILOG = """\b
@@ -133,9 +133,10 @@ def _session(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_deta
                    "the matrix (data bit/s, row = source, column = destination) instead of the flow table")
 @click.argument("interval", type=click.FloatRange(0.1, 3600), default=1.0, required=False)
 @click.argument("count", type=click.IntRange(1), required=False)
+@enrich_options
 @friendly_errors
 def top(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, ebpf, rows, window, sort, ip_filter,
-        no_analysis, plain, matrix, interval, count):
+        no_analysis, plain, matrix, interval, count, enricher):
     """Live, top-like view of every RoCE flow (QP) seen on IFACE: rates, message sizes,
     ECN/CNP, retransmits, NAKs, detected collectives and findings. Refreshes every INTERVAL
     seconds (default 1); with COUNT, or when stdout is not a terminal, prints COUNT plain
@@ -151,6 +152,7 @@ def top(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, e
     st.sort = {"rate": 0, "pps": 1, "ce": 2, "cnp": 3, "retx": 4, "nak": 5, "src": 6, "dst": 7}[sort]
     st.filter = ip_filter or ""
     st.matrix = matrix
+    st.names = enricher.names() if enricher else {}
     tty = sys.stdout.isatty() and sys.stdin.isatty() and count is None and not plain
     analyze = None if no_analysis else "auto"
     sess = _session(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, "live")
@@ -159,12 +161,13 @@ def top(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, e
         if sess.removed_leftover is not None:
             click.echo(f"removed stale {sess.removed_leftover.describe()} from {iface}", err=True)
         if tty:
-            T.run_tty(sess, interval, rows=rows or 0, window=window, state=st, analyze=analyze)
+            T.run_tty(sess, interval, rows=rows or 0, window=window, state=st, analyze=analyze,
+                      enrich=enricher or None)
         else:
             click.echo(sess.startup_line())
             sys.stdout.flush()
             T.run_plain(sess, interval, count, rows=20 if rows is None else rows, window=window, state=st,
-                        analyze=analyze)
+                        analyze=analyze, enrich=enricher or None)
     if sess.t0_mono_ns:
         click.echo(f"Detached skewscope from {iface}.", err=not tty)
     if att.code:
@@ -187,9 +190,10 @@ def top(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, e
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar and no report")
 @click.option("--html", "html_out", type=click.Path(dir_okay=False), metavar="OUT.html",
               help="also write the report as one self-contained HTML page (docs/html.md)")
+@enrich_options
 @friendly_errors
 def capture(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, ebpf, duration, output, pcap_out,
-            pcap_snaplen, pcap_max_mb, as_json, top_n, quiet, html_out):
+            pcap_snaplen, pcap_max_mb, as_json, top_n, quiet, html_out, enricher):
     """Capture RoCE accounting on IFACE for DURATION into a snapshot file (written
     atomically), then print the report. Ctrl-C ends the capture early and still saves it.
     `skewscope report FILE.snap` reads it later without root."""
@@ -290,7 +294,7 @@ def capture(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detac
         return
     try:
         from skewscope.analysis import analyze  # heavy (numba): only when a report is printed
-        analysis = analyze(snap)
+        analysis = enricher(analyze(snap), meta=snap.meta)
     except Exception as e:  # the snapshot is saved; a failing analysis must not hide it
         click.echo(f"warning: analysis failed ({type(e).__name__}: {e}); report without findings", err=True)
         analysis = None

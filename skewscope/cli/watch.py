@@ -13,6 +13,7 @@ the fleet findings of `skewscope cluster` every --interval.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -22,9 +23,9 @@ from datetime import datetime, timezone
 import click
 
 from skewscope.cli import diagnose as D
-from skewscope.cli.common import fail, friendly_errors, load_source
+from skewscope.cli.common import enrich_options, fail, friendly_errors, load_source
 from skewscope.cli.live import Duration, _stale_policy
-from skewscope.core.errors import EXIT_NOT_RUN, DataplaneError, PcapError
+from skewscope.core.errors import EXIT_NO_PRIV, EXIT_NOT_RUN, DataplaneError, PcapError
 from skewscope.core.signals import stop_on_signals
 from skewscope.outputs import events as E
 from skewscope.outputs.when import Clock
@@ -112,9 +113,24 @@ def when_text(ev: dict) -> str:
     return f"since {_iso_ms(s)}" + (f", until {_iso_ms(u)}" if u is not None else ", still holding")
 
 
+def mitigation_line(ev: dict) -> str:
+    """A closed-loop step (--mitigate): what was done about which finding, and why."""
+    acts = ev.get("actions") or []
+    what = acts[0]["describe"] if len(acts) == 1 else (f"{len(acts)} actions, e.g. {acts[0]['describe']}" if acts else "")
+    ids = ",".join(str(a["id"]) for a in acts if a.get("id"))
+    hl = ev.get("headline") or {}
+    num = (f"; {hl['name']} {hl['before']:.3g}" + (f" -> {hl['after']:.3g}" if hl.get("after") is not None else "")
+           if hl.get("before") is not None else "")
+    why = f" ({ev['reason']})" if ev.get("reason") else ""
+    return (f"{_iso(ev['time'])} MITIGATE {ev['step'].upper():8s} {ev.get('kind')} [{str(ev['finding_id']).split(':', 1)[-1]}]"
+            f" on {ev['interface']} {ev['direction']}{' ids ' + ids if ids else ''}: {what}{num}{why}")
+
+
 def human_line(ev: dict, nested: bool = False) -> str:
     """One event; nested: a finding of the incident whose lead's line came just before
     (indented under it); a finding of another incident names it."""
+    if ev.get("event") == "mitigation":
+        return mitigation_line(ev)
     f = ev["finding"]
     acts = "; ".join(action_text(a) for a in f.get("actions") or [])
     extra = f" ({ev['change']})" if ev.get("change") else ""
@@ -132,9 +148,17 @@ def human_line(ev: dict, nested: bool = False) -> str:
 class Emitter:
     """stdout (human or NDJSON, flushed per event) + the webhooks."""
 
-    def __init__(self, as_json: bool, hooks: list[E.Webhook], source: str):
+    def __init__(self, as_json: bool, hooks: list[E.Webhook], source: str, mitigator=None):
         self.as_json, self.hooks, self.source = as_json, hooks, source
+        self.mit = mitigator             # --mitigate: mitigate.loop.Mitigator
         self.count = 0
+
+    def analysis(self, evs, tr) -> None:
+        """One analysis' finding events, then what the closed loop did about them."""
+        self.emit(evs)
+        if self.mit is not None:
+            from skewscope.mitigate.loop import current_findings  # light
+            self.emit(self.mit.step(evs, current_findings(tr)))
 
     def emit(self, evs) -> None:
         evs = list(evs)
@@ -152,6 +176,8 @@ class Emitter:
     def finish(self, drain_s: float, summary: bool = True) -> None:
         """Close the webhooks (bounded), then the summary: stderr line + NDJSON stats line
         (not after an error that stops the watch: that is one line on stderr only)."""
+        if self.mit is not None:
+            self.emit(self.mit.close())
         deadline = time.monotonic() + drain_s          # one --drain for all the webhooks
         for h in self.hooks:
             h.close(max(0.0, deadline - time.monotonic()))
@@ -178,11 +204,11 @@ def _file_times(snap) -> tuple[float, float]:
     return f / 1e9, last / 1e9
 
 
-def _from_file(path, em: Emitter, hold: float, drain_s: float) -> int:
+def _from_file(path, em: Emitter, hold: float, drain_s: float, enricher=None) -> int:
     from skewscope.core.snapshot import SnapshotError  # heavy (numpy): not loaded by --help
     try:
         snap = load_source(path)
-        doc, code = D.run(snap)
+        doc, code = D.run(snap, enricher=enricher)
     except (DataplaneError, PcapError, SnapshotError) as e:
         em.finish(0, summary=False)
         fail(str(e), EXIT_NOT_RUN)
@@ -190,13 +216,14 @@ def _from_file(path, em: Emitter, hold: float, drain_s: float) -> int:
         fail("out of memory while analysing (capture a shorter window)", EXIT_NOT_RUN)
     first, last = _file_times(snap)
     tr = E.Tracker(hold=hold, source=em.source)
-    em.emit(tr.update(doc["findings"], now=last, seen=(first, last), clock=Clock.of(snap.meta, wall_end=last)))
+    em.analysis(tr.update(doc["findings"], now=last, seen=(first, last), clock=Clock.of(snap.meta, wall_end=last)),
+                tr)
     em.finish(drain_s)
     return code
 
 
 def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, interval, window, tr: E.Tracker,
-          duration, em: Emitter, drain_s: float) -> int:
+          duration, em: Emitter, drain_s: float, enricher=None) -> int:
     from skewscope.live.loop import Attached, Loop  # heavy (numpy): not loaded by --help
     from skewscope.live.runner import AnalysisRunner, load_analyze  # heavy (numpy): not loaded by --help
     from skewscope.sources.live import LiveSession  # heavy (numpy): not loaded by --help
@@ -205,7 +232,7 @@ def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach,
         fail("the analysis package is not importable (numba missing?)", EXIT_NOT_RUN)
     sess = LiveSession(iface, mode="tc" if use_tc else "xdp", xdp_mode=xdp_mode, direction=direction,
                        sample_n=sample_n, max_flows=max_flows, on_stale=_stale_policy(force_detach), source="live")
-    runner = AnalysisRunner(analyze)
+    runner = AnalysisRunner(analyze, enrich=enricher or None)
     loop = Loop(sess, interval, window, runner)
     seen_when = 0.0
     err_said = ""
@@ -227,8 +254,9 @@ def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach,
                     if not err and last is not None:
                         w = last["window"]
                         end = w["end_wall"]
-                        em.emit(tr.update(last["analysis"]["findings"], now=end, seen=(end - w["duration_s"], end),
-                                          clock=last["analysis"]["_clock"]))
+                        em.analysis(tr.update(last["analysis"]["findings"], now=end,
+                                              seen=(end - w["duration_s"], end), clock=last["analysis"]["_clock"]),
+                                    tr)
                 if t_end is not None and time.monotonic() >= t_end:
                     break
     finally:
@@ -239,7 +267,7 @@ def _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach,
 
 
 def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emitter, drain_s: float,
-                prom_window: str | None = None) -> int:
+                prom_window: str | None = None, enricher=None) -> int:
     from skewscope.outputs import cluster as C  # heavy (numpy): not loaded by --help
     prom_window = prom_window or f"{window:g}s"
     try:
@@ -256,6 +284,8 @@ def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emi
                 t0 = time.monotonic()
                 try:
                     doc = C.run(url, window=prom_window, timeout=timeout)
+                    if enricher:
+                        enricher(doc, meta=doc.get("meta"))
                 except C.ClusterError as e:
                     if first:
                         failed = True
@@ -269,7 +299,8 @@ def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emi
                     last_err, first = "", False
                     now = time.time()
                     span = C.window_seconds(prom_window)
-                    em.emit(tr.update(doc.get("findings") or [], now=now, seen=(now - span, now) if span else None))
+                    em.analysis(tr.update(doc.get("findings") or [], now=now, seen=(now - span, now) if span else None),
+                                tr)
                 if t_end is not None and time.monotonic() >= t_end:
                     break
                 wait = interval - (time.monotonic() - t0)
@@ -321,10 +352,14 @@ def _prometheus(url, interval, window, tr: E.Tracker, duration, timeout, em: Emi
               help="live: count 1 RoCE packet in N")
 @click.option("--max-flows", type=click.IntRange(16, 1 << 24), default=65536, show_default=True)
 @click.option("--force-detach", is_flag=True, help="live: remove a stale skewscope program left on IFACE")
+@click.option("--mitigate", "policy_file", metavar="POLICY", type=click.Path(dir_okay=False),
+              help="closed loop (root): act on findings as the policy file allows, verify, revert "
+                   "(docs/mitigation.md \"Closed loop\")")
+@enrich_options
 @friendly_errors
 def watch(iface, from_file, prom, prom_window, as_json, webhooks, token_file, interval, window, hold, confirm, duration, webhook_timeout,
           webhook_retries, webhook_queue, drain_s, timeout, use_tc, direction, xdp_mode, sample_n, max_flows,
-          force_detach):
+          force_detach, policy_file, enricher):
     """Finding events for controllers and schedulers: each finding `opened`, `updated`
     (severity or headline evidence changed) and `resolved` (absent for --hold seconds), with a
     stable id and machine-readable actions; human lines, NDJSON (--json) and webhooks."""
@@ -341,13 +376,27 @@ def watch(iface, from_file, prom, prom_window, as_json, webhooks, token_file, in
         except E.WebhookURLError as e:
             _say(f"{e}: ignored (events still go to stdout{' and the other webhooks' if len(webhooks) > 1 else ''})")
     source = from_file or (f"live:{iface}" if iface else prom)
-    em = Emitter(as_json, hooks, source)
+    mit = None
+    if policy_file:
+        from skewscope.mitigate.loop import Mitigator  # light
+        from skewscope.mitigate.policy import load as load_policy  # light
+        from skewscope.mitigate.rules import MitigationError  # light
+        from skewscope.mitigate.software import Software  # light until the first action
+        try:
+            pol = load_policy(policy_file)
+            mit = Mitigator(pol, Software(pol.interface, pol.direction))
+        except MitigationError as e:
+            fail(str(e), EXIT_NOT_RUN)
+        if os.geteuid() != 0:
+            fail("--mitigate needs root (it changes the data path of the policy's interface)", EXIT_NO_PRIV)
+    em = Emitter(as_json, hooks, source, mit)
     if from_file:
-        code = _from_file(from_file, em, hold, drain_s)
+        code = _from_file(from_file, em, hold, drain_s, enricher)
     elif iface:
         code = _live(iface, use_tc, direction, xdp_mode, sample_n, max_flows, force_detach, interval or 1.0,
-                     window or 10.0, E.Tracker(hold=hold, source=source, confirm=confirm), duration, em, drain_s)
+                     window or 10.0, E.Tracker(hold=hold, source=source, confirm=confirm), duration, em, drain_s,
+                     enricher)
     else:
         code = _prometheus(prom, interval or 15.0, window or 60.0, E.Tracker(hold=hold, source=source, confirm=confirm),
-                           duration, timeout, em, drain_s, prom_window)
+                           duration, timeout, em, drain_s, prom_window, enricher)
     sys.exit(code)

@@ -1,9 +1,9 @@
-"""The inventory: what people call an address (issue 27, deliverable 1a: the file part).
+"""The inventory: what people call an address (issue 27, deliverable 1).
 
 Findings speak in IPs; an SRE thinks in hosts, GPUs, ranks, jobs and pods. An inventory maps
 each address (a NIC's RoCE address: one GPU's rail on a multi-rail host) to those names. This
-module reads it from a file and validates it; wiring the names into every output, and
-reading them from Prometheus labels, come next (docs/fleet.md will say where they come from).
+module reads it from a file (or an info metric's label sets: from_labels) and validates it;
+telemetry/enrich.py puts the names into every output (docs/fleet.md "Inventory").
 
 Formats (chosen by the suffix; `.csv` / `.tsv` else sniffed):
 
@@ -187,6 +187,33 @@ def load(path: str | Path) -> Inventory:
     suf = p.suffix.lower()
     fmt = {".csv": "csv", ".tsv": "tsv", ".yaml": "yaml", ".yml": "yaml"}.get(suf)
     return parse(text, str(p), fmt)
+
+
+#: label names an info metric may use for each inventory field (skewscope_inventory_info's own
+#: first; `job`/`instance` are Prometheus' target labels, never the inventory's)
+LABELS = {"ip": ("ip", "address", "addr"), "host": ("host", "hostname", "Hostname", "nodename"),
+          "gpu": ("gpu",), "rank": ("rank",), "job": ("job_name",), "pod": ("pod",), "namespace": ("namespace",),
+          "instance": ("instance_name",), "rail": ("rail", "device")}
+
+
+def from_labels(rows, source: str = "labels") -> Inventory:
+    """An Inventory from the label sets of an info metric (Prometheus: skewscope_inventory_info
+    of exporters run with --inventory, or a site's own, e.g. from its CMDB). Label sets without
+    an address or a host, or with a value that is not valid, are skipped (a fleet's labels are
+    not a file a user can fix line by line); the same address twice keeps the first."""
+    out: dict[str, Entry] = {}
+    for labels in rows:
+        row = {}
+        for k, names in LABELS.items():
+            v = next((str(labels[n]) for n in names if labels.get(n) not in (None, "")), "")
+            if v:
+                row[k] = v
+        try:
+            e = _entry(row, source, {}, "")
+        except InventoryError:
+            continue
+        out.setdefault(e.ip, e)
+    return Inventory(out, source)
 
 
 def dumps_csv(inv: Inventory) -> str:

@@ -25,12 +25,15 @@ class AnalysisRunner:
 
     `result` is the last good analysis (its "_clock": the window's Clock on the wall);
     `last` the same with when, how long and which window (the /v1 documents' head);
+    `enrich` (names, causes: telemetry.enrich) runs on each result in the same thread;
     `error` is "Type: message" of the last run when it failed (None after a good one; the
     last good result is kept); `when`, `window_s`, `took` describe the last run, good or not.
     `runs` counts good runs, `skipped` the windows offered while one still ran."""
 
-    def __init__(self, analyze=None, disabled: bool = False, thresholds: dict | None = None, nice: int = 0):
+    def __init__(self, analyze=None, disabled: bool = False, thresholds: dict | None = None, nice: int = 0,
+                 enrich=None):
         self.analyze = analyze
+        self.enrich = enrich             # telemetry.enrich.Enricher (names, causes) or None
         self.disabled = disabled
         self.thresholds = thresholds
         self.nice = int(nice)            # this thread only: below the data-plane reader and HTTP threads
@@ -95,6 +98,8 @@ class AnalysisRunner:
                 res = (self.analyze(snap) if self.thresholds is None
                        else self.analyze(snap, thresholds=self.thresholds))
                 if isinstance(res, dict):
+                    if self.enrich:
+                        self.enrich(res)
                     res["_clock"] = Clock.of(m, wall_end=wall)
             except Exception as e:  # an analysis bug must not stop the live loop; the consumer says it
                 res, err = None, f"{type(e).__name__}: {e}"

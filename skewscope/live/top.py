@@ -19,10 +19,10 @@ from skewscope.outputs.toprich import render_rich
 from skewscope.outputs.topview import ViewState, build_model, decode_keys, plain_lines
 
 
-def runner_for(analyze="auto") -> AnalysisRunner:
+def runner_for(analyze="auto", enrich=None) -> AnalysisRunner:
     """"auto": analysis.analyze when importable; None: no analysis (--no-analysis); else the
-    callable given (tests)."""
-    return AnalysisRunner(load_analyze() if analyze == "auto" else analyze, disabled=analyze is None)
+    callable given (tests). enrich: names and causes on each result (telemetry.enrich)."""
+    return AnalysisRunner(load_analyze() if analyze == "auto" else analyze, disabled=analyze is None, enrich=enrich)
 
 
 def analysis_note(runner: AnalysisRunner) -> str:
@@ -45,12 +45,13 @@ def table_rows_for(height: int) -> int:
 
 
 def run_plain(session, interval: float, count: int | None, out=None, rows: int = 20, window: float = 10.0,
-              state: ViewState | None = None, analyze="auto", stop: threading.Event | None = None) -> int:
+              state: ViewState | None = None, analyze="auto", stop: threading.Event | None = None,
+              enrich=None) -> int:
     """bcc-style periodic tables; each analysed inline on its window. Returns the number of
     intervals printed."""
     out = out or sys.stdout
     state = state or ViewState()
-    runner = runner_for(analyze)
+    runner = runner_for(analyze, enrich)
     loop = Loop(session, interval, window, runner, sync=True)
     n = 0
     for iv in loop.ticks(count, stop=stop):
@@ -68,7 +69,7 @@ def run_plain(session, interval: float, count: int | None, out=None, rows: int =
 
 
 def run_tty(session, interval: float, rows: int = 0, window: float = 10.0, state: ViewState | None = None,
-            analyze="auto", stop: threading.Event | None = None, banner: str = "") -> None:
+            analyze="auto", stop: threading.Event | None = None, banner: str = "", enrich=None) -> None:
     """The full-screen view; the analysis runs in the runner's thread (a window offered while
     one still runs is skipped). Returns on q; Ctrl-C raises KeyboardInterrupt (the caller's
     live.loop.Attached detaches). The terminal is restored in every case."""
@@ -77,7 +78,7 @@ def run_tty(session, interval: float, rows: int = 0, window: float = 10.0, state
     from rich.live import Live  # heavy (rich): only when drawing
 
     state = state or ViewState()
-    runner = runner_for(analyze)
+    runner = runner_for(analyze, enrich)
     loop = Loop(session, interval, window, runner)
     # A full-screen view follows the real terminal (and its resizes): exported COLUMNS/LINES
     # (often stale -- e.g. inherited into tmux panes) would pin it to a wrong size.

@@ -80,13 +80,21 @@ def actions_for(f: dict) -> list[dict]:
 def finding_object(f: dict) -> dict:
     """The finding as events, webhooks and /v1/findings carry it: {"id", "kind", "severity",
     "entities" {"ips", "qps", "flows"}, "message", "evidence", "impact", "actions", "since",
-    "until"} (since/until as the analysis gives them: s on the snapshot's clock)."""
+    "until"} (since/until as the analysis gives them: s on the snapshot's clock), plus what an
+    enrichment added when it did (OPTIONAL: "names" from --inventory, "cause" from GPU telemetry,
+    "incident" the id of the incident the finding belongs to)."""
     ent = f.get("entities") or {}
-    return {"id": finding_id(f), "kind": f.get("kind"), "severity": f.get("severity"),
-            "entities": {"ips": list(ent.get("ips") or []), "qps": list(ent.get("qps") or []),
-                         "flows": [list(x) for x in (ent.get("flows") or [])]},
-            "message": f.get("message"), "evidence": f.get("evidence") or {}, "impact": f.get("impact"),
-            "actions": actions_for(f), "since": _num(f.get("since")), "until": _num(f.get("until"))}
+    out = {"id": finding_id(f), "kind": f.get("kind"), "severity": f.get("severity"),
+           "entities": {"ips": list(ent.get("ips") or []), "qps": list(ent.get("qps") or []),
+                        "flows": [list(x) for x in (ent.get("flows") or [])]},
+           "message": f.get("message"), "evidence": f.get("evidence") or {}, "impact": f.get("impact"),
+           "actions": actions_for(f), "since": _num(f.get("since")), "until": _num(f.get("until"))}
+    out.update({k: f[k] for k in OPTIONAL if f.get(k) is not None})
+    return out
+
+
+#: finding keys an enrichment may add, carried by events and /v1/findings when present
+OPTIONAL = ("names", "cause", "incident")
 
 
 def event(kind: str, obj: dict, first_seen: float, last_seen: float, at: float, source: str | None = None,
@@ -109,15 +117,15 @@ def by_incident(events: list[dict]) -> list[tuple[dict, bool]]:
     """(event, nested) for a batch of events as a reader takes them in: each incident's
     events together, where its first event appears, its lead's event (id == incident) first;
     nested = a finding of an incident whose lead's event is in the batch (shown under it).
-    Events of no incident keep their place."""
-    leads = {e["id"] for e in events if e.get("incident") == e["id"]}
+    Events of no incident (and other events on the stream: --mitigate's steps) keep their place."""
+    leads = {e.get("id") for e in events if e.get("incident") and e.get("incident") == e.get("id")}
     order: dict = {}
     for k, e in enumerate(events):
         order.setdefault(e.get("incident") or ("", k), []).append(e)
     out = []
     for key, evs in order.items():
-        evs.sort(key=lambda e: e["id"] != e.get("incident"))       # stable: the lead's first
-        out += [(e, isinstance(key, str) and key in leads and e["id"] != key) for e in evs]
+        evs.sort(key=lambda e: e.get("id") != e.get("incident"))       # stable: the lead's first
+        out += [(e, isinstance(key, str) and key in leads and e.get("id") != key) for e in evs]
     return out
 
 

@@ -29,8 +29,9 @@ DEFAULT_LISTEN = "127.0.0.1:9435"
 class SkewscopeCollector:
     """prometheus_client custom collector: collect() renders the current ExportState."""
 
-    def __init__(self, get_state):
+    def __init__(self, get_state, inventory=None):
         self._get_state = get_state
+        self._inventory = inventory      # core.inventory.Inventory (--inventory) or None
 
     def describe(self):
         return []  # unchecked collector: families depend on the data
@@ -130,6 +131,15 @@ class SkewscopeCollector:
         info.add_metric([node, __version__, str(m.get("source", "?")),
                          str(m.get("interface") or m.get("file") or "")], 1)
         yield info
+        if self._inventory is not None:
+            fam = M.family(M.INVENTORY_INFO)
+            for ip in sorted(set(st.peer_src) | set(st.peer_dst)):
+                e = self._inventory.get(ip)
+                if e is not None:
+                    fam.add_metric([node, ip, e.host] + ["" if v is None else str(v) for v in
+                                                         (e.gpu, e.rank, e.job, e.pod, e.namespace, e.instance,
+                                                          e.rail)], 1)
+            yield fam
         # per-node timing: one family per table row, even when empty (no node, no groups)
         fams = {}
         for spec in M.METRICS[M.METRICS.index(M.NODE_FORWARD_LATENCY):]:

@@ -238,7 +238,7 @@ def _collectives(colls) -> list[str]:
     rows = []
     for i, c in enumerate(colls):
         cm = c.get("metrics") or {}
-        mem = c["members"]
+        mem = c.get("member_names") or c["members"]      # --inventory: what people call them
         rows.append((i, c["kind"], c.get("pattern") or "", f"{c['confidence']:.2f}", len(mem),
                      ", ".join(mem[:6]) + (f" ... ({len(mem)})" if len(mem) > 6 else ""),
                      R.fmt_bytes(cm.get("bytes") or 0), cm.get("protocol_hint") or "",

@@ -1,5 +1,6 @@
-"""The exporter's HTTP server: GET /metrics (Prometheus), GET /v1/findings and GET /v1/load
-(JSON for controllers: request routers, expert-placement planners, schedulers).
+"""The exporter's HTTP server: GET /metrics (Prometheus), GET /v1/findings, GET /v1/load and
+GET /v1/mitigations (JSON for controllers: request routers, expert-placement planners,
+schedulers).
 
 Light to import (the CLI reads its defaults): the analysis and prometheus_client are
 imported where they are used. One stdlib `ThreadingHTTPServer` (daemon threads), read-only: GET and HEAD only (any other
@@ -34,6 +35,11 @@ Schemas (version API_VERSION; docs/fleet.md has them with an example):
                   "instances": [instance_loads rows: {"group", "kind", "members", "size",
                                 "bytes", "bytes_per_s", "tokens", "tokens_per_s",
                                 "token_interval_s", "busy_share", "message_size_bytes"}]}
+    /v1/mitigations {"version", "mitigations": [{"id", "action", "src", "dst", "sport", "dest_qp",
+                     "dscp", "rate_bps", "burst", "ttl", "note" (the finding id), "describe",
+                     "expires_in", "created_at", "counters", "interface", "direction"}]}: every
+                  skewscope mitigation active in the exporter's network namespace, read from the
+                  kernel (docs/mitigation.md)
 """
 from __future__ import annotations
 
@@ -58,7 +64,7 @@ DEFAULT_WINDOW_S = 10.0    # live: the analysed window (s)
 ANALYSIS_NICE = 10         # the analysis thread's nice value (Linux: per thread)
 REQUEST_TIMEOUT_S = 30.0   # a client that sends nothing for this long is dropped
 JSON_TYPE = "application/json"
-PATHS = ("/metrics", "/v1/findings", "/v1/load")
+PATHS = ("/metrics", "/v1/findings", "/v1/load", "/v1/mitigations")
 
 
 class TokenError(SkewscopeError):
@@ -207,9 +213,10 @@ class Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, addr: str, port: int, registry, analyst: Analyst | None = None,
-                 token: str | None = None, open_metrics: bool = False):
+                 token: str | None = None, open_metrics: bool = False, mitigations=None):
         self.address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
         self.registry, self.analyst = registry, analyst
+        self.mitigations = mitigations     # () -> [active mitigation dicts] (mitigate.software.list_all)
         self.token = token.encode() if token else None
         self.open_metrics = bool(open_metrics)
         super().__init__((addr, port), Handler)
@@ -279,6 +286,10 @@ class Handler(BaseHTTPRequestHandler):
                 body = gzip.compress(body)
                 extra["Content-Encoding"] = "gzip"
             return self._send(200, body, CONTENT_TYPE_LATEST, extra, head)
+        if path == "/v1/mitigations":
+            if self.server.mitigations is None:
+                return self._error(503, "mitigations are not readable here", head=head)
+            return self._json(200, {"version": API_VERSION, "mitigations": self.server.mitigations()}, head=head)
         an = self.server.analyst
         doc = None
         if an is not None:

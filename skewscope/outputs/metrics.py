@@ -181,6 +181,16 @@ READ_DURATION_SECONDS = _m("skewscope_read_duration_seconds", GAUGE, NODE_LABELS
 EXPORTER_INFO = _m("skewscope_exporter_info", GAUGE, ("node", "version", "source", "input"),
                    "Exporter identity (value 1).",
                    "exporter: package version, snapshot meta source and interface or file")
+#: --inventory: what people call the addresses this DPU exports (docs/fleet.md "Inventory"):
+#: one series per known address among the peer labels (bounded by --max-peers); names join
+#: the per-pair series in PromQL (`* on(dst) group_left(host) label_replace(...)`) rather than
+#: riding on them, so renaming a host never splits a counter's series. The inventory's `job` and
+#: `instance` are `job_name` and `instance_name` here: Prometheus owns the target labels `job`
+#: and `instance` (a scraped `job` would be renamed `exported_job`)
+INVENTORY_INFO = _m("skewscope_inventory_info", GAUGE,
+                    ("node", "ip", "host", "gpu", "rank", "job_name", "pod", "namespace", "instance_name", "rail"),
+                    "What people call an address this DPU exports (value 1; --inventory).",
+                    "exporter: the --inventory entry of each src/dst address exported")
 
 # ---- per-node timing (one DPU per node; analysis.nodeview; docs/fleet.md "Per-node timing series")
 # Fixed log-spaced buckets (1-2-5 per decade), the same on every DPU (sums across DPUs work).
@@ -246,7 +256,7 @@ METRICS = (
     *FLOW_COUNTERS, FLOW_NAKS, FLOW_MESSAGE_SIZE_BYTES,
     MESSAGE_SIZE_BYTES, MESSAGE_GAP_SECONDS, FRAMES, PFC_PAUSE_FRAMES, PFC_RESUME_FRAMES, PFC_PAUSE_QUANTA,
     FLOWS, FLOWS_CREATED, FLOWS_EVICTED, MESSAGE_RECORDS_LOST, PARTIAL_MESSAGES, SAMPLING_DENOMINATOR, PEERS,
-    LAST_READ_TIMESTAMP_SECONDS, READ_DURATION_SECONDS, EXPORTER_INFO,
+    LAST_READ_TIMESTAMP_SECONDS, READ_DURATION_SECONDS, EXPORTER_INFO, INVENTORY_INFO,
     NODE_FORWARD_LATENCY, NODE_OWN_LAG, NODE_ARRIVAL_OFFSET, NODE_START_OFFSET, NODE_STEP, NODE_COLLECTIVE, NODE_ITERATION,
     NODE_STEPS, NODE_COLLECTIVES, NODE_ITERATIONS,
 )

@@ -167,11 +167,13 @@ def human(snap: Snapshot, analysis: dict | None = None, top: int = 20, console=N
                        min_width=len(c) if c not in ("src", "dst") else 7)
     f = snap.flows
     order = np.argsort(-f["bytes"].astype(np.int64), kind="stable")[:top]
+    names = {ip: e["name"] for ip, e in ((analysis or {}).get("inventory") or {}).items()}   # --inventory
     for i in order:
         r = f[i]
         v = int(r["ipver"])
         mode = int(np.argmax(r["msg_hist"])) if r["msg_hist"].any() else -1
-        tab.add_row(ip_str(r["src"], v), ip_str(r["dst"], v), f"0x{int(r['dest_qp']):06x}", str(int(r["packets"])),
+        src, dst = ip_str(r["src"], v), ip_str(r["dst"], v)
+        tab.add_row(names.get(src, src), names.get(dst, dst), f"0x{int(r['dest_qp']):06x}", str(int(r["packets"])),
                     fmt_bytes(int(r["bytes"])), str(int(r["messages"])),
                     "-" if mode < 0 else fmt_bytes(L.slot_lower_bound(mode)) + "+",
                     str(int(r["ce"])), str(int(r["cnp"])), str(int(r["acks"])),
@@ -198,7 +200,9 @@ def named(ip: str, finding: dict) -> str:
 def finding_lines(analysis: dict, clock: Clock) -> list[str]:
     """Rich markup lines of the findings, incidents first (report, diagnose, cluster): one
     line per incident (severity, id, lead kind and node), its findings indented under it,
-    each with when it held; then the findings of no incident (context) under "context"."""
+    each with when it held and its GPU cause (--dcgm); then the findings of no incident
+    (context) under "context"."""
+    from rich.markup import escape  # heavy (rich): only when drawing
     out = []
     for inc, fs in incident_sections(analysis):
         pad = "  "
@@ -218,6 +222,8 @@ def finding_lines(analysis: dict, clock: Clock) -> list[str]:
             when = clock.text(fd.get("since"), fd.get("until"))
             if when:
                 out.append(f"{pad}{'':9s}{when}")
+            if fd.get("cause"):
+                out.append(f"{pad}{'':9s}cause: {escape(str(fd['cause']['text']))}")
     return out
 
 
@@ -273,7 +279,7 @@ def analysis_lines(analysis: dict) -> list[str]:
     timed = [c for c in colls if c.get("timing")]
     per_group = len(timed) > 1
     for c in colls:
-        mem = c["members"]
+        mem = c.get("member_names") or c["members"]      # --inventory: what people call them
         pat = c.get("pattern") or (c.get("metrics") or {}).get("pattern") or "?"
         wl = c["timing"].get("workload") if per_group and c.get("timing") else None
         out.append(f"  {c['kind']} ({pat}, confidence {c['confidence']:.2f}{', ' + wl if wl else ''}): "

@@ -38,15 +38,17 @@ class MatrixView:
     hot_cell: tuple | None = None
     dest_skew: dict | None = None  # analysis.stats.skew_stats of the column sums
     cold_link: tuple | None = None  # (i, j, ratio to the median non-zero link) with >= 3 links
+    names: dict | None = None     # ip -> what people call it (--inventory): the labels
 
     @property
     def n(self) -> int:
         return len(self.ips)
 
 
-def matrix_view(snap: Snapshot, dt: float, cumulative: bool = False, flow_mask=None) -> MatrixView:
+def matrix_view(snap: Snapshot, dt: float, cumulative: bool = False, flow_mask=None,
+                names: dict | None = None) -> MatrixView:
     """The matrix of snap over dt seconds; flow_mask (bool per flow: the IP filter) keeps
-    only those flows and the nodes they reach."""
+    only those flows and the nodes they reach; names (ip -> name, --inventory) label them."""
     try:
         from skewscope.analysis.matrix import node_matrix  # heavy (numba): only in the matrix view
         from skewscope.analysis.stats import skew_stats  # heavy (numba): only in the matrix view
@@ -60,7 +62,7 @@ def matrix_view(snap: Snapshot, dt: float, cumulative: bool = False, flow_mask=N
         live_n = (bps.sum(axis=0) + bps.sum(axis=1)) > 0
         ips = [ip for ip, x in zip(ips, live_n) if x]
         bps = bps[np.ix_(live_n, live_n)]
-    mv = MatrixView(ips, bps, dt, cumulative)
+    mv = MatrixView(ips, bps, dt, cumulative, names=names or None)
     if not len(ips) or not (bps > 0).any():
         return mv
     col = bps.sum(axis=0)
@@ -110,12 +112,15 @@ def _fit(labels: list, n: int, width: int, max_rows: int | None):
 def matrix_layout(mv: MatrixView, width: int, max_rows: int | None = None) -> MatrixLayout:
     """Which nodes fit width (and max_rows): all, else the top ones by traffic (in + out),
     the hot destination and the hottest cell's pair always among them, the rest summed into
-    "other". Labels: full addresses, or without their common prefix when that shows more."""
+    "other". Labels: the inventory's names where it has them, else full addresses, or the
+    addresses without their common prefix when that shows more."""
     n = mv.n
     full = [short_ip(ip) for ip in mv.ips]
     pre = _common_prefix(mv.ips)
+    named = [short_ip(mv.names.get(ip, ip)) for ip in mv.ips] if mv.names else None
     best = None
-    for labels, prefix in ((full, ""), ([short_ip(ip[len(pre):]) for ip in mv.ips] if pre else None, pre)):
+    for labels, prefix in ((named, ""), (full, ""),
+                           ([short_ip(ip[len(pre):]) for ip in mv.ips] if pre and not named else None, pre)):
         if labels is None:
             continue
         k, cw, lw = _fit(labels, n, width, max_rows)

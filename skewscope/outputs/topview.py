@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import textwrap
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -139,7 +139,9 @@ def build_model(snap: Snapshot, dt: float, state: "ViewState", *, iface: str = "
         src_s = _ips.strings(f["src"], f["ipver"])
         dst_s = _ips.strings(f["dst"], f["ipver"])
         flt = state.filter.strip()
-        keep = np.array([flt in a or flt in b for a, b in zip(src_s, dst_s)], dtype=bool)
+        nm = state.names
+        keep = np.array([flt in a or flt in b or (bool(nm) and (flt in nm.get(a, "") or flt in nm.get(b, "")))
+                         for a, b in zip(src_s, dst_s)], dtype=bool)
         order = order[keep[order]]
     shown = len(order)
     if limit > 0:
@@ -148,8 +150,9 @@ def build_model(snap: Snapshot, dt: float, state: "ViewState", *, iface: str = "
     for i in order:
         r = f[i]
         v = int(r["ipver"])
+        s, d = ip_str(r["src"], v), ip_str(r["dst"], v)
         rows.append(Row(key=(bytes(r["src"]), bytes(r["dst"]), int(r["dest_qp"])),
-                        src=ip_str(r["src"], v), dst=ip_str(r["dst"], v), qp=int(r["dest_qp"]),
+                        src=state.names.get(s, s), dst=state.names.get(d, d), qp=int(r["dest_qp"]),
                         gbps=float(rates["gbps"][i]), pps=float(rates["pps"][i]),
                         msg_mode=int(rates["msg_mode"][i]), ce_pct=float(rates["ce_pct"][i]),
                         cnp_ps=float(rates["cnp_ps"][i]), retx=float(rates["retx"][i]),
@@ -197,7 +200,7 @@ def build_model(snap: Snapshot, dt: float, state: "ViewState", *, iface: str = "
                  hist=hist, hist_label=hist_label, analysis=analysis, analysis_note=analysis_note,
                  sort_title=SORTS[state.sort][1], reverse=state.reverse, filter=state.filter,
                  editing=state.editing, selected=sel, paused=state.paused, help=state.help,
-                 matrix=matrix_view(snap, dt, state.cumulative, keep) if state.matrix else None)
+                 matrix=matrix_view(snap, dt, state.cumulative, keep, state.names) if state.matrix else None)
 
 
 def _flow_hist(snap: Snapshot, key: tuple):
@@ -227,6 +230,9 @@ class ViewState:
     help: bool = False
     matrix: bool = False
     quit: bool = False
+    #: ip -> what people call it (--inventory): the flow table's and the matrix's labels; the
+    #: filter matches both
+    names: dict = field(default_factory=dict)
 
     def key(self, k: str, nrows: int = 0) -> None:
         """Apply one key ('up', 'down', 'enter', 'esc', 'backspace' or a character)."""
@@ -237,7 +243,7 @@ class ViewState:
                 self.editing = None
             elif k == "backspace":
                 self.editing = self.editing[:-1]
-            elif len(k) == 1 and (k.isalnum() or k in ".:"):
+            elif len(k) == 1 and (k.isalnum() or k in ".:-_/"):
                 self.editing += k
             return
         if k in ("q", "Q"):

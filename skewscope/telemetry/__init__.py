@@ -5,4 +5,6 @@ severity or entities -- it adds names and a `cause`.
 
 enrich.py   Enricher: the one step every command runs on an analysis document (report,
             diagnose, cluster, capture; the live runner for top, export and watch)
+dcgm.py     DCGM series from a dcgm-exporter scrape (URL or file) or a Prometheus
+cause.py    finding["cause"]: the blamed GPU's telemetry next to its group's
 """

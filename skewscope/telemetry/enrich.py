@@ -9,6 +9,10 @@ Names (when an inventory is given):
   message and in entities, so a grep for an IP still finds it;
 * every collective: `member_names` (name or the address, in member order).
 Enriching twice changes nothing (an address already written "name (ip)" is left as it is).
+
+Causes (when a DCGM source is given, telemetry/cause.py): every finding that blames a node for
+being slow (cause.COVERED) gets `cause` {"verdict", "host", "gpu", "evidence", "text"} from
+the blamed GPU's DCGM series next to its group's; nothing else of the finding changes.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import ipaddress
 import re
 
 from skewscope.core.inventory import Inventory
+from skewscope.telemetry.cause import add_causes
 
 #: IPv4 dotted quads and IPv6 tokens in a message (validated by ipaddress before use)
 _ADDR = re.compile(r"(?<![\w.:])(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7})(?![\w.])")
@@ -76,15 +81,25 @@ def name_document(doc: dict, inv: Inventory) -> None:
 
 
 class Enricher:
-    """enricher(doc) -> doc, in place: names, then causes. Falsy when it has nothing to add."""
+    """enricher(doc, meta) -> doc, in place: names, then causes. Falsy when it has nothing to
+    add. `telemetry`: a DCGM source (telemetry.dcgm.open_source); `meta`: the snapshot's meta
+    (or a diagnose "capture"), whose clock puts a finding's since/until on the wall clock for
+    the DCGM window (without it a Prometheus is read at its latest samples)."""
 
-    def __init__(self, inventory: Inventory | None = None):
+    def __init__(self, inventory: Inventory | None = None, telemetry=None):
         self.inventory = inventory
+        self.telemetry = telemetry
 
     def __bool__(self) -> bool:
-        return self.inventory is not None
+        return self.inventory is not None or self.telemetry is not None
 
-    def __call__(self, doc: dict) -> dict:
+    def names(self) -> dict:
+        """ip -> name of every address the inventory knows (top's labels)."""
+        return {ip: e.name() for ip, e in self.inventory.entries.items()} if self.inventory is not None else {}
+
+    def __call__(self, doc: dict, meta: dict | None = None) -> dict:
         if isinstance(doc, dict) and self.inventory is not None:
             name_document(doc, self.inventory)
+        if isinstance(doc, dict) and self.telemetry is not None:
+            add_causes(doc, self.inventory, self.telemetry, meta)
         return doc

@@ -76,3 +76,17 @@ def test_bench_live_rate_holds_a_rate_and_counts_map_memory():
     measured, defined = float(m.group(1)), float(m.group(2))
     assert abs(measured - defined) <= 0.02 * defined, (measured, defined)
     assert not leftovers("sslr")
+
+
+def test_bench_mitigate_prints_every_phase_and_cleans_up():
+    """The closed-loop mitigation benchmark (docs/mitigation.md "Measured"): every phase row is
+    there with a token count; the mitigation was applied and reverted through the CLI (the
+    script exits non-zero otherwise); nothing is left behind."""
+    out = run("bench_mitigate.py", "--phase", "1.5", timeout=300)
+    rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.split()[:1] and ln.split()[0] in
+            ("quiet", "before", "during", "after")}
+    assert set(rows) == {"quiet", "before", "during", "after"}, out
+    for ln in rows.values():
+        assert re.search(r"p50 [\d.]+ ms .* p99 [\d.]+ ms .* \d+ tokens \(\d+ lost\); bulk [\d.]+ Mbit/s", ln), ln
+    assert int(re.search(r"(\d+) tokens", rows["quiet"]).group(1)) > 0
+    assert leftovers("ssb-") == []

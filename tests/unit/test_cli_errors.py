@@ -31,6 +31,8 @@ def run(*args):
     (["diagnose", "--bogus"], 3, "No such option"),     # diagnose: 2 means critical
     (["report", "/nonexistent.pcap"], 3, "no such file"),
     (["report", "/etc/passwd"], 3, "not a pcap"),
+    (["diagnose", "x.pcap", "--dcgm", "/etc/passwd"], 3, "--dcgm /etc/passwd: not a Prometheus text exposition"),
+    (["report", "x.pcap", "--dcgm", "/nonexistent.prom"], 3, "--dcgm /nonexistent.prom: cannot read"),
 ])
 def test_errors_are_one_line_with_documented_code(args, code, msg):
     rc, out, err = run(*args)

@@ -178,7 +178,7 @@ def test_every_command_is_listed():
     names = cli.main.list_commands(None)
     assert names == sorted(cli.COMMANDS)
     assert {"report", "replay", "detach", "top", "capture", "diagnose", "watch", "export", "cluster", "mirror",
-            "demo", "gen"} == set(names)
+            "mitigate", "demo", "gen"} == set(names)
     for n in names:
         assert cli.main.get_command(None, n).name == n
     assert cli.main.get_command(None, "nosuch") is None

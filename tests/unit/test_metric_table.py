@@ -113,8 +113,12 @@ def exposition(tmp_path_factory):
                        capture_output=True, text=True, timeout=300, cwd=d)
     assert r.returncode == 0, r.stderr
     truth = json.loads((d / "mixed.truth.json").read_text())
+    # an inventory of the truth's nodes: skewscope_inventory_info is emitted too
+    ips = sorted({x for fl in truth["flows"] for x in (fl["src"], fl["dst"])})
+    (d / "inv.csv").write_text("ip,host\n" + "".join(f"{ip},host-{k}\n" for k, ip in enumerate(ips)))
     r = subprocess.run([sys.executable, "-m", "skewscope.cli", "export", "--from", str(pcap), "--once",
-                        "--node", "dpu-mt"], capture_output=True, text=True, timeout=300, cwd=d)
+                        "--node", "dpu-mt", "--inventory", str(d / "inv.csv")],
+                       capture_output=True, text=True, timeout=300, cwd=d)
     assert r.returncode == 0, r.stderr
     return r.stdout, truth
 

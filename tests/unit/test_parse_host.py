@@ -1,6 +1,6 @@
 """Parser drift caught without root (issue 11): ebpf/parse.h, the data plane's packet parser,
 compiled with the host C compiler (tests/unit/parse_host.c, AddressSanitizer + UBSan when
-the toolchain has them) against the offline numba parser (skewscope/sources/offline/kernel.py,
+the toolchain has them) against the offline numba parser (skewscope/sources/offline/kernel/parse.py,
 which mirrors the same C), frame by frame and field by field:
 
 - the fuzz corpus (tests/fuzzcorpus.py: valid, truncated, mutated and random frames,

@@ -7,11 +7,11 @@ and the one reader of capture files (`skewscope replay` reads its frames here to
     for batch in offline.read_frames("trace.pcap"):   # the records as Ethernet frames
         batch.ts, batch.orig_len, batch.frame(0)
 
-The file is streamed in chunks through numba kernels (kernel.py): one
+The file is streamed in chunks through numba kernels (kernel/): one
 record walk for pcap (µs/ns magic, either byte order) or pcapng (SHB, IDB, EPB, SPB, the
 obsolete PB; several interfaces, each with its own link type and if_tsresol), then either a
 line-by-line mirror of ebpf/skewscope.bpf.c's parser and accounting (parse_file, dissect) or
-a copy of each record as an Ethernet frame (read_frames). Link-type conventions (kernel.py
+a copy of each record as an Ethernet frame (read_frames). Link-type conventions (kernel/scanner.py
 link_view): Ethernet (1) as is; Linux cooked v1 (113) / v2 (276) and raw IP (101, and
 DLT_RAW 12/14) become an Ethernet frame with a synthesised 14-byte header (zero MACs, the
 packet's EtherType), original lengths adjusted by the same difference; timestamps in ns.
@@ -24,11 +24,11 @@ a killed tcpdump, a corrupt record length, a broken gzip stream) is read up to t
 with the reason in meta["warnings"] (read_frames: FrameReader.warnings).
 
 Modules, one job each: this one the API (parse_file, dissect, read_frames / FrameReader)
-and the numba cache's layout check; streams.py the bytes (gzip, pipes, mmap windows, read
+and the numba cache's staleness check; streams.py the bytes (gzip, pipes, mmap windows, read
 buffers); formats.py the pcap/pcapng magic and link types; run.py one pass over a file
 (open, format header, warnings, the Snapshot); pcap.py and pcapng.py its record walks;
 tables.py the kernel's state arrays and the events; frames.py the frame batches;
-kernel.py the numba kernels.
+kernel/ the numba kernels (base, accounting, parse, scanner).
 """
 from __future__ import annotations
 
@@ -59,8 +59,9 @@ from skewscope.sources.offline.tables import PACKET_DTYPE, _Full
 
 
 def _purge_stale_numba_cache() -> None:
-    """numba's on-disk cache is keyed by kernel.py's source only; the layout constants it
-    freezes into the compiled code come from layout.py. Drop the cache when the layout
+    """numba's on-disk cache of a kernel is keyed by the source of the kernel's own module,
+    but `scan` inlines kernels of the package's other modules and the compiled code freezes
+    layout.py's constants. Drop the package's cache when any of its modules or the layout
     changed since it was built (called before the first kernel call loads anything)."""
     fp = hashlib.sha256()
     for k in sorted(dir(L)):
@@ -71,12 +72,12 @@ def _purge_stale_numba_cache() -> None:
             elif isinstance(v, (set, frozenset)):
                 v = sorted(v)
             fp.update(f"{k}={v!r};".encode())
+    pkg = Path(K.__file__).resolve().parent
+    for src in sorted(pkg.glob("*.py")):
+        fp.update(src.name.encode() + b"\0" + src.read_bytes())
     digest = fp.hexdigest()[:16]
-    try:
-        cache = Path(K.scan._cache._cache_path)
-    except Exception:  # numba internals changed: fall back to the default location
-        cache = Path(__file__).resolve().parent / "__pycache__"
-    stamp = cache / "kernel.layout-fingerprint"
+    cache = pkg / "__pycache__"   # numba's default place: next to the source
+    stamp = cache / "kernel.fingerprint"
     try:
         if stamp.read_text() == digest:
             return
@@ -84,7 +85,7 @@ def _purge_stale_numba_cache() -> None:
         pass
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        for p in cache.glob("kernel.*.nb[ic]"):
+        for p in cache.glob("*.nb[ic]"):
             p.unlink()
         stamp.write_text(digest)
     except OSError:

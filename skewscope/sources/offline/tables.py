@@ -1,5 +1,5 @@
 """The offline parser's state: the numba kernel's tables (flow table with its LRU and index,
-message records, flow instances, optional per-packet rows: kernel.py's docstring), grown
+message records, flow instances, optional per-packet rows: kernel/__init__.py's docstring), grown
 between scanner calls; the message records turned into the Snapshot's events; the
 per-packet dissection dtype (dissect())."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ PACKET_DTYPE = np.dtype([
 
 
 class _Tables:
-    """The numba kernel's state arrays (see kernel.py's docstring), with growth."""
+    """The numba kernel's state arrays (see kernel/__init__.py's docstring), with growth."""
 
     def __init__(self, max_flows: int, packets: int = 0, max_events: int = 1 << 23):
         self.g = np.zeros(L.G_N, np.int64)
