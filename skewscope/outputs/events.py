@@ -81,8 +81,9 @@ def finding_object(f: dict) -> dict:
     """The finding as events, webhooks and /v1/findings carry it: {"id", "kind", "severity",
     "entities" {"ips", "qps", "flows"}, "message", "evidence", "impact", "actions", "since",
     "until"} (since/until as the analysis gives them: s on the snapshot's clock), plus what an
-    enrichment added when it did (OPTIONAL: "names" from --inventory, "cause" from GPU telemetry,
-    "incident" the id of the incident the finding belongs to)."""
+    enrichment added when it did (OPTIONAL: "names" from --inventory, "cause" from GPU telemetry).
+    The finding's incident rides on the event ("incident", beside "id") and on /v1/findings'
+    objects, not in this object (its keys are a contract: tests/unit/test_events.py)."""
     ent = f.get("entities") or {}
     out = {"id": finding_id(f), "kind": f.get("kind"), "severity": f.get("severity"),
            "entities": {"ips": list(ent.get("ips") or []), "qps": list(ent.get("qps") or []),
@@ -94,7 +95,7 @@ def finding_object(f: dict) -> dict:
 
 
 #: finding keys an enrichment may add, carried by events and /v1/findings when present
-OPTIONAL = ("names", "cause", "incident")
+OPTIONAL = ("names", "cause")
 
 
 def event(kind: str, obj: dict, first_seen: float, last_seen: float, at: float, source: str | None = None,
