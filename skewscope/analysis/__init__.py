@@ -4,7 +4,7 @@ Every metric is one function over a Snapshot (or its cached Context: `context(sn
 defined once here and in docs/metrics.md, and called by every output (report, diagnose,
 top, the Prometheus exporter). Public functions:
 
-    analyze(snap, thresholds=None, checks=None) -> {"collectives", "timing", "findings", "metrics"}
+    analyze(snap, thresholds=None, checks=None) -> {"collectives", "timing", "findings", "incidents", "metrics"}
         everything below, JSON-ready (the `report --json` / `diagnose --json` contract)
     live_metrics(snap, thresholds=None, records=False) -> dict
         the per-interval subset for a live view: flow-table metrics and the findings that
@@ -59,6 +59,7 @@ from skewscope.analysis.findings import (
     resolve_thresholds,
 )
 from skewscope.analysis.flows import ROLE_NAMES, flow_event_stats, flow_roles, node_index
+from skewscope.analysis.incidents import assign as assign_incidents
 from skewscope.analysis.group_metrics import (
     MAX_LINK_ROWS,
     alltoall_metrics,
@@ -276,7 +277,7 @@ def analyze(snap, thresholds=None, checks=None) -> dict:
             tim = t
     doc = {"analysis_version": JSON_VERSION, "collectives": coll, "timing": tim, "findings": findings,
            "metrics": _capture_metrics(ctx, extra), "thresholds": th}
-    return clean(doc)
+    return assign_incidents(clean(doc))
 
 
 def live_metrics(snap, thresholds=None, records: bool = False) -> dict:

@@ -12,12 +12,18 @@ JSON (`--json`, stable; docs/metrics.md "diagnose --json"):
  "findings": [{"kind", "severity", "entities": {"ips", "qps", "flows"}, "evidence",
                "message", "group", "impact": {"seconds", "share"} | null,
                "since": s | null, "until": s | null,
+               "incident": id | null,
                "cause": {...} (with --dcgm, on straggler/slow-shard kinds: telemetry/cause.py)}]
                (severity, then impact),
+ "incidents": [{"id", "severity", "kind", "lead", "symptoms": [i], "context": [i],
+                "entities", "impact", "since", "until", "message"}]  (the findings that
+               share a root, indices into "findings"; docs/metrics.md "Incidents"),
  "collectives": [{"kind", "pattern", "members", "confidence"}],
  "timing": {...} | null, "checks": [kinds run], "thresholds": {kind: {name: value}},
  "capture": {"packets", "roce_packets", "flows", "message_records", "duration_s",
              "source", "sample_n", "first_s", "last_s", "clock", "started_at"}}
+The human output shows each incident (severity, id, the lead's kind and node) with its
+findings indented under it, then the context findings.
 since/until and capture first_s/last_s: seconds on the capture's clock (pcap: unix time;
 "monotonic": a live capture's, on the wall clock at started_at + (t - first_s)).
 """
@@ -108,10 +114,12 @@ def run(snap, checks=None, thresholds=None, enricher=None) -> tuple[dict, int]:
     """Analyze a Snapshot and build the diagnose document and its exit code (enricher: names
     and causes, telemetry.enrich; never the status)."""
     from skewscope.analysis import analyze, resolve_checks  # heavy (numba)
+    from skewscope.analysis.incidents import refresh_messages  # heavy (the analysis package)
     from skewscope.outputs import report as R  # heavy (numpy): not loaded by --help
     a = analyze(snap, thresholds=thresholds, checks=checks or None)
     if enricher:
         enricher(a, meta=snap.meta)
+        refresh_messages(a)       # the incidents' messages from the findings' named ones
     fs = a["findings"]
     counts = {s: sum(1 for f in fs if f["severity"] == s) for s in ("critical", "warning", "info")}
     code = EXIT_CRITICAL if counts["critical"] else EXIT_WARNING if counts["warning"] else EXIT_OK
@@ -121,7 +129,7 @@ def run(snap, checks=None, thresholds=None, enricher=None) -> tuple[dict, int]:
     doc = {
         "diagnose_version": DIAGNOSE_VERSION,
         "source": m.get("file") or m.get("interface") or m.get("source", "?"),
-        "status": status, "exit_code": code, "counts": counts, "findings": fs,
+        "status": status, "exit_code": code, "counts": counts, "findings": fs, "incidents": a["incidents"],
         "collectives": [{"kind": c["kind"], "pattern": c["pattern"], "members": c["members"],
                          **({"member_names": c["member_names"]} if "member_names" in c else {}),
                          "confidence": c["confidence"], "workload": c["metrics"].get("workload"),
@@ -147,7 +155,7 @@ def _s(ns) -> float | None:
 def _human(doc) -> None:
     from rich.console import Console  # heavy (rich): only when drawing
 
-    from skewscope.outputs.report import analysis_lines  # heavy (numpy): not loaded by --help
+    from skewscope.outputs.report import analysis_lines, finding_lines  # heavy (numpy): not loaded by --help
     con = Console(highlight=False, soft_wrap=True)
     clock = Clock.of(doc["capture"])
     cap = doc["capture"]
@@ -155,14 +163,8 @@ def _human(doc) -> None:
               f"{cap['flows']} flows, {cap['duration_s']:.3f} s")
     for line in analysis_lines(doc):
         con.print(line)
-    for f in doc["findings"]:
-        color = {"critical": "red", "warning": "yellow"}.get(f["severity"], "cyan")
-        con.print(f"[{color}]{f['severity'].upper():8s}[/{color}] {f['kind']}: {f['message']}")
-        when = clock.text(f.get("since"), f.get("until"))
-        if when:
-            con.print(f"{'':9s}{when}")
-        if f.get("cause"):
-            con.print(f"{'':9s}cause: {f['cause']['text']}", markup=False)
+    for line in finding_lines(doc, clock):        # incidents first, each finding's when and cause
+        con.print(line)
     c = doc["counts"]
     color = {"critical": "red", "warning": "yellow"}.get(doc["status"], "green")
     con.print(f"[{color}]{doc['status']}[/{color}]: {c['critical']} critical, {c['warning']} warning, "

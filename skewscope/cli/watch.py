@@ -127,16 +127,23 @@ def mitigation_line(ev: dict) -> str:
             f" on {ev['interface']} {ev['direction']}{' ids ' + ids if ids else ''}: {what}{num}{why}")
 
 
-def human_line(ev: dict) -> str:
+def human_line(ev: dict, nested: bool = False) -> str:
+    """One event; nested: a finding of the incident whose lead's line came just before
+    (indented under it); a finding of another incident names it."""
     if ev.get("event") == "mitigation":
         return mitigation_line(ev)
     f = ev["finding"]
     acts = "; ".join(action_text(a) for a in f.get("actions") or [])
     extra = f" ({ev['change']})" if ev.get("change") else ""
-    line = (f"{_iso(ev['time'])} {ev['event'].upper():8s} {str(f.get('severity')).upper():8s} {f.get('kind')} "
-            f"[{ev['id'].split(':', 1)[1]}]{extra}: {f.get('message')}")
+    inc = ev.get("incident")
+    of = f" (incident {inc})" if inc and inc != ev["id"] and not nested else ""
+    pad = "  └ " if nested else ""
+    line = (f"{pad}{_iso(ev['time'])} {ev['event'].upper():8s} {str(f.get('severity')).upper():8s} {f.get('kind')} "
+            f"[{ev['id'].split(':', 1)[1]}]{of}{extra}: {f.get('message')}")
     when = when_text(ev) if ev["event"] != "resolved" else ""
-    return line + (f"\n    {when}" if when else "") + (f"\n    -> {acts}" if acts and ev["event"] != "resolved" else "")
+    ind = "    " + ("    " if nested else "")
+    return line + (f"\n{ind}{when}" if when else "") + (f"\n{ind}-> {acts}" if acts and ev["event"] != "resolved"
+                                                         else "")
 
 
 class Emitter:
@@ -155,12 +162,14 @@ class Emitter:
             self.emit(self.mit.step(evs, current_findings(tr)))
 
     def emit(self, evs) -> None:
-        for ev in evs:
+        evs = list(evs)
+        # NDJSON: the Tracker's order (a contract); human: each incident's lines together, lead first
+        for ev, nested in ([(e, False) for e in evs] if self.as_json else E.by_incident(evs)):
             self.count += 1
             if self.as_json:
                 sys.stdout.write(json.dumps(ev, separators=(",", ":")) + "\n")
             else:
-                sys.stdout.write(human_line(ev) + "\n")
+                sys.stdout.write(human_line(ev, nested) + "\n")
             sys.stdout.flush()
             for h in self.hooks:
                 h.post(ev)

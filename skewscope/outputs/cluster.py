@@ -37,6 +37,7 @@ from skewscope.core.snapshot import Snapshot, ip_bytes
 from skewscope.outputs import metrics as M
 from skewscope.outputs import report as R
 from skewscope.outputs.report import fmt_bytes
+from skewscope.outputs.when import Clock
 
 RULE_WINDOW = "5m"
 #: drill-down queries for seen_by: at most this many findings (bounded cost)
@@ -595,6 +596,5 @@ def human(doc: dict, top: int = 20, console=None) -> None:
     fs = doc.get("findings") or []
     if not fs:
         con.print("[green]no findings: the fleet's traffic looks healthy[/green]")
-    for fd in fs:
-        color = {"critical": "red", "warning": "yellow"}.get(fd["severity"], "cyan")
-        con.print(f"[{color}]{fd['severity'].upper():8s}[/{color}] {fd['kind']}: {fd['message']}")
+    for line in R.finding_lines(doc, Clock.of(doc["meta"])):       # incidents first, their findings under them
+        con.print(line)

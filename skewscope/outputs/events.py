@@ -9,8 +9,9 @@ package (for the detector registry) is imported on first use, not at import.
     finding_object(f)      {"id", "kind", "severity", "entities", "message", "evidence", "impact",
                             "actions", "since", "until"}
     Tracker(hold, change)  .update(findings, now, seen, clock) -> [event, ...] at each analysis time
-    event(...)             {"schema", "id", "event", "time", "first_seen", "last_seen", "source",
-                            "finding", "since", "until"}
+    event(...)             {"schema", "id", "incident", "event", "time", "first_seen", "last_seen",
+                            "source", "finding", "since", "until"}
+    by_incident(events)    a batch of events, each incident's together, its lead's event first
     Webhook(url, token)    .post(event): background POSTs, bounded queue, retries, drop counts
 
 A finding here is the analysis' finding dict (Finding.to_dict(): report/diagnose/cluster
@@ -20,7 +21,6 @@ its id, its headline numbers, its actions -- is on its Kind in the detector regi
 """
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import queue
@@ -53,24 +53,17 @@ def _kind(name):
         return None
 
 
-def _ips(f: dict) -> list[str]:
-    return [str(x) for x in ((f.get("entities") or {}).get("ips") or [])]
-
-
 def finding_key(f: dict) -> list[str]:
-    """The key entities of a finding (sorted, deduplicated): the part of its entities that
-    names the condition (its Kind's `key`: the blamed node, a link's two ends, the members,
-    a ring's flow ends, none); a kind the registry does not know: all its IPs."""
-    k = _kind(f.get("kind"))
-    return k.key.entities(f) if k is not None else _registry().sorted_ips(_ips(f))
+    """The key entities of a finding (sorted, deduplicated): its Kind's `key` (the blamed
+    node, a link's two ends, the members, a ring's flow ends, none); a kind the registry does
+    not know: all its IPs (registry.finding_key)."""
+    return _registry().finding_key(f)
 
 
 def finding_id(f: dict) -> str:
     """Stable id: "<kind>:" + the first 16 hex digits of sha256 over kind and the sorted key
-    entities (same condition, same id: across runs, processes, finding order)."""
-    kind = str(f.get("kind"))
-    canon = json.dumps([kind, finding_key(f)], separators=(",", ":"))
-    return f"{kind}:{hashlib.sha256(canon.encode()).hexdigest()[:16]}"
+    entities (registry.finding_id: the incidents of analysis.incidents use the same one)."""
+    return _registry().finding_id(f)
 
 
 _num = finite
@@ -88,8 +81,9 @@ def finding_object(f: dict) -> dict:
     """The finding as events, webhooks and /v1/findings carry it: {"id", "kind", "severity",
     "entities" {"ips", "qps", "flows"}, "message", "evidence", "impact", "actions", "since",
     "until"} (since/until as the analysis gives them: s on the snapshot's clock), plus what an
-    enrichment added when it did (OPTIONAL: "names" from --inventory, "cause" from GPU telemetry,
-    "incident" the id of the incident the finding belongs to)."""
+    enrichment added when it did (OPTIONAL: "names" from --inventory, "cause" from GPU telemetry).
+    The finding's incident rides on the event ("incident", beside "id") and on /v1/findings'
+    objects, not in this object (its keys are a contract: tests/unit/test_events.py)."""
     ent = f.get("entities") or {}
     out = {"id": finding_id(f), "kind": f.get("kind"), "severity": f.get("severity"),
            "entities": {"ips": list(ent.get("ips") or []), "qps": list(ent.get("qps") or []),
@@ -101,21 +95,39 @@ def finding_object(f: dict) -> dict:
 
 
 #: finding keys an enrichment may add, carried by events and /v1/findings when present
-OPTIONAL = ("names", "cause", "incident")
+OPTIONAL = ("names", "cause")
 
 
 def event(kind: str, obj: dict, first_seen: float, last_seen: float, at: float, source: str | None = None,
-          since: float | None = None, until: float | None = None) -> dict:
+          since: float | None = None, until: float | None = None, incident: str | None = None) -> dict:
     """One finding event (schema SCHEMA). since/until: the condition's onset and end on the
-    source's clock (unix s), null when unknown / still holding."""
+    source's clock (unix s), null when unknown / still holding; incident: the id of the
+    incident the finding belongs to (analysis.incidents; = id when it leads it; null for a
+    context finding or an analysis without incidents)."""
     if kind not in EVENTS:
         raise ValueError(f"event {kind!r}: one of {EVENTS}")
-    return {"schema": SCHEMA, "id": obj["id"], "event": kind, "time": float(at),
+    return {"schema": SCHEMA, "id": obj["id"], "incident": incident, "event": kind, "time": float(at),
             "first_seen": float(first_seen), "last_seen": float(last_seen), "source": source,
             "finding": obj, "since": _num(since), "until": _num(until)}
 
 
 _SEV = {"info": 0, "warning": 1, "critical": 2}
+
+
+def by_incident(events: list[dict]) -> list[tuple[dict, bool]]:
+    """(event, nested) for a batch of events as a reader takes them in: each incident's
+    events together, where its first event appears, its lead's event (id == incident) first;
+    nested = a finding of an incident whose lead's event is in the batch (shown under it).
+    Events of no incident (and other events on the stream: --mitigate's steps) keep their place."""
+    leads = {e.get("id") for e in events if e.get("incident") and e.get("incident") == e.get("id")}
+    order: dict = {}
+    for k, e in enumerate(events):
+        order.setdefault(e.get("incident") or ("", k), []).append(e)
+    out = []
+    for key, evs in order.items():
+        evs.sort(key=lambda e: e.get("id") != e.get("incident"))       # stable: the lead's first
+        out += [(e, isinstance(key, str) and key in leads and e.get("id") != key) for e in evs]
+    return out
 
 
 def _merge_same_id(findings) -> dict:
@@ -177,7 +189,13 @@ class Tracker:
     def update(self, findings, now: float, seen: tuple[float, float] | None = None,
                clock: Clock | None = None) -> list[dict]:
         first, last = seen if seen is not None else (now, now)
+        findings = list(findings)
         cur = _merge_same_id(findings)
+        incident: dict[str, str | None] = {}
+        for f in findings:                    # one id, one incident (analysis.incidents); the first known
+            fid = finding_id(f)
+            if incident.get(fid) is None:
+                incident[fid] = f.get("incident")
         out: list[dict] = []
         for fid in sorted(set(self.open) - set(cur)):
             st = self.open[fid]
@@ -192,10 +210,12 @@ class Tracker:
             st = self.open.get(fid)
             if st is None:
                 st = self.open[fid] = {"obj": o, "emitted": o, "first_seen": first if since is None else since,
-                                       "last_seen": last, "pending": 0, "since": since, "until": until}
+                                       "last_seen": last, "pending": 0, "since": since, "until": until,
+                                       "incident": incident.get(fid)}
                 opened.append(self._event("opened", st, now))
                 continue
             st["obj"], st["last_seen"], st["until"] = o, max(st["last_seen"], last), until
+            st["incident"] = incident.get(fid)
             if since is not None and (st["since"] is None or since < st["since"]):
                 st["since"] = since
             why = material_change(st["emitted"], o, self.change)
@@ -209,7 +229,7 @@ class Tracker:
 
     def _event(self, kind: str, st: dict, now: float) -> dict:
         return event(kind, st["obj"], st["first_seen"], st["last_seen"], now, self.source, st.get("since"),
-                     st.get("until"))
+                     st.get("until"), st.get("incident"))
 
     def resolve_all(self, now: float) -> list[dict]:
         """Every open id as resolved now (a source that ended: not used by watch, which

@@ -8,7 +8,8 @@ and, for time series and histograms, from the Snapshot through the analysis' own
 (analysis.matrix.node_matrix / link_rates on the cached Context): nothing is recomputed
 differently here.
 
-Sections: findings (each with its evidence drawn), node x node traffic matrix (bytes and rate
+Sections: incidents (the findings that share a root, the lead's card linked and its symptoms
+nested under it: analysis.incidents), findings (each with its evidence drawn), node x node traffic matrix (bytes and rate
 over active time; the busiest MATRIX_TOP nodes, the rest summed into one "other" row and
 column), per-link rate over time for the largest groups, the timing hierarchy, message-size
 histograms per group, counters.
@@ -114,13 +115,14 @@ nav a{margin-right:12px}.sub{color:#555}
 table{border-collapse:collapse;font-size:12.5px;margin:6px 0}
 td,th{border:1px solid #ddd;padding:2px 7px;text-align:left;vertical-align:top}
 th{background:#f0f0f0}td.n{text-align:right;font-variant-numeric:tabular-nums}
-.card{background:#fff;border:1px solid #ddd;border-left:5px solid #999;padding:6px 12px;margin:10px 0}
+.card,.incident{background:#fff;border:1px solid #ddd;border-left:5px solid #999;padding:6px 12px;margin:10px 0}
+.incident ul{margin:4px 0;padding-left:20px}
 .sev{font-weight:bold;text-transform:uppercase;font-size:12px}
 .critical{border-left-color:#c62828}.warning{border-left-color:#ef6c00}.info{border-left-color:#1565c0}
 .ok{color:#2e7d32;font-weight:bold}
 code{font-size:12px}
 @media print{body{background:#fff;font-size:11px}nav{display:none}main{max-width:none;padding:0}
- .card,.fig,table{page-break-inside:avoid;break-inside:avoid}h2{page-break-after:avoid;break-after:avoid}}
+ .card,.incident,.fig,table{page-break-inside:avoid;break-inside:avoid}h2{page-break-after:avoid;break-after:avoid}}
 """
 
 
@@ -191,7 +193,8 @@ def _render(Figure, snap, doc) -> str:
     fs = doc.get("findings")
     colls = doc.get("collectives") or []
     title = f"skewscope report: {os.path.basename(str(doc['source']))}"
-    parts = _head(title, snap, doc) + _collectives(colls) + _findings(Figure, snap, doc, fs)
+    parts = (_head(title, snap, doc) + _collectives(colls) + _incidents(doc, fs)
+             + _findings(Figure, snap, doc, fs))
     ips, mb, rate = _matrices(snap)
     parts += _matrix(Figure, doc, ips, mb, rate)
     t0, t1 = _span(snap, doc["meta"])
@@ -224,7 +227,7 @@ def _head(title, snap, doc) -> list[str]:
             f'{t["roce_packets"]:,} RoCE, {len(snap.flows):,} flows, {t["message_records"]:,} message records'
             + (f', <b>sampled 1 in {int(m["sample_n"])}</b>' if int(m.get("sample_n", 1) or 1) > 1 else "")
             + (f', <b>{t["flows_evicted"]:,} flows evicted</b>' if t["flows_evicted"] else "") + "</p>",
-            '<nav><a href="#findings">findings</a><a href="#matrix">matrix</a><a href="#rates">link rates</a>'
+            '<nav><a href="#incidents">incidents</a><a href="#findings">findings</a><a href="#matrix">matrix</a><a href="#rates">link rates</a>'
             '<a href="#timing">timing</a><a href="#sizes">message sizes</a><a href="#counters">counters</a></nav>']
 
 
@@ -257,24 +260,74 @@ def _findings(Figure, snap, doc, fs) -> list[str]:
     if len(fs) > FINDINGS_DRAWN:
         parts.append(f'<p class="sub">{len(fs)} findings; the evidence of the first {FINDINGS_DRAWN} (at most '
                      f"{DRAWN_PER_KIND} of a kind) is drawn, every finding's numbers are listed.</p>")
-    for f in fs:
+    inc_of = {x["id"]: k for k, x in enumerate(doc.get("incidents") or [])}
+    for i, f in enumerate(fs):
         per_kind[f["kind"]] = per_kind.get(f["kind"], 0) + 1
         draw = drawn_f < FINDINGS_DRAWN and per_kind[f["kind"]] <= DRAWN_PER_KIND
         drawn_f += draw
-        parts.append(_card(Figure, snap, doc, f, clock, draw))
+        parts.append(_card(Figure, snap, doc, f, clock, draw, i, inc_of.get(f.get("incident"))))
     return parts
 
 
-def _card(Figure, snap, doc, f, clock, draw: bool) -> str:
-    """One finding: severity, kind, message, nodes, when, impact, its evidence drawn (when
-    `draw`) and listed."""
+def _incidents(doc, fs) -> list[str]:
+    """One box per incident (document order: severity, then impact): its severity, lead kind
+    and node, id, message, when, impact, then its findings -- the lead, then the symptoms
+    nested under it -- each linked to its card below; the context findings that qualify it."""
+    if fs is None:
+        return []
+    parts = ['<h2 id="incidents">Incidents</h2>']
+    incs = doc.get("incidents") or []
+    if not incs:
+        return parts + ['<p class="ok">no incidents</p>' if not fs else
+                        '<p class="sub">no incident: no finding names a cause or a symptom</p>']
+    clock = Clock.of(doc["meta"])
+    parts.append(f'<p class="sub">{len(incs)} incident(s) from {len(fs)} finding(s): the findings that share a '
+                 "root (a node, a destination, a group) are one incident, led by its most severe cause.</p>")
+    for k, x in enumerate(incs):
+        sev = x.get("severity", "info")
+        ents = x.get("entities") or []
+
+        def item(j, lead=False):
+            f = fs[j]
+            return (f'<li><a href="#finding-{j}">{_esc(f["kind"])}</a> '
+                    f'<span class="sev" style="color:{SEV_COLOR.get(f.get("severity"), "#555")}">'
+                    f'{_esc(f.get("severity"))}</span>' + (" (lead: the message above)" if lead else f': {_esc(f.get("message", ""))}'))
+
+        box = [f'<div class="incident {_esc(sev)}" id="incident-{k}"><span class="sev" '
+               f'style="color:{SEV_COLOR.get(sev, "#555")}">{_esc(sev)}</span> <b>{_esc(x["kind"])}</b>'
+               + (f" on <b>{_esc(R.named(ents[0], fs[x['lead']]))}</b>" if ents else "") + f' <span class="sub">{_esc(x["id"])}</span>'
+               + f"<p>{_esc(fs[x['lead']].get('message', ''))}</p>"]
+        when = clock.text(x.get("since"), x.get("until"))
+        if when:
+            box.append(f"<p>when: {_esc(when)}</p>")
+        imp = x.get("impact") or {}
+        if imp.get("seconds") is not None:
+            box.append(f"<p>impact: {_esc(_dur(imp['seconds']))} lost"
+                       + (f" ({100 * imp['share']:.1f}% of each iteration/token)"
+                          if imp.get("share") is not None else "") + "</p>")
+        box.append("<ul>" + item(x["lead"], lead=True)
+                   + ("<ul>" + "".join(item(j) + "</li>" for j in x.get("symptoms") or []) + "</ul>"
+                      if x.get("symptoms") else "") + "</li></ul>")
+        if x.get("context"):
+            box.append('<p class="sub">context: ' + ", ".join(
+                f'<a href="#finding-{j}">{_esc(fs[j]["kind"])}</a>' for j in x["context"]) + "</p>")
+        box.append("</div>")
+        parts.append("".join(box))
+    return parts
+
+
+def _card(Figure, snap, doc, f, clock, draw: bool, index: int = 0, incident: int | None = None) -> str:
+    """One finding: severity, kind, message, nodes, when, impact, its incident, its evidence
+    drawn (when `draw`) and listed."""
     sev = f.get("severity", "info")
     ents = f.get("entities") or {}
     imp = f.get("impact") or {}
     ev = f.get("evidence") or {}
-    card = [f'<div class="card {_esc(sev)}"><span class="sev" style="color:{SEV_COLOR.get(sev, "#555")}">'
-            f'{_esc(sev)}</span> <b>{_esc(f["kind"])}</b>'
+    card = [f'<div class="card {_esc(sev)}"><a id="finding-{index}"></a><span class="sev" '
+            f'style="color:{SEV_COLOR.get(sev, "#555")}">{_esc(sev)}</span> <b>{_esc(f["kind"])}</b>'
             + (f' <span class="sub">group {f["group"]}</span>' if f.get("group") is not None else "")
+            + (f' <span class="sub">incident <a href="#incident-{incident}">{_esc(f["incident"])}</a></span>'
+               if incident is not None else "")
             + f"<p>{_esc(f.get('message', ''))}</p>"]
     if ents.get("ips"):
         card.append(f"<p>nodes: <b>{_esc(', '.join(ents['ips'][:12]))}</b>"

@@ -21,7 +21,11 @@ Schemas (version API_VERSION; docs/fleet.md has them with an example):
                   "analyses": {"runs", "skipped", "every", "window_s", "error"},
                   "finding_schema": events.SCHEMA,
                   "findings": [events.finding_object: {"id", "kind", "severity", "entities",
-                               "message", "evidence", "impact", "actions"}]}
+                               "message", "evidence", "impact", "actions", "since", "until"}
+                               + "incident" (its incident's id, null for context)],
+                  "incidents": [analysis.incidents: {"id", "severity", "kind", "lead",
+                                "symptoms", "context" (indices into "findings"), "entities",
+                                "impact", "since", "until", "message"}]}
     /v1/load     {"version", "node", "source", "analysed_at", "window",
                   "alltoall": [{"group", "members", "workload", "destinations": [{"ip",
                                 "bytes_per_s", "share", "share_all_phases"}], "hot_destination",
@@ -150,11 +154,14 @@ class Analyst:
         res = self.result()
         if res is None:
             return None
-        fs = [finding_object(f) for f in res["analysis"]["findings"]]
+        a = res["analysis"]
+        # each finding's incident id (analysis.incidents) next to the event object's keys
+        fs = [{**finding_object(f), "incident": f.get("incident")} for f in a["findings"]]
         counts = {s: sum(1 for f in fs if f["severity"] == s) for s in ("critical", "warning", "info")}
         status = "critical" if counts["critical"] else "warning" if counts["warning"] else "healthy"
         doc = self._head(res)
-        doc.update({"status": status, "counts": counts, "finding_schema": EVENT_SCHEMA, "findings": fs})
+        doc.update({"status": status, "counts": counts, "finding_schema": EVENT_SCHEMA, "findings": fs,
+                    "incidents": a.get("incidents") or []})
         return clean(doc)
 
     def load_doc(self) -> dict | None:

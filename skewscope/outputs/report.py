@@ -187,15 +187,44 @@ def human(snap: Snapshot, analysis: dict | None = None, top: int = 20, console=N
         fs = analysis["findings"]
         if not fs:
             con.print("[green]no findings: traffic looks healthy[/green]")
-        clock = Clock.of(m)
+        for line in finding_lines(analysis, Clock.of(m)):
+            con.print(line, highlight=False)
+
+
+def named(ip: str, finding: dict) -> str:
+    """"name (ip)" when the finding names the address (its "names", from an inventory), else ip."""
+    n = (finding.get("names") or {}).get(ip)
+    return f"{n} ({ip})" if n else str(ip)
+
+
+def finding_lines(analysis: dict, clock: Clock) -> list[str]:
+    """Rich markup lines of the findings, incidents first (report, diagnose, cluster): one
+    line per incident (severity, id, lead kind and node), its findings indented under it,
+    each with when it held and its GPU cause (--dcgm); then the findings of no incident
+    (context) under "context"."""
+    from rich.markup import escape  # heavy (rich): only when drawing
+    out = []
+    for inc, fs in incident_sections(analysis):
+        pad = "  "
+        if inc is not None:
+            color = {"critical": "red", "warning": "yellow"}.get(inc["severity"], "cyan")
+            on = [named(ip, fs[0]) for ip in (inc.get("entities") or [])[:1]]
+            out.append(f"[{color}]{inc['severity'].upper():8s}[/{color}] [bold]incident {inc['id']}[/bold]: "
+                       f"{inc['kind']}{' on ' + on[0] if on else ''}"
+                       + (f" (+{len(fs) - 1} finding{'s' if len(fs) > 2 else ''})" if len(fs) > 1 else ""))
+        elif out:
+            out.append("context (qualifies every incident):")
+        else:
+            pad = ""
         for fd in fs:
             color = {"critical": "red", "warning": "yellow"}.get(fd["severity"], "cyan")
-            con.print(f"[{color}]{fd['severity'].upper():8s}[/{color}] {fd['kind']}: {fd['message']}")
+            out.append(f"{pad}[{color}]{fd['severity'].upper():8s}[/{color}] {fd['kind']}: {fd['message']}")
             when = clock.text(fd.get("since"), fd.get("until"))
             if when:
-                con.print(f"{'':9s}{when}", highlight=False)
+                out.append(f"{pad}{'':9s}{when}")
             if fd.get("cause"):
-                con.print(f"{'':9s}cause: {fd['cause']['text']}", highlight=False, markup=False)
+                out.append(f"{pad}{'':9s}cause: {escape(str(fd['cause']['text']))}")
+    return out
 
 
 def _kv_lines(m: dict) -> list[str]:
@@ -209,6 +238,35 @@ def _kv_lines(m: dict) -> list[str]:
         t = f"p50 {p50 * 1e6:.0f} us, p99 {p99 * 1e6:.0f} us" if p50 is not None else "no transfer time"
         out.append(f"    decode {ip}: {d['transfers']} transfers, {fmt_bytes(d['bytes'])} "
                    f"({100 * d['share']:.0f}% of the KV bytes), transfer time {t}")
+    return out
+
+
+_SEV = {"critical": 0, "warning": 1, "info": 2}
+
+
+def by_severity(fs) -> list[dict]:
+    """Findings by severity, then impact (estimated time lost per iteration/token; null last)."""
+    return sorted(fs, key=lambda d: (_SEV.get(str(d.get("severity", "info")), 3),
+                                     -float(((d.get("impact") or {}).get("seconds")) or 0)))
+
+
+def incident_sections(analysis: dict | None) -> list[tuple[dict | None, list[dict]]]:
+    """The findings as the outputs show them (docs/metrics.md "Incidents"): each incident in
+    the document's order with its findings, the lead first, then its other findings; last
+    (None, the findings of no incident: context, or a document without incidents) by
+    severity. [] when there are no findings."""
+    a = analysis or {}
+    fs = list(a.get("findings") or [])
+    out: list[tuple[dict | None, list[dict]]] = []
+    shown: set[int] = set()
+    for x in a.get("incidents") or []:
+        idx = [j for j in [x.get("lead")] + list(x.get("symptoms") or []) if isinstance(j, int) and 0 <= j < len(fs)]
+        if idx:
+            out.append((x, [fs[j] for j in idx]))
+            shown.update(idx)
+    rest = by_severity([f for j, f in enumerate(fs) if j not in shown])
+    if rest:
+        out.append((None, rest))
     return out
 
 

@@ -27,7 +27,7 @@ from skewscope.outputs.topview import (
     SEV_SHORT,
     Model,
     collective_lines,
-    findings_sorted,
+    finding_rows,
     onset_note,
     timing_lines,
 )
@@ -155,11 +155,16 @@ def render_rich(m: Model, height: int = 40, width: int = 120, banner: str = ""):
         parts.append(tab)
 
     # bottom panels: collectives (or the histogram of the selected flow) | findings
-    fs = findings_sorted(m.analysis)
+    fs = finding_rows(m.analysis)            # incidents first, their other findings under them
     ftext = Text()
-    for fd in fs[:12]:
+    for depth, fd in fs[:12]:
         sev = str(fd.get("severity", "info"))
         color = {"critical": "bold red", "warning": "yellow"}.get(sev, "cyan")
+        if depth:
+            ftext.append("  └ ", style="dim")
+            ftext.append(f"{fd.get('kind')}: ", style=color)
+            ftext.append(f"{fd.get('message') or ''}{onset_note(fd, m.analysis)}\n", style="dim")
+            continue
         ftext.append(f"{SEV_SHORT.get(sev, sev[:4].upper()):<5}", style=color)
         ftext.append(f"{fd.get('message') or fd.get('kind')}{onset_note(fd, m.analysis)}\n")
     if len(fs) > 12:

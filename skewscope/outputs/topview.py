@@ -1,6 +1,6 @@
 """The `top` screen's view model and its plain text: `build_model` turns an interval's
 Snapshot into rows and header numbers; `ViewState.key` applies a key press; the analysis
-panels (`timing_lines`, `collective_lines`, `findings_sorted`, `onset_note`); `plain_lines`
+panels (`timing_lines`, `collective_lines`, `finding_rows` -- incidents first --, `onset_note`); `plain_lines`
 draws a model as bcc-style periodic tables (< 80 columns).
 
 The rest of `top`: outputs/topformat.py (fixed-width cells), outputs/topmatrix.py (the node x
@@ -28,7 +28,6 @@ from skewscope.outputs.topformat import PLAIN_WIDTH, fmt_bits, fmt_num, fmt_size
 from skewscope.outputs.topmatrix import MatrixView, matrix_lines, matrix_view
 from skewscope.outputs.when import START_SHARE
 
-SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 SEV_SHORT = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}
 
 # (key in the model's rates, column title, descending by default)
@@ -346,9 +345,15 @@ def onset_note(fd: dict, analysis: dict | None) -> str:
 
 def findings_sorted(analysis: dict | None) -> list[dict]:
     """By severity, then impact (estimated time lost per iteration/token; null last)."""
-    fs = list((analysis or {}).get("findings") or [])
-    return sorted(fs, key=lambda d: (SEVERITY_ORDER.get(str(d.get("severity", "info")), 3),
-                                     -float(((d.get("impact") or {}).get("seconds")) or 0)))
+    return R.by_severity(list((analysis or {}).get("findings") or []))
+
+
+def finding_rows(analysis: dict | None) -> list[tuple[int, dict]]:
+    """(depth, finding) as the findings panel lists them: each incident's lead at depth 0,
+    its other findings under it at depth 1, then the findings of no incident (context) at
+    depth 0 (outputs.report.incident_sections)."""
+    return [(1 if inc is not None and k else 0, fd) for inc, fs in R.incident_sections(analysis)
+            for k, fd in enumerate(fs)]
 
 
 def timing_lines(analysis: dict | None) -> list[str]:
@@ -451,11 +456,14 @@ def plain_lines(m: Model, max_findings: int = 5) -> list[str]:
         if m.nflows_shown > len(m.rows):
             out.append(f"  ... {m.nflows_shown - len(m.rows)} more flows")
     out += ["  " + x for x in timing_lines(m.analysis)]
-    fs = findings_sorted(m.analysis)
-    for fd in fs[:max_findings]:
+    rows = finding_rows(m.analysis)
+    for depth, fd in rows[:max_findings]:
         sev = SEV_SHORT.get(str(fd.get("severity")), str(fd.get("severity", "?"))[:4].upper())
         msg = str(fd.get("message") or fd.get("kind")) + onset_note(fd, m.analysis)
-        out += textwrap.wrap(f"{sev} {msg}", width=PLAIN_WIDTH, subsequent_indent="     ")
-    if len(fs) > max_findings:
-        out.append(f"     ... {len(fs) - max_findings} more findings")
+        if depth:                               # a finding of the incident above
+            out += textwrap.wrap(f"  + {fd.get('kind')}: {msg}", width=PLAIN_WIDTH, subsequent_indent="       ")
+        else:
+            out += textwrap.wrap(f"{sev} {msg}", width=PLAIN_WIDTH, subsequent_indent="     ")
+    if len(rows) > max_findings:
+        out.append(f"     ... {len(rows) - max_findings} more findings")
     return out

@@ -195,7 +195,8 @@ def test_cluster_names_the_injected_entity(case):
     else:
         assert fs[0]["entities"]["ips"][0] == _blamed(pat), (fs[0]["entities"]["ips"], truth_ips, fs[0]["message"])
     for f in fs:   # the single-node schema, plus who saw it
-        assert list(f) == ["kind", "severity", "entities", "evidence", "message", "group", "impact", "since", "until"]
+        assert list(f) == ["kind", "severity", "entities", "evidence", "message", "group", "impact", "since", "until",
+                           "incident"]
         assert f["severity"] in ("warning", "critical")
         ev = f["evidence"].get("timing", f["evidence"])
         assert ev["seen_by"], f

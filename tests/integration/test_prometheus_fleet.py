@@ -273,10 +273,13 @@ def _check_doc(doc, fleet, dpu_names):
     assert tuple(st[0]["entities"]["ips"]) == fleet["slow_link"], st
     assert st[0]["entities"]["flows"] == [[*fleet["slow_link"], None]], st
     # same JSON shape as report --json
-    for key in ("source", "meta", "totals", "pfc", "flows", "collectives", "timing", "findings"):
+    for key in ("source", "meta", "totals", "pfc", "flows", "collectives", "timing", "findings", "incidents"):
         assert key in doc
     assert doc["timing"] is None
-    assert set(st[0]) == {"kind", "severity", "entities", "evidence", "message", "group", "impact", "since", "until"}
+    assert set(st[0]) == {"kind", "severity", "entities", "evidence", "message", "group", "impact", "since", "until",
+                          "incident"}
+    # the fleet's findings are grouped too: the straggler leads an incident of its own (analysis.incidents)
+    assert st[0]["incident"] in {x["id"] for x in doc["incidents"]}
     assert set(st[0]["entities"]) == {"ips", "qps", "flows"}
     assert sorted(doc["meta"]["dpus"]) == dpu_names
     kinds = {c["kind"] for c in doc["collectives"]}

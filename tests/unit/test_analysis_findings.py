@@ -13,13 +13,13 @@ import genlib
 from skewscope.analysis import DEFAULTS, KINDS, ThresholdError, analyze
 from skewscope.cli import main
 
-FINDING_KEYS = {"kind", "severity", "entities", "evidence", "message", "group", "impact", "since", "until"}
+FINDING_KEYS = {"kind", "severity", "entities", "evidence", "message", "group", "impact", "since", "until", "incident"}
 
 
 def test_json_contract():
     truth, snap, an = genlib.analyzed("demo-mix")
     text = json.dumps(an, allow_nan=False)            # strict JSON: no NaN/inf anywhere
-    assert set(an) >= {"collectives", "timing", "findings", "metrics"}
+    assert set(an) >= {"collectives", "timing", "findings", "incidents", "metrics"}
     for c in an["collectives"]:
         assert set(c) >= {"kind", "members", "confidence", "metrics"}
     assert set(an["timing"]) >= {"period_s", "period_jitter_s"}
@@ -105,8 +105,8 @@ def test_diagnose_json(snaps):
     assert code == doc["exit_code"] == {"critical": 2, "warning": 1}[doc["status"]]
     worst = max(("info", "warning", "critical").index(f["severity"]) for f in doc["findings"])
     assert doc["status"] == ("info", "warning", "critical")[worst]
-    assert set(doc) == {"diagnose_version", "source", "status", "exit_code", "counts", "findings", "collectives",
-                        "timing", "checks", "thresholds", "capture"}
+    assert set(doc) == {"diagnose_version", "source", "status", "exit_code", "counts", "findings", "incidents",
+                        "collectives", "timing", "checks", "thresholds", "capture"}
     assert doc["counts"]["critical"] + doc["counts"]["warning"] + doc["counts"]["info"] == len(doc["findings"])
     assert {f["kind"] for f in doc["findings"]} == {"packet_loss", "retransmissions", "nak_errors"}
     assert doc["collectives"][0]["kind"] == "ring_allreduce"

@@ -229,7 +229,8 @@ def test_fleet_findings_have_the_single_node_schema():
     assert "NaN" not in text
     by = {}
     for f in doc["findings"]:
-        assert list(f) == ["kind", "severity", "entities", "evidence", "message", "group", "impact", "since", "until"]
+        assert list(f) == ["kind", "severity", "entities", "evidence", "message", "group", "impact", "since", "until",
+                           "incident"]
         assert f["since"] is None and f["until"] is None          # Prometheus series: no onset
         assert list(f["entities"]) == ["ips", "qps", "flows"] and f["entities"]["qps"] == [] and f["group"] is None
         for src, dst, qp in f["entities"]["flows"]:
@@ -241,6 +242,13 @@ def test_fleet_findings_have_the_single_node_schema():
     assert st["entities"]["ips"] == ["10.0.0.5", "10.0.0.6"]
     assert st["entities"]["flows"] == [["10.0.0.5", "10.0.0.6", None]]
     assert st["severity"] == "critical"                       # 0.3x < ring_straggler.critical (0.5)
+    # the fleet's findings are grouped into incidents too: the hot destination and the slow
+    # link are two (the node each names first), each led by its own finding
+    inc = {x["id"]: x for x in doc["incidents"]}
+    hot = by["hot_destination"][0]
+    assert hot["incident"] != st["incident"] and {hot["incident"], st["incident"]} <= set(inc)
+    assert inc[st["incident"]]["entities"][0] == "10.0.0.5" and inc[hot["incident"]]["entities"][0] == "10.0.0.3"
+    assert sorted(j for x in doc["incidents"] for j in [x["lead"]] + x["symptoms"]) == list(range(len(doc["findings"])))
     # the shared threshold moves the fleet verdict as it moves the single-node one
     doc2 = analyze_matrix(_Fm(ips, bulk, chunk, rate), thresholds={"ring_straggler.critical": 0.2})
     assert [f["severity"] for f in doc2["findings"] if f["kind"] == "ring_straggler"] == ["warning"]
@@ -269,9 +277,16 @@ def test_a_new_kind_is_one_declaration(monkeypatch):
     R.register(det)
     truth, snap = genlib.get("ring-straggler")
     ring = next(g for g in truth["groups"] if g["kind"] == "ring_allreduce")
-    got = [f for f in analyze(snap)["findings"] if f["kind"] == "x_ring_members"]
+    full = analyze(snap)
+    got = [f for f in full["findings"] if f["kind"] == "x_ring_members"]
     assert len(got) == 1 and set(got[0]["entities"]["ips"]) == set(ring["members"])
-    assert analyze(snap, checks=["x_ring_members"])["findings"] == got
+    alone = analyze(snap, checks=["x_ring_members"])["findings"]
+    # its incident role too: a symptom of the ring's group joins the straggler's incident;
+    # checked alone it leads its own
+    (lead,) = [f for f in full["findings"] if f["kind"] == "ring_straggler"]
+    assert got[0]["incident"] == lead["incident"] and alone[0]["incident"] == E.finding_id(alone[0])
+    assert [{k: v for k, v in f.items() if k != "incident"} for f in alone] == \
+        [{k: v for k, v in f.items() if k != "incident"} for f in got]
     assert not [f for f in analyze(snap, thresholds={"x_ring_members.min_members": len(ring["members"]) + 1})["findings"]
                 if f["kind"] == "x_ring_members"]
     assert "x_ring_members" in D.resolve_checks(None) and "`x_ring_members.min_members`" in R.markdown_tables()

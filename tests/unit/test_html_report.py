@@ -99,7 +99,7 @@ def test_page_names_injected_entity(case, tmp_path_factory):
     (path,) = [p for p in truth["pathologies"] if p["kind"] in PATHOLOGY]
     (ip,) = path["entities"]["ips"]
     sec = sections(page)
-    assert set(sec) == {"findings", "matrix", "rates", "timing", "sizes", "counters"}
+    assert set(sec) == {"incidents", "findings", "matrix", "rates", "timing", "sizes", "counters"}
     for name in ("matrix", "rates", "timing", "sizes"):
         assert "<svg" in sec[name], f"section {name} has no picture"
     # the finding of the injected kind names the truth's entity first, with its evidence drawn

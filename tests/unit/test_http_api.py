@@ -130,6 +130,9 @@ def test_findings_are_diagnose_findings(servers, name, token):
     for f in doc["findings"]:        # the event schema's finding objects (outputs.events)
         assert f["id"].startswith(f["kind"] + ":") and isinstance(f["actions"], list)
     assert doc["status"] == want["status"] and doc["counts"] == want["counts"]
+    # the incidents and each finding's incident id, as diagnose gives them (analysis.incidents)
+    assert doc["incidents"] == want["incidents"] and doc["incidents"]
+    assert [f["incident"] for f in doc["findings"]] == [f["incident"] for f in want["findings"]]
     assert doc["window"]["duration_s"] == pytest.approx(want["capture"]["duration_s"])
     assert doc["analyses"]["runs"] == 1
     # and the generator's expected kinds are among them

@@ -16,6 +16,7 @@ import numpy as np
 
 from skewscope.analysis.detectors.common import Emitter, impact_of
 from skewscope.analysis.detectors.registry import Detector, Threshold, detectors, kinds, resolve_thresholds
+from skewscope.analysis.incidents import assign as assign_incidents
 from skewscope.analysis.fleet import (
     all_to_all_groups,
     bound_at_or_below,
@@ -748,11 +749,11 @@ def analyze_matrix(fm, thresholds=None) -> dict:
     th = resolve_thresholds(thresholds, scope="fleet")
     metrics: dict = {"nodes": len(fm.ips)}
     if len(fm.ips) == 0:
-        return {"collectives": [], "timing": None, "findings": [], "metrics": metrics}
+        return {"collectives": [], "timing": None, "findings": [], "incidents": [], "metrics": metrics}
     inp = FleetInputs(fm, th, metrics)
     em = Emitter(None, set(kinds("fleet")))
     for d in detectors("fleet"):
         d.fn(inp, em)
     fs = sorted(em.out, key=lambda f: _SEV_ORDER.get(f.severity, 3))
-    return {"collectives": inp.collectives, "timing": inp.timing, "findings": [f.to_dict() for f in fs],
-            "metrics": metrics}
+    return assign_incidents({"collectives": inp.collectives, "timing": inp.timing,
+                             "findings": [f.to_dict() for f in fs], "metrics": metrics})

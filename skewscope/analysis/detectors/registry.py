@@ -29,12 +29,15 @@ estimated; per kind in docs/metrics.md "Impact"), "since" / "until" (s, on the s
 clock = meta first_ts/last_ts ns / 1e9: when the condition began, and when it stopped
 holding -- null = still holding at the end of the data; both null when unknown; per kind
 in docs/metrics.md "Onset", Kind.onset)}. entities.ips lists the node(s) the finding blames first (the hot
-node, the slow sender, the paused receiver), then the others involved.
+node, the slow sender, the paused receiver), then the others involved. analyze() adds "incident" (the id of
+its incident, analysis.incidents; null for a context finding).
 """
 from __future__ import annotations
 
 import copy
+import hashlib
 import ipaddress
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -125,6 +128,24 @@ class EventKey:
         if self.ips == 0:
             return "none (one id per kind)"
         return "the first IP" if self.ips == 1 else f"the first {self.ips} IPs"
+
+
+def finding_key(f: dict) -> list[str]:
+    """The key entities of a finding dict (sorted, deduplicated): the part of its entities
+    that names the condition (its Kind's `key`); a kind the registry does not know: all its IPs."""
+    try:
+        return kind(str(f.get("kind"))).key.entities(f)
+    except KeyError:
+        return sorted_ips((f.get("entities") or {}).get("ips") or [])
+
+
+def finding_id(f: dict) -> str:
+    """A finding's stable id: "<kind>:" + the first 16 hex digits of sha256 over kind and the
+    sorted key entities (same condition, same id: across runs, processes, finding order).
+    The event id of outputs.events and the id of the incident a finding leads (analysis.incidents)."""
+    k = str(f.get("kind"))
+    canon = json.dumps([k, finding_key(f)], separators=(",", ":"))
+    return f"{k}:{hashlib.sha256(canon.encode()).hexdigest()[:16]}"
 
 
 #: the event keys the kinds use (docs/feedback.md "Key entities")
