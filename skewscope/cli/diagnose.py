@@ -114,12 +114,10 @@ def run(snap, checks=None, thresholds=None, enricher=None) -> tuple[dict, int]:
     """Analyze a Snapshot and build the diagnose document and its exit code (enricher: names
     and causes, telemetry.enrich; never the status)."""
     from skewscope.analysis import analyze, resolve_checks  # heavy (numba)
-    from skewscope.analysis.incidents import refresh_messages  # heavy (the analysis package)
     from skewscope.outputs import report as R  # heavy (numpy): not loaded by --help
     a = analyze(snap, thresholds=thresholds, checks=checks or None)
     if enricher:
         enricher(a, meta=snap.meta)
-        refresh_messages(a)       # the incidents' messages from the findings' named ones
     fs = a["findings"]
     counts = {s: sum(1 for f in fs if f["severity"] == s) for s in ("critical", "warning", "info")}
     code = EXIT_CRITICAL if counts["critical"] else EXIT_WARNING if counts["warning"] else EXIT_OK

@@ -101,9 +101,6 @@ def report(file, as_json, top, max_flows, html_out, node_ip, enricher):
         from skewscope.analysis.nodeview import node_timing  # heavy (numba)
         analysis["node_timing"] = node_timing(snap, node_ip)
     enricher(analysis, meta=snap.meta)
-    if enricher:
-        from skewscope.analysis.incidents import refresh_messages  # heavy (the analysis package)
-        refresh_messages(analysis)    # the incidents' messages from the findings' named ones
     if html_out:
         size = H.write(html_out, snap, analysis)
         click.echo(f"wrote {html_out} ({size / 1024:.0f} KiB)", err=True)

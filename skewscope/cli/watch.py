@@ -142,8 +142,9 @@ def human_line(ev: dict, nested: bool = False) -> str:
             f"[{ev['id'].split(':', 1)[1]}]{of}{extra}: {f.get('message')}")
     when = when_text(ev) if ev["event"] != "resolved" else ""
     ind = "    " + ("    " if nested else "")
-    return line + (f"\n{ind}{when}" if when else "") + (f"\n{ind}-> {acts}" if acts and ev["event"] != "resolved"
-                                                         else "")
+    cause = (f.get("cause") or {}).get("text") if ev["event"] != "resolved" else None     # --dcgm
+    return (line + (f"\n{ind}{when}" if when else "") + (f"\n{ind}cause: {cause}" if cause else "")
+            + (f"\n{ind}-> {acts}" if acts and ev["event"] != "resolved" else ""))
 
 
 class Emitter:

@@ -329,6 +329,8 @@ def _card(Figure, snap, doc, f, clock, draw: bool, index: int = 0, incident: int
             + (f' <span class="sub">incident <a href="#incident-{incident}">{_esc(f["incident"])}</a></span>'
                if incident is not None else "")
             + f"<p>{_esc(f.get('message', ''))}</p>"]
+    if (f.get("cause") or {}).get("text"):          # --dcgm: why, from GPU telemetry
+        card.append(f"<p>cause ({_esc(f['cause'].get('verdict', ''))}): <b>{_esc(f['cause']['text'])}</b></p>")
     if ents.get("ips"):
         card.append(f"<p>nodes: <b>{_esc(', '.join(ents['ips'][:12]))}</b>"
                     + (f" ... ({len(ents['ips'])})" if len(ents["ips"]) > 12 else "")

@@ -26,6 +26,7 @@ from skewscope.outputs.topview import (
     HELP,
     SEV_SHORT,
     Model,
+    cause_note,
     collective_lines,
     finding_rows,
     onset_note,
@@ -163,10 +164,10 @@ def render_rich(m: Model, height: int = 40, width: int = 120, banner: str = ""):
         if depth:
             ftext.append("  └ ", style="dim")
             ftext.append(f"{fd.get('kind')}: ", style=color)
-            ftext.append(f"{fd.get('message') or ''}{onset_note(fd, m.analysis)}\n", style="dim")
+            ftext.append(f"{fd.get('message') or ''}{onset_note(fd, m.analysis)}{cause_note(fd)}\n", style="dim")
             continue
         ftext.append(f"{SEV_SHORT.get(sev, sev[:4].upper()):<5}", style=color)
-        ftext.append(f"{fd.get('message') or fd.get('kind')}{onset_note(fd, m.analysis)}\n")
+        ftext.append(f"{fd.get('message') or fd.get('kind')}{onset_note(fd, m.analysis)}{cause_note(fd)}\n")
     if len(fs) > 12:
         ftext.append(f"… {len(fs) - 12} more\n")
     if m.analysis is not None and not fs:

@@ -343,6 +343,12 @@ def onset_note(fd: dict, analysis: dict | None) -> str:
             f" ({time.strftime(hm, time.localtime(a))}-{time.strftime(hm, time.localtime(u))})")
 
 
+def cause_note(fd: dict) -> str:
+    """ " -- cause: GPU 3 of gpu-17: ..." when GPU telemetry explained the finding (--dcgm)."""
+    text = (fd.get("cause") or {}).get("text")
+    return f" -- cause: {text}" if text else ""
+
+
 def findings_sorted(analysis: dict | None) -> list[dict]:
     """By severity, then impact (estimated time lost per iteration/token; null last)."""
     return R.by_severity(list((analysis or {}).get("findings") or []))
@@ -459,7 +465,7 @@ def plain_lines(m: Model, max_findings: int = 5) -> list[str]:
     rows = finding_rows(m.analysis)
     for depth, fd in rows[:max_findings]:
         sev = SEV_SHORT.get(str(fd.get("severity")), str(fd.get("severity", "?"))[:4].upper())
-        msg = str(fd.get("message") or fd.get("kind")) + onset_note(fd, m.analysis)
+        msg = str(fd.get("message") or fd.get("kind")) + onset_note(fd, m.analysis) + cause_note(fd)
         if depth:                               # a finding of the incident above
             out += textwrap.wrap(f"  + {fd.get('kind')}: {msg}", width=PLAIN_WIDTH, subsequent_indent="       ")
         else:

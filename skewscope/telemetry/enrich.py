@@ -100,6 +100,9 @@ class Enricher:
     def __call__(self, doc: dict, meta: dict | None = None) -> dict:
         if isinstance(doc, dict) and self.inventory is not None:
             name_document(doc, self.inventory)
+            if doc.get("incidents"):
+                from skewscope.analysis.incidents import refresh_messages  # the incidents' messages, named
+                refresh_messages(doc)
         if isinstance(doc, dict) and self.telemetry is not None:
             add_causes(doc, self.inventory, self.telemetry, meta)
         return doc

@@ -141,3 +141,28 @@ def test_top_plain_rows_and_matrix_use_names():
     m2 = build_model(snap, 1.0, st, limit=0)
     assert m2.rows and all("gpu-04" in (r.src, r.dst) for r in m2.rows)
     assert any("gpu-04" in line for line in matrix_lines(m.matrix, width=200))
+
+
+def test_gpu_cause_shows_in_watch_top_and_html(tmp_path):
+    """A throttled GPU on the truth's straggler (a dcgm-exporter scrape file, --dcgm): the
+    cause's line is in watch's human output, top's findings panel and the HTML card."""
+    from dcgmlib import HEALTHY, THROTTLED, exposition
+
+    from skewscope.outputs.topview import ViewState, build_model, plain_lines
+    truth, snap = get("ring-straggler", 7)
+    slow = truth["pathologies"][0]["entities"]["ips"][0]
+    inv = inventory_csv(tmp_path)
+    scrape = tmp_path / "dcgm.txt"
+    scrape.write_text(exposition([(h, g, THROTTLED if ip == slow else HEALTHY) for ip, (h, g) in HOSTS.items()]))
+    _t, _a, pcap = run("ring-straggler", seed=7)
+    r = cli("watch", "--from", pcap, "--inventory", inv, "--dcgm", scrape, ok=(2,))
+    cause_lines = [ln.strip() for ln in r.stdout.splitlines() if ln.strip().startswith("cause: ")]
+    assert cause_lines and HOSTS[slow][0] in cause_lines[0] and "thermal" in cause_lines[0].lower(), r.stdout
+    doc = json.loads(cli("report", pcap, "--json", "--inventory", inv, "--dcgm", scrape).stdout)
+    lead = next(f for f in doc["findings"] if f["kind"] == "ring_straggler")
+    assert lead["cause"]["verdict"] == "gpu"
+    m = build_model(snap, 1.0, ViewState(), limit=5, analysis=doc)
+    assert any("cause: " in ln for ln in plain_lines(m, max_findings=20))
+    page = tmp_path / "r.html"
+    cli("report", pcap, "--inventory", inv, "--dcgm", scrape, "--html", page)
+    assert "cause (gpu)" in page.read_text() and lead["cause"]["text"].split(":")[0] in page.read_text()
