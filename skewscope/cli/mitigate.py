@@ -158,10 +158,26 @@ def _print_plan(pairs, as_json, applied=False, dry=False):
 
 @mitigate.command("plan", epilog=EPILOG)
 @_what
+@click.option("--flower", "flower_if", metavar="IFACE",
+              help="also print the offloadable tc flower rules for IFACE (a BlueField representor or uplink) "
+                   "that do the same in the NIC (docs/mitigation.md \"Where it runs\")")
+@click.option("--direction", type=click.Choice(["ingress", "egress"]), default="ingress", show_default=True,
+              help="with --flower: the hook")
 @friendly_errors
-def plan(from_file, token_file, finding, flows, dscp, police, ttl, as_json):
+def plan(from_file, token_file, finding, flows, dscp, police, ttl, as_json, flower_if, direction):
     """Print exactly what `apply` would change, and why. Needs no root, touches nothing."""
-    _print_plan(_rules(from_file, finding, flows, dscp, police, ttl, token_file), as_json)
+    pairs = _rules(from_file, finding, flows, dscp, police, ttl, token_file)
+    _print_plan(pairs, as_json and not flower_if)
+    if flower_if:
+        from skewscope.mitigate.flower import commands  # light
+        cmds = [c for k, (_f, r) in enumerate(pairs) for c in commands(r, flower_if, direction, slot=k, rid=k + 1)[k > 0:]]
+        if as_json:
+            click.echo(json.dumps({"actions": [dict(r.to_dict(), finding=(f or {}).get("kind")) for f, r in pairs],
+                                   "flower": [["tc", *c] for c in cmds]}, indent=2))
+        else:
+            click.echo("# tc flower rules a BlueField eSwitch offloads (skip_sw); review, then run as root:")
+            for c in cmds:
+                click.echo("tc " + " ".join(c))
 
 
 @mitigate.command("apply", epilog=EPILOG)

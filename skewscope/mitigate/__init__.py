@@ -4,4 +4,7 @@ TTL, that an operator or a controller approves.
 rules.py     Rule (match, action, TTL, why), its map form, the plan from findings
 software.py  the software backend: ebpf/mitigate.bpf.c as a cls_bpf filter that outlives the
              process, TTL enforced by the program itself
+policy.py    the closed loop's policy file (watch --mitigate)
+loop.py      the closed loop: plan, apply, verify, revert, each step an event
+flower.py    the same rules as tc flower filters a BlueField eSwitch offloads (printed by plan --flower)
 """

@@ -313,3 +313,31 @@ def test_v1_mitigations_lists_what_the_kernel_holds_and_plan_reads_v1_findings(n
         p.terminate()
         p.wait(timeout=30)
         cli("revert", *base(ns), "--all")
+
+
+def test_flower_rules_pass_iproute2s_own_parser(ns):
+    """`plan --flower` prints rules for a BlueField eSwitch. This kernel has no cls_flower /
+    act_pedit / act_police, but tc parses every option and action in user space before it asks
+    the kernel: each printed rule must get as far as the kernel (its refusal, or success where
+    the kernel has them), never a parse error -- checked against a deliberately broken rule."""
+    from skewscope.mitigate.flower import commands
+    from skewscope.mitigate.rules import Rule
+    ns_, dev = ns
+    subprocess.run(["tc", "-n", ns_, "qdisc", "add", "dev", dev, "clsact"], check=True)
+    rules = [Rule("remark", src="10.0.0.1", dst="10.0.0.5", dscp=8), Rule("remark", src="fd00::1", dst="fd00::2", dscp=8),
+             Rule("police", dst="10.0.0.9", rate_bps=10e9), Rule("remark", src="10.0.0.1", sport=49152, dscp=10)]
+
+    def tc(c):
+        return subprocess.run(["tc", "-n", ns_, *c], capture_output=True, text=True)
+    for k, r in enumerate(rules):
+        c = commands(r, dev, slot=k, rid=k + 1)[1]
+        p = tc(c)
+        parsed = p.returncode == 0 or "error talking to the kernel" in p.stderr
+        assert parsed, (c, p.stderr)
+    broken = commands(rules[0], dev)[1]
+    broken[broken.index("dsfield")] = "dsfeld"
+    p = tc(broken)
+    assert p.returncode != 0 and "error talking to the kernel" not in p.stderr and "bad pedit" in p.stderr
+    out = cli("plan", "--flow", "10.0.0.1,10.0.0.5", "--remark", "8", "--flower", "pf0hpf").stdout
+    line = next(ln for ln in out.splitlines() if ln.startswith("tc filter add dev pf0hpf"))
+    assert "skip_sw" in line and "src_ip 10.0.0.1 dst_ip 10.0.0.5" in line and "dsfield set 32 retain 0xfc" in line
