@@ -40,7 +40,7 @@ from skewscope.outputs import html as H
 PRESETS = {"moe-hot-expert": "hot_expert", "tp-decode-slow-shard": "slow_tp_shard",
            "ring-straggler": "straggler", "ep-decode-hot-drift": "hot_destination", "pd-imbalanced": None,
            "congestion": None, "ring-healthy": None}
-SECTIONS = ("findings", "matrix", "rates", "timing", "sizes", "counters")
+SECTIONS = ("incidents", "findings", "matrix", "rates", "timing", "sizes", "counters")   # incidents: issue 27
 
 
 @pytest.fixture(scope="module")

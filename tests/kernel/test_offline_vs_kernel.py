@@ -34,7 +34,9 @@ pytestmark = [
 ]
 
 REAL = Path(__file__).resolve().parents[2].parent / "shared/data/real"
-REAL_FILES = sorted(p for p in REAL.glob("*.pcap*")) if REAL.is_dir() else []
+#: the captures (pcap, pcapng, gzipped): not whatever else a tool may leave beside them
+REAL_FILES = sorted(p for p in REAL.glob("*.pcap*") if p.name.endswith((".pcap", ".pcapng", ".pcap.gz", ".pcapng.gz"))) \
+    if REAL.is_dir() else []
 META_KEYS = ("frames", "first_ts", "last_ts", "duration_s", "flows_created", "flows_evicted", "flows_present",
              "max_flows", "sample_n", "clock", "events_lost")
 

@@ -115,7 +115,7 @@ def captures(tmp_path_factory):
     subprocess.run(SKEWSCOPE + ["gen", "pd-imbalanced", "-o", str(p), "--view", "node:1"], check=True,
                    capture_output=True, timeout=600)
     out.append(p)
-    real = sorted(REAL.glob("*.pcap*"))
+    real = sorted(p for p in REAL.glob("*.pcap*") if p.name.endswith((".pcap", ".pcapng", ".gz")))
     assert real, f"no real captures under {REAL}"
     return out + real
 

@@ -159,7 +159,7 @@ def capture_files(draw):
     elif kind == "pcapng":
         b = _pcapng_file(draw)
     else:
-        files = sorted(p for p in REAL.glob("*.pcap*")) if REAL.is_dir() else []
+        files = sorted(p for p in REAL.glob("*.pcap*") if p.name.endswith((".pcap", ".pcapng", ".gz"))) if REAL.is_dir() else []
         b = files[draw(st.integers(0, len(files) - 1))].read_bytes()[:4096] if files else _pcap_file(draw)
     # damage: cut, flip bytes, overwrite a 32-bit word with an extreme value
     if b and draw(st.booleans()):
