@@ -28,6 +28,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -188,9 +189,9 @@ class FleetMatrix:
     def n(self) -> int:
         return len(self.ips)
 
-    @property
+    @cached_property
     def pair(self) -> dict:
-        """name -> (n, n) over all classes."""
+        """name -> (n, n) over all classes (computed once: the matrices are n x n)."""
         return {k: v.sum(axis=0) for k, v in self.by_class.items()}
 
     def cls(self, name: str, klass: str) -> np.ndarray:
@@ -217,6 +218,8 @@ def _ip_sort_key(s: str):
 TIMING_FAMILIES = ((M.NODE_FORWARD_LATENCY, "forward_latency"), (M.NODE_OWN_LAG, "own_lag"), (M.NODE_STEP, "step"),
                    (M.NODE_COLLECTIVE, "collective"), (M.NODE_ITERATION, "iteration"))
 TIMING_PEER_FAMILIES = ((M.NODE_ARRIVAL_OFFSET, "arrival"), (M.NODE_START_OFFSET, "start"))
+#: the roles whose per-peer offset buckets the fusion reads (analysis.detectors.fleet RING_ROLES)
+RING_PEER_ROLES = ("ring", "tp_decode")
 CLOCKS = ("unsynchronised", "ptp")
 #: --clock ptp: a DPU whose last read is older than this (its own clock vs ours) is stale
 STALE_S = 120.0
@@ -379,9 +382,17 @@ class Fetcher:
                 e = entry({"node": node, "ip": ip, "role": role})
                 if e is not None:
                     e["hist"][key] = h
+        ring_like = "|".join(RING_PEER_ROLES)
         for spec, key in TIMING_PEER_FAMILIES:
-            # signed offsets: the exporter keeps no _sum (buckets and count only)
-            rows = self._agg(spec.name + "_bucket", "node, ip, role, peer, le", f'peer!="{OVERFLOW}"')
+            # signed offsets: the exporter keeps no _sum (buckets and count only). Their
+            # buckets are read for the ring-like roles only (the fusion's upstream offsets);
+            # for the others (all-to-all, kv) who the peers are and their counts are all that
+            # is used, and their buckets were half of the samples of a 1,000-node fleet
+            # (tools/bench/bench_fleet.py): the +Inf bucket alone
+            rows = self._agg(spec.name + "_bucket", "node, ip, role, peer, le",
+                             f'peer!="{OVERFLOW}", role=~"{ring_like}"')
+            rows += self._agg(spec.name + "_bucket", "node, ip, role, peer, le",
+                              f'peer!="{OVERFLOW}", role!~"{ring_like}", le="+Inf"')
             sums = []
             for (node, ip, role, peer), h in hist_of(rows, sums, lambda m: (m.get("node"), m.get("ip"),
                                                                           m.get("role"), m.get("peer"))).items():

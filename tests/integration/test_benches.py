@@ -12,9 +12,12 @@ run count), no namespace or program is left behind, and the map memory the kerne
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "tools/bench"
@@ -90,3 +93,23 @@ def test_bench_mitigate_prints_every_phase_and_cleans_up():
         assert re.search(r"p50 [\d.]+ ms .* p99 [\d.]+ ms .* \d+ tokens \(\d+ lost\); bulk [\d.]+ Mbit/s", ln), ln
     assert int(re.search(r"(\d+) tokens", rows["quiet"]).group(1)) > 0
     assert leftovers("ssb-") == []
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("promtool") is None,
+                    reason="Debian package prometheus missing (make setup installs it)")
+def test_bench_fleet_prints_a_line_per_fleet_size_and_names_the_injected_nodes():
+    """bench_fleet.py at its smallest fleet (the three pathology groups, 24 nodes): the
+    `N nodes:` line a script reads (docs/fleet.md "Measured at scale"), every figure there,
+    and the slow shard, hot expert and incast victim (the generator's truth, remapped) named."""
+    out = run("bench_fleet.py", "--nodes", "20")
+    rows = [ln for ln in out.splitlines() if re.match(r"\d+ nodes: ", ln)]
+    assert len(rows) == 1, out
+    row = rows[0]
+    m = re.match(r"(\d+) nodes: (\d+) DPUs, .* (\d+) queries, .* wall ([\d.]+) s, cpu ([\d.]+) s, "
+                 r"peak (\d+) MiB, prometheus peak (\d+) MiB .* named (yes|no) \((.*)\), other findings (\d+)", row)
+    assert m, row
+    n, dpus, queries, wall, cpu, peak, ppeak, named, detail, other = m.groups()
+    assert int(n) == int(dpus) >= 20 and int(queries) > 0
+    assert float(wall) > 0 and float(cpu) > 0 and int(peak) > 0 and int(ppeak) > 0
+    assert named == "yes" and detail.count(" yes") == 3, row
+    assert int(other) == 0, row

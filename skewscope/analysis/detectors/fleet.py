@@ -146,6 +146,17 @@ class FleetInputs:
         return float((getattr(self.fm, "exported_by", None) or {}).get((a, c, klass), 0.0))
 
     @cached_property
+    def data_sent(self):
+        """Per source node: (message bytes, packets, messages) of its data classes (bulk,
+        chunk) to other nodes. Once per run: a per-group recomputation over the n x n
+        matrices made `cluster` cubic in the fleet's size (tools/bench/bench_fleet.py)."""
+        out = []
+        for name in ("message_bytes", "packets", "messages"):
+            m = self.fm.cls(name, "bulk") + self.fm.cls(name, "chunk")
+            out.append(m.sum(axis=1) - np.diag(m))
+        return tuple(out)
+
+    @cached_property
     def hot_b(self):
         # over the all-to-all (chunk) traffic when there is any: ring/tree volumes are equal
         # by construction and would only dilute an expert's skew; else over all data
@@ -221,19 +232,16 @@ def member_send_rates(inp, members):
     union of its outgoing data messages, from its own DPU), NaN where no DPU exported it or
     its messages average < MIN_PKTS_PER_MSG packets (a rate over 1-2 packets is the
     timestamps' granularity); the single-node straggler's send throughput over active time."""
-    fm = inp.fm
-    sb = getattr(fm, "src_busy_seconds", None)
+    sb = getattr(inp.fm, "src_busy_seconds", None)
     out = np.full(len(members), np.nan)
     if sb is None:
         return out
-    mb = sum(offdiag(fm.cls("message_bytes", k)) for k in ("bulk", "chunk"))
-    pk = sum(offdiag(fm.cls("packets", k)) for k in ("bulk", "chunk"))
-    ms = sum(offdiag(fm.cls("messages", k)) for k in ("bulk", "chunk"))
+    mb, pk, ms = inp.data_sent
     for x, i in enumerate(members):
         busy = float(sb[i]) if np.isfinite(sb[i]) else 0.0
-        msgs = float(ms[i].sum())
-        if busy > 0 and msgs > 0 and float(pk[i].sum()) / msgs >= MIN_PKTS_PER_MSG:
-            out[x] = 8.0 * float(mb[i].sum()) / busy
+        msgs = float(ms[i])
+        if busy > 0 and msgs > 0 and float(pk[i]) / msgs >= MIN_PKTS_PER_MSG:
+            out[x] = 8.0 * float(mb[i]) / busy
     return out
 
 
