@@ -177,14 +177,20 @@ def map_lookup_batch(map_fd: int, key_size: int, value_size: int, max_entries: i
     return keys[:n], vals[:n]
 
 
-def prog_info(prog_fd: int) -> dict:
-    """id, type, name of a program (struct bpf_prog_info prefix)."""
-    info = (ctypes.c_uint8 * 256)()
+def _obj_info(fd: int, info) -> None:
+    """BPF_OBJ_GET_INFO_BY_FD into the ctypes buffer `info` (fields the caller put there, e.g.
+    where the map ids go, are read by the kernel)."""
     a = _attr()
-    _put(a, 0, "<I", prog_fd)
+    _put(a, 0, "<I", fd)
     _put(a, 4, "<I", ctypes.sizeof(info))
     _put(a, 8, "<Q", ctypes.addressof(info))
     _sys_bpf(BPF_OBJ_GET_INFO_BY_FD, a)
+
+
+def prog_info(prog_fd: int) -> dict:
+    """id, type, name of a program (struct bpf_prog_info prefix)."""
+    info = (ctypes.c_uint8 * 256)()
+    _obj_info(prog_fd, info)
     ptype, pid = struct.unpack_from("<II", info, 0)
     name = bytes(info[64:80]).split(b"\0")[0].decode(errors="replace")
     return {"type": ptype, "id": pid, "name": name}
@@ -219,11 +225,7 @@ def prog_map_ids(prog_fd: int) -> list[int]:
     ids = (ctypes.c_uint32 * 64)()
     info = (ctypes.c_uint8 * 256)()
     struct.pack_into("<IQ", info, 52, 64, ctypes.addressof(ids))
-    a = _attr()
-    _put(a, 0, "<I", prog_fd)
-    _put(a, 4, "<I", ctypes.sizeof(info))
-    _put(a, 8, "<Q", ctypes.addressof(info))
-    _sys_bpf(BPF_OBJ_GET_INFO_BY_FD, a)
+    _obj_info(prog_fd, info)
     n = struct.unpack_from("<I", info, 52)[0]
     return [int(ids[i]) for i in range(min(n, 64))]
 
@@ -237,11 +239,7 @@ def map_fd_by_id(map_id: int) -> int:
 def map_info(map_fd: int) -> dict:
     """type, id, key_size, value_size, max_entries, name of a map (struct bpf_map_info prefix)."""
     info = (ctypes.c_uint8 * 128)()
-    a = _attr()
-    _put(a, 0, "<I", map_fd)
-    _put(a, 4, "<I", ctypes.sizeof(info))
-    _put(a, 8, "<Q", ctypes.addressof(info))
-    _sys_bpf(BPF_OBJ_GET_INFO_BY_FD, a)
+    _obj_info(map_fd, info)
     t, i, ks, vs, me, _fl = struct.unpack_from("<IIIIII", info, 0)
     name = bytes(info[24:40]).split(b"\0")[0].decode(errors="replace")
     return {"type": t, "id": i, "key_size": ks, "value_size": vs, "max_entries": me, "name": name}
@@ -322,11 +320,7 @@ def link_info(link_fd: int) -> dict:
     """type, id, prog_id and (XDP / tcx links) ifindex, attach_type of a link (struct
     bpf_link_info: type @0, id @4, prog_id @8, the per-type union @16)."""
     info = (ctypes.c_uint8 * 128)()
-    a = _attr()
-    _put(a, 0, "<I", link_fd)
-    _put(a, 4, "<I", ctypes.sizeof(info))
-    _put(a, 8, "<Q", ctypes.addressof(info))
-    _sys_bpf(BPF_OBJ_GET_INFO_BY_FD, a)
+    _obj_info(link_fd, info)
     ltype, lid, pid, ifidx, atype = struct.unpack_from("<IIIxxxxII", info, 0)
     return {"type": ltype, "id": lid, "prog_id": pid, "ifindex": ifidx,
             "attach_type": atype if ltype == BPF_LINK_TYPE_TCX else (BPF_XDP if ltype == BPF_LINK_TYPE_XDP else 0)}

@@ -101,6 +101,17 @@ def make_enricher(inventory_path: str | None = None, dcgm=()):
     return Enricher(inventory=inv, telemetry=tel)
 
 
+def parse_thresholds(items) -> dict:
+    """["KIND.NAME=VALUE", ...] -> {"KIND.NAME": "VALUE"} (one line, exit 3, for a malformed item)."""
+    out = {}
+    for it in items:
+        if "=" not in it:
+            fail(f"--threshold {it!r}: use KIND.NAME=VALUE (see diagnose --list-checks)", EXIT_NOT_RUN)
+        k, v = it.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
 def threshold_option(f):
     """--threshold KIND.NAME=VALUE (repeatable) for the live analysis; the command gets
     `thresholds` ({} = the defaults), checked against the registry before anything starts."""
@@ -108,12 +119,7 @@ def threshold_option(f):
                   help="override a finding threshold in the live analysis (repeatable; diagnose --list-checks)")
     @functools.wraps(f)
     def wrapper(*a, threshold_items=(), **kw):
-        th = {}
-        for it in threshold_items:
-            if "=" not in it:
-                fail(f"--threshold {it!r}: use KIND.NAME=VALUE (see diagnose --list-checks)", EXIT_NOT_RUN)
-            k, v = it.split("=", 1)
-            th[k.strip()] = v.strip()
+        th = parse_thresholds(threshold_items)
         if th:
             from skewscope.analysis.detectors import ThresholdError, resolve_thresholds  # heavy (numba)
             try:

@@ -26,6 +26,7 @@ import functools
 import click
 
 from skewscope.core.errors import EXIT_NOT_RUN, EXIT_USAGE, SkewscopeError
+from skewscope.core.textfile import compose_yaml, read_text, scalar_value
 
 #: the commands that read --config (their sections)
 COMMANDS = ("export", "watch", "top")
@@ -66,17 +67,8 @@ def load(path: str, ctx: click.Context) -> dict:
     """The default_map of ctx's command from the file: {param name: value}."""
     import yaml  # a dependency; the config is YAML
     cmd = ctx.command
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as e:
-        raise ConfigError(f"--config {path}: {e.strerror or e}", EXIT_NOT_RUN) from None
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{at}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    text = read_text(path, "the config", lambda m: ConfigError(m, EXIT_NOT_RUN), prefix="--config ")
+    root = compose_yaml(text, path, ConfigError)
     if root is None:
         return {}
     if not isinstance(root, yaml.MappingNode):
@@ -113,8 +105,7 @@ def load(path: str, ctx: click.Context) -> dict:
                 where = "" if scope == "common" else f"{cmd.name}: "
                 raise ConfigError(f"{path}:{line}: {where}no option --{key.replace('_', '-')}"
                                   + (f" for {cmd.name}" if scope == "common" else ""))
-            value = yaml.safe_load(yaml.serialize(vn)) if not isinstance(vn, yaml.ScalarNode) else \
-                (vn.value if vn.tag == "tag:yaml.org,2002:str" else yaml.safe_load(yaml.serialize(vn)))
+            value = scalar_value(vn)
             if p.multiple and not isinstance(value, list):
                 value = [value]
             try:

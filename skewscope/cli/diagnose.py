@@ -35,7 +35,7 @@ import sys
 
 import click
 
-from skewscope.cli.common import enrich_options, fail, load_source
+from skewscope.cli.common import enrich_options, fail, load_source, parse_thresholds
 from skewscope.core.errors import EXIT_CRITICAL, EXIT_NOT_RUN, EXIT_OK, EXIT_WARNING, DataplaneError, PcapError
 from skewscope.outputs.when import Clock
 
@@ -74,16 +74,6 @@ def _duration(s: str) -> float:
     if v <= 0:
         fail(f"--duration: {s!r} must be > 0", EXIT_NOT_RUN)
     return v
-
-
-def _thresholds(items) -> dict:
-    out = {}
-    for it in items:
-        if "=" not in it:
-            fail(f"--threshold {it!r}: use KIND.NAME=VALUE (see --list-checks)", EXIT_NOT_RUN)
-        k, v = it.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
 
 
 def _list_checks(ctx, param, value):
@@ -196,7 +186,7 @@ def diagnose(file, iface, duration, use_tc, xdp_mode, direction, sample_n, max_f
         fail("diagnose: give a FILE (.snap, pcap, pcapng) or -i IFACE, not both or neither", EXIT_NOT_RUN)
     # heavy (numba, the analysis package): imported once the arguments are known to be good
     from skewscope.analysis.detectors import ThresholdError, resolve_checks, resolve_thresholds
-    th = _thresholds(thresholds)
+    th = parse_thresholds(thresholds)
     try:
         resolve_thresholds(th)
         resolve_checks(checks)

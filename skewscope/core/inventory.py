@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from skewscope.core.errors import EXIT_NOT_RUN, SkewscopeError
+from skewscope.core.textfile import read_text, yaml_error
 
 REQUIRED = ("ip", "host")
 OPTIONAL = ("gpu", "rank", "job", "pod", "namespace", "instance", "rail")
@@ -145,9 +146,7 @@ def _from_yaml(text: str, name: str) -> dict[str, Entry]:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f":{mark.line + 1}" if mark is not None else ""
-        raise InventoryError(f"{name}{at}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+        raise yaml_error(e, name, InventoryError) from None
     if isinstance(doc, dict) and "hosts" in doc:
         doc = doc["hosts"]
     if not isinstance(doc, list) or not doc:
@@ -176,14 +175,7 @@ def load(path: str | Path) -> Inventory:
     """An Inventory from a file (suffix .csv/.tsv/.yaml/.yml, else sniffed); InventoryError
     (one line, EXIT_NOT_RUN) when it cannot be read or is not valid."""
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise InventoryError(f"{p}: cannot read the inventory ({e.strerror or e})") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise InventoryError(f"{p}: not UTF-8 text") from None
+    text = read_text(p, "the inventory", InventoryError)
     suf = p.suffix.lower()
     fmt = {".csv": "csv", ".tsv": "tsv", ".yaml": "yaml", ".yml": "yaml"}.get(suf)
     return parse(text, str(p), fmt)

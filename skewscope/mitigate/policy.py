@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from skewscope.core.textfile import compose_yaml, read_text, scalar_value
 from skewscope.mitigate.rules import ACTIONS, DEFAULT_DSCP, PLANNED_KINDS, MitigationError, parse_rate
 
 KEYS = {"interface", "direction", "ttl_s", "max_active", "cooldown_s", "verify_after_s", "min_improvement", "kinds"}
@@ -53,16 +54,7 @@ def _line(node) -> int:
 def load(path: str | Path) -> Policy:
     import yaml  # a dependency; the policy is YAML
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise MitigationError(f"{p}: cannot read the policy ({e.strerror or e})") from None
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f":{mark.line + 1}" if mark is not None else ""
-        raise MitigationError(f"{p}{at}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    root = compose_yaml(read_text(p, "the policy", MitigationError), str(p), MitigationError)
     if root is None or not isinstance(root, yaml.MappingNode):
         raise MitigationError(f"{p}: a policy is a mapping (interface:, kinds:, ...; docs/mitigation.md)")
     pol = Policy(interface="", source=str(p))
@@ -77,7 +69,7 @@ def load(path: str | Path) -> Policy:
             continue
         if not isinstance(vn, yaml.ScalarNode):
             raise MitigationError(f"{where}: {key} takes one value")
-        v = yaml.safe_load(vn.value) if vn.tag != "tag:yaml.org,2002:str" else vn.value
+        v = scalar_value(vn)
         if key == "interface":
             pol.interface = str(v)
         elif key == "direction":

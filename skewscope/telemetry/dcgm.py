@@ -31,6 +31,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from skewscope.core.errors import EXIT_NOT_RUN, SkewscopeError
+from skewscope.core.textfile import read_text
 
 SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"                      # MHz
 POWER = "DCGM_FI_DEV_POWER_USAGE"                     # W
@@ -183,15 +184,7 @@ class ScrapeFile:
 
     def __init__(self, path: str):
         self.spec = path
-        try:
-            with open(path, "rb") as fh:
-                raw = fh.read()
-        except OSError as e:
-            raise DcgmError(f"--dcgm {path}: cannot read ({e.strerror or e})") from None
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise DcgmError(f"--dcgm {path}: not UTF-8 text (a dcgm-exporter scrape is text)") from None
+        text = read_text(path, "the scrape", DcgmError, prefix="--dcgm ")
         try:
             self.readings = parse_exposition(text, path)
         except DcgmError as e:
