@@ -245,29 +245,27 @@ def map_info(map_fd: int) -> dict:
     return {"type": t, "id": i, "key_size": ks, "value_size": vs, "max_entries": me, "name": name}
 
 
-def map_lookup(map_fd: int, key: bytes, value_size: int, flags: int = 0) -> bytes:
-    """BPF_MAP_LOOKUP_ELEM (flags: BPF_F_LOCK reads a value with a bpf_spin_lock consistently)."""
+def _map_elem(cmd: int, map_fd: int, key: bytes, vb, flags: int) -> None:
+    """One BPF_MAP_*_ELEM call on key with the value buffer vb."""
     kb = ctypes.create_string_buffer(key, len(key))
-    vb = ctypes.create_string_buffer(value_size)
     a = _attr()
     _put(a, 0, "<I", map_fd)
     _put(a, 8, "<Q", ctypes.addressof(kb))
     _put(a, 16, "<Q", ctypes.addressof(vb))
     _put(a, 24, "<Q", flags)
-    _sys_bpf(BPF_MAP_LOOKUP_ELEM, a)
+    _sys_bpf(cmd, a)
+
+
+def map_lookup(map_fd: int, key: bytes, value_size: int, flags: int = 0) -> bytes:
+    """BPF_MAP_LOOKUP_ELEM (flags: BPF_F_LOCK reads a value with a bpf_spin_lock consistently)."""
+    vb = ctypes.create_string_buffer(value_size)
+    _map_elem(BPF_MAP_LOOKUP_ELEM, map_fd, key, vb, flags)
     return vb.raw
 
 
 def map_update(map_fd: int, key: bytes, value: bytes, flags: int = 0) -> None:
     """BPF_MAP_UPDATE_ELEM (for per-CPU maps, value = ncpus * round_up(size, 8) bytes)."""
-    kb = ctypes.create_string_buffer(key, len(key))
-    vb = ctypes.create_string_buffer(value, len(value))
-    a = _attr()
-    _put(a, 0, "<I", map_fd)
-    _put(a, 8, "<Q", ctypes.addressof(kb))
-    _put(a, 16, "<Q", ctypes.addressof(vb))
-    _put(a, 24, "<Q", flags)
-    _sys_bpf(BPF_MAP_UPDATE_ELEM, a)
+    _map_elem(BPF_MAP_UPDATE_ELEM, map_fd, key, ctypes.create_string_buffer(value, len(value)), flags)
 
 
 # ---- bpf_link: attachments owned by a file descriptor ----------------------------------------

@@ -37,7 +37,7 @@ import click
 
 from skewscope.cli.common import enrich_options, fail, load_source, parse_thresholds
 from skewscope.core.errors import EXIT_CRITICAL, EXIT_NOT_RUN, EXIT_OK, EXIT_WARNING, DataplaneError, PcapError
-from skewscope.outputs.when import Clock
+from skewscope.core.when import Clock
 
 DIAGNOSE_VERSION = 1
 _DUR = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min|h)?\s*$")

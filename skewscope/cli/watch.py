@@ -29,7 +29,7 @@ from skewscope.cli.live import Duration, _stale_policy
 from skewscope.core.errors import EXIT_NO_PRIV, EXIT_NOT_RUN, DataplaneError, PcapError
 from skewscope.core.signals import stop_on_signals
 from skewscope.outputs import events as E
-from skewscope.outputs.when import Clock
+from skewscope.core.when import Clock
 
 EPILOG = """\b
 Examples:

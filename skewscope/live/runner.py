@@ -8,7 +8,7 @@ import os
 import threading
 import time
 
-from skewscope.outputs.when import Clock
+from skewscope.core.when import Clock
 
 
 def load_analyze():

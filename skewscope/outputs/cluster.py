@@ -38,7 +38,7 @@ from skewscope.core.snapshot import Snapshot, ip_bytes
 from skewscope.outputs import metrics as M
 from skewscope.outputs import report as R
 from skewscope.outputs.report import fmt_bytes
-from skewscope.outputs.when import Clock
+from skewscope.core.when import Clock
 
 RULE_WINDOW = "5m"
 #: drill-down queries for seen_by: at most this many findings (bounded cost)

@@ -31,7 +31,7 @@ import urllib.parse
 import urllib.request
 
 from skewscope.core.numbers import finite
-from skewscope.outputs.when import Clock
+from skewscope.core.when import Clock
 
 SCHEMA = "skewscope.finding_event/v1"
 STATS_SCHEMA = "skewscope.watch_stats/v1"
@@ -173,7 +173,7 @@ class Tracker:
     "change": why, from the latest analysis); an
     id absent from the analyses for >= `hold` seconds since it was last seen -> `resolved`
     (the last finding object). `seen` = (first, last) source times of the analysed data (a
-    file's capture times); default now. `clock` (outputs.when.Clock of the analysed snapshot)
+    file's capture times); default now. `clock` (core.when.Clock of the analysed snapshot)
     puts the findings' since/until on the source's clock: an id opens at its onset
     (first_seen = the finding's since, when known, instead of the analysed data's first
     time), and every event carries "since" (the earliest onset seen for the id) and "until"

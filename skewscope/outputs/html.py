@@ -50,7 +50,7 @@ from skewscope.outputs.html_figures import (  # noqa: F401 (HOT, onset_spans: th
     fig_timing,
     onset_spans,
 )
-from skewscope.outputs.when import Clock
+from skewscope.core.when import Clock
 
 #: groups (collectives) with a rate-over-time plot and a size histogram
 GROUPS_TOP = 4

@@ -12,7 +12,7 @@ import numpy as np
 
 from skewscope.core import layout as L
 from skewscope.outputs.html_data import _step_lags
-from skewscope.outputs.when import START_SHARE
+from skewscope.core.when import START_SHARE
 
 #: matrices up to this many nodes get their values written in the cells
 MATRIX_LABELS = 12

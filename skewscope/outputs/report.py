@@ -20,7 +20,7 @@ import numpy as np
 
 from skewscope.core import layout as L
 from skewscope.core.snapshot import Snapshot, ip_str
-from skewscope.outputs.when import Clock
+from skewscope.core.when import Clock
 
 
 def hist_pairs(row: np.ndarray) -> list[list[int]]:

@@ -26,7 +26,7 @@ from skewscope.core.snapshot import Snapshot, ip_str
 from skewscope.outputs import report as R
 from skewscope.outputs.topformat import PLAIN_WIDTH, fmt_bits, fmt_num, fmt_size, short_ip
 from skewscope.outputs.topmatrix import MatrixView, matrix_lines, matrix_view
-from skewscope.outputs.when import START_SHARE
+from skewscope.core.when import START_SHARE
 
 SEV_SHORT = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}
 

@@ -32,6 +32,7 @@ import math
 import statistics
 from datetime import datetime, timezone
 
+from skewscope.core.when import Clock
 from skewscope.telemetry.dcgm import (NVLINK_ERRORS, PCIE_REPLAY, POWER, POWER_LIMITS, REASONS, SLOWDOWN_BITS,
                                       SM_CLOCK, TEMP, TENSOR, WINDOW_PAD_S, XID, DcgmError, decode_reasons)
 
@@ -45,29 +46,12 @@ POWER_AT_LIMIT = 0.95
 MAX_WINDOW_S = 3600.0
 
 
-def _wall_offset(meta: dict | None) -> tuple[float | None, float | None, float | None]:
-    """(first, last, offset) of a snapshot's meta or a diagnose "capture": a time on the
-    capture's clock + offset = unix s (pcap: 0; a monotonic live capture: through started_at;
-    None: no wall clock)."""
-    m = meta or {}
-    if "first_s" in m:
-        first, last = m.get("first_s"), m.get("last_s")
-    else:
-        f, la = m.get("first_ts"), m.get("last_ts")
-        first = float(f) / 1e9 if f is not None else None
-        last = float(la) / 1e9 if la is not None else None
-    if m.get("clock") != "monotonic":
-        return first, last, 0.0
-    if m.get("started_at") and first is not None:
-        return first, last, float(m["started_at"]) - first
-    return first, last, None
-
-
 def window_of(f: dict, meta: dict | None) -> tuple[float, float] | None:
     """The unix-time window DCGM is read over: the finding's since..until (until None = the
     capture's end; since None = its start; at most MAX_WINDOW_S), widened by WINDOW_PAD_S each
     side; None when the capture has no wall clock or no times."""
-    first, last, off = _wall_offset(meta)
+    clock = Clock.of(meta)            # a monotonic live capture: on the wall through started_at
+    first, last, off = clock.first, clock.last, clock.offset
     if off is None:
         return None
     s = f.get("since") if f.get("since") is not None else first

@@ -22,7 +22,7 @@ import genlib
 from skewscope.analysis import analyze
 from skewscope.analysis import onset as O
 from skewscope.outputs import events as E
-from skewscope.outputs.when import Clock
+from skewscope.core.when import Clock
 
 A2A = {"kind": "all_to_all", "bytes_per_peer": "128KiB", "channels": 1, "combine": True}
 RING = {"kind": "ring_allreduce", "bytes": "8MiB", "channels": 2}
