@@ -620,8 +620,6 @@ class FleetSink:
     def run(self, report):
         """Backfill, start Prometheus, query each case; report(case, seed, result)."""
         import shutil
-        import subprocess
-        import time as _t
         self.om.write("# EOF\n")
         self.om.close()
         if not self.cases:
@@ -630,50 +628,19 @@ class FleetSink:
             for c, s, *_ in self.cases.values():
                 report(c, s, None, "n/a: prometheus/promtool not installed")
             return
+        from skewscope.outputs import cluster as CL
+        from skewscope.testbed.prometheus import Server, backfill
         data = self.dir / "tsdb"
-        r = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(self.dir / "fleet.om"),
-                            str(data)], capture_output=True, text=True)
-        if r.returncode:
-            raise RuntimeError(f"promtool: {r.stderr[-500:]}")
-        import socket
-        with socket.socket() as so:
-            so.bind(("127.0.0.1", 0))
-            port = so.getsockname()[1]
-        cfg = self.dir / "prometheus.yml"
-        cfg.write_text("{}")
-        log = open(self.dir / "prometheus.log", "w")
-        proc = subprocess.Popen(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={data}",
-                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            import urllib.request
-            end = _t.monotonic() + 60
-            while True:
-                try:
-                    if urllib.request.urlopen(url + "/-/ready", timeout=1).status == 200:
-                        break
-                except OSError:
-                    pass
-                if proc.poll() is not None or _t.monotonic() > end:
-                    raise RuntimeError(f"prometheus did not start: {(self.dir / 'prometheus.log').read_text()[-500:]}")
-                _t.sleep(0.2)
-            from skewscope.outputs import cluster as CL
+        backfill(self.dir / "fleet.om", data)
+        with Server(self.dir, tsdb=data) as prom:
             for c, s, pre, want, truth in self.cases.values():
                 try:
-                    doc = CL.run(url, window="all", selector=f'node=~"{pre}.*"', at=self.ts + 1)
+                    doc = CL.run(prom.url, window="all", selector=f'node=~"{pre}.*"', at=self.ts + 1)
                     res = judge(doc["findings"], want)
                     res["note"] = _since_err(doc["findings"], want, truth) if c.onset else ""
                     report(c, s, res, None)
                 except Exception as e:  # noqa: BLE001 -- a crash is a finding of the sweep
                     report(c, s, None, f"ERR {type(e).__name__}: {e}")
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
 
 
 # ---- the table ----------------------------------------------------------------------------

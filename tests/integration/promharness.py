@@ -8,21 +8,14 @@ exporters, one per DPU namespace), test_fleet_views (export --from per node view
 from __future__ import annotations
 
 import json
-import signal
-import socket
-import subprocess
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from skewscope.testbed.prometheus import PrometheusError, Server, backfill, free_port, stop_proc  # noqa: F401 (re-exported)
+
 RULES = Path(__file__).resolve().parents[2] / "docs" / "prometheus"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_json(url: str, timeout: float = 5.0):
@@ -49,24 +42,22 @@ def wait_until(fn, timeout: float, what: str, step: float = 0.25):
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
-def stop_proc(p: subprocess.Popen | None) -> None:
-    """SIGTERM, then SIGKILL after 15 s."""
-    if p is not None and p.poll() is None:
-        p.send_signal(signal.SIGTERM)
+class _Ready:
+    def ready(self) -> bool:
+        """Prometheus answers /-/ready; its exit is an AssertionError (wait_until stops at once)."""
         try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=5)
+            return Server.ready(self)
+        except PrometheusError as e:
+            raise AssertionError(str(e)) from None
+
+    def query(self, q: str):
+        return http_json(f"{self.url}/api/v1/query?query={urllib.parse.quote(q)}")["data"]["result"]
 
 
-class Prom:
+class Prom(_Ready, Server):
     """Prometheus on 127.0.0.1 with the shipped rules (evaluated every second)."""
 
     def __init__(self, workdir: Path, targets: list[str], scrape_s: float = 1.0):
-        self.dir = workdir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         rules = []
         for name in ("skewscope-rules.yml", "skewscope-alerts.yml"):
             p = workdir / name
@@ -76,69 +67,21 @@ class Prom:
         cfg = {"global": {"scrape_interval": ms, "scrape_timeout": ms, "evaluation_interval": "1s"},
                "rule_files": rules,
                "scrape_configs": [{"job_name": "skewscope", "static_configs": [{"targets": targets}]}]}
-        self.cfg = workdir / "prometheus.yml"
-        self.cfg.write_text(json.dumps(cfg))          # JSON is YAML
-        self.proc = None
-        self.log = None
-
-    def start(self, ready_timeout: float = 60):
-        self.log = open(self.dir / "prometheus.log", "w")
-        self.proc = subprocess.Popen(
-            ["prometheus", f"--config.file={self.cfg}", f"--storage.tsdb.path={self.dir}/data",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h", "--log.level=warn"],
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_until(self.ready, ready_timeout, "prometheus ready")
-
-    def ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"prometheus exited: {(self.dir / 'prometheus.log').read_text()[-2000:]}")
-        return urllib.request.urlopen(self.url + "/-/ready", timeout=1).status == 200
-
-    def query(self, q: str):
-        return http_json(f"{self.url}/api/v1/query?query={urllib.parse.quote(q)}")["data"]["result"]
-
-    def stop(self):
-        stop_proc(self.proc)
-        if self.log:
-            self.log.close()
+        super().__init__(workdir, cfg, args=("--storage.tsdb.retention.time=1h", "--log.level=warn"))
 
 
-class Backfilled:
+class Backfilled(_Ready, Server):
     """Prometheus on 127.0.0.1 over a TSDB backfilled from OpenMetrics text (`skewscope export
     --once --format openmetrics`, one file per DPU, concatenated) with `promtool tsdb
     create-blocks-from openmetrics`: no scraping, the samples lie at the files' timestamp
     (query with `skewscope cluster --window all --at T`)."""
 
     def __init__(self, workdir: Path, om_texts: list[str]):
-        self.dir = workdir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         body = "".join(t.replace("# EOF\n", "") for t in om_texts) + "# EOF\n"
         self.om = workdir / "backfill.om"
         self.om.write_text(body)
-        self.data = workdir / "tsdb"
-        self.proc = None
-        self.log = None
+        super().__init__(workdir, tsdb=workdir / "tsdb")
 
     def start(self, ready_timeout: float = 60):
-        r = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(self.om), str(self.data)],
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-        cfg = self.dir / "prometheus-backfilled.yml"
-        cfg.write_text("{}")
-        self.log = open(self.dir / "prometheus.log", "w")
-        self.proc = subprocess.Popen(
-            ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={self.data}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_until(self.ready, ready_timeout, "prometheus ready")
-
-    def ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"prometheus exited: {(self.dir / 'prometheus.log').read_text()[-2000:]}")
-        return urllib.request.urlopen(self.url + "/-/ready", timeout=1).status == 200
-
-    def stop(self):
-        stop_proc(self.proc)
-        if self.log:
-            self.log.close()
+        backfill(self.om, self.tsdb, timeout=300)
+        return super().start(ready_timeout)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from promharness import free_port, http_json, wait_until
+from promharness import Prom, free_port, http_json, wait_until
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces, veth, XDP attach"),
@@ -39,7 +39,6 @@ pytestmark = [pytest.mark.integration,
               pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
-RULES = ROOT / "docs" / "prometheus"
 SCENARIO = {
     "name": "fleet-test", "nodes": 6, "iterations": 3, "period_ms": 4.0,
     "workloads": [{"kind": "ring_allreduce", "bytes": "3MiB", "channels": 1},
@@ -115,55 +114,6 @@ class Dpu:
         sh("ip", "netns", "del", self.ns, check=False)
 
 
-# ---- Prometheus ---------------------------------------------------------------------------
-class Prom:
-    def __init__(self, workdir: str, targets: list[str]):
-        self.dir = workdir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        rules = []
-        for name in ("skewscope-rules.yml", "skewscope-alerts.yml"):
-            # same rules, evaluated every second instead of every 30 s
-            text = (RULES / name).read_text().replace("interval: 30s", "interval: 1s")
-            p = os.path.join(workdir, name)
-            Path(p).write_text(text)
-            rules.append(p)
-        cfg = {
-            "global": {"scrape_interval": f"{int(SCRAPE * 1000)}ms", "evaluation_interval": "1s",
-                       "scrape_timeout": f"{int(SCRAPE * 1000)}ms"},
-            "rule_files": rules,
-            "scrape_configs": [{"job_name": "skewscope", "static_configs": [{"targets": targets}]}],
-        }
-        self.cfg = os.path.join(workdir, "prometheus.yml")
-        Path(self.cfg).write_text(json.dumps(cfg))   # JSON is YAML
-        self.proc = None
-        self.log = None
-
-    def start(self):
-        self.log = open(os.path.join(self.dir, "prometheus.log"), "w")
-        self.proc = subprocess.Popen(
-            ["prometheus", f"--config.file={self.cfg}", f"--storage.tsdb.path={self.dir}/data",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h",
-             "--log.level=warn"], stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_until(lambda: urllib.request.urlopen(self.url + "/-/ready", timeout=1).status == 200, 60,
-                   "prometheus ready")
-
-    def query(self, q: str):
-        import urllib.parse
-        return http_json(f"{self.url}/api/v1/query?query={urllib.parse.quote(q)}")["data"]["result"]
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        if self.log:
-            self.log.close()
-
-
 # ---- traffic ----------------------------------------------------------------------------------
 def split_capture(cap):
     """Per DPU: (round-1 capture, round-2 capture) of the frames it observes."""
@@ -235,7 +185,7 @@ def fleet():
     tag = f"{os.getpid() % 10000}"
     dpus = [Dpu(k, tag) for k in range(len(GROUPS))]
     work = tempfile.mkdtemp(prefix="ssp-prom-")
-    prom = Prom(work, [f"{d.addr}:9435" for d in dpus])
+    prom = Prom(Path(work), [f"{d.addr}:9435" for d in dpus], scrape_s=SCRAPE)
     try:
         for d in dpus:
             d.build()
