@@ -172,21 +172,28 @@ def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0) -> n
     went down, or its first_ts changed) counts from zero. first_ts is clamped to `since_ns` (the earlier read's
     time): the first packet of a flow that was already active is not known exactly."""
     if prev is None or len(prev) == 0:
-        d = cur.copy()
+        d = cur[cur["packets"] > 0]
     else:
+        # decide from the narrow columns which rows the interval keeps, then copy only those
+        # (a row is 850 bytes: at 1,048,576 flows a whole-table copy is 0.5-1.5 s on its own)
         j = match_rows(flow_key_words(prev), flow_key_words(cur))
-        d = cur.copy()
         have = j >= 0
-        p = prev[j[have]]
+        jj = np.maximum(j, 0)
+        pp = prev["packets"][jj]
         # evicted and re-created in between: its counters went down, or (when the new entry
         # already passed the old count) its first packet is newer than the old entry's
-        back = (cur["packets"][have] < p["packets"]) | (cur["first_ts"][have] != p["first_ts"])
+        back = (cur["packets"] < pp) | (cur["first_ts"] != prev["first_ts"][jj])
+        sub = have & ~back
+        keep = np.nonzero(cur["packets"] > np.where(sub, pp, 0))[0]
+        d = cur[keep]
+        at = np.nonzero(sub[keep])[0]
+        p = prev[j[keep[at]]]
+        whole = len(at) == len(d)
         for name in COUNTER_FIELDS:
-            col = d[name]
-            sub = p[name].copy()
-            sub[back] = 0
-            col[have] = col[have] - sub
-    d = d[d["packets"] > 0]
+            if whole:
+                d[name] -= p[name]
+            else:
+                d[name][at] -= p[name]
     if since_ns:
         d["first_ts"] = np.maximum(d["first_ts"], np.uint64(since_ns))
     return d
