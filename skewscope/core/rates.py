@@ -1,10 +1,52 @@
 """The live per-interval rates of a flow table (`top`'s columns): bit/s, packets/s, CNP/s,
 CE%, retransmits, NAKs and the most frequent message size, from an interval's counter
-differences (sources/live.py flow_delta). The analysis' rates over a flow's active time are
-analysis/flows.py flow_event_stats."""
+differences (sources/live.py flow_delta, whose row-wise subtraction is `subtract_counters`
+here). The analysis' rates over a flow's active time are analysis/flows.py flow_event_stats."""
 from __future__ import annotations
 
 import numpy as np
+
+from skewscope.core import layout as L
+from skewscope.core.jit import njit
+
+
+def counter_blocks(names) -> tuple:
+    """The counter fields `names` of FLOW_DTYPE as runs of adjacent u64 words:
+    ((byte offset, words), ...) -- three runs for the flow table's 25 counter fields."""
+    runs: list[list[int]] = []
+    for name in sorted(names, key=lambda n: L.FLOW_DTYPE.fields[n][1]):
+        dt, off = L.FLOW_DTYPE.fields[name][:2]
+        if dt.base != np.dtype("<u8"):
+            raise TypeError(f"counter field {name} is {dt.base}, not u64")
+        if runs and runs[-1][0] + 8 * runs[-1][1] == off:
+            runs[-1][1] += dt.itemsize // 8
+        else:
+            runs.append([off, dt.itemsize // 8])
+    return tuple((o, w) for o, w in runs)
+
+
+@njit(cache=True, nogil=True)
+def _subtract_rows(a, b, use):
+    for i in range(a.shape[0]):
+        if use[i]:
+            for k in range(a.shape[1]):
+                a[i, k] -= b[i, k]
+
+
+def _words(t: np.ndarray, off: int, nw: int) -> np.ndarray:
+    # the table's 850-byte rows put these words at any byte alignment (x86 loads them as is)
+    return np.ndarray((len(t), nw), "<u8", buffer=t, offset=off, strides=(t.dtype.itemsize, 8))
+
+
+def subtract_counters(d: np.ndarray, p: np.ndarray, use: np.ndarray, blocks: tuple) -> None:
+    """In place: d[i] -= p[i] over the counter words `blocks` (counter_blocks) of the rows
+    with use[i]; d and p are C-contiguous FLOW_DTYPE tables of one length. One pass over the
+    rows (numpy's per-field subtraction on these unaligned columns was 8x slower)."""
+    if not len(d):
+        return
+    use = np.ascontiguousarray(use, dtype=np.bool_)
+    for off, nw in blocks:
+        _subtract_rows(_words(d, off, nw), _words(p, off, nw), use)
 
 
 def flow_rates(flows: np.ndarray, dt: float, sample_n: int = 1) -> dict[str, np.ndarray]:

@@ -145,12 +145,33 @@ def flows_from_raw(keys: np.ndarray, stats: np.ndarray) -> np.ndarray:
     return out
 
 
+def take_rows(table: np.ndarray, idx) -> np.ndarray:
+    """table[idx] (indices or a mask) copied as whole rows: numpy copies a structured row
+    field by field (the flow table's 30 fields: 4x slower than moving its 850 bytes)."""
+    if not table.flags.c_contiguous:
+        return table[idx]
+    return table.view(np.dtype((np.void, table.dtype.itemsize)))[idx].view(table.dtype)
+
+
+_KEY_NAMES = ("src", "dst", "dest_qp", "ipver", "roce")
+#: bytes at the start of a FLOW_DTYPE row that are the key's fields at the key's offsets (0
+#: if the two layouts ever differ there: then field by field)
+_KEY_PREFIX = (max(L.FLOW_KEY_DTYPE.fields[n][1] + L.FLOW_KEY_DTYPE.fields[n][0].itemsize for n in _KEY_NAMES)
+               if all(L.FLOW_KEY_DTYPE.fields[n][:2] == L.FLOW_DTYPE.fields[n][:2] for n in _KEY_NAMES) else 0)
+
+
 def flow_key_matrix(flows: np.ndarray) -> np.ndarray:
     """FLOW_DTYPE rows -> (n, 40) key bytes in the C layout."""
-    k = np.zeros(len(flows), dtype=L.FLOW_KEY_DTYPE)
-    for name in ("src", "dst", "dest_qp", "ipver", "roce"):
+    n = len(flows)
+    if flows.dtype == L.FLOW_DTYPE and flows.flags.c_contiguous and _KEY_PREFIX:
+        # the key fields lead each row in the same layout: one strided byte copy
+        k = np.zeros((n, L.FLOW_KEY_DTYPE.itemsize), dtype=np.uint8)
+        k[:, :_KEY_PREFIX] = flows.view(np.uint8).reshape(n, L.FLOW_DTYPE.itemsize)[:, :_KEY_PREFIX]
+        return k
+    k = np.zeros(n, dtype=L.FLOW_KEY_DTYPE)
+    for name in _KEY_NAMES:
         k[name] = flows[name]
-    return k.view(np.uint8).reshape(len(flows), L.FLOW_KEY_DTYPE.itemsize)
+    return k.view(np.uint8).reshape(n, L.FLOW_KEY_DTYPE.itemsize)
 
 
 def flow_key_words(flows: np.ndarray) -> np.ndarray:
@@ -185,7 +206,10 @@ def match_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if np.any(hs[1:] == hs[:-1]):
         return _match_rows_sorted(a, b)
     hb = _row_hash(b)
-    pos = np.minimum(np.searchsorted(hs, hb), len(hs) - 1)
+    ob = np.argsort(hb)              # sorted queries: the binary searches walk hs in order (6x faster)
+    pos = np.empty(len(b), dtype=np.int64)
+    pos[ob] = np.searchsorted(hs, hb[ob])
+    np.minimum(pos, len(hs) - 1, out=pos)
     cand = o[pos]
     ok = (hs[pos] == hb) & np.all(a[cand] == b, axis=1)
     return np.where(ok, cand, -1)

@@ -43,13 +43,15 @@ from skewscope.core import layout as L
 from skewscope.core.errors import EXIT_BUSY, EXIT_NO_IFACE, EXIT_USAGE, DataplaneError
 from skewscope.core.signals import Terminated as _dp_Terminated
 from skewscope.core.signals import exit_on_signals
-from skewscope.core.snapshot import Snapshot, events_from_records, flow_key_words, match_rows
+from skewscope.core.rates import counter_blocks, subtract_counters
+from skewscope.core.snapshot import Snapshot, events_from_records, flow_key_words, match_rows, take_rows
 
 # counters that are differences between two reads (everything else in FLOW_DTYPE is a key
 # or "last value": first_ts/last_ts/sport/tclass/last_opcode)
 _KEY_FIELDS = ("src", "dst", "dest_qp", "ipver", "roce")
 _LAST_FIELDS = ("first_ts", "last_ts", "sport", "tclass", "last_opcode")
 COUNTER_FIELDS = tuple(n for n in L.FLOW_DTYPE.names if n not in _KEY_FIELDS + _LAST_FIELDS)
+_COUNTER_BLOCKS = counter_blocks(COUNTER_FIELDS)
 
 MODES = ("xdp", "tc")
 XDP_MODES = ("native", "generic")
@@ -172,7 +174,7 @@ def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0) -> n
     went down, or its first_ts changed) counts from zero. first_ts is clamped to `since_ns` (the earlier read's
     time): the first packet of a flow that was already active is not known exactly."""
     if prev is None or len(prev) == 0:
-        d = cur[cur["packets"] > 0]
+        d = take_rows(cur, cur["packets"] > 0)
     else:
         # decide from the narrow columns which rows the interval keeps, then copy only those
         # (a row is 850 bytes: at 1,048,576 flows a whole-table copy is 0.5-1.5 s on its own)
@@ -185,15 +187,9 @@ def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0) -> n
         back = (cur["packets"] < pp) | (cur["first_ts"] != prev["first_ts"][jj])
         sub = have & ~back
         keep = np.nonzero(cur["packets"] > np.where(sub, pp, 0))[0]
-        d = cur[keep]
-        at = np.nonzero(sub[keep])[0]
-        p = prev[j[keep[at]]]
-        whole = len(at) == len(d)
-        for name in COUNTER_FIELDS:
-            if whole:
-                d[name] -= p[name]
-            else:
-                d[name][at] -= p[name]
+        d = take_rows(cur, keep)
+        s = sub[keep]
+        subtract_counters(d, take_rows(prev, np.where(s, j[keep], 0)), s, _COUNTER_BLOCKS)
     if since_ns:
         d["first_ts"] = np.maximum(d["first_ts"], np.uint64(since_ns))
     return d

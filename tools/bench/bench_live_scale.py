@@ -319,19 +319,30 @@ def run(n_flows, a, rows):
     def fresh():
         return Snapshot(delta.flows, delta.events, delta.globals, dict(delta.meta))
 
+    ivw = Interval(1, 26.0, 6.0, 26.0, delta, snapshot(cur, np.zeros(0, L.EVENT_DTYPE), 0, 26 * NS, n_flows), recs)
+
     def f_window():
+        # the steady state: the window's older anchor is the previous read (5 s before)
         w = Window(10.0)
         w.add(iv0)
-        w.add(iv)
-        return w.snapshot(iv)
+        w.add(ivw)
+        return w.snapshot(ivw)
 
     def f_top():
         m = build_model(delta, 1.0, state, iface="bench", cum=cum, limit=20)
         return plain_lines(m)
 
+    # the exporter's steady state: one Accumulator fed read after read (peers known), each
+    # read's records one second later than the previous read's
+    acc = Accumulator(timing_nodes=0)
+    shift = [0]
+
     def f_export():
-        acc = Accumulator(timing_nodes=0)
-        acc.add(delta.flows, delta.events, cum_flows=cum.flows)
+        ev = delta.events.copy()
+        ev["start_ts"] += np.uint64(shift[0] * NS)
+        ev["end_ts"] += np.uint64(shift[0] * NS)
+        shift[0] += 1
+        acc.add(delta.flows, ev, cum_flows=cum.flows)
         st = acc.state("bench", cum.globals, dict(cum.meta), 20, read_ts=1.0)
         return X.render(X.make_registry(X.SkewscopeCollector(lambda: st), process_metrics=False))
 
