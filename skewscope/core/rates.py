@@ -33,6 +33,43 @@ def _subtract_rows(a, b, use):
                 a[i, k] -= b[i, k]
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _cmp(a, i, b, j):
+    for k in range(a.shape[1]):
+        if a[i, k] != b[j, k]:
+            return -1 if a[i, k] < b[j, k] else 1
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _sorted_join(a, b):
+    out = np.full(b.shape[0], -1, dtype=np.int64)
+    for i in range(1, a.shape[0]):
+        if _cmp(a, i - 1, a, i) >= 0:
+            return out, False
+    for j in range(1, b.shape[0]):
+        if _cmp(b, j - 1, b, j) >= 0:
+            return out, False
+    i = 0
+    for j in range(b.shape[0]):
+        while i < a.shape[0] and _cmp(a, i, b, j) < 0:
+            i += 1
+        if i < a.shape[0] and _cmp(a, i, b, j) == 0:
+            out[j] = i
+    return out, True
+
+
+def sorted_join(a: np.ndarray, b: np.ndarray):
+    """For each row of b the index of the equal row of a, or -1, by one merge of two row
+    matrices ((n, k) uint64) that are both strictly increasing (compared word by word);
+    None when either is not (then a hash join: core.snapshot.match_rows). The loader's flow
+    tables are sorted by key (flows_from_raw), so two reads join in one sequential pass."""
+    if not len(a) or not len(b):
+        return None
+    out, ok = _sorted_join(np.ascontiguousarray(a, dtype=np.uint64), np.ascontiguousarray(b, dtype=np.uint64))
+    return out if ok else None
+
+
 def _words(t: np.ndarray, off: int, nw: int) -> np.ndarray:
     # the table's 850-byte rows put these words at any byte alignment (x86 loads them as is)
     return np.ndarray((len(t), nw), "<u8", buffer=t, offset=off, strides=(t.dtype.itemsize, 8))

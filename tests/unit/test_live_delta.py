@@ -9,7 +9,7 @@ import pytest
 
 from skewscope.core import layout as L
 from skewscope.core import snapshot as S
-from skewscope.core.rates import counter_blocks, subtract_counters
+from skewscope.core.rates import counter_blocks, sorted_join, subtract_counters
 from skewscope.sources.live import COUNTER_FIELDS, flow_delta
 
 
@@ -82,6 +82,10 @@ def test_subtract_counters_is_fieldwise_subtraction():
     assert d.tobytes() == want.tobytes()
 
 
+def _words(t):
+    return S.flow_key_matrix(t).view(">u8").astype(np.uint64)
+
+
 def _reference_delta(prev, cur, since_ns):
     """Per flow, by key: counters minus the previous read's unless the flow is new or was
     re-created (packets went down or first_ts changed); only flows with packets in between."""
@@ -120,4 +124,9 @@ def test_flow_delta_matches_the_per_flow_reference(seed):
     want = _reference_delta(prev, cur, 50)
     assert len(got) == len(want) > 200
     assert got.tobytes() == want.tobytes()
+    # sorted by key as the loader returns them: the merge join instead of the hash join
+    prev_s, cur_s = (t[S._key_order(S.flow_key_matrix(t))] for t in (prev, cur))
+    assert sorted_join(_words(prev_s), _words(cur_s)) is not None
+    assert sorted_join(_words(prev), _words(cur)) is None
+    assert flow_delta(prev_s, cur_s, since_ns=50).tobytes() == _reference_delta(prev_s, cur_s, 50).tobytes()
     assert flow_delta(None, cur).tobytes() == cur[cur["packets"] > 0].tobytes()
