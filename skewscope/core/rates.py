@@ -86,6 +86,21 @@ def subtract_counters(d: np.ndarray, p: np.ndarray, use: np.ndarray, blocks: tup
         _subtract_rows(_words(d, off, nw), _words(p, off, nw), use)
 
 
+@njit(cache=True, nogil=True)
+def _msg_mode(hist):
+    """Per row: the lower bound of the first fullest log2 slot (slot 0: 0; s: 2^(s-1)), -1
+    for an empty histogram. One pass over the rows' 34 slots (numpy's sum and argmax over
+    the 850-byte rows were 60 % of flow_rates)."""
+    out = np.empty(hist.shape[0], dtype=np.int64)
+    for i in range(hist.shape[0]):
+        best, top = -1, np.uint64(0)
+        for s in range(hist.shape[1]):
+            if hist[i, s] > top:
+                top, best = hist[i, s], s
+        out[i] = -1 if best < 0 else (0 if best == 0 else np.int64(1) << np.int64(best - 1))
+    return out
+
+
 def flow_rates(flows: np.ndarray, dt: float, sample_n: int = 1) -> dict[str, np.ndarray]:
     """The live per-interval rates of a delta flow table over dt seconds, scaled by the sampling factor (with
     1-in-N sampling the counters are of sampled packets; N times them is the unbiased
@@ -104,10 +119,7 @@ def flow_rates(flows: np.ndarray, dt: float, sample_n: int = 1) -> dict[str, np.
     ce = flows["ce"].astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         ce_pct = np.where(ecn > 0, 100.0 * ce / np.maximum(ecn, 1), 0.0)
-    hist = flows["msg_hist"]
-    has = hist.sum(axis=1) > 0 if len(flows) else np.zeros(0, bool)
-    mode_slot = np.argmax(hist, axis=1) if len(flows) else np.zeros(0, np.int64)
-    lb = np.where(mode_slot == 0, 0, np.left_shift(np.int64(1), np.maximum(mode_slot - 1, 0)))
+    mode = _msg_mode(flows["msg_hist"]) if len(flows) else np.zeros(0, np.int64)
     return {
         "gbps": flows["bytes"].astype(np.float64) * 8.0 / dt / 1e9 * k,
         "pps": pk / dt * k,
@@ -115,5 +127,5 @@ def flow_rates(flows: np.ndarray, dt: float, sample_n: int = 1) -> dict[str, np.
         "ce_pct": ce_pct,
         "retx": flows["retransmissions"].astype(np.float64) * k,
         "naks": (flows["nak_seq"] + flows["nak_rnr"] + flows["nak_other"]).astype(np.float64) * k,
-        "msg_mode": np.where(has, lb, -1),
+        "msg_mode": mode,
     }
