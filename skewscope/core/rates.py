@@ -26,11 +26,36 @@ def counter_blocks(names) -> tuple:
 
 
 @njit(cache=True, nogil=True)
-def _subtract_rows(a, b, use):
+def _subtract_rows(a, b, rows, use):
     for i in range(a.shape[0]):
         if use[i]:
+            r = rows[i]
             for k in range(a.shape[1]):
-                a[i, k] -= b[i, k]
+                a[i, k] -= b[r, k]
+
+
+@njit(cache=True, nogil=True)
+def _kept(j, cur_pk, cur_first, prev_pk, prev_first):
+    """Rows of cur with packets in the interval, and whether each subtracts its match."""
+    n = j.shape[0]
+    keep = np.empty(n, dtype=np.int64)
+    sub = np.empty(n, dtype=np.bool_)
+    k = 0
+    for i in range(n):
+        r = j[i]
+        s = r >= 0 and cur_pk[i] >= prev_pk[r] and cur_first[i] == prev_first[r]
+        if cur_pk[i] > (prev_pk[r] if s else 0):
+            keep[k] = i
+            sub[k] = s
+            k += 1
+    return keep[:k], sub[:k]
+
+
+def kept_rows(j: np.ndarray, cur: np.ndarray, prev: np.ndarray):
+    """(rows of cur with packets since prev, whether each is cur - prev[j]: matched and not
+    re-created -- packets did not go down, first_ts unchanged -- else counted from zero)."""
+    return _kept(np.ascontiguousarray(j, dtype=np.int64), cur["packets"], cur["first_ts"], prev["packets"],
+                 prev["first_ts"])
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -75,57 +100,14 @@ def _words(t: np.ndarray, off: int, nw: int) -> np.ndarray:
     return np.ndarray((len(t), nw), "<u8", buffer=t, offset=off, strides=(t.dtype.itemsize, 8))
 
 
-def subtract_counters(d: np.ndarray, p: np.ndarray, use: np.ndarray, blocks: tuple) -> None:
-    """In place: d[i] -= p[i] over the counter words `blocks` (counter_blocks) of the rows
-    with use[i]; d and p are C-contiguous FLOW_DTYPE tables of one length. One pass over the
-    rows (numpy's per-field subtraction on these unaligned columns was 8x slower)."""
-    if not len(d):
+def subtract_counters(d: np.ndarray, p: np.ndarray, rows: np.ndarray, use: np.ndarray, blocks: tuple) -> None:
+    """In place: d[i] -= p[rows[i]] over the counter words `blocks` (counter_blocks) of the
+    rows with use[i]; d and p are C-contiguous FLOW_DTYPE tables. One pass over the rows,
+    reading p where it is (numpy's per-field subtraction on these unaligned columns, after a
+    gather of p's rows, was 8x slower)."""
+    if not len(d) or not len(p):
         return
     use = np.ascontiguousarray(use, dtype=np.bool_)
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
     for off, nw in blocks:
-        _subtract_rows(_words(d, off, nw), _words(p, off, nw), use)
-
-
-@njit(cache=True, nogil=True)
-def _msg_mode(hist):
-    """Per row: the lower bound of the first fullest log2 slot (slot 0: 0; s: 2^(s-1)), -1
-    for an empty histogram. One pass over the rows' 34 slots (numpy's sum and argmax over
-    the 850-byte rows were 60 % of flow_rates)."""
-    out = np.empty(hist.shape[0], dtype=np.int64)
-    for i in range(hist.shape[0]):
-        best, top = -1, np.uint64(0)
-        for s in range(hist.shape[1]):
-            if hist[i, s] > top:
-                top, best = hist[i, s], s
-        out[i] = -1 if best < 0 else (0 if best == 0 else np.int64(1) << np.int64(best - 1))
-    return out
-
-
-def flow_rates(flows: np.ndarray, dt: float, sample_n: int = 1) -> dict[str, np.ndarray]:
-    """The live per-interval rates of a delta flow table over dt seconds, scaled by the sampling factor (with
-    1-in-N sampling the counters are of sampled packets; N times them is the unbiased
-    estimate). Definitions (README "Counters"/"Live rates"):
-      gbps      wire bytes (Ethernet frame without FCS) * 8 / dt / 1e9
-      pps       packets / dt
-      cnp_ps    CNP packets / dt
-      ce_pct    100 * CE packets / ECN-capable packets (0 when none is ECN-capable)
-      retx, naks  counts in the interval (scaled)
-      msg_mode  lower bound (bytes) of the most frequent message-size bucket, -1 if none
-    """
-    dt = max(float(dt), 1e-9)
-    k = float(max(1, int(sample_n)))
-    pk = flows["packets"].astype(np.float64)
-    ecn = flows["ecn_capable"].astype(np.float64)
-    ce = flows["ce"].astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ce_pct = np.where(ecn > 0, 100.0 * ce / np.maximum(ecn, 1), 0.0)
-    mode = _msg_mode(flows["msg_hist"]) if len(flows) else np.zeros(0, np.int64)
-    return {
-        "gbps": flows["bytes"].astype(np.float64) * 8.0 / dt / 1e9 * k,
-        "pps": pk / dt * k,
-        "cnp_ps": flows["cnp"].astype(np.float64) / dt * k,
-        "ce_pct": ce_pct,
-        "retx": flows["retransmissions"].astype(np.float64) * k,
-        "naks": (flows["nak_seq"] + flows["nak_rnr"] + flows["nak_other"]).astype(np.float64) * k,
-        "msg_mode": mode,
-    }
+        _subtract_rows(_words(d, off, nw), _words(p, off, nw), rows, use)

@@ -75,10 +75,12 @@ def test_subtract_counters_is_fieldwise_subtraction():
     for name in COUNTER_FIELDS:
         d[name] = d[name] + rng.integers(0, 1000, d[name].shape, dtype=np.uint64)
     use = rng.random(300) < 0.7
+    rows = rng.permutation(300)
+    p, q = p[rows], p                        # d[i] - q[i] is d[i] - p[rows[i]]
     want = d.copy()
     for name in COUNTER_FIELDS:
-        want[name][use] -= p[name][use]
-    subtract_counters(d, p, use, counter_blocks(COUNTER_FIELDS))
+        want[name][use] -= q[name][use]
+    subtract_counters(d, p, np.argsort(rows), use, counter_blocks(COUNTER_FIELDS))
     assert d.tobytes() == want.tobytes()
 
 
