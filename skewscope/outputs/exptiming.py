@@ -8,6 +8,7 @@ import numpy as np
 
 from skewscope.analysis.nodeview import NodeViewError, per_node_timing
 from skewscope.core import layout as L
+from skewscope.core.rates import join_flows
 from skewscope.core.snapshot import Snapshot, flow_key_words, match_rows, take_rows
 from skewscope.outputs import metrics as M
 from skewscope.outputs.exptables import DEFAULT_MAX_PEERS, OVERFLOW_LABEL, cumulative_buckets, fmt_le
@@ -151,7 +152,7 @@ class WindowedTiming:
         dv = _rows(d)
         if cum_flows is not None and len(cum_flows) and len(d):
             # the cumulative row (stable counters: roles, mean message size) where there is one
-            j = match_rows(flow_key_words(cum_flows), flow_key_words(d))
+            j = join_flows(cum_flows, d)
             dv[j >= 0] = _rows(cum_flows)[j[j >= 0]]
         if len(self.flows) and len(d):
             j = match_rows(flow_key_words(self.flows), flow_key_words(d))

@@ -43,8 +43,8 @@ from skewscope.core import layout as L
 from skewscope.core.errors import EXIT_BUSY, EXIT_NO_IFACE, EXIT_USAGE, DataplaneError
 from skewscope.core.signals import Terminated as _dp_Terminated
 from skewscope.core.signals import exit_on_signals
-from skewscope.core.rates import counter_blocks, kept_rows, sorted_join, subtract_counters
-from skewscope.core.snapshot import Snapshot, events_from_records, flow_key_matrix, match_rows, take_rows
+from skewscope.core.rates import counter_blocks, join_flows, kept_rows, subtract_counters
+from skewscope.core.snapshot import Snapshot, events_from_records, take_rows
 
 # counters that are differences between two reads (everything else in FLOW_DTYPE is a key
 # or "last value": first_ts/last_ts/sport/tclass/last_opcode)
@@ -179,10 +179,7 @@ def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0) -> n
         # decide from the narrow columns which rows the interval keeps, then copy only those
         # (a row is 850 bytes: at 1,048,576 flows a whole-table copy is 0.5-1.5 s on its own)
         prev = np.ascontiguousarray(prev)
-        ka, kb = _sort_words(prev), _sort_words(cur)
-        j = sorted_join(ka, kb)                # the loader's tables are sorted by key
-        if j is None:
-            j = match_rows(ka, kb)
+        j = join_flows(prev, cur)
         # evicted and re-created in between: its counters went down, or (when the new entry
         # already passed the old count) its first packet is newer than the old entry's
         keep, sub = kept_rows(j, cur, prev)
@@ -191,13 +188,6 @@ def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0) -> n
     if since_ns:
         d["first_ts"] = np.maximum(d["first_ts"], np.uint64(since_ns))
     return d
-
-
-def _sort_words(flows: np.ndarray) -> np.ndarray:
-    """The key as native u64 words that order rows as the loader sorts them (big-endian
-    words of the key bytes: core.snapshot._key_order)."""
-    k = flow_key_matrix(flows)
-    return k.view(">u8").astype(np.uint64).reshape(len(flows), k.shape[1] // 8)
 
 
 def globals_delta(prev: np.ndarray | None, cur: np.ndarray) -> np.ndarray:

@@ -132,3 +132,25 @@ def test_flow_delta_matches_the_per_flow_reference(seed):
     assert sorted_join(_words(prev), _words(cur)) is None
     assert flow_delta(prev_s, cur_s, since_ns=50).tobytes() == _reference_delta(prev_s, cur_s, 50).tobytes()
     assert flow_delta(None, cur).tobytes() == cur[cur["packets"] > 0].tobytes()
+
+
+def test_exporter_adds_flow_counters_per_peer_as_add_at():
+    """outputs.exptables.add_flow_counters (one pass) = the (flows, NCOLS) matrix summed with
+    np.add.at per peer, the rest (peer -1) into overflow, everything into totals."""
+    from skewscope.outputs.exptables import GAP0, MSG0, NCOLS, SCALARS, add_flow_counters
+    rng = np.random.default_rng(8)
+    f = _table(rng, 2000)
+    peer = rng.integers(-1, 40, 2000)
+    m = np.empty((2000, NCOLS), np.uint64)
+    for i, name in enumerate(SCALARS):
+        m[:, i] = f[name]
+    m[:, MSG0:GAP0], m[:, GAP0:] = f["msg_hist"], f["gap_hist"]
+    want = np.zeros((40, NCOLS), np.uint64)
+    np.add.at(want, peer[peer >= 0], m[peer >= 0])
+    counts, over, tot = np.zeros((40, NCOLS), np.uint64), np.zeros(NCOLS, np.uint64), np.zeros(NCOLS, np.uint64)
+    assert add_flow_counters(f, peer, counts, over, tot) is True
+    assert (counts == want).all()
+    assert (over == m[peer < 0].sum(axis=0, dtype=np.uint64)).all()
+    assert (tot == m.sum(axis=0, dtype=np.uint64)).all()
+    inside = peer >= 0
+    assert add_flow_counters(f[inside], peer[inside], counts, over, tot) is False
