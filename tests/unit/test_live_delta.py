@@ -154,3 +154,19 @@ def test_exporter_adds_flow_counters_per_peer_as_add_at():
     assert (tot == m.sum(axis=0, dtype=np.uint64)).all()
     inside = peer >= 0
     assert add_flow_counters(f[inside], peer[inside], counts, over, tot) is False
+
+
+def test_top_rows_partitioned_are_the_first_rows_of_the_full_sort():
+    """topview._order(first=k): the first k rows of the full display order (numpy lexsort by
+    the column, then Gb/s, then table order), ties at the cut included."""
+    from skewscope.outputs.topview import _order
+    rng = np.random.default_rng(9)
+    for _ in range(50):
+        n = int(rng.integers(1, 400))
+        r = {"gbps": rng.integers(0, 5, n).astype(float), "pps": rng.integers(0, 4, n).astype(float),
+             "ce_pct": rng.random(n) * (rng.random(n) < 0.3)}
+        for sort in ("gbps", "pps", "ce_pct"):
+            for desc in (True, False):
+                full = np.lexsort((-r["gbps"], -r[sort] if desc else r[sort]))
+                for k in (1, 7, 20, n, n + 5):
+                    assert (_order(r, None, sort, desc, k)[:k] == full[:k]).all()
