@@ -39,7 +39,8 @@ import numpy as np
 from skewscope.analysis.context import context
 from skewscope.analysis.nodeview import NodeViewError, resolve_node
 from skewscope.core import layout as L
-from skewscope.core.snapshot import Snapshot, flow_key_words, ip_str, match_rows
+from skewscope.core.rates import join_flows
+from skewscope.core.snapshot import Snapshot, ip_str, match_rows
 from skewscope.outputs.exptables import (
     CLASSES,
     CLS_CONTROL,
@@ -50,10 +51,10 @@ from skewscope.outputs.exptables import (
     MSG0,
     NCOLS,
     OVERFLOW_LABEL,
+    add_flow_counters,
     busy_ns_per_peer,
     dst_ids,
     flow_class,
-    flow_matrix,
     message_timing,
     peer_ids,
 )
@@ -193,18 +194,11 @@ class Accumulator:
         # class from the cumulative table (stable), not from the interval's few messages
         cls = flow_class(delta)
         if len(self.cum_flows) and len(delta):
-            j = match_rows(flow_key_words(self.cum_flows), flow_key_words(delta))
+            j = join_flows(self.cum_flows, delta)          # sorted by key both: one merge
             cls = np.where(j >= 0, self.cum_class[np.maximum(j, 0)], cls).astype(np.uint8)
         peer = self._peer_index(delta, cls)
-        m = flow_matrix(delta)
-        if len(m):
-            inside = peer >= 0
-            if inside.any():
-                np.add.at(self.peer_counts, peer[inside], m[inside])
-            if (~inside).any():
-                self.overflow_counts += m[~inside].sum(axis=0, dtype=np.uint64)
-                self.overflow_used = True
-            self.totals += m.sum(axis=0, dtype=np.uint64)
+        if add_flow_counters(delta, peer, self.peer_counts, self.overflow_counts, self.totals):
+            self.overflow_used = True
         if events is not None and len(events):
             self.events_without_flow += int((events["flow"] < 0).sum())
             npeers = len(self.peer_keys) + 1                   # + the overflow pair, last

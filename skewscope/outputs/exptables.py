@@ -11,6 +11,7 @@ from skewscope.analysis.fleet import BULK_MIN_MESSAGE, CTS_MAX_BYTES
 from skewscope.analysis.flows import flow_event_stats
 from skewscope.analysis.intervals import union_kernel
 from skewscope.core import layout as L
+from skewscope.core.jit import njit
 from skewscope.core.snapshot import Snapshot
 from skewscope.outputs import metrics as M
 
@@ -57,15 +58,40 @@ def cumulative_buckets(slots: np.ndarray, le_str: list[str]) -> list[tuple[str, 
 
 
 # ---- tables ---------------------------------------------------------------------------
-def flow_matrix(flows: np.ndarray) -> np.ndarray:
-    """FLOW_DTYPE rows -> (n, NCOLS) uint64: SCALARS, msg_hist, gap_hist."""
-    n = len(flows)
-    m = np.empty((n, NCOLS), dtype=np.uint64)
-    for i, name in enumerate(SCALARS):
-        m[:, i] = flows[name]
-    m[:, MSG0:GAP0] = flows["msg_hist"]
-    m[:, GAP0:] = flows["gap_hist"]
-    return m
+@njit(cache=True, nogil=True)
+def _add_rows(scal, msg, gap, peer, counts, overflow, totals):
+    over = False
+    ns = len(scal)
+    for i in range(peer.shape[0]):
+        p = peer[i]
+        if p < 0:
+            over = True
+        for c in range(ns + msg.shape[1] + gap.shape[1]):
+            if c < ns:
+                v = scal[c][i]
+            elif c < ns + msg.shape[1]:
+                v = msg[i, c - ns]
+            else:
+                v = gap[i, c - ns - msg.shape[1]]
+            totals[c] += v
+            if p >= 0:
+                counts[p, c] += v
+            else:
+                overflow[c] += v
+    return over
+
+
+def add_flow_counters(flows: np.ndarray, peer: np.ndarray, counts: np.ndarray, overflow: np.ndarray,
+                      totals: np.ndarray) -> bool:
+    """In place, each flow's NCOLS counter columns (SCALARS, msg_hist, gap_hist) into its
+    peer's row of counts (peer -1: into overflow) and into totals; True when a flow went to
+    overflow. One pass over the table's rows (a (flows, NCOLS) matrix first, then np.add.at
+    and column sums: 1.2 s at 1,048,576 flows)."""
+    if not len(flows):
+        return False
+    scal = tuple(flows[name] for name in SCALARS)
+    return bool(_add_rows(scal, flows["msg_hist"], flows["gap_hist"], np.ascontiguousarray(peer, dtype=np.int64),
+                          counts, overflow, totals))
 
 
 def _rows_u64(a: np.ndarray) -> np.ndarray:

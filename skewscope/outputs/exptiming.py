@@ -8,7 +8,8 @@ import numpy as np
 
 from skewscope.analysis.nodeview import NodeViewError, per_node_timing
 from skewscope.core import layout as L
-from skewscope.core.snapshot import Snapshot, flow_key_words, match_rows
+from skewscope.core.rates import join_flows
+from skewscope.core.snapshot import Snapshot, flow_key_words, match_rows, take_rows
 from skewscope.outputs import metrics as M
 from skewscope.outputs.exptables import DEFAULT_MAX_PEERS, OVERFLOW_LABEL, cumulative_buckets, fmt_le
 
@@ -102,6 +103,12 @@ def _sel(t, lo, hi):
     return (t >= lo) & (t < hi)
 
 
+def _rows(t: np.ndarray) -> np.ndarray:
+    """A flow table's rows as opaque 850-byte items: gathers, scatters and concatenations
+    move bytes instead of copying the 30 fields one by one (4x faster)."""
+    return np.ascontiguousarray(t).view(np.dtype((np.void, t.dtype.itemsize)))
+
+
 class WindowedTiming:
     """The live exporter's per-node timing: analysis.nodeview over a sliding window of the
     node's recent message records (the last WINDOW_S seconds, at most WINDOW_RECORDS), so
@@ -136,22 +143,27 @@ class WindowedTiming:
         ev = events.copy()
         f = ev["flow"].astype(np.int64)
         ok = f >= 0
-        d = delta
-        if cum_flows is not None and len(cum_flows) and len(delta):
+        # only the flows the records refer to stay in the window: carry just those (the
+        # rest of the table would be copied and matched only to be dropped below; at
+        # 1,048,576 flows that was most of the exporter's per-read time)
+        ref = np.unique(f[ok])
+        f[ok] = np.searchsorted(ref, f[ok])
+        d = take_rows(delta, ref)
+        dv = _rows(d)
+        if cum_flows is not None and len(cum_flows) and len(d):
             # the cumulative row (stable counters: roles, mean message size) where there is one
-            j = match_rows(flow_key_words(cum_flows), flow_key_words(delta))
-            d = delta.copy()
-            d[j >= 0] = cum_flows[j[j >= 0]]
+            j = join_flows(cum_flows, d)
+            dv[j >= 0] = _rows(cum_flows)[j[j >= 0]]
         if len(self.flows) and len(d):
             j = match_rows(flow_key_words(self.flows), flow_key_words(d))
         else:
             j = np.full(len(d), -1, np.int64)
-        fl = self.flows.copy()
-        fl[j[j >= 0]] = d[j >= 0]
         new = np.nonzero(j < 0)[0]
+        flv = np.concatenate([_rows(self.flows), dv[new]])     # one copy: the old rows, then the new
+        flv[j[j >= 0]] = dv[j >= 0]
+        fl = flv.view(L.FLOW_DTYPE)
         j = j.astype(np.int64)
-        j[new] = len(fl) + np.arange(len(new))
-        fl = np.concatenate([fl, d[new]])
+        j[new] = len(self.flows) + np.arange(len(new))
         ev["flow"][ok] = j[f[ok]]
         self.flows = fl
         # a read longer than a quarter window (or of many records) goes in pieces: the
@@ -165,7 +177,7 @@ class WindowedTiming:
         w = self.events
         used, inv = np.unique(w["flow"][w["flow"] >= 0], return_inverse=True)
         w["flow"][w["flow"] >= 0] = inv
-        self.flows = self.flows[used]
+        self.flows = take_rows(self.flows, used)
 
     def _slide(self, ev) -> None:
         allev = np.concatenate([self.events, ev])

@@ -1,0 +1,406 @@
+#!/usr/bin/env python3
+"""The live per-interval work at scale: what one `top` / `export` / `watch` interval does in
+user space after the map read, at 65,536 / 262,144 / 1,048,576 flows, per component, against
+a straightforward numpy implementation of the same per-interval work measured in the same run;
+and (as root) the map read itself: BPF_MAP_LOOKUP_BATCH of an LRU hash of that many entries.
+
+    .venv/bin/python tools/bench/bench_live_scale.py [--flows 65536,262144,1048576] [--rounds 3]
+        [--nodes 1024] [--group 32] [--records 100000] [--active 0.5] [--no-map]
+
+The shape: `--nodes` nodes in all-to-all groups of `--group` (1,024 x 32: 31,744 directed node
+pairs), each directed pair with q QPs (q = flows / (2 x pairs)): a data flow a->b and its CTS
+flow b->a with the same UDP source port; ACK-only flows fill up to the flow count. Two
+cumulative reads of the table one interval apart (sorted by key, as the loader returns them):
+`--active` of the flows have packets in between, 0.5 % were evicted and re-created, and
+`--records` message records of the active data flows belong to the interval. No kernel except
+for the map read.
+
+Rows (CPU time of this process, median of --rounds; the first round untimed):
+
+  delta                sources.live.flow_delta(prev, cur): the interval's counters (read_interval)
+  records -> events    core.snapshot.events_from_records(delta flows, records)
+  window               sources.live.Window.add + Window.snapshot (the analysis window's delta
+                       against its anchor, offered to the runner each read)
+  rates                core.rates.flow_rates(delta): top's per-flow columns
+  top rows             outputs.topview.build_model + plain_lines (sorted rows, totals, 20 shown)
+  top matrix           outputs.topmatrix.matrix_view (key m: node x node bit/s)
+  live detectors       analysis.live_metrics(delta): roles, partners, node matrix, link
+                       counters, congestion table, the live=True detectors
+  exporter             outputs.exporter.Accumulator.add + state + one /metrics render
+  numpy baseline       the same interval in plain numpy: delta by a lexsort key join, rates,
+                       sorted rows, node index, node matrix, per-pair counters, per-flow CE/CNP
+  map read (root)      BPF_MAP_LOOKUP_BATCH of a BPF_MAP_TYPE_LRU_HASH (the flows map's key and
+                       value sizes) filled with the same flows by BPF_MAP_UPDATE_BATCH, then
+                       core.snapshot.flows_from_raw (the loader's read_flows without a flow cache)
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from skewscope.core import layout as L  # noqa: E402
+from skewscope.core.snapshot import Snapshot, _key_order, flow_key_matrix  # noqa: E402
+
+NS = 1_000_000_000
+
+
+# ---- the flow tables ------------------------------------------------------------------------
+def _ips(n: int) -> np.ndarray:
+    ip = np.zeros((n, 16), np.uint8)
+    ip[:, 10:12] = 0xFF
+    ip[:, 12] = 10
+    ip[:, 13] = (np.arange(n) >> 16) & 0xFF
+    ip[:, 14] = (np.arange(n) >> 8) & 0xFF
+    ip[:, 15] = np.arange(n) & 0xFF
+    return ip
+
+
+def table(n_flows: int, nodes: int, group: int, seed: int = 1):
+    """The cumulative flow table at the first read (sorted by key) and the number of data flows."""
+    rng = np.random.default_rng(seed)
+    g = np.arange(nodes) // group
+    a, b = np.meshgrid(np.arange(nodes), np.arange(nodes), indexing="ij")
+    same = (g[a] == g[b]) & (a != b)
+    pa, pb = a[same], b[same]
+    q = max(1, n_flows // (2 * len(pa)))
+    nd = min(len(pa) * q, n_flows // 2)
+    src = np.repeat(pa, q)[:nd]
+    dst = np.repeat(pb, q)[:nd]
+    n_ack = n_flows - 2 * nd
+    asrc = rng.integers(0, nodes, n_ack)
+    adst = (asrc + rng.integers(1, nodes, n_ack)) % nodes
+    fsrc = np.concatenate([src, dst, asrc])
+    fdst = np.concatenate([dst, src, adst])
+    fl = np.zeros(n_flows, L.FLOW_DTYPE)
+    ip = _ips(nodes)
+    fl["src"], fl["dst"] = ip[fsrc], ip[fdst]
+    fl["dest_qp"] = rng.permutation(n_flows) + 0x100
+    fl["ipver"], fl["roce"] = 4, 2
+    sp = 0xC000 + np.arange(nd) % 0x3FFF
+    fl["sport"] = np.concatenate([sp, sp, np.zeros(n_ack, np.int64)])
+    kind = np.concatenate([np.zeros(nd, np.int8), np.ones(nd, np.int8), np.full(n_ack, 2, np.int8)])
+    _grow(fl, kind, rng, scale=100)
+    fl["first_ts"] = 10 * NS
+    fl["last_ts"] = 20 * NS
+    o = _key_order(flow_key_matrix(fl))
+    return fl[o], kind[o]
+
+
+def _grow(fl, kind, rng, scale):
+    """Add `scale` x a random amount of traffic of each flow's kind (data, CTS, ACK-only)."""
+    n = len(fl)
+    m = rng.integers(1, 10, n).astype(np.uint64) * np.uint64(scale)
+    data, cts, ack = kind == 0, kind == 1, kind == 2
+    fl["messages"] += np.where(ack, 0, m).astype(np.uint64)
+    fl["msg_bytes"] += np.where(data, m * 65536, np.where(cts, m * 64, 0)).astype(np.uint64)
+    fl["payload_bytes"] += np.where(data, m * 65536, np.where(cts, m * 64, 0)).astype(np.uint64)
+    w = np.where(data, m * 16, np.where(cts, m, 0)).astype(np.uint64)
+    fl["op"][:, L.OPC_WRITE] += w
+    fl["op"][:, L.OPC_ACK] += (m // 4 + np.where(ack, m, 0)).astype(np.uint64)
+    pk = fl["op"].sum(axis=1)
+    add = pk - fl["packets"]
+    fl["packets"] = pk
+    fl["bytes"] += add * np.uint64(1100)
+    fl["ecn_capable"] += add
+    fl["msg_hist"][:, 17] += np.where(data, m, 0).astype(np.uint64)
+    fl["msg_hist"][:, 7] += np.where(cts, m, 0).astype(np.uint64)
+    fl["acks"] += (m // 4).astype(np.uint64)
+    hot = rng.random(n) < 0.002
+    fl["ce"][hot] += add[hot] // 20
+    fl["cnp"][hot & cts] += np.uint64(50)
+    loss = rng.random(n) < 0.0005
+    fl["psn_gaps"][loss & data] += np.uint64(2)
+    fl["retransmissions"][loss & data] += np.uint64(40)
+
+
+def next_read(prev, kind, active: float, t_ns: int, seed: int = 2):
+    """The table one interval later: `active` of the flows grew, 0.5 % were evicted and
+    re-created (new first_ts, counters from zero), sorted by key."""
+    rng = np.random.default_rng(seed)
+    cur = prev.copy()
+    act = rng.random(len(cur)) < active
+    sub = cur[act]
+    _grow(sub, kind[act], rng, scale=10)
+    sub["last_ts"] = t_ns
+    cur[act] = sub
+    re = np.nonzero(act & (rng.random(len(cur)) < 0.005))[0]
+    for name in L.FLOW_DTYPE.names:
+        if name not in ("src", "dst", "dest_qp", "ipver", "roce", "sport", "tclass", "last_opcode", "first_ts",
+                        "last_ts"):
+            cur[name][re] = cur[name][re] - prev[name][re]
+    cur["first_ts"][re] = t_ns - NS // 2
+    return cur, act
+
+
+def records(cur, kind, act, n: int, t0: int, seed: int = 3):
+    """n message records of the active data flows (MSG_REC_DTYPE), in [t0, t0 + 1 s)."""
+    rng = np.random.default_rng(seed)
+    rows = np.nonzero(act & (kind == 0))[0]
+    pick = rows[rng.integers(0, len(rows), n)]
+    r = np.zeros(n, L.MSG_REC_DTYPE)
+    for name in ("src", "dst", "dest_qp", "ipver", "roce"):
+        r["key"][name] = cur[name][pick]
+    st = t0 + np.sort(rng.integers(0, NS, n)).astype(np.uint64)
+    r["start_ts"] = st
+    r["end_ts"] = st + np.uint64(5000)
+    r["bytes"] = 65536
+    r["opclass"] = L.OPC_WRITE
+    r["seq"] = np.arange(n) + 1
+    return r
+
+
+def snapshot(flows, events, t0, t1, nmax):
+    g = np.zeros(L.G_N, np.uint64)
+    g[L.G_ACCOUNTED] = g[L.G_FRAMES] = int(flows["packets"].sum())
+    meta = {"source": "live", "interface": "bench", "clock": "monotonic", "first_ts": int(t0), "last_ts": int(t1),
+            "duration_s": (t1 - t0) / 1e9, "sample_n": 1, "max_flows": nmax, "flows_present": len(flows),
+            "flows_created": len(flows), "flows_evicted": 0, "events_lost": 0}
+    return Snapshot(flows, events, g, meta)
+
+
+# ---- the numpy baseline --------------------------------------------------------------------
+def numpy_interval(prev, cur, recs):
+    """The same interval in plain numpy: delta by a key join (lexsort), rates, sorted rows,
+    node index, node matrix, per-pair counters, per-flow CE/CNP, the records' flows."""
+    kw = lambda f: np.ascontiguousarray(flow_key_matrix(f)).view(">u8").reshape(len(f), 5)  # noqa: E731
+    ka, kb = kw(prev), kw(cur)
+    allk = np.concatenate([ka, kb])
+    o = np.lexsort(allk.T[::-1])
+    s = allk[o]
+    same = np.all(s[1:] == s[:-1], axis=1)
+    j = np.full(len(cur), -1, np.int64)
+    lo, hi = o[:-1][same], o[1:][same]
+    a_i, b_i = np.minimum(lo, hi), np.maximum(lo, hi)
+    j[b_i - len(prev)] = a_i
+    d = cur.copy()
+    have = j >= 0
+    p = prev[j[have]]
+    back = (cur["packets"][have] < p["packets"]) | (cur["first_ts"][have] != p["first_ts"])
+    for name in ("packets", "bytes", "payload_bytes", "messages", "msg_bytes", "op", "ecn_capable", "ce", "fecn",
+                 "becn", "cnp", "acks", "nak_seq", "nak_rnr", "nak_other", "psn_gaps", "psn_skipped",
+                 "retransmissions", "msg_hist", "gap_hist"):
+        sub = p[name].copy()
+        sub[back] = 0
+        d[name][have] = d[name][have] - sub
+    d = d[d["packets"] > 0]
+    # rates and the rows shown
+    gbps = d["bytes"] * 8.0 / 1e9
+    ce = np.where(d["ecn_capable"] > 0, 100.0 * d["ce"] / np.maximum(d["ecn_capable"], 1), 0.0)
+    mode = np.argmax(d["msg_hist"], axis=1)
+    top = np.lexsort((-gbps, -gbps))[:20]
+    # node index, node matrix, per-pair counters
+    addr = np.concatenate([d["src"], d["dst"]]).view(">u8").reshape(-1, 2)
+    _, inv = np.unique(addr, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    nf = len(d)
+    fs, fd = inv[:nf], inv[nf:]
+    nn = int(inv.max()) + 1
+    mean = np.where(d["messages"] > 0, d["msg_bytes"] / np.maximum(d["messages"], 1), 0)
+    data = mean > 512
+    mat = np.zeros((nn, nn))
+    np.add.at(mat, (fs[data], fd[data]), d["payload_bytes"][data].astype(np.float64))
+    pair = fs * nn + fd
+    up, pinv = np.unique(pair, return_inverse=True)
+    pc = np.zeros((len(up), 5))
+    for c, name in enumerate(("ce", "ecn_capable", "cnp", "psn_gaps", "retransmissions")):
+        pc[:, c] = np.bincount(pinv, weights=d[name].astype(np.float64), minlength=len(up))
+    hot = np.nonzero(ce > 1.0)[0]
+    # the interval's records on the delta's flows
+    rk = np.ascontiguousarray(recs["key"]).view(np.uint8).reshape(len(recs), -1)[:, :40].copy().view(">u8")
+    dk = kw(d)
+    allk = np.concatenate([dk, rk])
+    _, inv = np.unique(allk, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    tab = np.full(inv.max() + 1, -1)
+    tab[inv[:len(dk)]] = np.arange(len(dk))
+    ev_flow = tab[inv[len(dk):]]
+    return {"delta": d, "top": top, "mode": mode, "matrix": mat, "pairs": pc, "hot": hot, "ev_flow": ev_flow}
+
+
+# ---- the map read ---------------------------------------------------------------------------
+BPF_MAP_CREATE, BPF_MAP_UPDATE_BATCH = 0, 26
+BPF_MAP_TYPE_LRU_HASH = 9
+
+
+def map_read(flows, rounds: int):
+    """(seconds to read a filled LRU hash of len(flows) entries: lookup batch, + flows_from_raw)."""
+    from skewscope.bpf import syscalls as S
+    from skewscope.core.snapshot import flows_from_raw
+    n = len(flows)
+    kz, vz = L.FLOW_KEY_DTYPE.itemsize, L.FLOW_STATS_DTYPE.itemsize
+    a = S._attr()
+    S._put(a, 0, "<I", BPF_MAP_TYPE_LRU_HASH)
+    S._put(a, 4, "<I", kz)
+    S._put(a, 8, "<I", vz)
+    S._put(a, 12, "<I", n)
+    fd = S._sys_bpf(BPF_MAP_CREATE, a)
+    try:
+        keys = np.ascontiguousarray(flow_key_matrix(flows))
+        vals = np.zeros(n, L.FLOW_STATS_DTYPE)
+        for name in L.FLOW_STATS_DTYPE.names:
+            if name in flows.dtype.names:
+                vals[name] = flows[name]
+        vals = vals.view(np.uint8).reshape(n, vz)
+        done = 0
+        while done < n:
+            k = min(65536, n - done)
+            u = S._attr()
+            S._put(u, 16, "<Q", keys.ctypes.data + done * kz)
+            S._put(u, 24, "<Q", vals.ctypes.data + done * vz)
+            S._put(u, 32, "<I", k)
+            S._put(u, 36, "<I", fd)
+            S._sys_bpf(BPF_MAP_UPDATE_BATCH, u)
+            done += S._get(u, 32, "<I")
+        t_look, t_raw, got = [], [], 0
+        for _ in range(rounds + 1):
+            c = time.process_time()
+            kk, vv = S.map_lookup_batch(fd, kz, vz, n)
+            c1 = time.process_time()
+            f = flows_from_raw(kk, vv)
+            t_look.append(c1 - c)
+            t_raw.append(time.process_time() - c1)
+            got = len(f)
+        return statistics.median(t_look[1:]), statistics.median(t_raw[1:]), got
+    finally:
+        os.close(fd)
+
+
+# ---- run ------------------------------------------------------------------------------------
+def cpu(fn, rounds):
+    """Median CPU time of fn over rounds, after one untimed round."""
+    fn()
+    cs = []
+    for _ in range(rounds):
+        c = time.process_time()
+        fn()
+        cs.append(time.process_time() - c)
+    return statistics.median(cs)
+
+
+def run(n_flows, a, rows):
+    from prometheus_client import CollectorRegistry  # noqa: F401  (the exporter's renderer)
+
+    from skewscope.analysis import live_metrics
+    from skewscope.outputs import expose as X
+    from skewscope.outputs.exporter import Accumulator
+    from skewscope.outputs.topmatrix import matrix_view
+    from skewscope.outputs.topview import ViewState, build_model, plain_lines
+    from skewscope.core.rates import flow_rates
+    from skewscope.core.snapshot import events_from_records
+    from skewscope.sources.live import Interval, Window, flow_delta
+
+    t_build = time.perf_counter()
+    prev, kind = table(n_flows, a.nodes, a.group)
+    t1 = 21 * NS
+    cur, act = next_read(prev, kind, a.active, t1)
+    recs = records(cur, kind, act, a.records, 20 * NS)
+    print(f"\n{n_flows:,} flows ({int((kind == 0).sum()):,} data, {int(act.sum()):,} active in the interval), "
+          f"{a.records:,} records; built in {time.perf_counter() - t_build:.1f} s")
+    d0 = flow_delta(prev, cur, since_ns=20 * NS)
+    ev0 = events_from_records(d0, recs)
+    delta = snapshot(d0, ev0, 20 * NS, t1, n_flows)
+    cum = snapshot(cur, np.zeros(0, L.EVENT_DTYPE), 0, t1, n_flows)
+    cum0 = snapshot(prev, np.zeros(0, L.EVENT_DTYPE), 0, 20 * NS, n_flows)
+    iv0 = Interval(0, 0.0, 20.0, 20.0, cum0, cum0, np.zeros(0, L.MSG_REC_DTYPE))
+    iv = Interval(1, 1.0, 1.0, 21.0, delta, cum, recs)
+    state = ViewState()
+
+    def fresh():
+        return Snapshot(delta.flows, delta.events, delta.globals, dict(delta.meta))
+
+    ivw = Interval(1, 26.0, 6.0, 26.0, delta, snapshot(cur, np.zeros(0, L.EVENT_DTYPE), 0, 26 * NS, n_flows), recs)
+
+    def f_window():
+        # the steady state: the window's older anchor is the previous read (5 s before)
+        w = Window(10.0)
+        w.add(iv0)
+        w.add(ivw)
+        return w.snapshot(ivw)
+
+    def f_top():
+        m = build_model(delta, 1.0, state, iface="bench", cum=cum, limit=20)
+        return plain_lines(m)
+
+    # the exporter's steady state: one Accumulator fed read after read (peers known), each
+    # read's records one second later than the previous read's
+    acc = Accumulator(timing_nodes=0)
+    shift = [0]
+
+    def f_export():
+        ev = delta.events.copy()
+        ev["start_ts"] += np.uint64(shift[0] * NS)
+        ev["end_ts"] += np.uint64(shift[0] * NS)
+        shift[0] += 1
+        acc.add(delta.flows, ev, cum_flows=cum.flows)
+        st = acc.state("bench", cum.globals, dict(cum.meta), 20, read_ts=1.0)
+        return X.render(X.make_registry(X.SkewscopeCollector(lambda: st), process_metrics=False))
+
+    r = a.rounds
+    comp = [
+        ("delta", cpu(lambda: flow_delta(prev, cur, since_ns=20 * NS), r), "O(flows)"),
+        ("records -> events", cpu(lambda: events_from_records(d0, recs), r), "O(flows + records)"),
+        ("window", cpu(f_window, r), "O(flows + records)"),
+        ("rates", cpu(lambda: flow_rates(d0, 1.0), r), "O(flows)"),
+        ("top rows", cpu(f_top, r), "O(flows)"),
+        ("top matrix", cpu(lambda: matrix_view(fresh(), 1.0), r), "O(flows) + O(nodes^2)"),
+        ("live detectors", cpu(lambda: live_metrics(fresh()), r), "O(flows) + O(pairs) + O(nodes^2)"),
+        ("exporter", cpu(f_export, r), "O(flows + records)"),
+    ]
+    t_np = cpu(lambda: numpy_interval(prev, cur, recs), r)
+    top_total = sum(c for name, c, _ in comp if name in ("delta", "records -> events", "window", "rates",
+                                                           "top rows", "live detectors"))
+    exp_total = sum(c for name, c, _ in comp if name in ("delta", "records -> events", "window", "exporter"))
+    print(f"{'component':22s} {'CPU':>10s}  grows")
+    for name, c, grows in comp:
+        print(f"{name:22s} {c * 1e3:7.1f} ms  {grows}")
+    print(f"{'top interval':22s} {top_total * 1e3:7.1f} ms  delta + events + window + rates + rows + live detectors")
+    print(f"{'export interval':22s} {exp_total * 1e3:7.1f} ms  delta + events + window + exporter")
+    print(f"{'numpy baseline':22s} {t_np * 1e3:7.1f} ms  ({t_np / top_total:.1f}x the top interval's CPU)")
+    line = {"flows": n_flows, "top": top_total, "export": exp_total, "numpy": t_np}
+    if a.map:
+        try:
+            look, raw, got = map_read(cur, r)
+            print(f"{'map read (root)':22s} {look * 1e3:7.1f} ms  lookup batch of {got:,} entries; "
+                  f"+ {raw * 1e3:.1f} ms flows_from_raw")
+            line.update(map=look, raw=raw)
+        except OSError as e:
+            print(f"map read: not measured ({e})")
+    rows.append(line)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--flows", default="65536,262144,1048576")
+    ap.add_argument("--nodes", type=int, default=1024)
+    ap.add_argument("--group", type=int, default=32)
+    ap.add_argument("--records", type=int, default=100_000)
+    ap.add_argument("--active", type=float, default=0.5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-map", dest="map", action="store_false", help="skip the map read (needs root)")
+    a = ap.parse_args()
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, {os.cpu_count()} CPUs, "
+          f"load {open('/proc/loadavg').read().split()[0]}; {a.nodes} nodes in groups of {a.group}")
+    rows = []
+    for n in (int(x) for x in a.flows.split(",")):
+        run(n, a, rows)
+    print(f"\nflows        top interval   export interval   numpy baseline   map read + flows_from_raw")
+    for x in rows:
+        mr = f"{x['map'] * 1e3:8.1f} + {x['raw'] * 1e3:.1f} ms" if "map" in x else "-"
+        print(f"{x['flows']:>9,}   {x['top'] * 1e3:9.1f} ms   {x['export'] * 1e3:12.1f} ms   "
+              f"{x['numpy'] * 1e3:11.1f} ms   {mr}")
+    print(f"load average at the end: {open('/proc/loadavg').read().split()[0]}")
+
+
+if __name__ == "__main__":
+    main()
