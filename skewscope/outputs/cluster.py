@@ -484,20 +484,19 @@ def snapshot_of(fm: FleetMatrix, url: str) -> Snapshot:
     cols = {"bytes": "bytes", "packets": "packets", "messages": "messages",
             "msg_bytes": "message_bytes", "ce": "ce_packets", "cnp": "cnp_packets",
             "retransmissions": "retransmitted_packets", "psn_gaps": "psn_gaps"}
-    for k, e in enumerate(nz):
-        sb, v = ip_bytes(fm.ips[fm.pairs.src[e]])
-        db, _ = ip_bytes(fm.ips[fm.pairs.dst[e]])
-        f["src"][k] = np.frombuffer(sb, np.uint8)
-        f["dst"][k] = np.frombuffer(db, np.uint8)
-        f["ipver"][k] = v
-        f["roce"][k] = 2
-        for col, name in cols.items():
-            f[col][k] = int(round(tot[name][e]))
-        f["nak_seq"][k] = int(round(fm.naks["psn_sequence_error"][e]))
-        f["nak_rnr"][k] = int(round(fm.naks["rnr"][e]))
-        f["nak_other"][k] = int(round(fm.naks["other"][e]))
-        f["first_ts"][k] = t0
-        f["last_ts"][k] = t1
+    si, di = fm.pairs.src[nz], fm.pairs.dst[nz]
+    addr = np.zeros((len(fm.ips), 16), dtype=np.uint8)     # once per node (of a pair here), not per pair
+    ver = np.zeros(len(fm.ips), dtype=np.int64)
+    for i in np.unique(np.concatenate([si, di])).tolist():
+        b, ver[i] = ip_bytes(fm.ips[i])
+        addr[i] = np.frombuffer(b, np.uint8)
+    f["src"], f["dst"], f["ipver"], f["roce"] = addr[si], addr[di], ver[si], 2
+    for col, name in cols.items():
+        f[col] = np.round(tot[name][nz])                      # half to even, as round()
+    f["nak_seq"] = np.round(fm.naks["psn_sequence_error"][nz])
+    f["nak_rnr"] = np.round(fm.naks["rnr"][nz])
+    f["nak_other"] = np.round(fm.naks["other"][nz])
+    f["first_ts"], f["last_ts"] = t0, t1
     order = np.lexsort((f["dst"].view(">u8").reshape(-1, 2)[:, 1], f["dst"].view(">u8").reshape(-1, 2)[:, 0],
                         f["src"].view(">u8").reshape(-1, 2)[:, 1], f["src"].view(">u8").reshape(-1, 2)[:, 0])) \
         if len(f) else np.zeros(0, np.int64)

@@ -319,6 +319,7 @@ def rings(inp, em):
     ips = inp.ips
     t = inp.th["ring_straggler"]
     rates = {k: rate_over_active(inp.fm, k) for k in ("bulk", "chunk")}
+    ppm = _pkts_per_msg(inp.fm, "chunk")          # once: per ring it was quadratic in the fleet
     roles = {tuple(sorted(g["members"])): g["role"] for g in inp.timing_groups}
     for ring, klass in _rings(inp):
         links = [(ring[k], ring[(k + 1) % len(ring)]) for k in range(len(ring))]
@@ -326,7 +327,6 @@ def rings(inp, em):
         lr = _on_links(inp.pairs, rate, links)
         if klass == "chunk":
             # small messages: a link's rate only where its messages span several packets
-            ppm = _pkts_per_msg(inp.fm, klass)
             lr = np.where(_on_links(inp.pairs, ppm, links) >= MIN_PKTS_PER_MSG, lr, np.nan)
         score = robust_ratio_to_median(lr)
         med = float(np.nanmedian(lr)) if np.isfinite(lr).any() else None
