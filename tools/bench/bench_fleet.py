@@ -24,7 +24,8 @@ meta.query_seconds; metrics.traffic_matrix compared as its nonzero pairs).
 
 Per N, one line per path:
   N nodes: D DPUs, S series, Q queries, R samples, wall S s, cpu S s, peak M MiB,
-           prometheus peak M MiB (cpu S s), named yes|no (...), other findings K, per node vs first: X
+           prometheus peak M MiB (cpu S s; queries S s of the wall), named yes|no (...), other findings K,
+           wall per node X the first row's
   N nodes, recording rules (--window 5m): the same figures; rule backfill S s
   N nodes, same document as CHECKOUT: raw yes|NO, rules yes|NO          (--baseline)
 Run under `flock /work/.heavy.lock` on a shared machine.
@@ -336,7 +337,8 @@ def line(label: str, r: dict, groups, series: int | None = None) -> str:
     m = r["doc"]["meta"]
     return (f"{label}: {len(m['dpus'])} DPUs, {'' if series is None else f'{series:,} series, '}{m['queries']} queries, {m['samples_returned']:,} samples, "
             f"wall {r['wall']:.2f} s, cpu {ru.ru_utime + ru.ru_stime:.2f} s, peak {ru.ru_maxrss / 1024:.0f} MiB, "
-            f"prometheus peak {r['prom_peak']:.0f} MiB (cpu {r['prom_cpu']:.2f} s), "
+            f"prometheus peak {r['prom_peak']:.0f} MiB (cpu {r['prom_cpu']:.2f} s; queries {m['query_seconds']:.2f} s "
+            f"of the wall), "
             f"named {'yes' if named else 'no'} ({'; '.join(detail)}), other findings {other}")
 
 
