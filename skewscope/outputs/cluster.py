@@ -299,7 +299,7 @@ class Fetcher:
         else:
             dbusy = self.prom.query(self._raw(M.DESTINATION_BUSY_SECONDS, "dst",
                                               f'dst!="{OVERFLOW}"'), at=self.at)
-        from skewscope.analysis.fleet import Pairs  # heavy (numba, through the analysis package)
+        from skewscope.analysis.fleet import Pairs  # the analysis package: loaded once a fleet is fetched
         ips = set()
         for rows in list(raw.values()) + [nak]:
             for m, _ in rows:
