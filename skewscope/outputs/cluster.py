@@ -160,11 +160,15 @@ def rule_name(metric: M.MetricSpec, extra: str = "") -> str:
 
 @dataclass
 class FleetMatrix:
-    """Node-level matrices over `ips` (sorted): counts over the window (or totals).
-    by_class[name][c, i, j]: from ips[i] to ips[j] in traffic class CLASSES[c]."""
+    """Node-level matrices over `ips` (sorted): counts over the window (or totals), sparse:
+    `pairs` (analysis.fleet.Pairs) are the (src, dst) node pairs any series names, and
+    by_class[name][c, k]: from ips[pairs.src[k]] to ips[pairs.dst[k]] in traffic class
+    CLASSES[c]. Memory and work grow with the pairs, linearly in a fleet of groups (a dense
+    n x n matrix was 2 GiB at 2,000 nodes: docs/fleet.md "Measured at scale")."""
     ips: list
-    by_class: dict                 # name -> (3, n, n) float64
-    naks: dict                     # syndrome -> (n, n), all classes
+    pairs: object                  # analysis.fleet.Pairs over ips
+    by_class: dict                 # name -> (3, P) float64
+    naks: dict                     # syndrome -> (P,), all classes
     dst_busy_seconds: np.ndarray   # (n,)
     window_s: float | None
     at: float
@@ -191,14 +195,11 @@ class FleetMatrix:
 
     @cached_property
     def pair(self) -> dict:
-        """name -> (n, n) over all classes (computed once: the matrices are n x n)."""
+        """name -> (P,) over all classes (computed once)."""
         return {k: v.sum(axis=0) for k, v in self.by_class.items()}
 
     def cls(self, name: str, klass: str) -> np.ndarray:
         return self.by_class[name][CLASSES.index(klass)]
-
-    def index(self, ip: str) -> int:
-        return self.ips.index(ip)
 
 
 def _sel(selector: str, *more: str) -> str:
@@ -298,6 +299,7 @@ class Fetcher:
         else:
             dbusy = self.prom.query(self._raw(M.DESTINATION_BUSY_SECONDS, "dst",
                                               f'dst!="{OVERFLOW}"'), at=self.at)
+        from skewscope.analysis.fleet import Pairs  # the analysis package: loaded once a fleet is fetched
         ips = set()
         for rows in list(raw.values()) + [nak]:
             for m, _ in rows:
@@ -307,17 +309,25 @@ class Fetcher:
         ips = sorted(ips, key=_ip_sort_key)
         pos = {ip: i for i, ip in enumerate(ips)}
         n = len(ips)
+        # the pairs a value lands on; every other pair of the n x n matrix is 0
+        cell = {name: [(CLASSES.index(m["class"]), pos[m["src"]], pos[m["dst"]], v) for m, v in rows
+                       if m.get("src") in pos and m.get("dst") in pos and m.get("class") in CLASSES]
+                for name, rows in raw.items()}
+        nak_cell = [(m["syndrome"], pos[m["src"]], pos[m["dst"]], v) for m, v in nak
+                    if m.get("syndrome") in SYNDROMES and m.get("src") in pos and m.get("dst") in pos]
+        ends = [(i, j) for rows in cell.values() for _, i, j, _ in rows] + [(i, j) for _, i, j, _ in nak_cell]
+        pairs = Pairs.of(n, [i for i, _ in ends], [j for _, j in ends])
         pair = {}
-        for name, rows in raw.items():
-            a = np.zeros((len(CLASSES), n, n))
-            for m, v in rows:
-                if m.get("src") in pos and m.get("dst") in pos and m.get("class") in CLASSES:
-                    a[CLASSES.index(m["class"]), pos[m["src"]], pos[m["dst"]]] = v
+        for name, rows in cell.items():
+            a = np.zeros((len(CLASSES), len(pairs)))
+            if rows:
+                c, i, j, v = (np.array(x) for x in zip(*rows))
+                a[c.astype(np.int64), pairs.find(i, j)] = v
             pair[name] = a
-        naks = {s: np.zeros((n, n)) for s in SYNDROMES}
-        for m, v in nak:
-            if m.get("syndrome") in naks and m.get("src") in pos and m.get("dst") in pos:
-                naks[m["syndrome"]][pos[m["src"]], pos[m["dst"]]] += v
+        naks = {s: np.zeros(len(pairs)) for s in SYNDROMES}
+        at = pairs.find([i for _, i, _, _ in nak_cell], [j for _, _, j, _ in nak_cell])
+        for (s, _, _, v), k in zip(nak_cell, at.tolist()):
+            naks[s][k] += v
         db = np.zeros(n)
         for m, v in dbusy:
             if m.get("dst") in pos:
@@ -338,7 +348,7 @@ class Fetcher:
         not_over = f'src!="{OVERFLOW}"'
         exported_by = {(m.get("src"), m.get("dst"), m.get("class")): v for m, v in self.prom.query(
             f"count by (src, dst, class) ({M.PEER_BYTES.name}{_sel(self.selector, not_over)})", at=self.at)}
-        return FleetMatrix(ips=ips, by_class=pair, naks=naks, dst_busy_seconds=db, src_busy_seconds=sb,
+        return FleetMatrix(ips=ips, pairs=pairs, by_class=pair, naks=naks, dst_busy_seconds=db, src_busy_seconds=sb,
                            window_s=self.window_s, at=self.at,
                            via_rules=self.via_rules, dpus=dpus, stale_dpus=stale, frames=frames, pfc=pfc,
                            flows_evicted=sum(v for _, v in ev), records_lost=sum(v for _, v in lost),
@@ -467,27 +477,26 @@ def snapshot_of(fm: FleetMatrix, url: str) -> Snapshot:
     """The fleet matrix as a Snapshot whose flows are the (src, dst) pairs (dest_qp 0), so
     that report.to_dict gives the `report --json` shape. Counts are rounded to integers."""
     tot = fm.pair
-    nz = np.argwhere(tot["packets"] + tot["bytes"] > 0)
+    nz = np.nonzero(tot["packets"] + tot["bytes"] > 0)[0]
     f = np.zeros(len(nz), dtype=L.FLOW_DTYPE)
     t1 = int(fm.at * 1e9)
     t0 = int((fm.at - fm.window_s) * 1e9) if fm.window_s else 0
     cols = {"bytes": "bytes", "packets": "packets", "messages": "messages",
             "msg_bytes": "message_bytes", "ce": "ce_packets", "cnp": "cnp_packets",
             "retransmissions": "retransmitted_packets", "psn_gaps": "psn_gaps"}
-    for k, (i, j) in enumerate(nz):
-        sb, v = ip_bytes(fm.ips[i])
-        db, _ = ip_bytes(fm.ips[j])
-        f["src"][k] = np.frombuffer(sb, np.uint8)
-        f["dst"][k] = np.frombuffer(db, np.uint8)
-        f["ipver"][k] = v
-        f["roce"][k] = 2
-        for col, name in cols.items():
-            f[col][k] = int(round(tot[name][i, j]))
-        f["nak_seq"][k] = int(round(fm.naks["psn_sequence_error"][i, j]))
-        f["nak_rnr"][k] = int(round(fm.naks["rnr"][i, j]))
-        f["nak_other"][k] = int(round(fm.naks["other"][i, j]))
-        f["first_ts"][k] = t0
-        f["last_ts"][k] = t1
+    si, di = fm.pairs.src[nz], fm.pairs.dst[nz]
+    addr = np.zeros((len(fm.ips), 16), dtype=np.uint8)     # once per node (of a pair here), not per pair
+    ver = np.zeros(len(fm.ips), dtype=np.int64)
+    for i in np.unique(np.concatenate([si, di])).tolist():
+        b, ver[i] = ip_bytes(fm.ips[i])
+        addr[i] = np.frombuffer(b, np.uint8)
+    f["src"], f["dst"], f["ipver"], f["roce"] = addr[si], addr[di], ver[si], 2
+    for col, name in cols.items():
+        f[col] = np.round(tot[name][nz])                      # half to even, as round()
+    f["nak_seq"] = np.round(fm.naks["psn_sequence_error"][nz])
+    f["nak_rnr"] = np.round(fm.naks["rnr"][nz])
+    f["nak_other"] = np.round(fm.naks["other"][nz])
+    f["first_ts"], f["last_ts"] = t0, t1
     order = np.lexsort((f["dst"].view(">u8").reshape(-1, 2)[:, 1], f["dst"].view(">u8").reshape(-1, 2)[:, 0],
                         f["src"].view(">u8").reshape(-1, 2)[:, 1], f["src"].view(">u8").reshape(-1, 2)[:, 0])) \
         if len(f) else np.zeros(0, np.int64)
@@ -540,21 +549,21 @@ def build_document(fm: FleetMatrix, url: str, fetcher: Fetcher | None = None, th
     # pair rows: dest_qp is not applicable; add the fleet-only columns
     pos = {ip: i for i, ip in enumerate(fm.ips)}
     tot = fm.pair
-    for row in doc["flows"]:
-        i, j = pos[row["src"]], pos[row["dst"]]
+    at = fm.pairs.find([pos[r["src"]] for r in doc["flows"]], [pos[r["dst"]] for r in doc["flows"]]).tolist()
+    for row, e in zip(doc["flows"], at):
         row["dest_qp"] = None
         for k in ("msg_size_hist", "msg_gap_hist_ns", "opcode_classes", "udp_sport", "dscp", "acks",
                   "ecn_capable_packets", "fecn_packets", "becn_packets", "psn_skipped", "payload_bytes"):
             row.pop(k, None)
-        row["busy_seconds"] = float(tot["busy_seconds"][i, j])
+        row["busy_seconds"] = float(tot["busy_seconds"][e])
         row["by_class"] = {}
         for c in CLASSES:
-            b = fm.cls("bytes", c)[i, j]
+            b = fm.cls("bytes", c)[e]
             if b <= 0:
                 continue
-            w = fm.cls("message_wire_seconds", c)[i, j]
-            row["by_class"][c] = {"bytes": int(round(b)), "messages": int(round(fm.cls("messages", c)[i, j])),
-                                  "rate_bps": 8.0 * fm.cls("timed_message_bytes", c)[i, j] / w if w > 0 else None}
+            w = fm.cls("message_wire_seconds", c)[e]
+            row["by_class"][c] = {"bytes": int(round(b)), "messages": int(round(fm.cls("messages", c)[e])),
+                                  "rate_bps": 8.0 * fm.cls("timed_message_bytes", c)[e] / w if w > 0 else None}
     return doc
 
 

@@ -100,7 +100,8 @@ def test_bench_mitigate_prints_every_phase_and_cleans_up():
 def test_bench_fleet_prints_a_line_per_fleet_size_and_names_the_injected_nodes():
     """bench_fleet.py at its smallest fleet (the three pathology groups, 24 nodes): the
     `N nodes:` line a script reads (docs/fleet.md "Measured at scale"), every figure there,
-    and the slow shard, hot expert and incast victim (the generator's truth, remapped) named."""
+    and the slow shard, hot expert and incast victim (the generator's truth, remapped) named,
+    over the raw series and over the recording rules' results."""
     out = run("bench_fleet.py", "--nodes", "20")
     rows = [ln for ln in out.splitlines() if re.match(r"\d+ nodes: ", ln)]
     assert len(rows) == 1, out
@@ -113,3 +114,10 @@ def test_bench_fleet_prints_a_line_per_fleet_size_and_names_the_injected_nodes()
     assert float(wall) > 0 and float(cpu) > 0 and int(peak) > 0 and int(ppeak) > 0
     assert named == "yes" and detail.count(" yes") == 3, row
     assert int(other) == 0, row
+    # the recording-rules path (rules backfilled over the same samples, --window 5m) names them too
+    rules = [ln for ln in out.splitlines() if re.match(r"\d+ nodes, recording rules \(--window 5m\): ", ln)]
+    assert len(rules) == 1, out
+    m = re.search(r"(\d+) DPUs, (\d+) queries, .* wall ([\d.]+) s, .* named (yes|no) \((.*)\), other findings (\d+)",
+                  rules[0])
+    assert m and int(m[1]) == int(n) and int(m[2]) > 0 and float(m[3]) > 0, rules[0]
+    assert m[4] == "yes" and m[5].count(" yes") == 3 and int(m[6]) == 0, rules[0]

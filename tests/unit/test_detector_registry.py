@@ -17,6 +17,7 @@ from skewscope.analysis import analyze, live_metrics
 from skewscope.analysis import detectors as D
 from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.fleet import analyze_matrix
+from skewscope.analysis.fleet import from_dense
 from skewscope.analysis.findings import DEFAULTS, KINDS, PARAM_SECTIONS, ThresholdError
 from skewscope.cli import main
 from skewscope.core.errors import EXIT_NOT_RUN, SkewscopeError
@@ -200,6 +201,7 @@ class _Fm:
             self.by_class["message_wire_seconds"][0] = np.where(bulk > 0, 8 * bulk / np.where(rate_bps > 0, rate_bps, 1), 0)
         self.naks = {"psn_sequence_error": np.zeros((n, n))}
         self.dst_busy_seconds = np.ones(n)
+        self.pairs, self.by_class, self.naks = from_dense(self.by_class, self.naks)     # what cluster builds
 
     @property
     def pair(self):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.analysis.detectors.fleet import analyze_matrix
+from skewscope.analysis.fleet import from_dense
 from skewscope.outputs import metrics as M
 
 NAMES = ("bytes", "packets", "messages", "message_bytes", "busy_seconds", "timed_message_bytes",
@@ -43,6 +44,7 @@ class Fm:
         self.dst_busy_seconds = np.ones(n)
         self.src_busy_seconds = src_busy
         self.exported_by = {}
+        self.pairs, self.by_class, self.naks = from_dense(self.by_class, self.naks)     # what cluster builds
 
     @property
     def pair(self):

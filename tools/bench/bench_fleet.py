@@ -14,11 +14,20 @@ Each DPU's text is written --samples times, --step s apart, counters and histogr
 by (k+1)/samples (a steady rate), gauges as they are and the last-read gauge = the sample's
 time; `promtool tsdb create-blocks-from openmetrics` builds the TSDB; Prometheus (the OS
 package) serves it; `skewscope cluster --window samples*step --at T --json --stats` runs
-as a user runs it (the raw increase() queries: a backfilled TSDB has no recording rules).
+as a user runs it (the raw increase() queries). Then the recording-rules path: the rules
+`cluster` reads (docs/prometheus/skewscope-rules.yml's first group) are evaluated over the
+backfilled samples by `promtool tsdb create-blocks-from rules` against that Prometheus,
+their blocks moved into its TSDB, Prometheus restarted, and `cluster --window 5m` reads
+the recorded series (--no-rules skips this). --baseline CHECKOUT runs that checkout's
+`cluster` on the same Prometheus too and says whether the documents are the same (minus
+meta.query_seconds; metrics.traffic_matrix compared as its nonzero pairs).
 
-One line per N:
+Per N, one line per path:
   N nodes: D DPUs, S series, Q queries, R samples, wall S s, cpu S s, peak M MiB,
-           prometheus peak M MiB (cpu S s), named yes|no (...), other findings K, per node vs first: X
+           prometheus peak M MiB (cpu S s; queries S s of the wall), named yes|no (...), other findings K,
+           wall per node X the first row's
+  N nodes, recording rules (--window 5m): the same figures; rule backfill S s
+  N nodes, same document as CHECKOUT: raw yes|NO, rules yes|NO          (--baseline)
 Run under `flock /work/.heavy.lock` on a shared machine.
 """
 from __future__ import annotations
@@ -40,6 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PY = [sys.executable, "-m"]
 T0 = 1_790_000_000            # the last sample's time (the fleet's "now"; --at)
+RULE_WINDOW = "5m"            # the recording rules' window (outputs/cluster.py RULE_WINDOW)
 TPD = {"kind": "decode_tp", "layers": 8, "allreduces_per_layer": 2, "tokens": 5, "hidden": 8192,
        "batch": 1, "dtype_bytes": 2, "compute_gap_us": 2000, "layer_compute_us": 10}
 # name, preset or scenario, seed, the finding kinds that name its pathology (None: healthy)
@@ -172,7 +182,94 @@ def proc_cpu(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_n(templates: dict, n: int, work: Path, samples: int, step: float) -> dict:
+def matrix_rules(path: Path) -> None:
+    """The rules `cluster --window 5m` reads (docs/prometheus/skewscope-rules.yml's first
+    group, over the raw series): the others read these rules' own results, which a
+    backfill of one pass would not hold yet."""
+    text = (ROOT / "docs" / "prometheus" / "skewscope-rules.yml").read_text()
+    rest = text.split("groups:\n", 1)[1]
+    first = rest.split("\n\n  - name:", 1)[0]
+    path.write_text("groups:\n" + first + "\n")
+
+
+class Prometheus:
+    """The OS package's Prometheus serving a TSDB directory (no scraping)."""
+
+    def __init__(self, d: Path):
+        self.d, self.proc, self.log = d, None, None
+        self.url = ""
+
+    def start(self):
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        (self.d / "prom.yml").write_text("{}")
+        self.log = open(self.d / "prometheus.log", "a")
+        self.proc = subprocess.Popen(["prometheus", f"--config.file={self.d / 'prom.yml'}",
+                                      f"--storage.tsdb.path={self.d / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
+                                      "--storage.tsdb.retention.time=100y", "--log.level=warn"],
+                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        end = time.monotonic() + 300
+        while True:
+            try:
+                if urllib.request.urlopen(self.url + "/-/ready", timeout=1).status == 200:
+                    return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > end:
+                sys.exit(f"prometheus did not start: {(self.d / 'prometheus.log').read_text()[-1500:]}")
+            time.sleep(0.5)
+
+    def stop(self):
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+        self.log.close()
+
+
+def cluster(root: Path, prom: Prometheus, window: str, out: Path) -> dict:
+    """`skewscope cluster` of the checkout `root` as a user runs it: its document, wall time,
+    rusage (CPU, peak RSS) and Prometheus' CPU and peak RSS meanwhile."""
+    pcpu0 = proc_cpu(prom.proc.pid)
+    t = time.monotonic()
+    with open(out, "w") as fo, open(out.with_suffix(".err"), "w") as fe:
+        child = subprocess.Popen([*PY, "skewscope.cli", "cluster", "--prometheus", prom.url, "--window", window,
+                                  "--at", str(T0), "--json", "--stats", "--timeout", "300"],
+                                 stdout=fo, stderr=fe, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+        _, status, ru = os.wait4(child.pid, 0)     # this child's own rusage (CPU, peak RSS)
+    wall = time.monotonic() - t
+    rc = os.waitstatus_to_exitcode(status)
+    if rc != 0:
+        sys.exit(f"cluster ({root}) exited {rc}: {out.with_suffix('.err').read_text()[-2000:]}")
+    return {"doc": json.loads(out.read_text()), "wall": wall, "ru": ru, "prom_cpu": proc_cpu(prom.proc.pid) - pcpu0,
+            "prom_peak": proc_status(prom.proc.pid, "VmHWM")}
+
+
+def comparable(doc: dict) -> str:
+    """The document without its timing field (meta.query_seconds), metrics.traffic_matrix
+    as its data-carrying pairs (a checkout before issue 29 wrote the dense n x n list)."""
+    doc = json.loads(json.dumps(doc))
+    doc["meta"].pop("query_seconds", None)
+    tm = (doc.get("metrics") or {}).get("traffic_matrix")
+    if tm and tm.get("data_bytes") and isinstance(tm["data_bytes"][0], list):
+        nz = [(i, j, v) for i, row in enumerate(tm["data_bytes"]) for j, v in enumerate(row) if v > 0]
+        doc["metrics"]["traffic_matrix"] = {"ips": tm["ips"], "src": [i for i, _, _ in nz],
+                                            "dst": [j for _, j, _ in nz], "data_bytes": [v for _, _, v in nz]}
+    return json.dumps(doc, sort_keys=True)
+
+
+def run_n(templates: dict, n: int, work: Path, samples: int, step: float, rules: bool,
+          baseline: Path | None) -> dict:
+    """One fleet: backfill, `cluster` on the raw series; with rules, the recording rules'
+    results backfilled too (promtool tsdb create-blocks-from rules over the running
+    Prometheus, then a restart) and `cluster --window 5m` on them; with baseline, the same
+    runs of that checkout's `cluster` and whether its documents are the same."""
     d = work / f"n{n}"
     d.mkdir()
     groups, nodes = fleet(templates, n)
@@ -184,61 +281,46 @@ def run_n(templates: dict, n: int, work: Path, samples: int, step: float) -> dic
     sh("promtool", "tsdb", "create-blocks-from", "openmetrics", str(om), str(d / "tsdb"), timeout=3600)
     t_backfill = time.monotonic() - t
     om.unlink()
-    port = free_port()
-    (d / "prom.yml").write_text("{}")
-    log = open(d / "prometheus.log", "w")
-    prom = subprocess.Popen(["prometheus", f"--config.file={d / 'prom.yml'}", f"--storage.tsdb.path={d / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y",
-                             "--log.level=warn"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    prom = Prometheus(d)
+    out = {"n": nodes, "series": series, "groups": groups, "t_write": t_write, "t_backfill": t_backfill,
+           "same": {}}
     try:
-        url = f"http://127.0.0.1:{port}"
-        end = time.monotonic() + 300
-        while True:
-            try:
-                if urllib.request.urlopen(url + "/-/ready", timeout=1).status == 200:
-                    break
-            except OSError:
-                pass
-            if prom.poll() is not None or time.monotonic() > end:
-                sys.exit(f"prometheus did not start: {(d / 'prometheus.log').read_text()[-1500:]}")
-            time.sleep(0.5)
+        prom.start()
         window = f"{int(samples * step)}s"
-        pcpu0 = proc_cpu(prom.pid)
-        t = time.monotonic()
-        with open(d / "cluster.json", "w") as fo, open(d / "cluster.err", "w") as fe:
-            child = subprocess.Popen([*PY, "skewscope.cli", "cluster", "--prometheus", url, "--window", window,
-                                      "--at", str(T0), "--json", "--stats", "--timeout", "300"],
-                                     stdout=fo, stderr=fe, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-            _, status, ru = os.wait4(child.pid, 0)     # this child's own rusage (CPU, peak RSS)
-        wall = time.monotonic() - t
-        rc = os.waitstatus_to_exitcode(status)
-        pcpu = proc_cpu(prom.pid) - pcpu0
-        ppeak = proc_status(prom.pid, "VmHWM")
+        out["raw"] = cluster(ROOT, prom, window, d / "raw.json")
+        if baseline:
+            out["same"]["raw"] = comparable(cluster(baseline, prom, window, d / "raw-base.json")["doc"]) \
+                == comparable(out["raw"]["doc"])
+        if rules:
+            matrix_rules(d / "rules.yml")
+            t = time.monotonic()
+            sh("promtool", "tsdb", "create-blocks-from", "rules", "--quiet", f"--url={prom.url}",
+               f"--start={T0 - 120}", f"--end={T0 + 1}", f"--output-dir={d / 'rule-blocks'}", str(d / "rules.yml"),
+               timeout=3600)
+            out["t_rules"] = time.monotonic() - t
+            prom.stop()
+            for b in (d / "rule-blocks").iterdir():
+                b.rename(d / "tsdb" / b.name)
+            prom.start()
+            out["rules"] = cluster(ROOT, prom, RULE_WINDOW, d / "rules.json")
+            if not out["rules"]["doc"]["meta"]["via_recording_rules"]:
+                sys.exit("cluster --window 5m did not read the backfilled recording rules")
+            if baseline:
+                out["same"]["rules"] = comparable(cluster(baseline, prom, RULE_WINDOW, d / "rules-base.json")["doc"]) \
+                    == comparable(out["rules"]["doc"])
     finally:
-        prom.send_signal(signal.SIGTERM)
-        try:
-            prom.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            prom.kill()
-            prom.wait()
-        log.close()
-    if rc != 0:
-        sys.exit(f"cluster exited {rc}: {(d / 'cluster.err').read_text()[-2000:]}")
-    doc = json.loads((d / "cluster.json").read_text())
-    return {"n": nodes, "dpus": len(doc["meta"]["dpus"]), "series": series, "groups": groups,
-            "doc": doc, "wall": wall, "ru": ru, "prom_cpu": pcpu, "prom_peak": ppeak,
-            "t_write": t_write, "t_backfill": t_backfill}
+        prom.stop()
+    return out
 
 
-def verdict(r: dict):
+def verdict(r: dict, groups):
     """(named, detail, other): each injected entity named by a finding of its kinds (its
     instance's remapped truth address first), and the warning/critical findings blaming
     anyone else."""
     blamed = [(f["kind"], f["entities"]["ips"][0]) for f in r["doc"]["findings"]
               if f["severity"] in ("warning", "critical") and f["entities"]["ips"]]
     want, detail = set(), []
-    for t, g in r["groups"]:
+    for t, g in groups:
         if t.kinds:
             ip = remap(t.truth, g)
             want.add(ip)
@@ -249,11 +331,25 @@ def verdict(r: dict):
     return named, detail, other
 
 
+def line(label: str, r: dict, groups, series: int | None = None) -> str:
+    ru = r["ru"]
+    named, detail, other = verdict(r, groups)
+    m = r["doc"]["meta"]
+    return (f"{label}: {len(m['dpus'])} DPUs, {'' if series is None else f'{series:,} series, '}{m['queries']} queries, {m['samples_returned']:,} samples, "
+            f"wall {r['wall']:.2f} s, cpu {ru.ru_utime + ru.ru_stime:.2f} s, peak {ru.ru_maxrss / 1024:.0f} MiB, "
+            f"prometheus peak {r['prom_peak']:.0f} MiB (cpu {r['prom_cpu']:.2f} s; queries {m['query_seconds']:.2f} s "
+            f"of the wall), "
+            f"named {'yes' if named else 'no'} ({'; '.join(detail)}), other findings {other}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", default="100,300,1000", help="comma-separated fleet sizes")
     ap.add_argument("--samples", type=int, default=4, help="samples per series (counters rise steadily)")
     ap.add_argument("--step", type=float, default=15.0, help="seconds between samples (a scrape interval)")
+    ap.add_argument("--no-rules", action="store_true", help="skip the recording-rules path (--window 5m)")
+    ap.add_argument("--baseline", type=Path, help="another checkout: run its cluster on the same Prometheus "
+                                                   "and say whether its documents are the same")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     a = ap.parse_args()
     for tool in ("prometheus", "promtool"):
@@ -268,22 +364,22 @@ def main() -> int:
               flush=True)
         base = None
         for n in [int(x) for x in a.nodes.split(",")]:
-            r = run_n(templates, n, work, a.samples, a.step)
-            ru = r["ru"]
-            cpu = ru.ru_utime + ru.ru_stime
-            peak = ru.ru_maxrss / 1024
-            named, detail, other = verdict(r)
-            m = r["doc"]["meta"]
-            per_node = r["wall"] / r["n"]
+            r = run_n(templates, n, work, a.samples, a.step, not a.no_rules, a.baseline)
+            per_node = r["raw"]["wall"] / r["n"]
             if base is None:
                 base = per_node
-            print(f"{r['n']} nodes: {r['dpus']} DPUs, {r['series']:,} series, {m['queries']} queries, "
-                  f"{m['samples_returned']:,} samples, wall {r['wall']:.2f} s, cpu {cpu:.2f} s, peak {peak:.0f} MiB, "
-                  f"prometheus peak {r['prom_peak']:.0f} MiB (cpu {r['prom_cpu']:.2f} s), "
-                  f"named {'yes' if named else 'no'} ({'; '.join(detail)}), other findings {other}, "
+            n_ = r["n"]
+            print(f"{line(f'{n_} nodes', r['raw'], r['groups'], r['series'])}, "
                   f"wall per node {per_node / base:.2f}x the first row's; "
                   f"backfill {r['t_write']:.0f} s write + {r['t_backfill']:.0f} s promtool", flush=True)
-            shutil.rmtree(work / f"n{n}", ignore_errors=True)
+            if "rules" in r:
+                print(f"{line(f'{n_} nodes, recording rules (--window {RULE_WINDOW})', r['rules'], r['groups'])}; "
+                      f"rule backfill {r['t_rules']:.0f} s", flush=True)
+            if a.baseline:
+                print(f"{r['n']} nodes, same document as {a.baseline}: "
+                      + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in r["same"].items()), flush=True)
+            if not a.keep:
+                shutil.rmtree(work / f"n{n}", ignore_errors=True)
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)

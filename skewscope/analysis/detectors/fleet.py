@@ -27,7 +27,6 @@ from skewscope.analysis.fleet import (
     destination_preference,
     find_rings,
     fmt_bps,
-    offdiag,
     rate_over_active,
     safe_div,
     upstream_cycles,
@@ -80,6 +79,15 @@ class FleetInputs:
         return self.fm.ips
 
     @cached_property
+    def pairs(self):
+        """fleet.Pairs: every per-pair quantity below is a vector over these."""
+        return self.fm.pairs
+
+    @cached_property
+    def pos(self) -> dict:
+        return {ip: i for i, ip in enumerate(self.ips)}
+
+    @cached_property
     def chunk_b(self):
         return class_bytes(self.fm, "chunk")
 
@@ -129,8 +137,7 @@ class FleetInputs:
                         seen.add(y)
                         stack.append(y)
             if len(comp) >= 2:
-                out.append({"role": "alltoall", "members": sorted(comp, key=lambda v: self.ips.index(v)
-                                                                  if v in self.ips else 1 << 30)})
+                out.append({"role": "alltoall", "members": sorted(comp, key=lambda v: self.pos.get(v, 1 << 30))})
         return out
 
     def entry(self, ip, role):
@@ -148,12 +155,15 @@ class FleetInputs:
     @cached_property
     def data_sent(self):
         """Per source node: (message bytes, packets, messages) of its data classes (bulk,
-        chunk) to other nodes. Once per run: a per-group recomputation over the n x n
-        matrices made `cluster` cubic in the fleet's size (tools/bench/bench_fleet.py)."""
+        chunk) to other nodes. Once per run: a per-group recomputation made `cluster` cubic in
+        the fleet's size (tools/bench/bench_fleet.py)."""
         out = []
+        p = self.pairs
         for name in ("message_bytes", "packets", "messages"):
             m = self.fm.cls(name, "bulk") + self.fm.cls(name, "chunk")
-            out.append(m.sum(axis=1) - np.diag(m))
+            own = np.zeros(p.n)
+            own[p.src[p.diag]] = m[p.diag]
+            out.append(p.row_sum(m) - own)
         return tuple(out)
 
     @cached_property
@@ -164,16 +174,19 @@ class FleetInputs:
 
 
 def hot_destination(inp, em):
-    ips, th, n = inp.ips, inp.th, len(inp.ips)
+    ips, th, n, pr = inp.ips, inp.th, len(inp.ips), inp.pairs
     hot_b = inp.hot_b
-    inbound = hot_b.sum(axis=0)
-    outbound = hot_b.sum(axis=1)
+    inbound = pr.col_sum(hot_b)
+    outbound = pr.row_sum(hot_b)
     recv = np.nonzero(inbound > 0)[0]
     dst_stats = skew_stats(inbound[recv]) if len(recv) else skew_stats([])
-    inp.metrics["traffic_matrix"] = {"ips": ips, "data_bytes": inp.data_b.tolist()}
+    # the pairs that carry data (a dense n x n list would be quadratic in the fleet)
+    nz = np.nonzero(inp.data_b > 0)[0]
+    inp.metrics["traffic_matrix"] = {"ips": ips, "src": pr.src[nz].tolist(), "dst": pr.dst[nz].tolist(),
+                                     "data_bytes": inp.data_b[nz].tolist()}
     inp.metrics["destination_skew"] = dst_stats
     inp.metrics["source_skew"] = skew_stats(outbound[outbound > 0])
-    pref = destination_preference(hot_b)
+    pref = destination_preference(pr, hot_b)
     inp.metrics["destination_preference"] = {ips[j]: float(pref[j]) for j in range(n) if np.isfinite(pref[j])}
     t = th["hot_destination"]
     if len(recv) >= t["min_nodes"] and np.isfinite(pref).any():
@@ -182,7 +195,8 @@ def hot_destination(inp, em):
         if p >= t["warning"]:
             hot = ips[j]
             share = float(inbound[j] / inbound.sum()) if inbound.sum() > 0 else None
-            srcs = np.nonzero(hot_b[:, j] > 0)[0]
+            col = pr.column(j)
+            srcs = pr.src[col[hot_b[col] > 0]]
             em.add_fleet("hot_destination", "critical" if p >= t["critical"] else "warning", [hot],
                          f"hot destination {hot}: a typical source sends it {p:.2f}x what it sends each other "
                          f"node ({len(srcs)} sources); in a MoE job, the node of a hot expert",
@@ -196,8 +210,8 @@ def alltoall(inp, em):
     ips = inp.ips
     chunk_b = inp.chunk_b
     t = inp.th["alltoall_destination_skew"]
-    for g in all_to_all_groups(chunk_b > 0, np.zeros_like(inp.bulk_b > 0)):
-        sub = chunk_b[np.ix_(g, g)]
+    for g in all_to_all_groups(inp.pairs, chunk_b > 0, np.zeros(len(chunk_b), dtype=bool)):
+        sub = inp.pairs.block(chunk_b, g)
         mask = ~np.eye(len(g), dtype=bool)
         rows = skew_rows(sub, mask)
         col = skew_stats(sub.sum(axis=0))
@@ -268,7 +282,7 @@ def alltoall_stragglers(inp, em, g):
                      f"GPU/NIC (clocks, PCIe, thermal) or its uplink",
                      {"send_ratio": r, "rate_bps": float(rate[k]), "median_rate_bps": med,
                       "group": [ips[x] for x in g], "members_rated": int(np.isfinite(rate).sum())},
-                     pairs=[(ips[a], ips[x]) for x in g if x != a and inp.data_b[a, x] > 0])
+                     pairs=[(ips[a], ips[x]) for x in g if x != a and inp.pairs.at(inp.data_b, a, x) > 0])
 
 
 #: a ring straggler is judged against the ring's median only with at least this many links
@@ -282,19 +296,22 @@ def _pkts_per_msg(fm, klass: str) -> np.ndarray:
     return safe_div(fm.cls("packets", klass), fm.cls("messages", klass))
 
 
+def _on_links(p, v, links) -> np.ndarray:
+    """v (a ratio per pair) on each link; NaN on a link that carries nothing (0 / 0)."""
+    k = p.find([a for a, _ in links], [c for _, c in links])
+    return np.where(k >= 0, np.asarray(v)[np.maximum(k, 0)] if len(v) else np.nan, np.nan)
+
+
 def _rings(inp):
     """[(members, traffic class)]: cycles of the bulk pairs (ring/tree SIMPLE slices), then,
     among the other nodes, cycles of >= 3 chunk pairs (rings of smaller messages: NCCL
     rings of many ranks or channels, LL/LL128 rings, other libraries' rings, perftest)."""
-    out = [(r, "bulk") for r in find_rings(inp.bulk_b > 0)]
-    used = {i for r, _ in out for i in r}
-    chunk = inp.chunk_b > 0
-    if used:
-        idx = sorted(used)
-        chunk = chunk.copy()
-        chunk[idx, :] = False
-        chunk[:, idx] = False
-    out += [(r, "chunk") for r in find_rings(chunk) if len(r) >= MIN_RING_LINKS]
+    p = inp.pairs
+    out = [(r, "bulk") for r in find_rings(p, inp.bulk_b > 0)]
+    used = np.zeros(p.n, dtype=bool)
+    used[[i for r, _ in out for i in r]] = True
+    chunk = (inp.chunk_b > 0) & ~used[p.src] & ~used[p.dst]
+    out += [(r, "chunk") for r in find_rings(p, chunk) if len(r) >= MIN_RING_LINKS]
     return out
 
 
@@ -302,15 +319,15 @@ def rings(inp, em):
     ips = inp.ips
     t = inp.th["ring_straggler"]
     rates = {k: rate_over_active(inp.fm, k) for k in ("bulk", "chunk")}
+    ppm = _pkts_per_msg(inp.fm, "chunk")          # once: per ring it was quadratic in the fleet
     roles = {tuple(sorted(g["members"])): g["role"] for g in inp.timing_groups}
     for ring, klass in _rings(inp):
         links = [(ring[k], ring[(k + 1) % len(ring)]) for k in range(len(ring))]
         rate = rates[klass]
-        lr = np.array([rate[a, c] for a, c in links])
+        lr = _on_links(inp.pairs, rate, links)
         if klass == "chunk":
             # small messages: a link's rate only where its messages span several packets
-            ppm = _pkts_per_msg(inp.fm, klass)
-            lr = np.where(np.array([ppm[a, c] for a, c in links]) >= MIN_PKTS_PER_MSG, lr, np.nan)
+            lr = np.where(_on_links(inp.pairs, ppm, links) >= MIN_PKTS_PER_MSG, lr, np.nan)
         score = robust_ratio_to_median(lr)
         med = float(np.nanmedian(lr)) if np.isfinite(lr).any() else None
         metrics = {"link_rate_bps": [None if not np.isfinite(x) else float(x) for x in lr],
@@ -338,10 +355,10 @@ def rings(inp, em):
 
 
 def incast(inp, em):
-    fm, ips, n = inp.fm, inp.ips, len(inp.ips)
+    fm, ips, n, p = inp.fm, inp.ips, len(inp.ips), inp.pairs
     t = inp.th["incast"]
-    busy = offdiag(fm.pair["busy_seconds"])
-    degree = safe_div(busy.sum(axis=0), fm.dst_busy_seconds)
+    busy = p.offdiag(fm.pair["busy_seconds"])
+    degree = safe_div(p.col_sum(busy), fm.dst_busy_seconds)
     inp.metrics["incast_degree"] = {ips[i]: float(degree[i]) for i in range(n) if np.isfinite(degree[i])}
     if not np.isfinite(degree).any():
         return
@@ -350,7 +367,8 @@ def incast(inp, em):
         d = degree[i]
         if not np.isfinite(d) or d < t["min_senders"] or d < t["ratio"] * med:
             break
-        srcs = np.nonzero(busy[:, i] > 0)[0]
+        col = p.column(i)
+        srcs = p.src[col[busy[col] > 0]]
         em.add_fleet("incast", "warning", [ips[i]],
                      f"incast into {ips[i]}: {d:.1f} senders at once on average while it receives "
                      f"({len(srcs)} senders; fleet median {med:.1f})",
@@ -359,16 +377,17 @@ def incast(inp, em):
 
 
 def congestion(inp, em):
-    fm, ips, th = inp.fm, inp.ips, inp.th
+    fm, ips, th, p = inp.fm, inp.ips, inp.th, inp.pairs
     tot = fm.pair
     ce_frac = safe_div(tot["ce_packets"], tot["packets"])
-    for i, j in np.argwhere(np.nan_to_num(ce_frac) >= th["ecn_congestion"]["ce_fraction"]):
+    for k in np.nonzero(np.nan_to_num(ce_frac) >= th["ecn_congestion"]["ce_fraction"])[0]:
+        i, j = p.src[k], p.dst[k]
         em.add_fleet("ecn_congestion", "warning", [ips[i], ips[j]],
-                     f"{ips[i]}->{ips[j]}: {100 * ce_frac[i, j]:.1f}% of packets CE-marked (congested path)",
-                     {"ce_fraction": float(ce_frac[i, j]), "ce_packets": float(tot["ce_packets"][i, j])},
+                     f"{ips[i]}->{ips[j]}: {100 * ce_frac[k]:.1f}% of packets CE-marked (congested path)",
+                     {"ce_fraction": float(ce_frac[k]), "ce_packets": float(tot["ce_packets"][k])},
                      pairs=[(ips[i], ips[j])])
     t = th["cnp_storm"]
-    cnp_to = tot["cnp_packets"].sum(axis=0)      # CNP pair src=receiver, dst=data sender
+    cnp_to = p.col_sum(tot["cnp_packets"])      # CNP pair src=receiver, dst=data sender
     for j in np.nonzero(cnp_to > 0)[0]:
         cnt = float(cnp_to[j])
         if fm.window_s:
@@ -376,7 +395,8 @@ def congestion(inp, em):
         else:
             hit = cnt >= t["min_count"]
         if hit:
-            from_ = [ips[i] for i in np.nonzero(tot["cnp_packets"][:, j] > 0)[0]]
+            col = p.column(j)
+            from_ = [ips[i] for i in p.src[col[tot["cnp_packets"][col] > 0]]]
             em.add_fleet("cnp_storm", "warning", [ips[j]] + from_,
                          f"{ips[j]} was told to slow down {cnt:.0f} times (CNPs from {', '.join(from_)})",
                          {"cnp_packets": cnt, "per_second": cnt / fm.window_s if fm.window_s else None, "from": from_},
@@ -384,21 +404,23 @@ def congestion(inp, em):
 
 
 def loss(inp, em):
-    fm, ips, th = inp.fm, inp.ips, inp.th
+    fm, ips, th, p = inp.fm, inp.ips, inp.th, inp.pairs
     tot = fm.pair
     retx = tot["retransmitted_packets"]
     rf = safe_div(retx, tot["packets"])
-    for i, j in np.argwhere((retx > 0) & (np.nan_to_num(rf) >= th["retransmissions"]["fraction"])):
+    for k in np.nonzero((retx > 0) & (np.nan_to_num(rf) >= th["retransmissions"]["fraction"]))[0]:
+        i, j = p.src[k], p.dst[k]
         em.add_fleet("retransmissions", "critical", [ips[i], ips[j]],
-                     f"{ips[i]}->{ips[j]}: {retx[i, j]:.0f} packets retransmitted ({100 * rf[i, j]:.2f}%): loss "
+                     f"{ips[i]}->{ips[j]}: {retx[k]:.0f} packets retransmitted ({100 * rf[k]:.2f}%): loss "
                      f"and go-back-N",
-                     {"retransmitted_packets": float(retx[i, j]), "fraction": float(rf[i, j]),
-                      "psn_gaps": float(tot["psn_gaps"][i, j])},
+                     {"retransmitted_packets": float(retx[k]), "fraction": float(rf[k]),
+                      "psn_gaps": float(tot["psn_gaps"][k])},
                      pairs=[(ips[i], ips[j])])
     nak = sum(fm.naks.values())
-    for i, j in np.argwhere(nak >= max(1, th["nak_errors"]["count"])):
-        em.add_fleet("nak_errors", "warning", [ips[i], ips[j]], f"{ips[i]} sent {nak[i, j]:.0f} NAKs to {ips[j]}",
-                     {s: float(fm.naks[s][i, j]) for s in fm.naks}, pairs=[(ips[i], ips[j])])
+    for k in np.nonzero(nak >= max(1, th["nak_errors"]["count"]))[0]:
+        i, j = p.src[k], p.dst[k]
+        em.add_fleet("nak_errors", "warning", [ips[i], ips[j]], f"{ips[i]} sent {nak[k]:.0f} NAKs to {ips[j]}",
+                     {s: float(fm.naks[s][k]) for s in fm.naks}, pairs=[(ips[i], ips[j])])
 
 
 # ---- confidence of the fleet's collectives (from the evidence, docs/fleet.md "Fusion") ----
@@ -414,7 +436,7 @@ def ring_confidence(inp, ring: list, klass: str) -> float:
     upstream; left out when no member exports timing)."""
     ips = inp.ips
     links = [(ring[k], ring[(k + 1) % len(ring)]) for k in range(len(ring))]
-    vol = np.array([inp.bulk_b[a, c] if klass == "bulk" else inp.data_b[a, c] for a, c in links])
+    vol = inp.pairs.at(inp.bulk_b if klass == "bulk" else inp.data_b, [a for a, _ in links], [c for _, c in links])
     terms = {"volume_balance": float(vol.min() / vol.max()) if vol.max() > 0 else 0.0,
              "both_ends": float(np.mean([inp.exported_by(ips[a], ips[c], klass) >= 2 for a, c in links]))}
     agree = []
@@ -434,7 +456,8 @@ def alltoall_confidence(inp, g: list) -> float:
     ips = inp.ips
     k = len(g)
     pairs = [(a, c) for a in g for c in g if a != c]
-    present = [(a, c) for a, c in pairs if inp.chunk_b[a, c] > 0]
+    on = inp.pairs.at(inp.chunk_b, [a for a, _ in pairs], [c for _, c in pairs]) > 0 if pairs else []
+    present = [ac for ac, yes in zip(pairs, on) if yes]
     terms = {"density": len(present) / max(1, len(pairs)),
              "both_ends": float(np.mean([inp.exported_by(ips[a], ips[c], "chunk") >= 2 for a, c in present]))
              if present else 0.0}
@@ -676,15 +699,14 @@ def timing_collectives(inp) -> None:
     collectives, confidence from the evidence: mean of matrix corroboration (share of the
     ring's links carrying data in the matrix), both ends (exported by both DPUs), step
     balance (min / max of the members' step counts: a ring's members step together)."""
-    ips = inp.ips
     known = {tuple(sorted(c["members"])) for c in inp.collectives}
     for g in inp.timing_groups:
         if g["role"] != "tp_decode" or tuple(sorted(g["members"])) in known:
             continue
         mem = g["members"]
         links = [(mem[k], mem[(k + 1) % len(mem)]) for k in range(len(mem))]
-        idx = {ip: i for i, ip in enumerate(ips)}
-        data = [a in idx and c in idx and inp.data_b[idx[a], idx[c]] > 0 for a, c in links]
+        idx = inp.pos
+        data = [a in idx and c in idx and inp.pairs.at(inp.data_b, idx[a], idx[c]) > 0 for a, c in links]
         both = [max(inp.exported_by(a, c, "chunk"), inp.exported_by(a, c, "bulk")) >= 2 for a, c in links]
         steps = [_count((inp.entry(ip, "tp_decode") or {"hist": {}})["hist"].get("forward_latency")) for ip in mem]
         bal = min(steps) / max(steps) if max(steps) > 0 else 0.0
