@@ -37,17 +37,17 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = [sys.executable, "-m"]
+sys.path.insert(0, str(ROOT))
+from skewscope.testbed.prometheus import PrometheusError, Server  # noqa: E402
+
 T0 = 1_790_000_000            # the last sample's time (the fleet's "now"; --at)
 RULE_WINDOW = "5m"            # the recording rules' window (outputs/cluster.py RULE_WINDOW)
 TPD = {"kind": "decode_tp", "layers": 8, "allreduces_per_layer": 2, "tokens": 5, "hidden": 8192,
@@ -163,12 +163,6 @@ def write_om(path: Path, groups, samples: int, step: float) -> int:
     return series
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def proc_status(pid: int, key: str) -> float:
     """A /proc/PID/status field in MiB (VmHWM: the peak resident set)."""
     for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -192,45 +186,17 @@ def matrix_rules(path: Path) -> None:
     path.write_text("groups:\n" + first + "\n")
 
 
-class Prometheus:
+class Prometheus(Server):
     """The OS package's Prometheus serving a TSDB directory (no scraping)."""
 
     def __init__(self, d: Path):
-        self.d, self.proc, self.log = d, None, None
-        self.url = ""
+        super().__init__(d, tsdb=d / "tsdb", args=("--storage.tsdb.retention.time=100y", "--log.level=warn"))
 
     def start(self):
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        (self.d / "prom.yml").write_text("{}")
-        self.log = open(self.d / "prometheus.log", "a")
-        self.proc = subprocess.Popen(["prometheus", f"--config.file={self.d / 'prom.yml'}",
-                                      f"--storage.tsdb.path={self.d / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
-                                      "--storage.tsdb.retention.time=100y", "--log.level=warn"],
-                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        end = time.monotonic() + 300
-        while True:
-            try:
-                if urllib.request.urlopen(self.url + "/-/ready", timeout=1).status == 200:
-                    return
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > end:
-                sys.exit(f"prometheus did not start: {(self.d / 'prometheus.log').read_text()[-1500:]}")
-            time.sleep(0.5)
-
-    def stop(self):
-        if self.proc is None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-        self.log.close()
+            super().start(ready_timeout=300)
+        except PrometheusError as e:
+            sys.exit(str(e))
 
 
 def cluster(root: Path, prom: Prometheus, window: str, out: Path) -> dict:
