@@ -27,7 +27,7 @@ import time
 
 from skewscope.bpf import syscalls as bpfsys
 from skewscope.core.errors import EXIT_BUSY, EXIT_KERNEL, EXIT_NO_IFACE, EXIT_NO_PRIV, DataplaneError
-from skewscope.mitigate.rules import MAX_RULES, RULE_SIZE, STATE_SIZE, MitigationError, Rule, unpack_state
+from skewscope.mitigate.rules import MAX_RULES, RULE_SIZE, STATE_SIZE, MitigationError, Rule, same_key, unpack_state
 
 PROG_NAME = "ss_mitigate"
 PRIO = 49392                  # next to the mirror's 49376..49387; ours on either hook
@@ -227,14 +227,14 @@ class Software:
                     if r is None or r.expires_in <= 0:
                         free.append(slot)
                         continue
-                    active[_same(r)] = r
+                    active[same_key(r)] = r
                     top = max(top, r.id)
-                need = [r for r in rules if _same(r) not in active]
+                need = [r for r in rules if same_key(r) not in active]
                 if len(need) > len(free):
                     raise MitigationError(f"{self.iface} {self.direction}: {len(need)} new rules but {len(free)} free of "
                                           f"{MAX_RULES} (revert some: 'skewscope mitigate revert')", EXIT_BUSY)
                 for r in rules:
-                    old = active.get(_same(r))
+                    old = active.get(same_key(r))
                     if old is not None:
                         r.id, r.slot = old.id, old.slot
                     else:
@@ -317,10 +317,6 @@ class Software:
                 if p.returncode == 0 and p.stdout.strip():
                     return          # someone else's filters now live there: keep the qdisc
             _tc(["qdisc", "del", "dev", self.iface, "clsact"], check=False)
-
-
-def _same(r: Rule) -> tuple:
-    return (r.action, r.src, r.dst, r.sport, r.dest_qp)
 
 
 def list_all() -> list[dict]:
