@@ -320,15 +320,16 @@ class Software:
 
 
 def list_all() -> list[dict]:
-    """Every skewscope mitigation active in this network namespace, all interfaces and hooks
-    (the exporter's /v1/mitigations: the state is in the kernel, not in the process that
-    applied it)."""
-    out = []
+    """Every skewscope mitigation active in this network namespace, all interfaces and hooks,
+    both backends (the exporter's /v1/mitigations: the state is in the kernel, not in the
+    process that applied it)."""
+    from skewscope.mitigate.flower import list_all as flower_all  # light (tc)
+    out = flower_all()
     for _idx, name in socket.if_nameindex():
         for d in HOOKS:
             try:
                 rules = Software(name, d).status()
             except (DataplaneError, MitigationError, OSError):
                 continue
-            out += [dict(r.to_dict(), interface=name, direction=d) for r in rules]
+            out += [dict(r.to_dict(), interface=name, direction=d, backend="software") for r in rules]
     return out
