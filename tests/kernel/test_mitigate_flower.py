@@ -234,3 +234,16 @@ def test_flower_body_passes_iproute2s_own_parser(pair):
         bad = [("cookei" if x == "cookie" else x) for x in c]
         p = subprocess.run(["tc", "-n", ns_, *bad], capture_output=True, text=True)
         assert p.returncode != 0 and "error talking to the kernel" not in p.stderr, (bad, p.stderr)
+
+
+def test_v1_mitigations_source_lists_flower_rules_with_their_backend(pair):
+    """software.list_all (the exporter's /v1/mitigations) reads both backends from the kernel."""
+    ns_, dev = pair.ns_a, pair.if_a
+    cli("apply", *B(pair), "--flow", "10.0.0.1,10.0.0.2", "--remark", "8", "--yes", "--ttl", "60")
+    r = subprocess.run(["ip", "netns", "exec", ns_, sys.executable, "-c",
+                        "import json; from skewscope.mitigate.software import list_all; print(json.dumps(list_all()))"],
+                       capture_output=True, text=True, timeout=60, check=True)
+    ms = json.loads(r.stdout)
+    assert [(m["interface"], m["direction"], m["backend"], m["id"], m["src"], m["dst"]) for m in ms] == \
+        [(dev, "ingress", "flower", 1, "10.0.0.1", "10.0.0.2")]
+    cli("revert", *B(pair), "--all")

@@ -5,9 +5,13 @@ tests/kernel/test_mitigate_flower.py."""
 from __future__ import annotations
 
 import os
+import shutil
 import struct
+import subprocess
 import sys
 import time
+
+import pytest
 
 from skewscope.mitigate import flower as FL
 from skewscope.mitigate import reaper
@@ -72,3 +76,29 @@ def test_sleeper_runs_later_in_its_own_session_not_our_child_holding_none_of_our
         raise AssertionError("the sleeper is our child")
     except ChildProcessError:
         pass
+
+
+def test_systemd_path_runs_systemd_run_with_options_it_has(tmp_path, monkeypatch):
+    """Where systemd is PID 1 (not on the test machines) apply hands the reap to a transient
+    timer. A stand-in systemd-run records its arguments; every option used must be one the
+    installed systemd-run lists, and the command it runs one the CLI accepts."""
+    real = shutil.which("systemd-run")
+    if real is None:
+        pytest.skip("systemd-run missing (Debian: systemd)")
+    log = tmp_path / "argv"
+    fake = tmp_path / "systemd-run"
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {log}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(reaper, "systemd_booted", lambda: True)
+    how = reaper.schedule("pf0hpf", "ingress", int(time.time()) + 60, netns=None)
+    assert how == "systemd skewscope-reap-pf0hpf-ingress-" + how.rsplit("-", 1)[1]
+    argv = log.read_text().splitlines()
+    k = argv.index(sys.executable)
+    opts, cmd = argv[:k], argv[k:]
+    helptext = subprocess.run([real, "--help"], capture_output=True, text=True).stdout
+    for o in opts:
+        assert o.split("=")[0] in helptext, o
+    delay = float(next(o for o in opts if o.startswith("--on-active=")).split("=")[1].rstrip("s"))
+    assert 59 <= delay <= 61.5
+    assert cmd == reaper.reap_argv("pf0hpf", "ingress", "flower")
