@@ -60,8 +60,9 @@ def pair(netns_pair):
             except OSError:
                 continue
             if b"reap" in cmd and netns_pair.ns_a.encode() in cmd:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
+                try:                     # its group (its own session): the shell and its sleep
+                    if os.getpgid(int(pid)) != os.getpgid(0):
+                        os.killpg(os.getpgid(int(pid)), signal.SIGKILL)
                 except ProcessLookupError:
                     pass
 
