@@ -23,9 +23,12 @@ Examples:
   skewscope mitigate apply -i pf0hpf --flow ,10.0.0.9 --police 10G --yes
   skewscope mitigate status -i pf0hpf                         active actions, counters, time left
   skewscope mitigate revert -i pf0hpf 3                        one action (or --all)
+  skewscope mitigate apply -i pf0hpf --backend flower --from d.json --yes   offloaded tc flower rules
+  skewscope mitigate reap --backend flower                     remove expired rules (timer/scheduled)
 \b
 Exit codes: 0 ok; 2 usage / bad input file; 3 could not run; 4 not root; 6 no such interface;
-7 busy (a foreign filter holds skewscope's tc priority, or no free rule slot); 8 the kernel refused.
+7 busy (a foreign filter holds skewscope's tc priority, or no free rule slot); 8 the kernel (or tc)
+refused.
 """
 
 
@@ -35,7 +38,18 @@ def mitigate():
     bulk that stretches decode tokens) or police them to a rate, each with a TTL."""
 
 
+def _backend_opts(f):
+    f = click.option("--flower-body", metavar="mirror:PEER", hidden=True,
+                     help="with --backend flower: a u32 + mirred body instead of flower (tests, kernels "
+                          "without cls_flower)")(f)
+    f = click.option("--backend", type=click.Choice(["software", "flower"]), default="software", show_default=True,
+                     help="software: the eBPF program (TTL in the kernel); flower: offloadable tc flower rules "
+                          "(a BlueField eSwitch; TTL by a scheduled reap)")(f)
+    return f
+
+
 def _where(f):
+    f = _backend_opts(f)
     f = click.option("--netns", metavar="NAME", hidden=True, help="act inside network namespace NAME (tests)")(f)
     f = click.option("--direction", type=click.Choice(["ingress", "egress"]), default="ingress", show_default=True,
                      help="the hook of IFACE the traffic crosses")(f)
@@ -64,6 +78,21 @@ def _what(f):
     for o in reversed(opts):
         f = o(f)
     return f
+
+
+def _backend(backend, iface, direction, netns, flower_body=None):
+    """The backend object for one interface hook (inside the namespace already)."""
+    if backend == "flower":
+        from skewscope.mitigate import flower as FL  # light (tc)
+        body = FL.flower_body
+        if flower_body:
+            kind, _, peer = flower_body.partition(":")
+            if kind != "mirror" or not peer:
+                fail(f"--flower-body {flower_body!r}: mirror:PEER", EXIT_USAGE)
+            body = FL.mirror_body(peer)
+        return FL.Flower(iface, direction, body=body, netns=netns)
+    from skewscope.mitigate.software import Software  # heavy (bcc at attach): only when used
+    return Software(iface, direction)
 
 
 @contextlib.contextmanager
@@ -185,28 +214,30 @@ def plan(from_file, token_file, finding, flows, dscp, police, ttl, as_json, flow
 @_what
 @click.option("--yes", is_flag=True, help="really apply (without it: a dry run that changes nothing)")
 @friendly_errors
-def apply(iface, direction, netns, from_file, token_file, finding, flows, dscp, police, ttl, as_json, yes):
+def apply(iface, direction, netns, backend, flower_body, from_file, token_file, finding, flows, dscp, police, ttl,
+          as_json, yes):
     """Apply the plan on IFACE (a dry run without --yes)."""
     pairs = _rules(from_file, finding, flows, dscp, police, ttl, token_file)
     if not yes or not pairs:
         _print_plan(pairs, as_json, dry=bool(pairs))
         return
-    from skewscope.mitigate.software import Software  # heavy (bcc at attach): only when applying
     with _ns(netns):
-        sw = Software(iface, direction)
-        sw.reap()
-        sw.apply([r for _, r in pairs])
+        be = _backend(backend, iface, direction, netns, flower_body)
+        be.reap()
+        be.apply([r for _, r in pairs])
     _print_plan(pairs, as_json, applied=True)
     if not as_json:
-        click.echo(f"each reverts by itself in {ttl:g} s; now: skewscope mitigate revert -i {iface} "
-                   f"--direction {direction} ID|--all")
+        how = "reverts by itself" if backend == "software" else "is removed by a scheduled reap"
+        click.echo(f"each {how} in {ttl:g} s; now: skewscope mitigate revert -i {iface} "
+                   f"--direction {direction}{'' if backend == 'software' else ' --backend flower'} ID|--all")
 
 
 def _status_rows(rules):
     from skewscope.mitigate.rules import fmt_rate  # light
     for r in rules:
         c = r.counters
-        extra = (f", {c['dropped']} dropped" if r.action == "police" else f", {c['remarked']} re-marked")
+        extra = (f", {c['dropped']} dropped" if r.action == "police" else
+                 f", {c['remarked']} re-marked" if "remarked" in c else "")
         yield (f"{r.id:>3}  {r.describe()}  -- {max(r.expires_in, 0):.0f} s left; {c['packets']} packets "
                f"({c['bytes']} bytes){extra}" + ("" if r.action != "police" else f" at {fmt_rate(r.rate_bps)}"))
 
@@ -215,13 +246,12 @@ def _status_rows(rules):
 @_where
 @click.option("--json", "as_json", is_flag=True)
 @friendly_errors
-def status(iface, direction, netns, as_json):
+def status(iface, direction, netns, backend, flower_body, as_json):
     """The active actions on IFACE: what, why, counters, time left (expired ones are cleared)."""
-    from skewscope.mitigate.software import Software  # light until something is attached
     with _ns(netns):
-        sw = Software(iface, direction)
-        cleared = sw.reap()
-        rules = sw.status()
+        be = _backend(backend, iface, direction, netns, flower_body)
+        cleared = be.reap()
+        rules = be.status()
     if as_json:
         click.echo(json.dumps({"active": [r.to_dict() for r in rules],
                                "expired_cleared": [r.to_dict() for r in cleared]}, indent=2))
@@ -239,16 +269,46 @@ def status(iface, direction, netns, as_json):
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--all", "all_", is_flag=True, help="every skewscope action on the hook (nothing else)")
 @friendly_errors
-def revert(iface, direction, netns, ids, all_):
+def revert(iface, direction, netns, backend, flower_body, ids, all_):
     """Remove actions now: the given ids, or --all. Only skewscope's rules are ever touched."""
     if bool(ids) == all_:
         fail("give the ids to revert, or --all", EXIT_USAGE)
-    from skewscope.mitigate.software import Software  # light until something is attached
     with _ns(netns):
-        sw = Software(iface, direction)
-        removed = sw.revert(None if all_ else list(ids))
+        be = _backend(backend, iface, direction, netns, flower_body)
+        removed = be.revert(None if all_ else list(ids))
     for r in removed:
         click.echo(f"reverted {r.id}: {r.describe()}")
     if not removed:
         click.echo(f"nothing to revert on {iface} {direction}")
     sys.stdout.flush()
+
+
+@mitigate.command("reap", epilog=EPILOG)
+@click.option("-i", "--interface", "iface", metavar="IFACE", help="this interface only (default: every interface)")
+@click.option("--direction", type=click.Choice(["ingress", "egress"]), default=None,
+              help="this hook only (default: both)")
+@click.option("--netns", metavar="NAME", hidden=True, help="act inside network namespace NAME (tests)")
+@_backend_opts
+@friendly_errors
+def reap(iface, direction, netns, backend, flower_body):
+    """Remove skewscope's actions past their TTL (and nothing else). The flower backend's TTL
+    depends on it: apply schedules it at the deadline, deploy/systemd's
+    skewscope-mitigate-reap.timer runs it every 30 s."""
+    import socket  # light
+    from skewscope.core.errors import DataplaneError  # light
+    with _ns(netns):
+        ifaces = [iface] if iface else [n for _i, n in socket.if_nameindex()]
+        reaped = []
+        for name in ifaces:
+            for d in [direction] if direction else ["ingress", "egress"]:
+                try:
+                    be = _backend(backend, name, d, netns, flower_body)
+                except DataplaneError:
+                    if iface:
+                        raise
+                    continue            # went away meanwhile
+                reaped += [(name, d, r) for r in be.reap()]
+    for name, d, r in reaped:
+        click.echo(f"reaped {name} {d} {r.id}: {r.describe()}")
+    if not reaped:
+        click.echo("nothing expired")

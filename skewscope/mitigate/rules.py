@@ -122,6 +122,8 @@ class Rule:
         return f"{self.src or 'any'} -> {self.dst or 'any'}{sp}{qp}"
 
     def describe(self) -> str:
+        if self.action not in ACTIONS:      # a tc rule of ours whose details were lost
+            return f"tc rule of skewscope ({self.note})"
         if self.action == "remark":
             what = f"re-mark DSCP to {self.dscp}"
         else:
@@ -159,6 +161,11 @@ class Rule:
         r.created_at = created / 1e9
         r.ttl = round((exp - now_boot_ns) / 1e9 + (time.time() - r.created_at), 1)
         return r
+
+
+def same_key(r: Rule) -> tuple:
+    """Two rules with this key are the same action: applying one renews the other."""
+    return (r.action, r.src, r.dst, r.sport, r.dest_qp)
 
 
 def unpack_state(raw: bytes) -> dict:

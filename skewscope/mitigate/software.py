@@ -27,7 +27,7 @@ import time
 
 from skewscope.bpf import syscalls as bpfsys
 from skewscope.core.errors import EXIT_BUSY, EXIT_KERNEL, EXIT_NO_IFACE, EXIT_NO_PRIV, DataplaneError
-from skewscope.mitigate.rules import MAX_RULES, RULE_SIZE, STATE_SIZE, MitigationError, Rule, unpack_state
+from skewscope.mitigate.rules import MAX_RULES, RULE_SIZE, STATE_SIZE, MitigationError, Rule, same_key, unpack_state
 
 PROG_NAME = "ss_mitigate"
 PRIO = 49392                  # next to the mirror's 49376..49387; ours on either hook
@@ -227,14 +227,14 @@ class Software:
                     if r is None or r.expires_in <= 0:
                         free.append(slot)
                         continue
-                    active[_same(r)] = r
+                    active[same_key(r)] = r
                     top = max(top, r.id)
-                need = [r for r in rules if _same(r) not in active]
+                need = [r for r in rules if same_key(r) not in active]
                 if len(need) > len(free):
                     raise MitigationError(f"{self.iface} {self.direction}: {len(need)} new rules but {len(free)} free of "
                                           f"{MAX_RULES} (revert some: 'skewscope mitigate revert')", EXIT_BUSY)
                 for r in rules:
-                    old = active.get(_same(r))
+                    old = active.get(same_key(r))
                     if old is not None:
                         r.id, r.slot = old.id, old.slot
                     else:
@@ -319,20 +319,17 @@ class Software:
             _tc(["qdisc", "del", "dev", self.iface, "clsact"], check=False)
 
 
-def _same(r: Rule) -> tuple:
-    return (r.action, r.src, r.dst, r.sport, r.dest_qp)
-
-
 def list_all() -> list[dict]:
-    """Every skewscope mitigation active in this network namespace, all interfaces and hooks
-    (the exporter's /v1/mitigations: the state is in the kernel, not in the process that
-    applied it)."""
-    out = []
+    """Every skewscope mitigation active in this network namespace, all interfaces and hooks,
+    both backends (the exporter's /v1/mitigations: the state is in the kernel, not in the
+    process that applied it)."""
+    from skewscope.mitigate.flower import list_all as flower_all  # light (tc)
+    out = flower_all()
     for _idx, name in socket.if_nameindex():
         for d in HOOKS:
             try:
                 rules = Software(name, d).status()
             except (DataplaneError, MitigationError, OSError):
                 continue
-            out += [dict(r.to_dict(), interface=name, direction=d) for r in rules]
+            out += [dict(r.to_dict(), interface=name, direction=d, backend="software") for r in rules]
     return out

@@ -94,3 +94,42 @@ def test_containerfile_copies_what_exists():
         for s in src.split():
             assert (ROOT / s).exists(), s
     assert 'ENTRYPOINT ["skewscope"]' in text and "python3-bpfcc" in text
+
+
+REAP = ("skewscope-mitigate-reap.service", "skewscope-mitigate-reap.timer")
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze missing (Debian: systemd)")
+def test_mitigate_reap_timer_and_service_verify_clean(tmp_path):
+    """The sweep behind the flower backend's TTL (docs/mitigation.md "On a BlueField")."""
+    exe = Path(sys.executable).parent / "skewscope"
+    for u in REAP:
+        (tmp_path / u).write_text((DEPLOY / "systemd" / u).read_text().replace("/usr/local/bin/skewscope", str(exe)))
+    r = subprocess.run(["systemd-analyze", "verify", "--man=no", *(str(tmp_path / u) for u in REAP)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
+    # the same check fails on a service whose command is missing (the check can fail)
+    (tmp_path / REAP[0]).write_text((DEPLOY / "systemd" / REAP[0]).read_text().replace("/usr/local/bin/skewscope",
+                                                                                        "/nonexistent/skewscope"))
+    assert subprocess.run(["systemd-analyze", "verify", "--man=no", *(str(tmp_path / u) for u in REAP)],
+                          capture_output=True, text=True, timeout=60).returncode != 0
+
+
+def test_mitigate_reap_units_say_what_the_docs_say():
+    from skewscope.cli import main
+
+    def kv(u):
+        return dict(ln.split("=", 1) for ln in (DEPLOY / "systemd" / u).read_text().splitlines()
+                    if "=" in ln and not ln.startswith("#"))
+    svc, tim = kv(REAP[0]), kv(REAP[1])
+    assert svc["Type"] == "oneshot" and svc["CapabilityBoundingSet"] == "CAP_NET_ADMIN"
+    # /run/skewscope holds the state and lock; a oneshot's RuntimeDirectory would go after each run
+    assert svc["RuntimeDirectory"] == "skewscope" and svc["RuntimeDirectoryPreserve"] == "yes"
+    assert tim["OnUnitActiveSec"] == "30s" and tim["Unit"] == REAP[0]
+    # the command line is one `mitigate reap` accepts: every interface, the flower backend
+    args = svc["ExecStart"].split()[1:]
+    assert args[:2] == ["mitigate", "reap"]
+    grp = main.get_command(None, "mitigate")
+    ctx = grp.get_command(None, "reap").make_context("reap", args[2:])
+    assert ctx.params["backend"] == "flower" and ctx.params["iface"] is None
+    assert "30 s" in (ROOT / "docs" / "mitigation.md").read_text()
