@@ -175,9 +175,13 @@ def test_damaged_and_pcapng_identical(monkeypatch, tmp_path):
     assert one.meta["warnings"] and int(one.globals[L.G_FRAMES]) == 2 * len(ref)
 
 
-def test_threshold(monkeypatch):
-    """Auto: large files on two or more CPUs only."""
+def test_modes(monkeypatch):
+    """Off by default; auto: large files on two or more CPUs only; 1: any file."""
     monkeypatch.delenv("SKEWSCOPE_OFFLINE_PIPELINE", raising=False)
+    assert not pipeline.wanted(1 << 40)
+    monkeypatch.setenv("SKEWSCOPE_OFFLINE_PIPELINE", "auto")
     cpus = len(os.sched_getaffinity(0))
     assert not pipeline.wanted(pipeline.PIPELINE_MIN_BYTES - 1)
     assert pipeline.wanted(pipeline.PIPELINE_MIN_BYTES) == (cpus >= 2)
+    monkeypatch.setenv("SKEWSCOPE_OFFLINE_PIPELINE", "1")
+    assert pipeline.wanted(0)

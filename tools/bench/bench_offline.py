@@ -23,9 +23,10 @@ run is printed separately. The per-QP results of tshark and dpkt are checked aga
 skewscope's, so all three did the same job. Peak memory: ru_maxrss of each CLI process
 (under time(1)), of tshark, and of this process for the in-process parser rows.
 
-Large captures are parsed on two cores (skewscope/sources/offline/pipeline.py: parse in the
-reading thread, accounting in file order on a second one); the rows marked "one core" run the
-same with SKEWSCOPE_OFFLINE_PIPELINE=0, for the comparison in the same run.
+The rows not marked "one core" run with SKEWSCOPE_OFFLINE_PIPELINE=auto: captures of 16 MiB
+or more are parsed on two cores (skewscope/sources/offline/pipeline.py: parse in the reading
+thread, accounting in file order on a second one; off by default); the "one core" rows run
+the same with SKEWSCOPE_OFFLINE_PIPELINE=0, for the comparison in the same run.
 
 Targets (issue 30): >= 100x tshark end to end on the 2 M-frame capture, >= 20 M packets/s
 end to end on the 10 M-frame one (issue 16's were 100x and 10 M/s).
@@ -124,6 +125,7 @@ def _wait(p: subprocess.Popen, key, rss: Path | None) -> None:
 #: or CI with PYTHONDONTWRITEBYTECODE=1 would otherwise compile every module on every run:
 #: ~0.1 s of the fixed cost), in a private prefix that the warm-up run fills
 CLI_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+CLI_ENV["SKEWSCOPE_OFFLINE_PIPELINE"] = os.environ["SKEWSCOPE_OFFLINE_PIPELINE"] = "auto"
 
 
 def run_cli(path: Path, one_core: bool = False) -> None:

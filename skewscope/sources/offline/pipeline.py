@@ -11,10 +11,12 @@ decapsulation, PFC, snaplen cuts, first/last time) are sums and ends, merged at 
 (merge). Both kernels run without the GIL (numba nogil; the precompiled module's wrappers
 release it too).
 
-Used by offline.parse_file for files of at least PIPELINE_MIN_BYTES (smaller ones are read
-in a few milliseconds on one core) when this process may run on two CPUs or more;
-SKEWSCOPE_OFFLINE_PIPELINE=1 forces it (tests: any file), =0 turns it off. gzip input
-pipelines the same way (decompression stays in the reading thread, with the parse)."""
+Off unless asked for: measured on a 2-vCPU VM it did not pay reliably (docs/offline.md "Two
+cores": the parse half, which streams the whole capture, bounds it, and the rows cost ~25 %
+more CPU). SKEWSCOPE_OFFLINE_PIPELINE=auto uses it for files of at least PIPELINE_MIN_BYTES
+when this process may run on two CPUs or more (the bench's setting), =1 for any file (tests),
+unset or 0 never. gzip input pipelines the same way (decompression stays in the reading
+thread, with the parse)."""
 from __future__ import annotations
 
 import os
@@ -37,10 +39,10 @@ PARSE_ST = (K.ST_FIRST_TS, K.ST_LAST_TS, K.ST_CUT, K.ST_RECORDS, K.ST_SKIP_LT, K
 
 
 def wanted(size: int) -> bool:
-    """Pipeline a file of `size` bytes? (SKEWSCOPE_OFFLINE_PIPELINE=1/0 forces it on/off.)"""
-    force = os.environ.get("SKEWSCOPE_OFFLINE_PIPELINE", "")
-    if force in ("0", "1"):
-        return force == "1"
+    """Pipeline a file of `size` bytes? (SKEWSCOPE_OFFLINE_PIPELINE: see the module doc.)"""
+    mode = os.environ.get("SKEWSCOPE_OFFLINE_PIPELINE", "0")
+    if mode != "auto":
+        return mode == "1"
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

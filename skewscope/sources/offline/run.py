@@ -1,6 +1,6 @@
 """One pass over one capture file (_Run): open it (gzip, mmap or copy buffer), read the
 format header, walk its records (pcap.py, pcapng.py) through the numba scanner -- into the
-tables (parse_file, dissect; a large file's accounting on a second thread: pipeline.py) or
+tables (parse_file, dissect; opt-in: the accounting on a second thread, pipeline.py) or
 out as frame batches (read_frames) --, then the damage and link-type warnings and the
 Snapshot with its meta; the progress bar of large files."""
 from __future__ import annotations
