@@ -152,6 +152,17 @@ def _workload(tmp: Path, quick: bool = False) -> None:
                 shutil.copyfileobj(f, g)
             with contextlib.redirect_stdout(io.StringIO()):
                 run("report", "--json", str(p) + ".gz")
+            # the pipelined parser (large files: offline/pipeline.py) on a mapped and a read buffer
+            old = os.environ.get("SKEWSCOPE_OFFLINE_PIPELINE")
+            os.environ["SKEWSCOPE_OFFLINE_PIPELINE"] = "1"
+            try:
+                parse_file(str(p))
+                parse_file(str(p) + ".gz")
+            finally:
+                if old is None:
+                    os.environ.pop("SKEWSCOPE_OFFLINE_PIPELINE", None)
+                else:
+                    os.environ["SKEWSCOPE_OFFLINE_PIPELINE"] = old
     # one DPU per node: a per-node view and its node report
     p = tmp / "views"
     with contextlib.redirect_stdout(io.StringIO()):

@@ -27,6 +27,7 @@ Modules, one job each: this one the API (parse_file, dissect, read_frames / Fram
 and the numba cache's staleness check; streams.py the bytes (gzip, pipes, mmap windows, read
 buffers); formats.py the pcap/pcapng magic and link types; run.py one pass over a file
 (open, format header, warnings, the Snapshot); pcap.py and pcapng.py its record walks;
+pipeline.py the accounting on a second thread (opt-in; same result, exactly);
 tables.py the kernel's state arrays and the events; frames.py the frame batches;
 kernel/ the numba kernels (base, accounting, parse, scanner).
 """

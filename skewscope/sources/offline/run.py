@@ -1,7 +1,8 @@
 """One pass over one capture file (_Run): open it (gzip, mmap or copy buffer), read the
 format header, walk its records (pcap.py, pcapng.py) through the numba scanner -- into the
-tables (parse_file, dissect) or out as frame batches (read_frames) --, then the damage and
-link-type warnings and the Snapshot with its meta; the progress bar of large files."""
+tables (parse_file, dissect; opt-in: the accounting on a second thread, pipeline.py) or
+out as frame batches (read_frames) --, then the damage and link-type warnings and the
+Snapshot with its meta; the progress bar of large files."""
 from __future__ import annotations
 
 import os
@@ -13,6 +14,7 @@ from skewscope.core import layout as L
 from skewscope.core.errors import PcapError
 from skewscope.core.snapshot import Snapshot, flows_from_raw
 from skewscope.sources.offline import kernel as K
+from skewscope.sources.offline import pipeline
 from skewscope.sources.offline.formats import (
     _KIND,
     LINKTYPE_NAMES,
@@ -26,7 +28,7 @@ from skewscope.sources.offline.frames import FRAME_BYTES, FrameBatch
 from skewscope.sources.offline.pcap import _PcapWalk
 from skewscope.sources.offline.pcapng import _PcapngWalk
 from skewscope.sources.offline.streams import _Buffer, _MapBuffer, _Source, _Stop
-from skewscope.sources.offline.tables import _events, _Tables
+from skewscope.sources.offline.tables import _OPTAB, _events, _Tables
 
 PROGRESS_MIN_BYTES = 64 << 20
 
@@ -54,6 +56,7 @@ class _Run(_PcapWalk, _PcapngWalk):
         self.chunk = chunk
         self.progress = progress
         self.packets_limit = packets
+        self.acc: pipeline._Accountant | None = None   # the accounting thread (pipelined parse)
 
     # -- driver ------------------------------------------------------------------------
     def run(self) -> None:
@@ -80,6 +83,8 @@ class _Run(_PcapWalk, _PcapngWalk):
             if self.b.avail() == 0 and self.b.error is not None:
                 raise PcapError(f"{self.path}: not a readable capture: {self.b.error}")
             self._open()
+            if not self.frames and not self.packets_limit and pipeline.wanted(src.size):
+                self._start_pipeline()
             if self.progress and not _parser_compiled():
                 print("skewscope: compiling the offline parser (first run only: ~15-30 s, cached afterwards)",
                       file=sys.stderr, flush=True)
@@ -101,8 +106,16 @@ class _Run(_PcapWalk, _PcapngWalk):
                                      f"{int(self.st[K.ST_RECORDS])} records before it")
             if self.frames and self.n:
                 yield self._take()
+            if self.acc is not None:
+                self._end_pipeline()
             self._finish()
         finally:
+            if self.acc is not None:   # left early (an error): stop the thread, drop its work
+                acc, self.acc = self.acc, None
+                try:
+                    acc.finish()
+                except Exception:
+                    pass
             if bar is not None:
                 bar.close()
             if getattr(self, "b", None) is not None:
@@ -146,6 +159,15 @@ class _Run(_PcapWalk, _PcapngWalk):
         """One scanner call from b.pos (the accounting one, or the frame copier in frames
         mode); grows the tables / hands over a full batch as needed. Returns the status."""
         b = self.b
+        if self.acc is not None:
+            pos, status, n = K.scan_rows(b.buf, b.pos, b.fill, fmt, self.big, ts_mult, kind, if_kind, if_res, if_snap,
+                                         n_if, self.g_parse, self.st, self.rows, self.rn, _OPTAB)
+            b.pos, self.rn = int(pos), int(n)
+            if status == K.S_FULL:   # hand the rows over; call again
+                self.acc.put(self.rows, self.rn)
+                self.rows, self.rn = self.acc.block(), 0
+                return K.S_GROW
+            return int(status)
         if self.frames:
             pos, status, n, o = K.scan_frames(b.buf, b.pos, b.fill, fmt, self.big, ts_mult, kind, if_kind, if_res,
                                               if_snap, n_if, self.st, self.rec, self.n, self.out, self.o)
@@ -159,6 +181,22 @@ class _Run(_PcapWalk, _PcapngWalk):
         elif status == K.S_FULL and self.n == 0:   # one frame larger than the batch buffer
             self._new_batch(2 * len(self.out))
         return int(status)
+
+    def _start_pipeline(self) -> None:
+        """Parse here, account on a second thread (pipeline.py): the parse half counts into
+        its own g/st (merged at the end), the accounting half owns the tables."""
+        self.g_parse = np.zeros(L.G_N, np.int64)
+        self.st = np.zeros(K.ST_N, np.int64)
+        self.st[K.ST_FIRST_TS] = -1
+        self.acc = pipeline._Accountant(self.t)
+        self.rows, self.rn = self.acc.block(), 0
+
+    def _end_pipeline(self) -> None:
+        acc, self.acc = self.acc, None
+        acc.put(self.rows, self.rn)
+        acc.finish()
+        pipeline.merge(self.t, self.g_parse, self.st)
+        self.st = self.t.st
 
     def _new_batch(self, nbytes: int) -> None:
         self.rec = np.empty((self.frames, 4), np.int64)

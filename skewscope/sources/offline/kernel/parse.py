@@ -274,17 +274,19 @@ def parse_l3(g, b, proto, cur, end, l3off, outer, optab):
 
 
 @njit(cache=True, inline="always")
-def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
-            b, proto, cur, end, wire_len, ts):
+def parse_frame(g, b, proto, cur, end, wire_len, optab):
     """Parse one frame whose 14-byte Ethernet header ends at `cur` (EtherType `proto`),
-    captured bytes up to `end` (exclusive), `wire_len` bytes long on the wire; account it.
-    Returns the category. One level of decapsulation (GRE/ERSPAN/VXLAN) as the C: the
-    inner frame is parsed like a top-level one, its bytes are the inner Ethernet frame's."""
+    captured bytes up to `end` (exclusive), `wire_len` bytes long on the wire, without
+    accounting it (process accounts; the pipelined parser hands the fields to another thread).
+    Returns (category, w0..w4, wire_len, payload, opinfo, psn, reth_len, sport, opcode, tclass,
+    ecn_valid, fb, syndrome, dqp, ipver, roce): the fields are meaningful only when the category
+    is accounted. One level of decapsulation (GRE/ERSPAN/VXLAN) as the C: the inner frame is
+    parsed like a top-level one, its bytes are the inner Ethernet frame's."""
     l2end = cur
     opcode = opinfo = payload = fb = dqp = psn = reth_len = syndrome = _Z
     cat, proto, cur = parse_vlans(b, proto, cur, end)
     if cat != G_ACCOUNTED:
-        return cat
+        return cat, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
     # where L3 starts in the frame; l3end = where its length field says it ends (checked last)
     cat, l3end, inner, iproto, w0, w1, w2, w3, ipver, roce, tclass, ecn_valid, sport, bth, avail = \
         parse_l3(g, b, proto, cur, end, 14 + (cur - l2end), True, optab)
@@ -301,28 +303,40 @@ def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opt
             l3off = 14
         else:
             if inner + 14 > end:
-                return G_TRUNC_ETH
+                return G_TRUNC_ETH, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
             cat, proto, cur = parse_vlans(b, be16(b, inner + 12), inner + 14, end)
             if cat != G_ACCOUNTED:
-                return cat
+                return cat, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
             l3off = cur - inner
         cat, l3end, inner, iproto, w0, w1, w2, w3, ipver, roce, tclass, ecn_valid, sport, bth, avail = \
             parse_l3(g, b, proto, cur, end, l3off, False, optab)
         if cat == G_ACCOUNTED:
             cat, opcode, opinfo, payload, fb, dqp, psn, reth_len, syndrome = parse_bth(b, bth, end, avail, optab)
         if cat == G_ACCOUNTED and outer_end > frame_len:
-            return G_BAD_LENGTH
+            cat = G_BAD_LENGTH
     elif cat == G_ACCOUNTED:
         cat, opcode, opinfo, payload, fb, dqp, psn, reth_len, syndrome = parse_bth(b, bth, end, avail, optab)
-    if cat != G_ACCOUNTED:
-        return cat
     # Headers all present, but the IP/GRH length claims more bytes than the frame has: a
     # length lie, bad_length (C: checked after the header parse, so a frame cut inside a
     # header still counts as truncated_<that header>)
-    if l3end > wire_len:
-        return G_BAD_LENGTH
-
+    if cat == G_ACCOUNTED and l3end > wire_len:
+        cat = G_BAD_LENGTH
+    if cat != G_ACCOUNTED:
+        return cat, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
     w4 = dqp | (np.int64(ipver) << 32) | (np.int64(roce) << 40)
+    return (cat, w0, w1, w2, w3, w4, wire_len, payload, opinfo, psn, reth_len, sport, opcode, tclass,
+            np.int64(ecn_valid), fb, syndrome, dqp, np.int64(ipver), np.int64(roce))
+
+
+@njit(cache=True, inline="always")
+def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab,
+            b, proto, cur, end, wire_len, ts):
+    """Parse one frame (parse_frame) and account it (C: ss_parse, then process in
+    ebpf/skewscope.bpf.c). Returns the category."""
+    cat, w0, w1, w2, w3, w4, wire_len, payload, opinfo, psn, reth_len, sport, opcode, tclass, ecn_valid, fb, \
+        syndrome, dqp, ipver, roce = parse_frame(g, b, proto, cur, end, wire_len, optab)
+    if cat != G_ACCOUNTED:
+        return cat
     if st[ST_PKCAP] > 0:
         n = st[ST_PKN]
         pk[n, PK_OPCODE] = opcode

@@ -1,13 +1,15 @@
 """The record scanner: the walk of pcap records and pcapng blocks (next_record), the
-link-type conventions (link_view), one record parsed and accounted (record), and the two
-entry points Python calls: scan (parse and account a buffer of records) and scan_frames
-(copy them out as Ethernet frames, for replay)."""
+link-type conventions (link_view), one record parsed and accounted (record), and the entry
+points Python calls: scan (parse and account a buffer of records), scan_frames (copy them
+out as Ethernet frames, for replay), and the two halves of scan for the pipelined parser
+(offline/pipeline.py): scan_rows (parse records into compact rows) and account_rows
+(account those rows, in file order, on another thread)."""
 from __future__ import annotations
 
 import numpy as np
 
 from skewscope.core.jit import njit
-from skewscope.sources.offline.kernel.accounting import needs_grow
+from skewscope.sources.offline.kernel.accounting import account, needs_grow
 from skewscope.sources.offline.kernel.base import (
     G_ACCOUNTED,
     G_FRAMES,
@@ -31,7 +33,7 @@ from skewscope.sources.offline.kernel.base import (
     rd16,
     rd32,
 )
-from skewscope.sources.offline.kernel.parse import process
+from skewscope.sources.offline.kernel.parse import parse_frame, process
 
 # scanner return status
 S_NEED_DATA = 0    # pos = start of the first incomplete record/block (or end of data)
@@ -345,3 +347,101 @@ def scan_frames(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, 
         n += 1
         o += flen
         pos = nxt
+
+
+# ---- the pipelined parser's halves: rows of parsed fields, then their accounting -----------
+# one row per accounted frame (int64[cap, R_N]): the flow key words, time, wire length, and the
+# small fields packed (opinfo < 2^32, psn < 2^24, reth_len < 2^32, payload < 2^16, the
+# 8/16-bit header fields)
+R_W0, R_W1, R_W2, R_W3, R_W4, R_TS, R_WIRE, R_OP_PSN, R_RETH_PAY, R_SMALL = range(10)
+R_N = 10
+
+
+@njit(cache=True, inline="always")
+def record_row(g, st, rows, n, optab, b, off, incl, orig, kind, ts):
+    """`record` without the accounting: the record's counters and category into g/st, the
+    fields of an accounted frame into rows[n]. Returns the rows filled."""
+    if st[ST_FIRST_TS] < 0:
+        st[ST_FIRST_TS] = ts
+    st[ST_LAST_TS] = ts
+    st[ST_RECORDS] += 1
+    g[G_FRAMES] += 1
+    if orig > incl:
+        st[ST_CUT] += 1
+    ok, proto, cur, wire = link_view(b, off, incl, orig, kind)
+    if not ok:
+        g[G_TRUNC_ETH] += 1
+        return n
+    cat, w0, w1, w2, w3, w4, wire, payload, opinfo, psn, reth_len, sport, opcode, tclass, ecn_valid, fb, \
+        syndrome, dqp, ipver, roce = parse_frame(g, b, proto, cur, off + incl, wire, optab)
+    if cat != G_ACCOUNTED:
+        g[cat] += 1
+        return n
+    rows[n, R_W0] = w0
+    rows[n, R_W1] = w1
+    rows[n, R_W2] = w2
+    rows[n, R_W3] = w3
+    rows[n, R_W4] = w4
+    rows[n, R_TS] = ts
+    rows[n, R_WIRE] = wire
+    rows[n, R_OP_PSN] = opinfo | (psn << 32)
+    rows[n, R_RETH_PAY] = reth_len | (payload << 32)
+    rows[n, R_SMALL] = opcode | (tclass << 8) | (fb << 16) | (syndrome << 24) | (ecn_valid << 32) | (sport << 40)
+    return n + 1
+
+
+@njit(cache=True, nogil=True)
+def scan_rows(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, n_if, g, st, rows, n, optab):
+    """scan's first half: parse the records in b[pos:end] (the walk: next_record), counting
+    them and their categories in g/st and writing the accounted ones to rows[n:] (record_row).
+    Returns (pos, status, n): S_FULL when rows may have no room for the record at pos, else
+    as scan (never S_GROW: nothing here grows)."""
+    b = borrow(b)
+    if_kind = borrow(if_kind)
+    if_res = borrow(if_res)
+    if_snap = borrow(if_snap)
+    g = borrow(g)
+    st = borrow(st)
+    rows = borrow(rows)
+    optab = borrow(optab)
+    cap = rows.shape[0]
+    while True:
+        status, pos, nxt, data, incl, orig, k, ts = next_record(b, pos, end, fmt, big, ts_mult, kind, if_kind,
+                                                                if_res, if_snap, n_if, st)
+        if status != S_RECORD:
+            return pos, status, n
+        if n >= cap:
+            return pos, S_FULL, n
+        n = record_row(g, st, rows, n, optab, b, data, incl, orig, k, ts)
+        pos = nxt
+
+
+@njit(cache=True, nogil=True)
+def account_rows(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, rows, i, n):
+    """scan's second half: account rows[i:n] (scan_rows') in order. Returns the first row not
+    accounted: n, or earlier when a table must grow first (needs_grow)."""
+    g = borrow(g)
+    st = borrow(st)
+    hidx = borrow(hidx)
+    fhash = borrow(fhash)
+    keys = borrow(keys)
+    S = borrow(S)
+    lprev = borrow(lprev)
+    lnext = borrow(lnext)
+    finst = borrow(finst)
+    ikeys = borrow(ikeys)
+    ev = borrow(ev)
+    rows = borrow(rows)
+    m32 = np.int64(0xFFFFFFFF)
+    while i < n:
+        if needs_grow(st):
+            return i
+        op_psn = rows[i, R_OP_PSN]
+        reth_pay = rows[i, R_RETH_PAY]
+        sm = rows[i, R_SMALL]
+        account(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev,
+                rows[i, R_W0], rows[i, R_W1], rows[i, R_W2], rows[i, R_W3], rows[i, R_W4], rows[i, R_WIRE],
+                reth_pay >> 32, op_psn & m32, op_psn >> 32, reth_pay & m32, (sm >> 40) & 0xFFFF, sm & 0xFF,
+                (sm >> 8) & 0xFF, (sm >> 32) & 1, (sm >> 16) & 0xFF, (sm >> 24) & 0xFF, rows[i, R_TS])
+        i += 1
+    return i
