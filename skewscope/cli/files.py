@@ -39,6 +39,9 @@ DETACH_EPILOG = """\b
 Examples:
   sudo skewscope detach -i pf0hpf                 after a run killed with SIGKILL (netlink attach)
 \b
+Mitigation rules (`skewscope mitigate`, either backend, both hooks) go too, as with
+`mitigate revert --all`; a running `watch --mitigate` may apply them again.
+\b
 Exit codes: 0 ok (also: nothing to remove); 2 usage; 4 not root; 6 no such interface;
 7 the program is in use by a running skewscope (stop that run, or --force).
 """
@@ -115,9 +118,9 @@ def report(file, as_json, top, max_flows, html_out, node_ip, enricher):
 @click.option("--force", is_flag=True, help="remove even a program a running skewscope still uses")
 @friendly_errors
 def detach(iface, force):
-    """Remove skewscope's own XDP/TC programs from an interface (after a crash). Programs
-    that are not skewscope's are never touched, nor (without --force) one that a running
-    skewscope (top, capture, export) still uses."""
+    """Remove skewscope's own XDP/TC programs and mitigation rules from an interface (after a
+    crash). Programs and filters that are not skewscope's are never touched, nor (without
+    --force) a capture program that a running skewscope (top, capture, export) still uses."""
     from skewscope.bpf.attach import detach_ours, ifindex  # heavy (numpy): not loaded by --help
     from skewscope.bpf.loader import check_privileges  # heavy (numpy): not loaded by --help
     from skewscope.sources.live import find_leftover  # heavy (numpy): not loaded by --help
@@ -129,10 +132,24 @@ def detach(iface, force):
             who = ", ".join(f"{c} (pid {p})" for p, c in lo.holders)
             fail(f"{iface}: {lo.describe()} is in use by {who}; stop that run (or use --force)", EXIT_BUSY)
     removed = detach_ours(iface)
-    parts = []
+    parts = [f"{n} {b} mitigation rule{'s' if n > 1 else ''} ({d})" for b, d, n in _revert_mitigations(iface)]
     if removed["xdp"]:
         parts.append(f"XDP program id {removed['xdp']}")
     parts += [f"TC {d} filter (prio {p})" for d, p, _ in removed["tc"]]
     parts += [f"TC {d} tcx link id {lk} (program id {p})" for d, lk, p in removed.get("tcx", [])]
     click.echo(f"{iface}: removed " + ", ".join(parts) if parts else f"{iface}: no skewscope program attached")
+
+
+def _revert_mitigations(iface: str) -> list[tuple[str, str, int]]:
+    """skewscope's mitigation rules on the interface, both hooks and both backends, removed as
+    `mitigate revert --all` does (a foreign filter is never touched): [(backend, hook, count)]."""
+    from skewscope.mitigate.flower import Flower  # light (tc)
+    from skewscope.mitigate.software import Software  # light until a rule is found
+    out = []
+    for hook in ("ingress", "egress"):
+        for name, backend in (("software", Software(iface, hook)), ("flower", Flower(iface, hook, schedule=False))):
+            n = len(backend.revert(None))
+            if n:
+                out.append((name, hook, n))
+    return out
 

@@ -385,10 +385,15 @@ def watch(iface, from_file, prom, prom_window, as_json, webhooks, token_file, in
         from skewscope.mitigate.loop import Mitigator  # light
         from skewscope.mitigate.policy import load as load_policy  # light
         from skewscope.mitigate.rules import MitigationError  # light
-        from skewscope.mitigate.software import Software  # light until the first action
         try:
             pol = load_policy(policy_file)
-            mit = Mitigator(pol, Software(pol.interface, pol.direction))
+            if pol.backend == "flower":
+                from skewscope.mitigate.flower import Flower  # light (tc)
+                backend = Flower(pol.interface, pol.direction)
+            else:
+                from skewscope.mitigate.software import Software  # light until the first action
+                backend = Software(pol.interface, pol.direction)
+            mit = Mitigator(pol, backend)
         except MitigationError as e:
             fail(str(e), EXIT_NOT_RUN)
         if os.geteuid() != 0:

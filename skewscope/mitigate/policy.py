@@ -3,6 +3,8 @@ be acted on, how, and the limits. YAML (or JSON, which is YAML):
 
     interface: pf0hpf          # where the actions go (required; not the interface watched)
     direction: ingress         # its hook
+    backend: software          # software (cls_bpf; runs anywhere) or flower (tc flower rules a
+                               # BlueField's eSwitch offloads; TTL by a scheduled reap)
     ttl_s: 300                 # every action's TTL (the kernel ends it even if watch dies)
     max_active: 16             # rules active at once (a plan that would exceed it is refused)
     cooldown_s: 120            # after a revert, the same finding id is not acted on for this long
@@ -23,8 +25,9 @@ from pathlib import Path
 from skewscope.core.textfile import compose_yaml, read_text, scalar_value
 from skewscope.mitigate.rules import ACTIONS, DEFAULT_DSCP, PLANNED_KINDS, MitigationError, parse_rate
 
-KEYS = {"interface", "direction", "ttl_s", "max_active", "cooldown_s", "verify_after_s", "min_improvement", "kinds"}
+KEYS = {"interface", "direction", "backend", "ttl_s", "max_active", "cooldown_s", "verify_after_s", "min_improvement", "kinds"}
 KIND_KEYS = {"action", "dscp", "rate"}
+BACKENDS = ("software", "flower")
 
 
 @dataclass
@@ -38,6 +41,7 @@ class KindPolicy:
 class Policy:
     interface: str
     direction: str = "ingress"
+    backend: str = "software"
     ttl_s: float = 300.0
     max_active: int = 16
     cooldown_s: float = 120.0
@@ -76,6 +80,10 @@ def load(path: str | Path) -> Policy:
             if v not in ("ingress", "egress"):
                 raise MitigationError(f"{where}: direction {v!r}: ingress or egress")
             pol.direction = v
+        elif key == "backend":
+            if v not in BACKENDS:
+                raise MitigationError(f"{where}: backend {v!r}: {' or '.join(BACKENDS)}")
+            pol.backend = v
         else:
             lim = {"ttl_s": (1, 7 * 86400), "max_active": (1, 32), "cooldown_s": (0, 86400),
                    "verify_after_s": (0, 86400), "min_improvement": (0, 1)}[key]

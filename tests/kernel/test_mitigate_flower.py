@@ -248,3 +248,21 @@ def test_v1_mitigations_source_lists_flower_rules_with_their_backend(pair):
     assert [(m["interface"], m["direction"], m["backend"], m["id"], m["src"], m["dst"]) for m in ms] == \
         [(dev, "ingress", "flower", 1, "10.0.0.1", "10.0.0.2")]
     cli("revert", *B(pair), "--all")
+
+
+def test_detach_removes_both_backends_rules_and_leaves_a_foreign_filter(pair):
+    """`skewscope detach` takes skewscope's mitigations off too (issue 28: revert --all and
+    detach remove exactly ours): a software rule and a flower rule on one interface, a foreign
+    u32 filter beside them; afterwards tc shows the foreign filter and nothing of ours."""
+    ns_, dev = pair.ns_a, pair.if_a
+    subprocess.run(["tc", "-n", ns_, "qdisc", "add", "dev", dev, "clsact"], check=True)
+    foreign_u32(pair, 100)
+    before = tc_state(ns_, dev)
+    cli("apply", *B(pair), "--flow", "10.0.0.1,10.0.0.2", "--remark", "8", "--yes", "--ttl", "60")
+    cli("apply", "-i", dev, "--netns", ns_, "--flow", "10.0.0.3,10.0.0.4", "--remark", "8", "--yes", "--ttl", "60")
+    assert cookies(ns_, dev) and "49392" in tc_state(ns_, dev)
+    r = subprocess.run(["ip", "netns", "exec", ns_, sys.executable, "-m", "skewscope.cli", "detach", "-i", dev],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert "software mitigation rule" in r.stdout and "flower mitigation rule" in r.stdout, r.stdout
+    assert tc_state(ns_, dev) == before

@@ -125,6 +125,7 @@ def test_limits_refuse_and_never_touch_other_kinds():
     ("interface: p0\nmax_actve: 3\nkinds:\n  incast: {rate: 1G}\n", 2, "max_actve"),
     ("interface: p0\nkinds:\n  incast: {action: police, rate: fast}\n", 3, "fast"),
     ("interface: p0\nkinds: [\n", 3, "YAML"),
+    ("interface: p0\nbackend: hardware\nkinds:\n  incast: {rate: 1G}\n", 2, "hardware"),
 ])
 def test_policy_errors_name_the_line(tmp_path, text, line, word):
     p = tmp_path / "pol.yaml"
@@ -137,11 +138,13 @@ def test_policy_errors_name_the_line(tmp_path, text, line, word):
 
 def test_policy_reads_every_key(tmp_path):
     p = tmp_path / "pol.yaml"
-    p.write_text("interface: pf0hpf\ndirection: egress\nttl_s: 60\nmax_active: 4\ncooldown_s: 5\n"
+    p.write_text("interface: pf0hpf\ndirection: egress\nbackend: flower\nttl_s: 60\nmax_active: 4\ncooldown_s: 5\n"
                  "verify_after_s: 12\nmin_improvement: 0.5\nkinds:\n  incast: {action: police, rate: 25G}\n"
                  "  prefill_interference: {dscp: 10}\n")
     pol = load(p)
     assert (pol.interface, pol.direction, pol.ttl_s, pol.max_active, pol.cooldown_s, pol.verify_after_s,
-            pol.min_improvement) == ("pf0hpf", "egress", 60, 4, 5, 12, 0.5)
+            pol.min_improvement, pol.backend) == ("pf0hpf", "egress", 60, 4, 5, 12, 0.5, "flower")
+    p.write_text("interface: p0\nkinds:\n  incast: {rate: 1G}\n")
+    assert load(p).backend == "software"
     assert pol.kinds["incast"].rate_bps == 25e9 and pol.kinds["prefill_interference"].action == "remark"
     assert pol.kinds["prefill_interference"].dscp == 10
