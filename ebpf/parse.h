@@ -491,18 +491,8 @@ static __always_inline __u32 ss_parse_fast(void *data, void *data_end, void *cap
 	return ss_fast_l4(bth, data_end, cap_end, avail, wire_len, key, p);
 }
 
-/* Parse one frame [data, data_end) whose full wire length is wire_len into the parsed
- * packet (*key, *p); returns its category: SS_G_ACCOUNTED when the packet is RoCE and good
- * to account (key and p are then complete, key->dest_qp and p->wire_len included), else the
- * category the frame lands in (key and p partly written: not to be used). *key must be
- * zeroed by the caller (the IPv4 ::ffff: prefix bytes and the padding are not all written). pre_tags: VLAN tags already taken out of
- * the frame into skb metadata (TC; they count against SS_MAX_VLAN and are in wire_len).
- *
- * One level of decapsulation: when the outer frame is GRE (ERSPAN, TEB, IP) or VXLAN, the
- * inner frame is parsed exactly like a top-level one (its own VLAN tags, the same
- * categories) and accounted with the inner addresses; its bytes are the inner Ethernet
- * frame's: the wire length minus everything before the inner Ethernet header (GRE carrying
- * IP directly: + 14 for a synthesised Ethernet header, as for raw-IP captures). */
+/* The general parser: every layout, every category, one level of decapsulation (see
+ * ss_parse). */
 static __always_inline __u32 ss_parse_general(void *data, void *data_end, void *cap_end, __u64 wire_len,
 					      __u32 pre_tags, struct ss_flow_key *key, struct ss_pkt *p)
 {
@@ -558,6 +548,17 @@ static __always_inline __u32 ss_parse_general(void *data, void *data_end, void *
 	return SS_G_ACCOUNTED;
 }
 
+/* Parse one frame [data, data_end) whose full wire length is wire_len into the parsed
+ * packet (*key, *p); returns its category: SS_G_ACCOUNTED when the packet is RoCE and good
+ * to account (key and p are then complete, key->dest_qp and p->wire_len included), else the
+ * category the frame lands in (key and p partly written: not to be used). pre_tags: VLAN tags already taken out of
+ * the frame into skb metadata (TC; they count against SS_MAX_VLAN and are in wire_len).
+ *
+ * One level of decapsulation: when the outer frame is GRE (ERSPAN, TEB, IP) or VXLAN, the
+ * inner frame is parsed exactly like a top-level one (its own VLAN tags, the same
+ * categories) and accounted with the inner addresses; its bytes are the inner Ethernet
+ * frame's: the wire length minus everything before the inner Ethernet header (GRE carrying
+ * IP directly: + 14 for a synthesised Ethernet header, as for raw-IP captures). */
 static __always_inline __u32 ss_parse(void *data, void *data_end, void *cap_end, __u64 wire_len,
 				      __u32 pre_tags, struct ss_flow_key *key, struct ss_pkt *p)
 {
