@@ -83,7 +83,7 @@ struct ss_eth { __u8 dst[6]; __u8 src[6]; __be16 proto; };
 struct ss_vlan { __be16 tci; __be16 proto; };
 struct ss_ipv4 {
 	__u8 ver_ihl; __u8 tos; __be16 tot_len; __be16 id; __be16 frag_off;
-	__u8 ttl; __u8 protocol; __be16 check; __u8 saddr[4]; __u8 daddr[4];
+	__u8 ttl; __u8 protocol; __be16 check; __be32 saddr; __be32 daddr;
 };
 struct ss_ipv6 {  /* also the RoCEv1 GRH: same layout, next header 0x1B */
 	__be32 vtcfl; __be16 payload_len; __u8 nexthdr; __u8 hop_limit;
@@ -121,10 +121,8 @@ struct ss_pkt {
 static __always_inline void ss_v4_fields(struct ss_ipv4 *ip, struct ss_udp *udp, struct ss_flow_key *key,
 					 struct ss_pkt *p)
 {
-	__u32 sa, da;
+	__u32 sa = ip->saddr, da = ip->daddr;  /* network order, as the key holds them */
 
-	__builtin_memcpy(&sa, ip->saddr, 4);
-	__builtin_memcpy(&da, ip->daddr, 4);
 	SS_KW(key)[0] = 0;
 	SS_KW(key)[1] = SS_V4MAPPED(sa);
 	SS_KW(key)[2] = 0;
@@ -431,15 +429,19 @@ static __always_inline __u32 parse_l3(void *cur, __u16 proto, void *data_end, vo
  * order; anything else (another layout, a length the general path would call bad, a wire
  * length shorter than the IP length) returns SS_FAST_MISS and the frame goes through the
  * general parser, which gives the same answer (tests/unit/test_parse_host.py runs both
- * builds over the fuzz corpus and every preset). Returns a category like ss_parse. */
-static __always_inline __u32 ss_parse_fast(void *data, void *data_end, void *cap_end, __u64 wire_len,
-					   __u32 pre_tags, struct ss_flow_key *key, struct ss_pkt *p)
+ * builds over the fuzz corpus and every preset). Two steps, so that the program can branch
+ * on the opcode between them (ebpf/skewscope.bpf.c: process): ss_fast_l3, the headers up
+ * to the BTH (SS_G_ACCOUNTED: *bthp is a BTH inside the bounds checked, *availp the bytes
+ * the UDP length gives it), and ss_fast_l4, the BTH on. ss_parse_fast is both. */
+static __always_inline __u32 ss_fast_l3(void *data, void *data_end, void *cap_end, __u64 wire_len,
+					__u32 pre_tags, struct ss_flow_key *key, struct ss_pkt *p,
+					void **bthp, __u32 *availp)
 {
 	struct ss_eth *eth = data;
 	struct ss_ipv4 *ip = data + sizeof(*eth);
 	struct ss_udp *udp;
-	__u32 tot, ulen, cat;
-	__u64 l3off;
+	__u32 tot, ulen;
+	__u64 l3off = sizeof(*eth);  /* where the IP header is (a constant on each branch) */
 	__be16 proto;
 
 	if (OOB((void *)(ip + 1) + sizeof(*udp) + sizeof(struct ss_bth)))
@@ -448,6 +450,7 @@ static __always_inline __u32 ss_parse_fast(void *data, void *data_end, void *cap
 	if (proto == ss_ntohs(0x8100) || proto == ss_ntohs(0x88A8)) {
 		proto = ((struct ss_vlan *)ip)->proto;
 		ip = (void *)ip + sizeof(struct ss_vlan);
+		l3off += sizeof(struct ss_vlan);
 		if (OOB((void *)(ip + 1) + sizeof(*udp) + sizeof(struct ss_bth)))
 			return SS_FAST_MISS;
 	}
@@ -457,13 +460,19 @@ static __always_inline __u32 ss_parse_fast(void *data, void *data_end, void *cap
 		return SS_FAST_MISS;
 	tot = ss_ntohs(ip->tot_len);
 	ulen = ss_ntohs(udp->len);
-	l3off = (void *)ip - data;
-	/* keep clang from folding the pointer difference into scalar - pointer (refused) */
-	asm volatile("" : "+r"(l3off));
 	if (ulen < 8 || tot < sizeof(*ip) + ulen || l3off + 4 * pre_tags + tot > wire_len)
 		return SS_FAST_MISS;
 	ss_v4_fields(ip, udp, key, p);
-	cat = parse_bth(udp + 1, data_end, cap_end, ulen - 8, p);
+	*bthp = udp + 1;
+	*availp = ulen - 8;
+	return SS_G_ACCOUNTED;
+}
+
+static __always_inline __u32 ss_fast_l4(void *bth, void *data_end, void *cap_end, __u32 avail,
+					__u64 wire_len, struct ss_flow_key *key, struct ss_pkt *p)
+{
+	__u32 cat = parse_bth(bth, data_end, cap_end, avail, p);
+
 	if (cat != SS_G_ACCOUNTED)
 		return cat;
 	p->wire_len = wire_len;
@@ -471,31 +480,27 @@ static __always_inline __u32 ss_parse_fast(void *data, void *data_end, void *cap
 	return SS_G_ACCOUNTED;
 }
 
-/* Parse one frame [data, data_end) whose full wire length is wire_len into the parsed
- * packet (*key, *p); returns its category: SS_G_ACCOUNTED when the packet is RoCE and good
- * to account (key and p are then complete, key->dest_qp and p->wire_len included), else the
- * category the frame lands in (key and p partly written: not to be used). *key must be
- * zeroed by the caller (the IPv4 ::ffff: prefix bytes and the padding are not all written). pre_tags: VLAN tags already taken out of
- * the frame into skb metadata (TC; they count against SS_MAX_VLAN and are in wire_len).
- *
- * One level of decapsulation: when the outer frame is GRE (ERSPAN, TEB, IP) or VXLAN, the
- * inner frame is parsed exactly like a top-level one (its own VLAN tags, the same
- * categories) and accounted with the inner addresses; its bytes are the inner Ethernet
- * frame's: the wire length minus everything before the inner Ethernet header (GRE carrying
- * IP directly: + 14 for a synthesised Ethernet header, as for raw-IP captures). */
-static __always_inline __u32 ss_parse(void *data, void *data_end, void *cap_end, __u64 wire_len,
-				      __u32 pre_tags, struct ss_flow_key *key, struct ss_pkt *p)
+static __always_inline __u32 ss_parse_fast(void *data, void *data_end, void *cap_end, __u64 wire_len,
+					   __u32 pre_tags, struct ss_flow_key *key, struct ss_pkt *p)
+{
+	void *bth;
+	__u32 avail, cat = ss_fast_l3(data, data_end, cap_end, wire_len, pre_tags, key, p, &bth, &avail);
+
+	if (cat != SS_G_ACCOUNTED)
+		return cat;
+	return ss_fast_l4(bth, data_end, cap_end, avail, wire_len, key, p);
+}
+
+/* The general parser: every layout, every category, one level of decapsulation (see
+ * ss_parse). */
+static __always_inline __u32 ss_parse_general(void *data, void *data_end, void *cap_end, __u64 wire_len,
+					      __u32 pre_tags, struct ss_flow_key *key, struct ss_pkt *p)
 {
 	void *cur = data, *inner = data;
 	__u16 proto = 0, iproto = 0;
 	__u32 cat;
 	__u64 l3end = 0;
 
-#ifndef SS_NO_FAST_PARSE
-	cat = ss_parse_fast(data, data_end, cap_end, wire_len, pre_tags, key, p);
-	if (cat != SS_FAST_MISS)
-		return cat;
-#endif
 	cat = parse_l2(&cur, &proto, data_end, cap_end, pre_tags);
 	if (cat != SS_G_ACCOUNTED)
 		return cat;
@@ -541,6 +546,29 @@ static __always_inline __u32 ss_parse(void *data, void *data_end, void *cap_end,
 	p->wire_len = wire_len;
 	SS_KW(key)[4] = SS_KEY_W4(p->dest_qp, p->ipver, p->roce);
 	return SS_G_ACCOUNTED;
+}
+
+/* Parse one frame [data, data_end) whose full wire length is wire_len into the parsed
+ * packet (*key, *p); returns its category: SS_G_ACCOUNTED when the packet is RoCE and good
+ * to account (key and p are then complete, key->dest_qp and p->wire_len included), else the
+ * category the frame lands in (key and p partly written: not to be used). pre_tags: VLAN tags already taken out of
+ * the frame into skb metadata (TC; they count against SS_MAX_VLAN and are in wire_len).
+ *
+ * One level of decapsulation: when the outer frame is GRE (ERSPAN, TEB, IP) or VXLAN, the
+ * inner frame is parsed exactly like a top-level one (its own VLAN tags, the same
+ * categories) and accounted with the inner addresses; its bytes are the inner Ethernet
+ * frame's: the wire length minus everything before the inner Ethernet header (GRE carrying
+ * IP directly: + 14 for a synthesised Ethernet header, as for raw-IP captures). */
+static __always_inline __u32 ss_parse(void *data, void *data_end, void *cap_end, __u64 wire_len,
+				      __u32 pre_tags, struct ss_flow_key *key, struct ss_pkt *p)
+{
+#ifndef SS_NO_FAST_PARSE
+	__u32 cat = ss_parse_fast(data, data_end, cap_end, wire_len, pre_tags, key, p);
+
+	if (cat != SS_FAST_MISS)
+		return cat;
+#endif
+	return ss_parse_general(data, data_end, cap_end, wire_len, pre_tags, key, p);
 }
 
 #endif /* SKEWSCOPE_PARSE_H */

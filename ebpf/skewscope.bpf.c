@@ -225,6 +225,19 @@ static __always_inline void gadd(struct ss_globals *g, __u32 idx, __u64 n)
 		g->c[idx] += n;  /* per-CPU: no atomics needed */
 }
 
+/* A frame's two counts, frames and its category, with one lookup after the frame is
+ * processed (no pointer kept across the parse and accounting). */
+static __always_inline void count_frame(__u32 cat)
+{
+	struct ss_globals *g = gtable();
+
+	if (g) {
+		g->c[SS_G_FRAMES] += 1;
+		if (cat < SS_G_NCAT)
+			g->c[cat] += 1;
+	}
+}
+
 static __always_inline void gcount(__u32 idx, __u64 n)
 {
 	gadd(gtable(), idx, n);
@@ -391,10 +404,10 @@ static __always_inline struct ss_flow_stats *fc_fill(struct ss_fc_entry *e, stru
 #endif
 
 /* The flow's current counters: its flow-cache slot, else its LRU entry (NULL: no slot). */
-static __always_inline struct ss_flow_stats *flow_get(struct ss_flow_key *key)
+static __always_inline struct ss_flow_stats *flow_get(struct ss_flow_key *key, __u32 cpu)
 {
 #if SS_FC_SLOTS > 0
-	__u32 cpu = bpf_get_smp_processor_id(), slot = ss_fc_slot(key), idx;
+	__u32 slot = ss_fc_slot(key), idx;
 	struct ss_fc_entry *e;
 
 	if (cpu >= SS_NCPUS)
@@ -435,7 +448,8 @@ static __always_inline void count_packet(struct ss_flow_stats *f, struct ss_pkt 
 		__u8 ecn = p->tclass & 3;
 		if (ecn) {
 			f->ecn_capable += 1;
-			f->ce += ecn == 3;
+			if (ecn == 3)
+				f->ce += 1;
 		}
 	}
 	if (__builtin_expect(p->fb & 0xC0, 0)) {
@@ -542,7 +556,7 @@ static __always_inline void account_message(struct ss_flow_key *key, struct ss_f
 /* Account one parsed RoCE packet to its flow. Returns the frame's category: accounted,
  * sampled_out or no_flow_slot. The clock is read only here, after the flow lookup, and not
  * for middle packets: frames that are not accounted never pay for it. */
-static __always_inline __u32 account(struct ss_flow_key *key, struct ss_pkt *p, __u64 rts)
+static __always_inline __u32 account(struct ss_flow_key *key, struct ss_pkt *p, __u64 rts, __u32 cpu)
 {
 	struct ss_flow_stats *f;
 	__u32 opinfo = p->opinfo, cls = (opinfo & SS_OPT_CLASS_MASK) >> SS_OPT_CLASS_SHIFT;
@@ -552,7 +566,7 @@ static __always_inline __u32 account(struct ss_flow_key *key, struct ss_pkt *p, 
 	if (bpf_get_prandom_u32() % SS_SAMPLE_N)
 		return SS_G_SAMPLED_OUT;
 #endif
-	f = flow_get(key);
+	f = flow_get(key, cpu);
 	if (!f)
 		return SS_G_NO_FLOW_SLOT;
 #ifdef SS_BENCH_FLOOR
@@ -627,19 +641,43 @@ static __always_inline __u32 account(struct ss_flow_key *key, struct ss_pkt *p, 
 	return SS_G_ACCOUNTED;
 }
 
-/* Parse one frame (parse.h: ss_parse) and account it; returns its category (the caller
- * counts it). rts: the replay timestamp (replay builds). */
+/* Parse one frame (parse.h) and account it; returns its category (the caller counts it).
+ * rts: the replay timestamp (replay builds). The common frame's BTH opcode is checked
+ * against the commonest opcode (SS_HOT_OP_A, RDMA WRITE MIDDLE) before the BTH is parsed:
+ * on that branch the opcode table entry is a constant, and the compiler folds the BTH
+ * parse and the accounting for it (no RETH/AETH, no message boundary: the middle lane
+ * only) into a copy of their own. Same functions, same result. */
 static __always_inline __u32 process(void *data, void *data_end, void *cap_end, __u64 wire_len,
 				     __u32 pre_tags, __u64 rts)
 {
 	/* written whole by the parser (five 64-bit words) before it returns SS_G_ACCOUNTED */
 	struct ss_flow_key key __attribute__((aligned(8)));
 	struct ss_pkt p;  /* every field is set by the parser before it is used */
-	__u32 cat = ss_parse(data, data_end, cap_end, wire_len, pre_tags, &key, &p);
+	void *bth;
+#if SS_FC_SLOTS > 0
+	__u32 cpu = bpf_get_smp_processor_id();
+#else
+	__u32 cpu = 0;
+#endif
+	__u32 avail, cat = ss_fast_l3(data, data_end, cap_end, wire_len, pre_tags, &key, &p, &bth,
+				      &avail);
 
+	if (cat == SS_G_ACCOUNTED) {
+#ifdef SS_HOT_OP_A
+		if (((struct ss_bth *)bth)->opcode == SS_HOT_OP_A) {
+			cat = ss_fast_l4(bth, data_end, cap_end, avail, wire_len, &key, &p);
+			if (cat != SS_G_ACCOUNTED)
+				return cat;
+			return account(&key, &p, rts, cpu);
+		}
+#endif
+		cat = ss_fast_l4(bth, data_end, cap_end, avail, wire_len, &key, &p);
+	} else {
+		cat = ss_parse_general(data, data_end, cap_end, wire_len, pre_tags, &key, &p);
+	}
 	if (cat != SS_G_ACCOUNTED)
 		return cat;
-	return account(&key, &p, rts);
+	return account(&key, &p, rts, cpu);
 }
 
 static __always_inline int ss_truncated(__u32 cat)
@@ -690,11 +728,9 @@ int skewscope_xdp(struct xdp_md *ctx)
 	__u64 len = data_end - data;
 #endif
 	SS_REPLAY_PROLOGUE(len, SS_XDP_PASS)
-	struct ss_globals *g = gtable();
 
-	gadd(g, SS_G_FRAMES, 1);
 	cat = process(data, data_end, SS_CAP_END(data, data_end), len, 0, rts);
-	gadd(g, cat, 1);
+	count_frame(cat);
 	return SS_XDP_PASS;
 }
 
@@ -709,9 +745,7 @@ int skewscope_tc(struct __sk_buff *skb)
 	__u64 len = skb->len + 4 * tags;
 	__u32 cat;
 	SS_REPLAY_PROLOGUE(len, SS_TC_VERDICT)
-	struct ss_globals *g = gtable();
 
-	gadd(g, SS_G_FRAMES, 1);
 	cat = process(data, data_end, SS_CAP_END(data, data_end), len, tags, rts);
 	/* A header cut at the end of the linear part of a non-linear skb (drivers that copy
 	 * only up to the UDP header, AF_PACKET senders, GRO): pull the header bytes in and
@@ -724,6 +758,6 @@ int skewscope_tc(struct __sk_buff *skb)
 			cat = process(data, data_end, SS_CAP_END(data, data_end), len, tags, rts);
 		}
 	}
-	gadd(g, cat, 1);
+	count_frame(cat);
 	return SS_TC_VERDICT;
 }

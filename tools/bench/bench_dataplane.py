@@ -22,8 +22,8 @@ LRU hash) is measured in the same run, to show what the cache saves; and a floor
 counter, no clock), the least any per-flow accounting with this parser and cache costs. Ratios are computed per
 round (skewscope and trivial measured back to back) and their median is reported.
 
-Targets (issue 16): WRITE_MIDDLE <= 2x the trivial program and <= 50 ns; message starts
-(WRITE_FIRST) and ACKs <= 3x.
+Targets: WRITE_MIDDLE <= 1.8x the trivial program in every round (issue 30; the per-round
+ratios are printed) and <= 50 ns; message starts (WRITE_FIRST) and ACKs <= 3x (issue 16).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 TARGET_MIDDLE_NS = 50
-TARGET_MIDDLE_RATIO = 2.0
+TARGET_MIDDLE_RATIO = 1.8
 TARGET_RATIO = 3.0
 
 BASELINE_SRC = rb"""
@@ -131,6 +131,14 @@ def cpu_model() -> str:
     return platform.processor() or "?"
 
 
+def _loadavg() -> str:
+    """The machine's load when the figures were taken (timing on a shared machine)."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=1_000_000, help="test-run repeat count (>= 1e6 for the table)")
@@ -143,6 +151,7 @@ def main(argv=None) -> int:
     from skewscope.bpf import syscalls as bpfsys
     from skewscope.bpf.loader import Config, Dataplane
 
+    load_start = _loadavg()
     cpus = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpus[-1]})
     dp = Dataplane(Config())  # the live build, default sizes, frags on
@@ -191,6 +200,7 @@ def main(argv=None) -> int:
           f"none), {dp.config.max_flows:,}-flow LRU behind a "
           f"{dp.config.flow_cache}-slot/CPU flow cache, frags on, wire length "
           f"{'inline from xdp_buff' if dp.config.xdp_kctx else 'by bpf_xdp_get_buff_len'}")
+    print(f"load average (1/5/15 min) {load_start} at the start, {_loadavg()} at the end")
     if stats_on:
         print("WARNING: kernel.bpf_stats_enabled=1 (something is collecting BPF run-time stats): every run "
               "pays extra clock reads, all figures are inflated; rerun when it is 0")
@@ -216,11 +226,17 @@ def main(argv=None) -> int:
         print(line)
         short = name.split()[0]
         if short == "WRITE_MIDDLE":
-            verdicts.append((f"WRITE_MIDDLE <= {TARGET_MIDDLE_RATIO:.0f}x trivial", r <= TARGET_MIDDLE_RATIO))
+            per_round = [x / y for x, y in zip(res[("skewscope", name)], res[("trivial", name)])]
+            verdicts.append((f"WRITE_MIDDLE <= {TARGET_MIDDLE_RATIO:.1f}x trivial in every round",
+                             max(per_round) <= TARGET_MIDDLE_RATIO))
             verdicts.append((f"WRITE_MIDDLE <= {TARGET_MIDDLE_NS} ns", s <= TARGET_MIDDLE_NS))
         elif not name.startswith("non-RoCE"):
             verdicts.append((f"{short} <= {TARGET_RATIO:.0f}x trivial", r <= TARGET_RATIO))
     first = fr[0][0]
+    rounds = [x / y for x, y in zip(res[("skewscope", first)], res[("trivial", first)])]
+    print()
+    print(f"WRITE_MIDDLE / trivial per round: {' '.join(f'{x:.2f}' for x in rounds)} "
+          f"(max {max(rounds):.2f})")
     t0 = med[("trivial", first)]
     kt, lru = med[("with_ktime", first)], med[("with_lru", first)]
     print()
