@@ -20,7 +20,6 @@ import ipaddress
 import re
 
 from skewscope.core.inventory import Inventory
-from skewscope.telemetry.cause import add_causes
 
 #: IPv4 dotted quads and IPv6 tokens in a message (validated by ipaddress before use)
 _ADDR = re.compile(r"(?<![\w.:])(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7})(?![\w.])")
@@ -104,5 +103,6 @@ class Enricher:
                 from skewscope.analysis.incidents import refresh_messages  # the incidents' messages, named
                 refresh_messages(doc)
         if isinstance(doc, dict) and self.telemetry is not None:
+            from skewscope.telemetry.cause import add_causes  # urllib, http: only with --dcgm
             add_causes(doc, self.inventory, self.telemetry, meta)
         return doc
