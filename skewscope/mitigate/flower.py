@@ -27,15 +27,15 @@ import json
 import math
 import os
 import socket
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from skewscope.core.errors import EXIT_BUSY, EXIT_KERNEL, EXIT_NO_IFACE, EXIT_NO_PRIV, EXIT_NOT_RUN, DataplaneError
+from skewscope.core.errors import EXIT_BUSY, EXIT_NO_IFACE, EXIT_NO_PRIV, EXIT_NOT_RUN, DataplaneError
 from skewscope.core.files import atomic_write_text
-from skewscope.mitigate.rules import MAX_RULES, MitigationError, Rule, same_key
+from skewscope.mitigate.rules import MAX_RULES, MitigationError, Rule, has_clsact, same_key
+from skewscope.mitigate.rules import tc as _tc
 
 PRIO_BASE = 49400
 PRIOS = range(PRIO_BASE, PRIO_BASE + MAX_RULES)
@@ -127,15 +127,6 @@ def commands(rule: Rule, iface: str, direction: str = "ingress", slot: int = 0, 
 
 
 # ---- the backend ------------------------------------------------------------------------------
-def _tc(args: list[str], check: bool = True) -> subprocess.CompletedProcess:
-    try:
-        p = subprocess.run(["tc", *args], capture_output=True, text=True, timeout=60)
-    except FileNotFoundError:
-        raise DataplaneError("tc not found (Debian: iproute2)", EXIT_NOT_RUN) from None
-    if check and p.returncode != 0:
-        msg = (p.stderr.strip().splitlines() or ["?"])[0]
-        raise DataplaneError(f"tc {' '.join(args)}: {msg}", EXIT_KERNEL)
-    return p
 
 
 @dataclass
@@ -208,13 +199,6 @@ class Flower:
             raise MitigationError(f"{self.iface} {self.direction}: a {kind} filter that is not skewscope's holds tc "
                                   f"priority {prio} (skewscope's range {PRIOS[0]}-{PRIOS[-1]}); refusing to touch it",
                                   EXIT_BUSY)
-
-    def _has_clsact(self) -> bool:
-        p = _tc(["-j", "qdisc", "show", "dev", self.iface], check=False)
-        try:
-            return any(q.get("kind") == "clsact" for q in json.loads(p.stdout or "[]"))
-        except json.JSONDecodeError:
-            return False
 
     def _read_state(self) -> dict[int, dict]:
         try:
@@ -334,7 +318,7 @@ class Flower:
             if len(rules) > len(free):
                 raise MitigationError(f"{self.iface} {self.direction}: {len(rules)} rules but {len(free)} free of "
                                       f"{MAX_RULES} tc priorities (revert some: 'skewscope mitigate revert')", EXIT_BUSY)
-            created_now = not self._has_clsact()
+            created_now = not has_clsact(self.iface)
             flags = FLAG_CREATED_CLSACT if created_now or any(f.flags & FLAG_CREATED_CLSACT
                                                               for f in ours + other) else 0
             if created_now:

@@ -21,12 +21,14 @@ Other kinds are not acted on (their remedies -- move experts, drain a node, reba
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 import struct
+import subprocess
 import time
 from dataclasses import dataclass, field
 
-from skewscope.core.errors import EXIT_USAGE, SkewscopeError
+from skewscope.core.errors import EXIT_KERNEL, EXIT_NOT_RUN, EXIT_USAGE, DataplaneError, SkewscopeError
 
 MAX_RULES = 32                 # ebpf/mitigate.bpf.c MT_MAX_RULES
 ANY_QP = 0xFFFFFFFF
@@ -255,3 +257,24 @@ def plan_from_document(doc: dict, kinds=None, finding: str | None = None, **kw) 
         raise MitigationError(f"no finding {finding!r} that a mitigation acts on (findings: {', '.join(known) or 'none'}; "
                               f"acted on: {', '.join(PLANNED_KINDS)})")
     return out
+
+
+# ---- tc, for both backends --------------------------------------------------------------------
+def tc(args: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    """`tc ARGS`; with check, a failure is one line (tc's first) with EXIT_KERNEL."""
+    try:
+        p = subprocess.run(["tc", *args], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise DataplaneError("tc not found (Debian: iproute2)", EXIT_NOT_RUN) from None
+    if check and p.returncode != 0:
+        msg = (p.stderr.strip().splitlines() or ["?"])[0]
+        raise DataplaneError(f"tc {' '.join(args)}: {msg}", EXIT_KERNEL)
+    return p
+
+
+def has_clsact(iface: str) -> bool:
+    p = tc(["-j", "qdisc", "show", "dev", iface], check=False)
+    try:
+        return any(q.get("kind") == "clsact" for q in json.loads(p.stdout or "[]"))
+    except json.JSONDecodeError:
+        return False

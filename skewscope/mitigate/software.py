@@ -22,12 +22,12 @@ import json
 import os
 import socket
 import struct
-import subprocess
 import time
 
 from skewscope.bpf import syscalls as bpfsys
 from skewscope.core.errors import EXIT_BUSY, EXIT_KERNEL, EXIT_NO_IFACE, EXIT_NO_PRIV, DataplaneError
-from skewscope.mitigate.rules import MAX_RULES, RULE_SIZE, STATE_SIZE, MitigationError, Rule, same_key, unpack_state
+from skewscope.mitigate.rules import MAX_RULES, RULE_SIZE, STATE_SIZE, MitigationError, Rule, has_clsact, same_key, unpack_state
+from skewscope.mitigate.rules import tc as _tc
 
 PROG_NAME = "ss_mitigate"
 PRIO = 49392                  # next to the mirror's 49376..49387; ours on either hook
@@ -37,14 +37,6 @@ META_CREATED_CLSACT = 1
 
 def boot_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
-
-
-def _tc(args: list[str], check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run(["tc", *args], capture_output=True, text=True)
-    if check and p.returncode != 0:
-        msg = (p.stderr.strip().splitlines() or ["?"])[0]
-        raise DataplaneError(f"tc {' '.join(args)}: {msg}", EXIT_KERNEL)
-    return p
 
 
 def _source_path() -> str:
@@ -265,7 +257,7 @@ class Software:
         except Exception as e:  # bcc raises bare Exception on compile errors
             raise DataplaneError(f"cannot compile the mitigation program: {str(e) or err.getvalue()[-300:]}",
                                  EXIT_KERNEL) from None
-        created = not self._has_clsact()
+        created = not has_clsact(self.iface)
         from pyroute2 import IPRoute  # heavy (pyroute2): only when attaching
         with IPRoute() as ipr:
             if created:
@@ -299,13 +291,6 @@ class Software:
     def _created_clsact(self, maps) -> bool:
         raw = bpfsys.map_lookup(maps["mt_meta"], struct.pack("<I", 0), 8)
         return bool(struct.unpack("<Q", raw)[0] & META_CREATED_CLSACT)
-
-    def _has_clsact(self) -> bool:
-        p = _tc(["-j", "qdisc", "show", "dev", self.iface], check=False)
-        try:
-            return any(q.get("kind") == "clsact" for q in json.loads(p.stdout or "[]"))
-        except json.JSONDecodeError:
-            return False
 
     def _remove(self, created_clsact: bool) -> None:
         pid, _ = self._ours()
