@@ -27,6 +27,7 @@ import numpy as np
 from skewscope.core import layout as L
 from skewscope.core.errors import SkewscopeError
 from skewscope.core.files import atomic_write
+from skewscope.core.jit import njit
 
 FORMAT_VERSION = 1
 MAGIC = "skewscope-snapshot"
@@ -132,16 +133,47 @@ def _key_order(key_bytes: np.ndarray) -> np.ndarray:
     return np.lexsort(words.T[::-1])
 
 
+def _raw_segments() -> np.ndarray:
+    """FLOW_DTYPE's bytes as runs copied from the map's key (40 B) and value (848 B) rows:
+    (n, 4) int64 of (from the value?, source offset, destination offset, length); adjacent
+    fields that lie back to back in both layouts are one run."""
+    runs: list[list[int]] = []
+    for name in sorted(L.FLOW_DTYPE.names, key=lambda n: L.FLOW_DTYPE.fields[n][1]):
+        dt, dst = L.FLOW_DTYPE.fields[name][:2]
+        val = int(name not in L.FLOW_KEY_DTYPE.names)
+        src = (L.FLOW_STATS_DTYPE if val else L.FLOW_KEY_DTYPE).fields[name][1]
+        size = dt.itemsize
+        if runs and runs[-1][0] == val and runs[-1][1] + runs[-1][3] == src and runs[-1][2] + runs[-1][3] == dst:
+            runs[-1][3] += size
+        else:
+            runs.append([val, src, dst, size])
+    return np.array(runs, dtype=np.int64)
+
+
+_RAW_RUNS = _raw_segments()
+
+
+@njit(cache=True, nogil=True)
+def _gather_raw(keys, stats, order, runs, out):
+    """out[i] = the FLOW_DTYPE row of map entry order[i] (whole runs of bytes per row: the
+    rows are read once each, in order, instead of once per field)."""
+    for i in range(order.shape[0]):
+        r = order[i]
+        for k in range(runs.shape[0]):
+            s, d, ln = runs[k, 1], runs[k, 2], runs[k, 3]
+            if runs[k, 0]:
+                out[i, d:d + ln] = stats[r, s:s + ln]
+            else:
+                out[i, d:d + ln] = keys[r, s:s + ln]
+
+
 def flows_from_raw(keys: np.ndarray, stats: np.ndarray) -> np.ndarray:
     """(n, 40) key bytes + (n, 848) stats bytes -> FLOW_DTYPE table sorted by key."""
     n = len(keys)
-    k = np.ascontiguousarray(keys).view(L.FLOW_KEY_DTYPE).reshape(n)
-    s = np.ascontiguousarray(stats).view(L.FLOW_STATS_DTYPE).reshape(n)
-    order = _key_order(keys)
+    keys = np.ascontiguousarray(keys, dtype=np.uint8).reshape(n, L.FLOW_KEY_DTYPE.itemsize)
+    stats = np.ascontiguousarray(stats, dtype=np.uint8).reshape(n, L.FLOW_STATS_DTYPE.itemsize)
     out = np.zeros(n, dtype=L.FLOW_DTYPE)
-    for name in L.FLOW_DTYPE.names:
-        src = k if name in L.FLOW_KEY_DTYPE.names else s
-        out[name] = src[name][order]
+    _gather_raw(keys, stats, _key_order(keys), _RAW_RUNS, out.view(np.uint8).reshape(n, L.FLOW_DTYPE.itemsize))
     return out
 
 
