@@ -20,6 +20,7 @@ import time
 
 import frames as F
 import pytest
+from mitharness import cli, tc_state
 from scapy.layers.inet import IP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
@@ -28,22 +29,6 @@ from skewscope.bpf import syscalls as bpfsys
 
 ROCE_WRITE_MIDDLE = 0x07
 PRIO = 49392
-
-
-def cli(*args, ok=(0,)):
-    r = subprocess.run([sys.executable, "-m", "skewscope.cli", "mitigate", *map(str, args)], capture_output=True,
-                       text=True, timeout=180)
-    assert r.returncode in ok, (r.returncode, r.stdout[-1500:], r.stderr[-1500:])
-    return r
-
-
-def tc_state(ns: str, dev: str) -> str:
-    """Everything tc shows of the device: qdiscs and the filters of both clsact hooks."""
-    out = []
-    for args in (["qdisc", "show", "dev", dev], ["filter", "show", "dev", dev, "ingress"],
-                 ["filter", "show", "dev", dev, "egress"]):
-        out.append(subprocess.run(["tc", "-n", ns, *args], capture_output=True, text=True).stdout)
-    return "\n".join(out)
 
 
 def prog_fd(ns: str, dev: str, hook: str = "ingress") -> int:

@@ -17,23 +17,9 @@ import time
 
 import frames as F
 import pytest
+from mitharness import cli, tc_state
 
 PRIOS = range(49400, 49432)
-
-
-def cli(*args, ok=(0,)):
-    r = subprocess.run([sys.executable, "-m", "skewscope.cli", "mitigate", *map(str, args)], capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode in ok, (r.returncode, r.stdout[-1500:], r.stderr[-1500:])
-    return r
-
-
-def tc_state(ns: str, dev: str) -> str:
-    out = []
-    for args in (["qdisc", "show", "dev", dev], ["filter", "show", "dev", dev, "ingress"],
-                 ["filter", "show", "dev", dev, "egress"]):
-        out.append(subprocess.run(["tc", "-n", ns, *args], capture_output=True, text=True).stdout)
-    return "\n".join(out)
 
 
 def cookies(ns: str, dev: str, hook: str = "ingress") -> dict[int, tuple[int, int, int]]:

@@ -1,0 +1,23 @@
+"""What the two mitigate test files share: the CLI run as a user runs it, and everything tc
+shows of a device (the ground truth a dry run, revert and reap are compared against)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def cli(*args, ok=(0,)):
+    """`skewscope mitigate ARGS`; asserts the exit code is one of `ok`."""
+    r = subprocess.run([sys.executable, "-m", "skewscope.cli", "mitigate", *map(str, args)], capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode in ok, (r.returncode, r.stdout[-1500:], r.stderr[-1500:])
+    return r
+
+
+def tc_state(ns: str, dev: str) -> str:
+    """Everything tc shows of the device: qdiscs and the filters of both clsact hooks."""
+    out = []
+    for args in (["qdisc", "show", "dev", dev], ["filter", "show", "dev", dev, "ingress"],
+                 ["filter", "show", "dev", dev, "egress"]):
+        out.append(subprocess.run(["tc", "-n", ns, *args], capture_output=True, text=True).stdout)
+    return "\n".join(out)
