@@ -21,3 +21,18 @@ def tc_state(ns: str, dev: str) -> str:
                  ["filter", "show", "dev", dev, "egress"]):
         out.append(subprocess.run(["tc", "-n", ns, *args], capture_output=True, text=True).stdout)
     return "\n".join(out)
+
+
+def apply_then_sigkill(argv_prefix: list[str], apply_code: str) -> None:
+    """Run `apply_code` (Python that applies one rule) in a child started with `argv_prefix`
+    (e.g. `ip netns exec NS`), and SIGKILL it as soon as it says the rule is in: from then on
+    only the TTL machinery can end the rule."""
+    import signal
+    p = subprocess.Popen([*argv_prefix, sys.executable, "-c",
+                          apply_code + '\nprint("applied", flush=True)\nimport time\ntime.sleep(60)\n'],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "applied"
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 
 import frames as F
 import pytest
-from mitharness import cli, tc_state
+from mitharness import apply_then_sigkill, cli, tc_state
 from scapy.layers.inet import IP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
@@ -145,21 +144,13 @@ def test_ttl_ends_the_action_after_sigkill_of_the_applying_process(ns):
     ns_, dev = ns
     before = tc_state(ns_, dev)
     # apply, then SIGKILL the process that applied it as soon as the rule is in
-    p = subprocess.Popen([sys.executable, "-c", f"""
-import sys, time, os
+    apply_then_sigkill([], f"""
 from skewscope.core.netns import in_netns
 from skewscope.mitigate.software import Software
 from skewscope.mitigate.rules import Rule
 with in_netns({ns_!r}):
     Software({dev!r}).apply([Rule("remark", src="10.0.0.1", dst="10.0.0.2", dscp=8, ttl=2, note="t")])
-print("applied", flush=True)
-time.sleep(60)
-"""], stdout=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "applied"
-    finally:
-        p.send_signal(signal.SIGKILL)
-        p.wait()
+""")
     fd = prog_fd(ns_, dev)
     try:
         hit = F.roce(ROCE_WRITE_MIDDLE, src="10.0.0.1", dst="10.0.0.2", payload=64, tclass=0).frame

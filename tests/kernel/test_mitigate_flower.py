@@ -17,7 +17,7 @@ import time
 
 import frames as F
 import pytest
-from mitharness import cli, tc_state
+from mitharness import apply_then_sigkill, cli, tc_state
 
 PRIOS = range(49400, 49432)
 
@@ -177,20 +177,12 @@ def test_ttl_holds_after_sigkill_of_the_applying_process(pair):
     (and the clsact it made), not before the deadline."""
     ns_, dev = pair.ns_a, pair.if_a
     before = tc_state(ns_, dev)
-    p = subprocess.Popen(["ip", "netns", "exec", ns_, sys.executable, "-c", f"""
-import time
+    apply_then_sigkill(["ip", "netns", "exec", ns_], f"""
 from skewscope.mitigate.flower import Flower, mirror_body
 from skewscope.mitigate.rules import Rule
 Flower({dev!r}, body=mirror_body({dev!r}), netns={ns_!r}).apply(
     [Rule("remark", src="10.0.0.1", dst="10.0.0.2", dscp=8, ttl=2, note="t")])
-print("applied", flush=True)
-time.sleep(60)
-"""], stdout=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "applied"
-    finally:
-        p.send_signal(signal.SIGKILL)
-        p.wait()
+""")
     (prio, (rid, deadline, flags)), = cookies(ns_, dev).items()
     assert prio == 49400 and rid == 1 and flags == 1
     gone_at = None
