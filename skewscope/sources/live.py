@@ -43,7 +43,7 @@ from skewscope.core import layout as L
 from skewscope.core.errors import EXIT_BUSY, EXIT_NO_IFACE, EXIT_USAGE, DataplaneError
 from skewscope.core.signals import Terminated as _dp_Terminated
 from skewscope.core.signals import exit_on_signals
-from skewscope.core.rates import counter_blocks, join_flows, kept_rows, subtract_counters
+from skewscope.core.rates import counter_blocks, delta_rows, follow_join, join_flows, kept_rows, order_words, words_sorted
 from skewscope.core.snapshot import Snapshot, events_from_records, take_rows
 
 # counters that are differences between two reads (everything else in FLOW_DTYPE is a key
@@ -168,26 +168,37 @@ def find_leftover(ifname: str) -> Leftover | None:
 
 
 # ---- snapshots: deltas and rates ----------------------------------------------------------
-def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0) -> np.ndarray:
+def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0, j: np.ndarray | None = None) -> np.ndarray:
     """Per-flow counters accumulated between two reads of the flow table. Flows without
     packets in between are omitted. A flow evicted and re-created in between (its counters
     went down, or its first_ts changed) counts from zero. first_ts is clamped to `since_ns` (the earlier read's
-    time): the first packet of a flow that was already active is not known exactly."""
+    time): the first packet of a flow that was already active is not known exactly.
+    `j`: for each row of cur, prev's row with its key or -1 (core.rates.join_flows), when the
+    caller has it."""
     if prev is None or len(prev) == 0:
         d = take_rows(cur, cur["packets"] > 0)
     else:
         # decide from the narrow columns which rows the interval keeps, then copy only those
         # (a row is 850 bytes: at 1,048,576 flows a whole-table copy is 0.5-1.5 s on its own)
-        prev = np.ascontiguousarray(prev)
-        j = join_flows(prev, cur)
+        prev, cur = np.ascontiguousarray(prev), np.ascontiguousarray(cur)
+        j = join_flows(prev, cur) if j is None else j
         # evicted and re-created in between: its counters went down, or (when the new entry
         # already passed the old count) its first packet is newer than the old entry's
         keep, sub = kept_rows(j, cur, prev)
-        d = take_rows(cur, keep)
-        subtract_counters(d, prev, j[keep], sub, _COUNTER_BLOCKS)
+        d = delta_rows(cur, prev, j[keep], keep, sub, _COUNTER_BLOCKS)
     if since_ns:
         d["first_ts"] = np.maximum(d["first_ts"], np.uint64(since_ns))
     return d
+
+
+def interval_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0,
+                   prev_words: np.ndarray | None = None):
+    """flow_delta(prev, cur) of a live read, and what the next read and the window reuse:
+    (delta, cur's rows joined to prev's or None, cur's order_words). prev_words: the
+    previous read's words (its interval_delta's third value)."""
+    words = order_words(cur)
+    j = join_flows(prev, cur, prev_words, words) if prev is not None and len(prev) and len(cur) else None
+    return flow_delta(prev, cur, since_ns, j=j), j, words
 
 
 def globals_delta(prev: np.ndarray | None, cur: np.ndarray) -> np.ndarray:
@@ -209,6 +220,10 @@ class Interval:
     delta: Snapshot
     cum: Snapshot
     records: np.ndarray    # the interval's raw message records (layout.MSG_REC_DTYPE)
+    # for each row of cum.flows its row in the previous read's table or -1 (None: not known),
+    # and cum.flows' core.rates.order_words: the window follows its anchors with them
+    join: np.ndarray | None = None
+    words: np.ndarray | None = None
 
 
 class LiveSession:
@@ -243,6 +258,7 @@ class LiveSession:
         self.events_dropped = 0
         self._lock = threading.Lock()
         self._prev_flows = None
+        self._prev_words = None
         self._prev_glob = None
         self._prev_mono = 0
         self._prev_evicted = 0
@@ -453,15 +469,16 @@ class LiveSession:
         recs = self.take_records()
         now = time.monotonic_ns()
         cum = self.dp.snapshot(self.meta(now), records=np.zeros(0, L.MSG_REC_DTYPE))
-        dflows = flow_delta(self._prev_flows, cum.flows, since_ns=self._prev_mono)
+        dflows, join, words = interval_delta(self._prev_flows, cum.flows, self._prev_mono, self._prev_words)
         dglob = globals_delta(self._prev_glob, cum.globals)
         dmeta = dict(cum.meta)
         dmeta.update(self.meta(now, self._prev_mono))
         dmeta["flows_evicted"] = max(0, int(cum.meta.get("flows_evicted", 0)) - self._prev_evicted)
         delta = Snapshot(flows=dflows, events=events_from_records(dflows, recs), globals=dglob, meta=dmeta)
         iv = Interval(index=self._index, wall=time.time(), dt=(now - self._prev_mono) / 1e9,
-                      elapsed=(now - self.t0_mono_ns) / 1e9, delta=delta, cum=cum, records=recs)
-        self._prev_flows, self._prev_glob, self._prev_mono = cum.flows, cum.globals, now
+                      elapsed=(now - self.t0_mono_ns) / 1e9, delta=delta, cum=cum, records=recs, join=join,
+                      words=words)
+        self._prev_flows, self._prev_words, self._prev_glob, self._prev_mono = cum.flows, words, cum.globals, now
         self._prev_evicted = int(cum.meta.get("flows_evicted", 0))
         self._index += 1
         return iv
@@ -498,24 +515,45 @@ class LiveSession:
 class Window:
     """Keeps enough state to build a Snapshot of roughly the last `seconds` (between
     seconds/2 and seconds): two anchors (cumulative reads) re-taken every seconds/2, and
-    the message records since the older one. Memory: two flow tables + bounded records."""
+    the message records since the older one. Memory: two flow tables + bounded records.
+
+    Each anchor also keeps, read after read, the join of the latest read to its table
+    (follow_join over the reads' own joins, O(flows) per read), so the window's delta does
+    not join the whole table again; reads that do not carry their join (Interval.join) or
+    that skip one make the snapshot join as before."""
 
     def __init__(self, seconds: float, max_events: int = 500_000):
         self.seconds = float(seconds)
         self.max_events = int(max_events)
-        self._anchors: list[tuple[int, np.ndarray, np.ndarray]] = []   # (mono_ns, flows, globals)
+        # [mono_ns, flows, globals, order_words if strictly increasing else None, latest read's join or None]
+        self._anchors: list[list] = []
         self._ev: list[np.ndarray] = []          # raw records (MSG_REC_DTYPE) and their read time
         self._ev_t: list[int] = []
         self.dropped = 0
+        self._last: tuple[int, np.ndarray] | None = None     # (index, cum.flows) of the latest read
+
+    def _follow(self, iv: Interval) -> None:
+        """Carry each anchor's join from the previous read to iv's read."""
+        chain = (iv.join is not None and iv.words is not None and self._last is not None
+                 and iv.index == self._last[0] + 1 and len(iv.join) == len(iv.cum.flows) == len(iv.words))
+        for a in self._anchors:
+            if chain and a[3] is not None and a[4] is not None and len(a[1]):
+                a[4] = follow_join(a[4], iv.join, a[3], iv.words)
+            else:
+                a[4] = None
+        self._last = (iv.index, iv.cum.flows)
 
     def add(self, iv: Interval) -> None:
         now = int(iv.cum.meta["last_ts"])
         if not self._anchors:
             # the attach itself is the first anchor: empty tables
             t0 = int(iv.delta.meta.get("first_ts", now))
-            self._anchors.append((t0, np.zeros(0, L.FLOW_DTYPE), np.zeros(L.G_N, np.uint64)))
+            self._anchors.append([t0, np.zeros(0, L.FLOW_DTYPE), np.zeros(L.G_N, np.uint64), None, None])
+        self._follow(iv)
         if now - self._anchors[-1][0] >= self.seconds / 2 * 1e9:
-            self._anchors.append((now, iv.cum.flows, iv.cum.globals))
+            f = iv.cum.flows
+            w = iv.words if iv.words is not None and len(iv.words) == len(f) and words_sorted(iv.words) else None
+            self._anchors.append([now, f, iv.cum.globals, w, np.arange(len(f)) if w is not None else None])
             if len(self._anchors) > 2:
                 self._anchors.pop(0)
         if len(iv.records):
@@ -534,8 +572,9 @@ class Window:
             self._ev_t.pop(0)
 
     def snapshot(self, iv: Interval) -> Snapshot:
-        t0, f0, g0 = self._anchors[0]
-        flows = flow_delta(f0, iv.cum.flows, since_ns=t0)
+        t0, f0, g0, _, j0 = self._anchors[0]
+        latest = self._last is not None and self._last[1] is iv.cum.flows
+        flows = flow_delta(f0, iv.cum.flows, since_ns=t0, j=j0 if latest else None)
         glob = globals_delta(g0, iv.cum.globals)
         recs = np.concatenate(self._ev) if self._ev else np.zeros(0, L.MSG_REC_DTYPE)
         if len(recs):

@@ -9,7 +9,8 @@ import pytest
 
 from skewscope.core import layout as L
 from skewscope.core import snapshot as S
-from skewscope.core.rates import counter_blocks, sorted_join, subtract_counters
+from skewscope.core.rates import counter_blocks, delta_rows, sorted_join
+from skewscope.sources import live
 from skewscope.sources.live import COUNTER_FIELDS, flow_delta
 
 
@@ -68,20 +69,22 @@ def test_take_rows_and_key_matrix_are_the_fieldwise_results():
     assert (S.flow_key_matrix(f[::3]) == k.view(np.uint8).reshape(500, -1)[::3]).all()   # strided: by field
 
 
-def test_subtract_counters_is_fieldwise_subtraction():
+def test_delta_rows_is_take_rows_then_fieldwise_subtraction():
     rng = np.random.default_rng(5)
     p = _table(rng, 300)
-    d = p.copy()
+    c = p.copy()
     for name in COUNTER_FIELDS:
-        d[name] = d[name] + rng.integers(0, 1000, d[name].shape, dtype=np.uint64)
-    use = rng.random(300) < 0.7
-    rows = rng.permutation(300)
-    p, q = p[rows], p                        # d[i] - q[i] is d[i] - p[rows[i]]
-    want = d.copy()
+        c[name] = c[name] + rng.integers(0, 1000, c[name].shape, dtype=np.uint64)
+    c = c[rng.permutation(300)]
+    keep = np.sort(rng.choice(300, 200, replace=False))
+    rows = rng.integers(0, 300, 200)
+    use = rng.random(200) < 0.7
+    want = c[keep].copy()
     for name in COUNTER_FIELDS:
-        want[name][use] -= q[name][use]
-    subtract_counters(d, p, np.argsort(rows), use, counter_blocks(COUNTER_FIELDS))
-    assert d.tobytes() == want.tobytes()
+        want[name][use] -= p[name][rows[use]]
+    got = delta_rows(c, p, rows, keep, use, counter_blocks(COUNTER_FIELDS))
+    assert use.any() and not use.all()
+    assert got.tobytes() == want.tobytes()
 
 
 def _words(t):
@@ -132,6 +135,69 @@ def test_flow_delta_matches_the_per_flow_reference(seed):
     assert sorted_join(_words(prev), _words(cur)) is None
     assert flow_delta(prev_s, cur_s, since_ns=50).tobytes() == _reference_delta(prev_s, cur_s, 50).tobytes()
     assert flow_delta(None, cur).tobytes() == cur[cur["packets"] > 0].tobytes()
+
+
+def _next(rng, prev, gone, t):
+    """The read after prev, sorted by key: flows grown, some evicted (kept aside in gone),
+    some re-created, some of the evicted back (with their old first_ts or a new one), new ones."""
+    cur = prev.copy()
+    grow = rng.random(len(cur)) < 0.5
+    for name in COUNTER_FIELDS:
+        cur[name][grow] += rng.integers(0, 50, cur[name][grow].shape, dtype=np.uint64)
+    cur["packets"][grow] += 1
+    rec = rng.random(len(cur)) < 0.03
+    cur["packets"][rec & (rng.random(len(cur)) < 0.5)] = 2
+    cur["first_ts"][rec] = t
+    out = rng.random(len(cur)) < 0.05
+    m = rng.random(len(gone)) < 0.5
+    back, gone = gone[m], gone[~m]
+    back["packets"] += rng.integers(0, 3, len(back)).astype(np.uint64)
+    back["first_ts"][rng.random(len(back)) < 0.5] = t
+    new = _table(rng, 10)
+    new["dest_qp"] += 10_000 + 100 * (t // 1_000_000_000)
+    gone = np.concatenate([gone, cur[out]])
+    cur = np.concatenate([cur[~out], back, new])
+    return cur[S._key_order(S.flow_key_matrix(cur))], gone
+
+
+def _snap(flows, t, first):
+    return S.Snapshot(flows, np.zeros(0, L.EVENT_DTYPE), np.zeros(L.G_N, np.uint64),
+                      {"first_ts": first, "last_ts": t})
+
+
+@pytest.mark.parametrize("seed", [8, 9])
+def test_window_follows_its_anchor_to_the_reference_delta(seed):
+    """The window's delta against its anchor, from the anchors' joins carried read after read
+    (Interval.join): the per-flow reference of that anchor and the latest read, with flows
+    evicted and back in between (looked up in the anchor) and new ones."""
+    rng = np.random.default_rng(seed)
+    w = live.Window(4.0)
+    cur = _table(rng, 300)
+    cur = cur[S._key_order(S.flow_key_matrix(cur))]
+    prev = pw = None
+    gone = cur[:0]
+    followed = 0
+    for i in range(9):
+        t = (i + 1) * 1_000_000_000
+        if i:
+            cur, gone = _next(rng, cur, gone, t)
+        d, j, words = live.interval_delta(prev, cur, t - 1_000_000_000, pw)
+        iv = live.Interval(i, 0.0, 1.0, i + 1.0, _snap(d, t, t - 1_000_000_000), _snap(cur, t, 0),
+                           np.zeros(0, L.MSG_REC_DTYPE), join=j, words=words)
+        w.add(iv)
+        t0, anchor = w._anchors[0][0], w._anchors[0][1]
+        followed += w._anchors[0][4] is not None and len(anchor) > 0 and t0 < t
+        got = w.snapshot(iv).flows
+        assert got.tobytes() == _reference_delta(anchor, cur, t0).tobytes()
+        prev, pw = cur, words
+    assert followed >= 4
+    # a read the window did not see: the next one joins the whole table again, same result
+    cur, gone = _next(rng, cur, gone, 11_000_000_000)
+    skip = live.Interval(10, 0.0, 1.0, 11.0, _snap(cur[:0], 11_000_000_000, 0), _snap(cur, 11_000_000_000, 0),
+                         np.zeros(0, L.MSG_REC_DTYPE), join=np.zeros(len(cur), np.int64), words=_words(cur))
+    w.add(skip)
+    assert w._anchors[0][4] is None
+    assert w.snapshot(skip).flows.tobytes() == _reference_delta(w._anchors[0][1], cur, w._anchors[0][0]).tobytes()
 
 
 def test_exporter_adds_flow_counters_per_peer_as_add_at():
