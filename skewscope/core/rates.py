@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.core import layout as L
-from skewscope.core.jit import njit
+from skewscope.core.jit import njit, prefetch
 from skewscope.core.snapshot import flow_key_matrix, match_rows
 
 
@@ -137,22 +137,50 @@ def delta_rows(cur: np.ndarray, prev: np.ndarray, rows: np.ndarray, keep: np.nda
     return out
 
 
+#: rows ahead the rates kernel prefetches, and the bytes of a row it reads (key .. msg_hist)
+_PREFETCH_ROWS = 4
+_ROW_BYTES_READ = L.FLOW_DTYPE.fields["msg_hist"][1] + L.FLOW_DTYPE.fields["msg_hist"][0].itemsize
+#: the column sums flow_rates(sums=) fills: top's header totals
+SUM_FIELDS = ("bytes", "ce", "ecn_capable", "cnp", "retransmissions", "naks")
+
+
 @njit(cache=True, nogil=True)
-def _msg_mode(hist):
-    """Per row: the lower bound of the first fullest log2 slot (slot 0: 0; s: 2^(s-1)), -1
-    for an empty histogram. One pass over the rows' 34 slots (numpy's sum and argmax over
-    the 850-byte rows were 60 % of flow_rates)."""
-    out = np.empty(hist.shape[0], dtype=np.int64)
-    for i in range(hist.shape[0]):
+def _rates_kernel(fl, raw, dt, k, gbps, pps, cnp_ps, ce_pct, retx, naks, mode, sums):
+    """flow_rates' columns and SUM_FIELDS' sums in one pass over the rows (one numpy pass per
+    column re-read the 850-byte rows seven times); the same float operations in the same
+    order as the per-column numpy expressions. msg_mode: the lower bound of the first
+    fullest log2 slot (slot 0: 0; s: 2^(s-1)), -1 for an empty histogram."""
+    n = fl.shape[0]
+    rs = raw.shape[0] // max(n, 1)
+    for i in range(n):
+        # 850-byte rows: the hardware prefetcher stops at each 4 KiB page
+        if i + _PREFETCH_ROWS < n:
+            b = (i + _PREFETCH_ROWS) * rs
+            for o in range(0, _ROW_BYTES_READ, 64):
+                prefetch(raw, b + o)
+        r = fl[i]
+        gbps[i] = float(r.bytes) * 8.0 / dt / 1e9 * k
+        pps[i] = float(r.packets) / dt * k
+        cnp_ps[i] = float(r.cnp) / dt * k
+        ecn = float(r.ecn_capable)
+        ce_pct[i] = 100.0 * float(r.ce) / max(ecn, 1.0) if ecn > 0 else 0.0
+        retx[i] = float(r.retransmissions) * k
+        nk = r.nak_seq + r.nak_rnr + r.nak_other
+        naks[i] = float(nk) * k
         best, top = -1, np.uint64(0)
-        for s in range(hist.shape[1]):
-            if hist[i, s] > top:
-                top, best = hist[i, s], s
-        out[i] = -1 if best < 0 else (0 if best == 0 else np.int64(1) << np.int64(best - 1))
-    return out
+        for s in range(r.msg_hist.shape[0]):
+            if r.msg_hist[s] > top:
+                top, best = r.msg_hist[s], s
+        mode[i] = -1 if best < 0 else (0 if best == 0 else np.int64(1) << np.int64(best - 1))
+        sums[0] += r.bytes
+        sums[1] += r.ce
+        sums[2] += r.ecn_capable
+        sums[3] += r.cnp
+        sums[4] += r.retransmissions
+        sums[5] += nk
 
 
-def flow_rates(flows: np.ndarray, dt: float, sample_n: int = 1) -> dict[str, np.ndarray]:
+def flow_rates(flows: np.ndarray, dt: float, sample_n: int = 1, sums: dict | None = None) -> dict[str, np.ndarray]:
     """The live per-interval rates of a delta flow table over dt seconds, scaled by the sampling factor (with
     1-in-N sampling the counters are of sampled packets; N times them is the unbiased
     estimate). Definitions (README "Counters"/"Live rates"):
@@ -162,24 +190,22 @@ def flow_rates(flows: np.ndarray, dt: float, sample_n: int = 1) -> dict[str, np.
       ce_pct    100 * CE packets / ECN-capable packets (0 when none is ECN-capable)
       retx, naks  counts in the interval (scaled)
       msg_mode  lower bound (bytes) of the most frequent message-size bucket, -1 if none
+    `sums`: filled with the unscaled column totals of SUM_FIELDS (Python ints; naks: the
+    three NAK counters), from the same pass.
     """
     dt = max(float(dt), 1e-9)
     k = float(max(1, int(sample_n)))
-    pk = flows["packets"].astype(np.float64)
-    ecn = flows["ecn_capable"].astype(np.float64)
-    ce = flows["ce"].astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ce_pct = np.where(ecn > 0, 100.0 * ce / np.maximum(ecn, 1), 0.0)
-    mode = _msg_mode(flows["msg_hist"]) if len(flows) else np.zeros(0, np.int64)
-    return {
-        "gbps": flows["bytes"].astype(np.float64) * 8.0 / dt / 1e9 * k,
-        "pps": pk / dt * k,
-        "cnp_ps": flows["cnp"].astype(np.float64) / dt * k,
-        "ce_pct": ce_pct,
-        "retx": flows["retransmissions"].astype(np.float64) * k,
-        "naks": (flows["nak_seq"] + flows["nak_rnr"] + flows["nak_other"]).astype(np.float64) * k,
-        "msg_mode": mode,
-    }
+    n = len(flows)
+    out = {c: np.empty(n, np.float64) for c in ("gbps", "pps", "cnp_ps", "ce_pct", "retx", "naks")}
+    out["msg_mode"] = np.empty(n, np.int64)
+    tot = np.zeros(len(SUM_FIELDS), np.uint64)
+    if n:
+        f = np.ascontiguousarray(flows, dtype=L.FLOW_DTYPE)
+        _rates_kernel(f, f.view(np.uint8).reshape(-1), dt, k, out["gbps"], out["pps"], out["cnp_ps"], out["ce_pct"],
+                      out["retx"], out["naks"], out["msg_mode"], tot)
+    if sums is not None:
+        sums.update({c: int(v) for c, v in zip(SUM_FIELDS, tot)})
+    return out
 
 
 def order_words(flows: np.ndarray) -> np.ndarray:

@@ -137,7 +137,8 @@ def build_model(snap: Snapshot, dt: float, state: "ViewState", *, iface: str = "
     """Rows (sorted, filtered, at most `limit`) and header numbers of one interval."""
     f = snap.flows
     sample_n = int(snap.meta.get("sample_n", 1) or 1)
-    rates = flow_rates(f, dt, sample_n)
+    sums: dict = {}
+    rates = flow_rates(f, dt, sample_n, sums=sums)
     key, desc, _ = _sort_spec(state)
     order = _order(rates, f, key, desc if not state.reverse else not desc, first=0 if state.filter else limit)
     shown = len(f)
@@ -175,7 +176,7 @@ def build_model(snap: Snapshot, dt: float, state: "ViewState", *, iface: str = "
     g = snap.globals
     k = float(sample_n)
     dtt = max(dt, 1e-9)
-    roce_bytes = float(f["bytes"].sum()) if len(f) else 0.0
+    roce_bytes = float(sums["bytes"]) if len(f) else 0.0
     totals = {
         "roce_gbps": roce_bytes * 8 / dtt / 1e9 * k,
         "roce_pps": float(g[L.G_ACCOUNTED]) / dtt * k,
@@ -183,10 +184,10 @@ def build_model(snap: Snapshot, dt: float, state: "ViewState", *, iface: str = "
         "frames": int(g[L.G_FRAMES]),
         "accounted": int(g[L.G_ACCOUNTED]),
         "pfc": int(g[L.G_PFC]),
-        "ce_pct": (100.0 * float(f["ce"].sum()) / max(1.0, float(f["ecn_capable"].sum()))) if len(f) else 0.0,
-        "cnp_ps": float(f["cnp"].sum()) / dtt * k if len(f) else 0.0,
-        "retx": float(f["retransmissions"].sum()) * k if len(f) else 0.0,
-        "naks": float((f["nak_seq"] + f["nak_rnr"] + f["nak_other"]).sum()) * k if len(f) else 0.0,
+        "ce_pct": (100.0 * float(sums["ce"]) / max(1.0, float(sums["ecn_capable"]))) if len(f) else 0.0,
+        "cnp_ps": float(sums["cnp"]) / dtt * k if len(f) else 0.0,
+        "retx": float(sums["retransmissions"]) * k if len(f) else 0.0,
+        "naks": float(sums["naks"]) * k if len(f) else 0.0,
     }
     na = {name: int(g[i]) for i, name in enumerate(L.CATEGORY_NAMES) if i != L.G_ACCOUNTED and g[i]}
     hist, hist_label = None, ""

@@ -9,7 +9,7 @@ import pytest
 
 from skewscope.core import layout as L
 from skewscope.core import snapshot as S
-from skewscope.core.rates import counter_blocks, delta_rows, sorted_join
+from skewscope.core.rates import counter_blocks, delta_rows, flow_rates, sorted_join
 from skewscope.sources import live
 from skewscope.sources.live import COUNTER_FIELDS, flow_delta
 
@@ -198,6 +198,39 @@ def test_window_follows_its_anchor_to_the_reference_delta(seed):
     w.add(skip)
     assert w._anchors[0][4] is None
     assert w.snapshot(skip).flows.tobytes() == _reference_delta(w._anchors[0][1], cur, w._anchors[0][0]).tobytes()
+
+
+@pytest.mark.parametrize("sample_n", [1, 4])
+def test_flow_rates_one_pass_is_the_per_column_numpy(sample_n):
+    """flow_rates' one numba pass: bit for bit the per-column numpy expressions of the
+    definitions, and the header sums top shows."""
+    rng = np.random.default_rng(10)
+    f = _table(rng, 500)
+    f["ecn_capable"][::7] = 0
+    f["msg_hist"][::5] = 0
+    f["msg_hist"][1::5] = 3                                   # ties: the first fullest slot
+    dt, k = 0.7, float(sample_n)
+    sums = {}
+    got = flow_rates(f, dt, sample_n, sums=sums)
+    ecn = f["ecn_capable"].astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ce = np.where(ecn > 0, 100.0 * f["ce"].astype(np.float64) / np.maximum(ecn, 1), 0.0)
+    h = f["msg_hist"]
+    slot = np.argmax(h, axis=1)
+    mode = np.where(h.max(axis=1) == 0, -1, np.where(slot == 0, 0, 1 << np.maximum(slot - 1, 0)))
+    want = {"gbps": f["bytes"].astype(np.float64) * 8.0 / dt / 1e9 * k,
+            "pps": f["packets"].astype(np.float64) / dt * k,
+            "cnp_ps": f["cnp"].astype(np.float64) / dt * k, "ce_pct": ce,
+            "retx": f["retransmissions"].astype(np.float64) * k,
+            "naks": (f["nak_seq"] + f["nak_rnr"] + f["nak_other"]).astype(np.float64) * k, "msg_mode": mode}
+    assert set(got) == set(want)
+    for c in want:
+        assert got[c].tobytes() == want[c].astype(got[c].dtype).tobytes(), c
+    assert sums == {"bytes": int(f["bytes"].sum()), "ce": int(f["ce"].sum()), "ecn_capable": int(f["ecn_capable"].sum()),
+                    "cnp": int(f["cnp"].sum()), "retransmissions": int(f["retransmissions"].sum()),
+                    "naks": int((f["nak_seq"] + f["nak_rnr"] + f["nak_other"]).sum())}
+    assert (mode == -1).any() and (mode > 0).any()
+    assert flow_rates(f[:0], dt)["gbps"].shape == (0,)
 
 
 def test_exporter_adds_flow_counters_per_peer_as_add_at():

@@ -17,10 +17,13 @@ for the map read.
 
 Rows (CPU time of this process, median of --rounds; the first round untimed):
 
-  delta                sources.live.flow_delta(prev, cur): the interval's counters (read_interval)
+  delta                sources.live.interval_delta(prev, cur, prev_words): the interval's counters
+                       as read_interval computes them (the previous read's key words kept from its
+                       own interval: only the new read's are computed)
   records -> events    core.snapshot.events_from_records(delta flows, records)
   window               sources.live.Window.add + Window.snapshot (the analysis window's delta
-                       against its anchor, offered to the runner each read)
+                       against its anchor, offered to the runner each read; the reads carry their
+                       joins and key words as read_interval's Intervals do)
   rates                core.rates.flow_rates(delta): top's per-flow columns
   top rows             outputs.topview.build_model + plain_lines (sorted rows, totals, 20 shown)
   top matrix           outputs.topmatrix.matrix_view (key m: node x node bit/s)
@@ -298,7 +301,8 @@ def run(n_flows, a, rows):
     from skewscope.outputs.topview import ViewState, build_model, plain_lines
     from skewscope.core.rates import flow_rates
     from skewscope.core.snapshot import events_from_records
-    from skewscope.sources.live import Interval, Window, flow_delta
+    from skewscope.core.rates import order_words
+    from skewscope.sources.live import Interval, Window, interval_delta
 
     t_build = time.perf_counter()
     prev, kind = table(n_flows, a.nodes, a.group)
@@ -307,19 +311,21 @@ def run(n_flows, a, rows):
     recs = records(cur, kind, act, a.records, 20 * NS)
     print(f"\n{n_flows:,} flows ({int((kind == 0).sum()):,} data, {int(act.sum()):,} active in the interval), "
           f"{a.records:,} records; built in {time.perf_counter() - t_build:.1f} s")
-    d0 = flow_delta(prev, cur, since_ns=20 * NS)
+    prev_words = order_words(prev)         # the session kept them from the previous interval
+    d0, j0, words = interval_delta(prev, cur, 20 * NS, prev_words)
     ev0 = events_from_records(d0, recs)
     delta = snapshot(d0, ev0, 20 * NS, t1, n_flows)
     cum = snapshot(cur, np.zeros(0, L.EVENT_DTYPE), 0, t1, n_flows)
     cum0 = snapshot(prev, np.zeros(0, L.EVENT_DTYPE), 0, 20 * NS, n_flows)
-    iv0 = Interval(0, 0.0, 20.0, 20.0, cum0, cum0, np.zeros(0, L.MSG_REC_DTYPE))
+    iv0 = Interval(0, 0.0, 20.0, 20.0, cum0, cum0, np.zeros(0, L.MSG_REC_DTYPE), words=prev_words)
     iv = Interval(1, 1.0, 1.0, 21.0, delta, cum, recs)
     state = ViewState()
 
     def fresh():
         return Snapshot(delta.flows, delta.events, delta.globals, dict(delta.meta))
 
-    ivw = Interval(1, 26.0, 6.0, 26.0, delta, snapshot(cur, np.zeros(0, L.EVENT_DTYPE), 0, 26 * NS, n_flows), recs)
+    ivw = Interval(1, 26.0, 6.0, 26.0, delta, snapshot(cur, np.zeros(0, L.EVENT_DTYPE), 0, 26 * NS, n_flows), recs,
+                   join=j0, words=words)
 
     def f_window():
         # the steady state: the window's older anchor is the previous read (5 s before)
@@ -348,7 +354,7 @@ def run(n_flows, a, rows):
 
     r = a.rounds
     comp = [
-        ("delta", cpu(lambda: flow_delta(prev, cur, since_ns=20 * NS), r), "O(flows)"),
+        ("delta", cpu(lambda: interval_delta(prev, cur, 20 * NS, prev_words), r), "O(flows)"),
         ("records -> events", cpu(lambda: events_from_records(d0, recs), r), "O(flows + records)"),
         ("window", cpu(f_window, r), "O(flows + records)"),
         ("rates", cpu(lambda: flow_rates(d0, 1.0), r), "O(flows)"),
