@@ -26,6 +26,11 @@ def counter_blocks(names) -> tuple:
     return tuple((o, w) for o, w in runs)
 
 
+#: rows ahead the row kernels prefetch (850-byte rows: the hardware prefetcher stops at
+#: each 4 KiB page)
+_PREFETCH_ROWS = 4
+
+
 @njit(cache=True, nogil=True)
 def _kept(j, cur_pk, cur_first, prev_pk, prev_first):
     """Rows of cur with packets in the interval, and whether each subtracts its match."""
@@ -93,11 +98,21 @@ def _words(t: np.ndarray, off: int, nw: int) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def _delta_rows(cw, ct, keep, rows, use, ow, ot, o0, p0, o1, p1, o2, p2):
+def _delta_rows(cw, ct, keep, rows, use, ow, ot, o0, p0, o1, p1, o2, p2, craw, praw, rs):
     """out[k] = cur[keep[k]] (as its u64 words cw/ow and trailing bytes ct/ot), minus
     prev[rows[k]]'s counter words (o*/p*: the three counter runs of out and prev) where
-    use[k]: one pass, each output row written once."""
-    for k in range(keep.shape[0]):
+    use[k]: one pass, each output row written once. craw/praw: cur and prev as bytes (rows
+    of rs bytes), for the prefetch of the rows _PREFETCH_ROWS ahead."""
+    n = keep.shape[0]
+    for k in range(n):
+        if k + _PREFETCH_ROWS < n:
+            b = keep[k + _PREFETCH_ROWS] * rs
+            for o in range(0, rs, 64):
+                prefetch(craw, b + o)
+            if use[k + _PREFETCH_ROWS]:
+                b = rows[k + _PREFETCH_ROWS] * rs
+                for o in range(0, rs, 64):
+                    prefetch(praw, b + o)
         i = keep[k]
         for w in range(cw.shape[1]):
             ow[k, w] = cw[i, w]
@@ -133,12 +148,12 @@ def delta_rows(cur: np.ndarray, prev: np.ndarray, rows: np.ndarray, keep: np.nda
     nw = isz // 8
     cb, ob = cur.view(np.uint8).reshape(len(cur), isz), out.view(np.uint8).reshape(len(out), isz)
     _delta_rows(_words(cur, 0, nw), cb[:, 8 * nw:], keep, np.ascontiguousarray(rows, dtype=np.int64),
-                np.ascontiguousarray(use, dtype=np.bool_), _words(out, 0, nw), ob[:, 8 * nw:], *views)
+                np.ascontiguousarray(use, dtype=np.bool_), _words(out, 0, nw), ob[:, 8 * nw:], *views,
+                cb.reshape(-1), prev.view(np.uint8).reshape(-1) if len(prev) else np.zeros(1, np.uint8), isz)
     return out
 
 
-#: rows ahead the rates kernel prefetches, and the bytes of a row it reads (key .. msg_hist)
-_PREFETCH_ROWS = 4
+#: the rates kernel's bytes of a row (key .. msg_hist)
 _ROW_BYTES_READ = L.FLOW_DTYPE.fields["msg_hist"][1] + L.FLOW_DTYPE.fields["msg_hist"][0].itemsize
 #: the column sums flow_rates(sums=) fills: top's header totals
 SUM_FIELDS = ("bytes", "ce", "ecn_capable", "cnp", "retransmissions", "naks")
