@@ -9,7 +9,7 @@ import pytest
 
 from skewscope.core import layout as L
 from skewscope.core import snapshot as S
-from skewscope.core.rates import counter_blocks, delta_rows, flow_rates, sorted_join
+from skewscope.core.rates import counter_blocks, delta_rows, flow_rates, order_words, sorted_join
 from skewscope.sources import live
 from skewscope.sources.live import COUNTER_FIELDS, flow_delta
 
@@ -89,6 +89,14 @@ def test_delta_rows_is_take_rows_then_fieldwise_subtraction():
 
 def _words(t):
     return S.flow_key_matrix(t).view(">u8").astype(np.uint64)
+
+
+def test_order_words_are_the_big_endian_key_words():
+    f = _table(np.random.default_rng(12), 300)
+    f["src"][:, :12] = np.random.default_rng(13).integers(0, 256, (300, 12))
+    assert (order_words(f) == _words(f)).all() and order_words(f).dtype == np.uint64
+    assert (order_words(f[::3]) == _words(f[::3])).all()                   # strided: the byte matrix
+    assert order_words(f[:0]).shape == (0, 5)
 
 
 def _reference_delta(prev, cur, since_ns):
