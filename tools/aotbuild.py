@@ -99,14 +99,18 @@ TRAINING = ("ring-straggler", "tree-healthy", "moe-hot-expert", "pipeline-bubble
 def _live_workload(snap, path: str) -> None:
     """The live path's per-interval kernels (top, export, watch): the interval delta of two
     reads of a flow table sorted by key (the loader's) and of two unsorted ones (the hash
-    join), its rates, and the exporter reading a capture once."""
-    from skewscope.core.rates import flow_rates, order_words
-    from skewscope.sources.live import flow_delta
+    join), its rates, the window following its anchor, and the exporter reading a capture once."""
+    from skewscope.core.rates import flow_rates, follow_join, order_words, words_sorted
+    from skewscope.sources.live import flow_delta, interval_delta
     cur = snap.flows[np.lexsort(order_words(snap.flows).T[::-1])]
     prev = cur.copy()
     for f in ("packets", "bytes"):
         prev[f] //= 2
     flow_rates(flow_delta(prev, cur, since_ns=1), 1.0)
+    pw = order_words(prev)
+    _, j, words = interval_delta(prev, cur, 1, pw)
+    if words_sorted(pw):
+        follow_join(np.arange(len(prev)), j, pw, words)
     flow_delta(prev[::-1].copy(), cur)
     with contextlib.redirect_stdout(io.StringIO()):
         cli.main(["export", "--from", path, "--once"], standalone_mode=False)
