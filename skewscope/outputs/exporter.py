@@ -40,7 +40,7 @@ from skewscope.analysis.context import context
 from skewscope.analysis.nodeview import NodeViewError, resolve_node
 from skewscope.core import layout as L
 from skewscope.core.rates import join_flows
-from skewscope.core.snapshot import Snapshot, ip_str, match_rows
+from skewscope.core.snapshot import Snapshot, ip_str, match_rows, take_rows
 from skewscope.outputs.exptables import (
     CLASSES,
     CLS_CONTROL,
@@ -193,6 +193,7 @@ class Accumulator:
             self.cum_class = flow_class(cum_flows)
         # class from the cumulative table (stable), not from the interval's few messages
         cls = flow_class(delta)
+        j = None
         if len(self.cum_flows) and len(delta):
             j = join_flows(self.cum_flows, delta)          # sorted by key both: one merge
             cls = np.where(j >= 0, self.cum_class[np.maximum(j, 0)], cls).astype(np.uint8)
@@ -203,13 +204,20 @@ class Accumulator:
             self.events_without_flow += int((events["flow"] < 0).sum())
             npeers = len(self.peer_keys) + 1                   # + the overflow pair, last
             fp = np.where(peer >= 0, peer, npeers - 1)
-            fst = message_timing(delta, events)
+            # message timing of the flows the records refer to only (a flow's statistics are
+            # its own records'; the others add 0): O(records), not O(delta)
+            ok = events["flow"] >= 0
+            ref = np.unique(events["flow"][ok]).astype(np.int64)
+            ev_ref = events.copy()
+            ev_ref["flow"][ok] = np.searchsorted(ref, events["flow"][ok])
+            fst = message_timing(take_rows(delta, ref), ev_ref)
             timed = np.zeros((npeers, 2), dtype=np.float64)
-            np.add.at(timed[:, 0], fp, fst["multi_bytes"])
-            np.add.at(timed[:, 1], fp, fst["wire_ns"])
+            np.add.at(timed[:, 0], fp[ref], fst["multi_bytes"])
+            np.add.at(timed[:, 1], fp[ref], fst["wire_ns"])
             self.peer_timed += timed[:-1]
             self.overflow_timed += timed[-1]
-            pkt = fst["pkt_ns"]
+            pkt = np.zeros(len(delta), dtype=np.float64)
+            pkt[ref] = fst["pkt_ns"]
             carry = np.concatenate([self.peer_carry, np.array([self.overflow_carry], np.int64)])
             busy, carry = busy_ns_per_peer(events, fp, npeers, carry, pkt_ns=pkt)
             self.peer_busy += busy[:-1]
@@ -231,7 +239,7 @@ class Accumulator:
                 busy_s, self.src_carry = busy_ns_per_peer(ev, si, len(self.src_keys), self.src_carry, pkt_ns=pkt)
                 self.src_busy += busy_s
             if self.window is not None:
-                self.window.add(delta, events, cum_flows)
+                self.window.add(delta, events, cum_flows, cum_rows=j if cum_flows is not None else None)
             else:
                 self.timing.add(Snapshot(delta, events, np.zeros(L.G_N, np.uint64), {}), self.node_ip)
         elif self.window is not None:

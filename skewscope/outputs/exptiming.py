@@ -136,7 +136,10 @@ class WindowedTiming:
         self.horizon = 0          # export boundaries up to this time (ns)
         self.full = False         # the window has spanned WINDOW_S (or held max_records)
 
-    def add(self, delta: np.ndarray, events: np.ndarray | None, cum_flows: np.ndarray | None = None) -> None:
+    def add(self, delta: np.ndarray, events: np.ndarray | None, cum_flows: np.ndarray | None = None,
+            cum_rows: np.ndarray | None = None) -> None:
+        """cum_rows: each delta row's row in cum_flows (-1: none) when the caller joined them
+        already (the Accumulator does: a second join of the whole table is not needed)."""
         if events is None or not len(events):
             self.flush()
             return
@@ -152,7 +155,7 @@ class WindowedTiming:
         dv = _rows(d)
         if cum_flows is not None and len(cum_flows) and len(d):
             # the cumulative row (stable counters: roles, mean message size) where there is one
-            j = join_flows(cum_flows, d)
+            j = join_flows(cum_flows, d) if cum_rows is None else np.asarray(cum_rows)[ref]
             dv[j >= 0] = _rows(cum_flows)[j[j >= 0]]
         if len(self.flows) and len(d):
             j = match_rows(flow_key_words(self.flows), flow_key_words(d))
