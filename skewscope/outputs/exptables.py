@@ -11,7 +11,7 @@ from skewscope.analysis.fleet import BULK_MIN_MESSAGE, CTS_MAX_BYTES
 from skewscope.analysis.flows import flow_event_stats
 from skewscope.analysis.intervals import union_kernel
 from skewscope.core import layout as L
-from skewscope.core.jit import njit
+from skewscope.core.jit import njit, prefetch
 from skewscope.core.snapshot import Snapshot
 from skewscope.outputs import metrics as M
 
@@ -128,6 +128,90 @@ def peer_ids(flows: np.ndarray, cls: np.ndarray | None = None) -> np.ndarray:
     if cls is not None:
         k[:, 33] = cls
     return _rows_u64(k)
+
+
+@njit(cache=True, nogil=True)
+def _mix_row(w):
+    h = np.uint64(0)
+    for c in range(w.shape[0]):
+        h ^= w[c]
+        h *= np.uint64(0x9E3779B97F4A7C15)
+        h ^= h >> np.uint64(29)
+    return h
+
+
+@njit(cache=True, nogil=True)
+def _key_rows(a, b, ipv, extra, table):
+    """Row of `table` ((m, k) uint64, distinct rows) equal to each flow's id, or -1. The id
+    of flow i, in the layout of peer_ids (k = 5) / dst_ids (k = 3): the words a[i] (src or
+    dst: 2 words), b[i] (dst, k = 5 only), then ipver | extra[i] << 8. a, b, ipv are
+    strided views into the table's rows: no (n, k) id matrix is built and nothing sorted."""
+    m, k = table.shape
+    cap = 16
+    while cap < 2 * m:
+        cap *= 2
+    slots = np.full(cap, -1, dtype=np.int64)
+    for r in range(m):
+        j = np.int64(_mix_row(table[r]) & np.uint64(cap - 1))
+        while slots[j] >= 0:
+            j = (j + 1) & (cap - 1)
+        slots[j] = r
+    n = a.shape[0]
+    out = np.full(n, -1, dtype=np.int64)
+    w = np.zeros(k, dtype=np.uint64)
+    for i in range(n):
+        if i + 16 < n:
+            prefetch(ipv, i + 16)   # 850-byte rows: the hardware prefetcher stops at each page
+        w[0] = a[i, 0]
+        w[1] = a[i, 1]
+        if k == 5:
+            w[2] = b[i, 0]
+            w[3] = b[i, 1]
+        w[k - 1] = np.uint64(ipv[i]) | (np.uint64(extra[i]) << np.uint64(8))
+        j = np.int64(_mix_row(w) & np.uint64(cap - 1))
+        while slots[j] >= 0:
+            r = slots[j]
+            same = True
+            for c in range(k):
+                if table[r, c] != w[c]:
+                    same = False
+                    break
+            if same:
+                out[i] = r
+                break
+            j = (j + 1) & (cap - 1)
+    return out
+
+
+def _col(t: np.ndarray, name: str, nw: int, dtype: str = "<u8") -> np.ndarray:
+    """Column `name` of a C-contiguous FLOW_DTYPE table as a strided (n, nw) view (any
+    byte alignment: x86 loads it as is)."""
+    off = L.FLOW_DTYPE.fields[name][1]
+    return np.ndarray((len(t), nw), dtype, buffer=t, offset=off, strides=(t.dtype.itemsize, np.dtype(dtype).itemsize))
+
+
+def peer_rows(keys: np.ndarray, flows: np.ndarray, cls: np.ndarray) -> np.ndarray:
+    """match_rows(keys, peer_ids(flows, cls)) in one pass over the rows, without building
+    the ids or sorting them (keys: a few thousand pairs; flows: up to the whole table)."""
+    if not len(flows):
+        return np.zeros(0, np.int64)
+    if not len(keys):
+        return np.full(len(flows), -1, np.int64)
+    f = np.ascontiguousarray(flows)
+    return _key_rows(_col(f, "src", 2), _col(f, "dst", 2), _col(f, "ipver", 1, "u1")[:, 0],
+                     np.ascontiguousarray(cls, dtype=np.int64), np.ascontiguousarray(keys, dtype=np.uint64))
+
+
+def dst_rows(keys: np.ndarray, flows: np.ndarray, end: str = "dst") -> np.ndarray:
+    """match_rows(keys, dst_ids(flows, end)) in one pass over the rows (see peer_rows)."""
+    if not len(flows):
+        return np.zeros(0, np.int64)
+    if not len(keys):
+        return np.full(len(flows), -1, np.int64)
+    f = np.ascontiguousarray(flows)
+    a = _col(f, end, 2)
+    return _key_rows(a, a, _col(f, "ipver", 1, "u1")[:, 0], np.zeros(len(f), np.int64),
+                     np.ascontiguousarray(keys, dtype=np.uint64))
 
 
 def dst_ids(flows: np.ndarray, end: str = "dst") -> np.ndarray:
