@@ -147,3 +147,33 @@ def test_key_rows_match_the_id_matrix_join(seed):
         assert np.array_equal(r, match_rows(kd, dk)) and (r >= 0).any()
     assert len(peer_rows(known[:0], fl, cls)) == n and (peer_rows(known[:0], fl, cls) < 0).all()
     assert len(peer_rows(known, fl[:0], cls[:0])) == 0
+
+
+def test_table_join_equals_join_flows():
+    """table_join (the key words read in place, one merge) = core.rates.join_flows, for
+    sorted tables with shared, missing and extra keys, and for unsorted ones (the fallback)."""
+    from skewscope.core.rates import join_flows
+    from skewscope.core.snapshot import _key_order, flow_key_matrix
+    from skewscope.outputs.exptables import table_join
+    rng = np.random.default_rng(7)
+    n = 4000
+    a = np.zeros(n, L.FLOW_DTYPE)
+    ips = [f"10.0.{i}.{j}" for i in range(2) for j in range(1, 30)] + [f"fd00::{i:x}" for i in range(1, 30)]
+    for i in range(n):
+        x, y = rng.choice(len(ips), 2, replace=False)
+        flow_row(a[i:i + 1], ips[x], ips[y], int(rng.integers(0, 1 << 32)))
+    a["roce"] = rng.integers(1, 3, n)
+    a["packets"] = rng.integers(0, 1 << 60, n)          # the bytes after the key must not count
+    a = a[_key_order(flow_key_matrix(a))]
+    a = a[np.concatenate([[True], np.any(flow_key_matrix(a)[1:] != flow_key_matrix(a)[:-1], axis=1)])]
+    b = a[np.sort(rng.choice(len(a), len(a) // 2, replace=False))].copy()
+    b["packets"] = rng.integers(0, 1 << 60, len(b))
+    extra = b[:50].copy()
+    extra["dest_qp"] ^= 0x5A5A5A5A                      # keys a lacks
+    b2 = np.concatenate([b, extra])
+    b2 = b2[_key_order(flow_key_matrix(b2))]
+    a_sub = a[np.sort(rng.choice(len(a), len(a) * 3 // 4, replace=False))].copy()
+    for x, y in ((a, b), (a, b2), (a_sub, b2), (b2, a), (a, b2[::-1].copy()), (a[::-1].copy(), b2)):
+        got = table_join(x, y)
+        assert np.array_equal(got, join_flows(x, y))
+    assert (table_join(a_sub, b2) < 0).sum() > 50 and (table_join(a, b2) >= 0).sum() == len(b)
