@@ -112,12 +112,34 @@ def flow_class(flows: np.ndarray) -> np.ndarray:
     """bulk: mean message >= analysis.fleet.BULK_MIN_MESSAGE (ring/tree SIMPLE slices);
     chunk: other messages with mean > analysis.flows.CTS_MAX_BYTES (all-to-all, P2P, LL);
     control: everything else (NCCL clear-to-send writes, ACK/NAK, CNP, no messages)."""
+    if len(flows) and flows.dtype == L.FLOW_DTYPE and flows.flags.c_contiguous:
+        # one pass over the rows (the numpy version's 5 temporaries: 2x the time at 1,048,576 flows)
+        c = np.empty(len(flows), dtype=np.uint8)
+        _class_kernel(_col(flows, "messages", 1)[:, 0], _col(flows, "msg_bytes", 1)[:, 0],
+                      float(CTS_MAX_BYTES), float(BULK_MIN_MESSAGE), c)
+        return c
     m = flows["messages"].astype(np.float64)
     mean = np.where(m > 0, flows["msg_bytes"].astype(np.float64) / np.maximum(m, 1), 0.0)
     c = np.full(len(flows), CLS_CONTROL, dtype=np.uint8)
     c[mean > CTS_MAX_BYTES] = CLS_CHUNK
     c[mean >= BULK_MIN_MESSAGE] = CLS_BULK
     return c
+
+
+@njit(cache=True, nogil=True)
+def _class_kernel(msgs, msg_bytes, cts_max, bulk_min, out):
+    n = msgs.shape[0]
+    for i in range(n):
+        if i + 16 < n:
+            prefetch(msgs, i + 16)
+        m = np.float64(msgs[i])
+        mean = np.float64(msg_bytes[i]) / max(m, 1.0) if m > 0 else 0.0
+        c = CLS_CONTROL
+        if mean > cts_max:
+            c = CLS_CHUNK
+        if mean >= bulk_min:
+            c = CLS_BULK
+        out[i] = c
 
 
 def peer_ids(flows: np.ndarray, cls: np.ndarray | None = None) -> np.ndarray:

@@ -177,3 +177,25 @@ def test_table_join_equals_join_flows():
         got = table_join(x, y)
         assert np.array_equal(got, join_flows(x, y))
     assert (table_join(a_sub, b2) < 0).sum() > 50 and (table_join(a, b2) >= 0).sum() == len(b)
+
+
+def test_flow_class_kernel_matches_the_mean_message_rule():
+    """flow_class (one pass over the rows) = the rule by the mean message size, computed
+    plainly per flow, including means exactly at both thresholds and flows without messages."""
+    from skewscope.analysis.fleet import BULK_MIN_MESSAGE, CTS_MAX_BYTES
+    rng = np.random.default_rng(3)
+    n = 5000
+    fl = np.zeros(n, L.FLOW_DTYPE)
+    m = rng.integers(0, 1000, n)
+    m[:10] = 0
+    fl["messages"] = m
+    mean = rng.choice([0, 1, CTS_MAX_BYTES, CTS_MAX_BYTES + 1, BULK_MIN_MESSAGE - 1, BULK_MIN_MESSAGE, 1 << 20], n)
+    fl["msg_bytes"] = m * mean + rng.integers(0, 2, n) * (m > 0)
+    want = []
+    for i in range(n):
+        mi, bi = int(fl["messages"][i]), int(fl["msg_bytes"][i])
+        mu = bi / mi if mi else 0.0
+        want.append("bulk" if mu >= BULK_MIN_MESSAGE else "chunk" if mu > CTS_MAX_BYTES else "control")
+    got = [CLASSES[c] for c in flow_class(fl)]
+    assert got == want and len(set(got)) == 3
+    assert [CLASSES[c] for c in flow_class(fl[::2])] == want[::2]      # a strided table: numpy path
