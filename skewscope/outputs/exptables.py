@@ -306,6 +306,29 @@ def table_join(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out if ok else join_flows(a, b)
 
 
+@njit(cache=True, nogil=True)
+def _pick_rows(a, ia, b, ib, out):
+    for i in range(out.shape[0]):
+        if ia[i] >= 0:
+            out[i, :] = a[ia[i], :]
+        else:
+            out[i, :] = b[ib[i], :]
+
+
+def pick_rows(a: np.ndarray, ia: np.ndarray, b: np.ndarray, ib: np.ndarray) -> np.ndarray:
+    """Row i = a[ia[i]] where ia[i] >= 0, else b[ib[i]] (two tables of one dtype): each
+    850-byte row moved once (a gather from each and a merge of the two moved most rows
+    three times)."""
+    out = np.empty(len(ia), dtype=a.dtype)
+    if len(ia):
+        raw = lambda t: np.ascontiguousarray(t).view(np.uint8).reshape(len(t), t.dtype.itemsize)  # noqa: E731
+        _pick_rows(raw(a) if len(a) else np.zeros((1, a.dtype.itemsize), np.uint8),
+                   np.ascontiguousarray(ia, dtype=np.int64),
+                   raw(b) if len(b) else np.zeros((1, b.dtype.itemsize), np.uint8),
+                   np.ascontiguousarray(ib, dtype=np.int64), raw(out))
+    return out
+
+
 def dst_ids(flows: np.ndarray, end: str = "dst") -> np.ndarray:
     """(n, 3) uint64 identity of each flow's destination (or source: end="src"), ipver."""
     k = np.zeros((len(flows), 24), dtype=np.uint8)
