@@ -103,6 +103,20 @@ def _sel(t, lo, hi):
     return (t >= lo) & (t < hi)
 
 
+def _merge_by_start(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Records a then b, stably sorted by start_ts, when a and b are each sorted (the window
+    and a piece of a read): one merge, not a sort of the whole window per piece."""
+    if not len(a) or not len(b) or a["start_ts"][-1] <= b["start_ts"][0]:
+        return np.concatenate([a, b])
+    pos = np.searchsorted(a["start_ts"], b["start_ts"], side="right") + np.arange(len(b))
+    out = np.empty(len(a) + len(b), dtype=a.dtype)
+    rest = np.ones(len(out), dtype=bool)
+    rest[pos] = False
+    out[pos] = b
+    out[rest] = a
+    return out
+
+
 class WindowedTiming:
     """The live exporter's per-node timing: analysis.nodeview over a sliding window of the
     node's recent message records (the last WINDOW_S seconds, at most WINDOW_RECORDS), so
@@ -179,14 +193,13 @@ class WindowedTiming:
         self.flows = take_rows(self.flows, used)
 
     def _slide(self, ev) -> None:
-        allev = np.concatenate([self.events, ev])
-        allev = allev[np.argsort(allev["start_ts"], kind="stable")]
+        allev = _merge_by_start(self.events, ev)
         # nothing exported yet: keep everything (up to max_records)
         cut = int(allev["end_ts"].max()) - self.window_ns if self.wm else np.iinfo(np.int64).min
         live = [w for w in self.wm.values() if w >= cut]   # groups gone for a window: not kept
         if live:
             cut = min(cut, min(live) - self.window_ns // 2)
-        allev = allev[allev["start_ts"].astype(np.int64) >= cut]
+        allev = allev[np.searchsorted(allev["start_ts"].astype(np.int64), cut, side="left"):]   # sorted: a suffix
         capped = len(allev) > self.max_records
         allev = allev[-self.max_records:]
         end = int(allev["end_ts"].max())

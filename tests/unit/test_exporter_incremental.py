@@ -199,3 +199,20 @@ def test_flow_class_kernel_matches_the_mean_message_rule():
     got = [CLASSES[c] for c in flow_class(fl)]
     assert got == want and len(set(got)) == 3
     assert [CLASSES[c] for c in flow_class(fl[::2])] == want[::2]      # a strided table: numpy path
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_window_merge_equals_a_stable_sort(seed):
+    """The window's records and a read's piece, each sorted by start: the merge = a stable
+    sort of the two concatenated (ties: the window's records first), overlapping or not."""
+    from skewscope.outputs.exptiming import _merge_by_start
+    rng = np.random.default_rng(seed)
+    for na, nb, lo in ((0, 5, 0), (5, 0, 0), (300, 200, 0), (300, 200, 150), (50, 400, 0), (200, 200, 1000)):
+        a = np.zeros(na, L.EVENT_DTYPE)
+        b = np.zeros(nb, L.EVENT_DTYPE)
+        a["start_ts"] = np.sort(rng.integers(0, 100, na))
+        b["start_ts"] = np.sort(rng.integers(lo, lo + 100, nb))
+        a["flow"], b["flow"] = np.arange(na), 10_000 + np.arange(nb)      # identity, to see the order
+        both = np.concatenate([a, b])
+        want = both[np.argsort(both["start_ts"], kind="stable")]
+        assert _merge_by_start(a, b).tobytes() == want.tobytes()
