@@ -39,8 +39,7 @@ import numpy as np
 from skewscope.analysis.context import context
 from skewscope.analysis.nodeview import NodeViewError, resolve_node
 from skewscope.core import layout as L
-from skewscope.core.rates import join_flows
-from skewscope.core.snapshot import Snapshot, ip_str, match_rows
+from skewscope.core.snapshot import Snapshot, ip_str, take_rows
 from skewscope.outputs.exptables import (
     CLASSES,
     CLS_CONTROL,
@@ -54,9 +53,12 @@ from skewscope.outputs.exptables import (
     add_flow_counters,
     busy_ns_per_peer,
     dst_ids,
+    dst_rows,
     flow_class,
     message_timing,
     peer_ids,
+    peer_rows,
+    table_join,
 )
 from skewscope.outputs.exptiming import WINDOW_S, TimingAccumulator, WindowedTiming
 
@@ -137,12 +139,12 @@ class Accumulator:
 
     def _peer_index(self, flows: np.ndarray, cls: np.ndarray) -> np.ndarray:
         """Peer row per flow (-1 = overflow). New pairs become rows until max_peers."""
-        pk = peer_ids(flows, cls)
-        idx = match_rows(self.peer_keys, pk)
+        idx = peer_rows(self.peer_keys, flows, cls)
         new = np.nonzero(idx < 0)[0]
         room = self.max_peers - len(self.peer_keys)
         if len(new) and room > 0:
-            uniq, first = np.unique(pk[new], axis=0, return_index=True)
+            pk = peer_ids(flows, cls)
+            _, first = np.unique(pk[new], axis=0, return_index=True)
             take = np.sort(first)[:room]            # first-seen order among the new ones
             k = len(take)
             self.peer_keys = np.concatenate([self.peer_keys, pk[new[take]]])
@@ -154,7 +156,7 @@ class Accumulator:
             self.peer_busy = np.concatenate([self.peer_busy, np.zeros(k, np.int64)])
             self.peer_carry = np.concatenate([self.peer_carry, np.zeros(k, np.int64)])
             self.peer_timed = np.concatenate([self.peer_timed, np.zeros((k, 2), np.float64)])
-            idx = match_rows(self.peer_keys, pk)
+            idx = peer_rows(self.peer_keys, flows, cls)
         return idx
 
     def _dst_index(self, flows: np.ndarray, end: str = "dst", use: np.ndarray | None = None) -> np.ndarray:
@@ -162,11 +164,11 @@ class Accumulator:
         `use`). New ones become rows until max_peers."""
         pre = "dst" if end == "dst" else "src"
         keys, labels = getattr(self, f"{pre}_keys"), getattr(self, f"{pre}_labels")
-        dk = dst_ids(flows, end)
-        idx = match_rows(keys, dk)
+        idx = dst_rows(keys, flows, end)
         new = np.nonzero((idx < 0) & (True if use is None else use))[0]
         room = self.max_peers - len(keys)
         if len(new) and room > 0:
+            dk = dst_ids(flows, end)
             _, first = np.unique(dk[new], axis=0, return_index=True)
             take = np.sort(first)[:room]
             k = len(take)
@@ -175,7 +177,7 @@ class Accumulator:
                 labels.append(ip_str(flows[r][end], int(flows[r]["ipver"])))
             for a in ("busy", "carry"):
                 setattr(self, f"{pre}_{a}", np.concatenate([getattr(self, f"{pre}_{a}"), np.zeros(k, np.int64)]))
-            idx = match_rows(getattr(self, f"{pre}_keys"), dk)
+            idx = dst_rows(getattr(self, f"{pre}_keys"), flows, end)
         if use is not None:
             idx = np.where(use, idx, -1)
         return idx
@@ -193,8 +195,9 @@ class Accumulator:
             self.cum_class = flow_class(cum_flows)
         # class from the cumulative table (stable), not from the interval's few messages
         cls = flow_class(delta)
+        j = None
         if len(self.cum_flows) and len(delta):
-            j = join_flows(self.cum_flows, delta)          # sorted by key both: one merge
+            j = table_join(self.cum_flows, delta)          # sorted by key both: one merge
             cls = np.where(j >= 0, self.cum_class[np.maximum(j, 0)], cls).astype(np.uint8)
         peer = self._peer_index(delta, cls)
         if add_flow_counters(delta, peer, self.peer_counts, self.overflow_counts, self.totals):
@@ -203,13 +206,20 @@ class Accumulator:
             self.events_without_flow += int((events["flow"] < 0).sum())
             npeers = len(self.peer_keys) + 1                   # + the overflow pair, last
             fp = np.where(peer >= 0, peer, npeers - 1)
-            fst = message_timing(delta, events)
+            # message timing of the flows the records refer to only (a flow's statistics are
+            # its own records'; the others add 0): O(records), not O(delta)
+            ok = events["flow"] >= 0
+            ref = np.unique(events["flow"][ok]).astype(np.int64)
+            ev_ref = events.copy()
+            ev_ref["flow"][ok] = np.searchsorted(ref, events["flow"][ok])
+            fst = message_timing(take_rows(delta, ref), ev_ref)
             timed = np.zeros((npeers, 2), dtype=np.float64)
-            np.add.at(timed[:, 0], fp, fst["multi_bytes"])
-            np.add.at(timed[:, 1], fp, fst["wire_ns"])
+            np.add.at(timed[:, 0], fp[ref], fst["multi_bytes"])
+            np.add.at(timed[:, 1], fp[ref], fst["wire_ns"])
             self.peer_timed += timed[:-1]
             self.overflow_timed += timed[-1]
-            pkt = fst["pkt_ns"]
+            pkt = np.zeros(len(delta), dtype=np.float64)
+            pkt[ref] = fst["pkt_ns"]
             carry = np.concatenate([self.peer_carry, np.array([self.overflow_carry], np.int64)])
             busy, carry = busy_ns_per_peer(events, fp, npeers, carry, pkt_ns=pkt)
             self.peer_busy += busy[:-1]
@@ -231,7 +241,7 @@ class Accumulator:
                 busy_s, self.src_carry = busy_ns_per_peer(ev, si, len(self.src_keys), self.src_carry, pkt_ns=pkt)
                 self.src_busy += busy_s
             if self.window is not None:
-                self.window.add(delta, events, cum_flows)
+                self.window.add(delta, events, cum_flows, cum_rows=j if cum_flows is not None else None)
             else:
                 self.timing.add(Snapshot(delta, events, np.zeros(L.G_N, np.uint64), {}), self.node_ip)
         elif self.window is not None:
@@ -241,7 +251,7 @@ class Accumulator:
         """Flows per exported pair in the cumulative table (last entry: overflow)."""
         q = np.zeros(len(self.peer_keys) + 1, dtype=np.int64)
         if len(self.cum_flows):
-            p = match_rows(self.peer_keys, peer_ids(self.cum_flows, self.cum_class))
+            p = peer_rows(self.peer_keys, self.cum_flows, self.cum_class)
             p[p < 0] = len(self.peer_keys)
             np.add.at(q, p, 1)
         return q

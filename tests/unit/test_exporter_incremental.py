@@ -1,0 +1,218 @@
+"""The exporter's per-read work is incremental (issue 30 part 3): each read adds its new
+records' busy time and message timing to running per-pair / per-destination / per-source
+sums, timing only the flows the records refer to, and finds each flow's pair by one pass
+over the table's rows (exptables.peer_rows / dst_rows). Ground truth here is recomputed
+from scratch over the whole random record stream in plain Python: the union of every
+message's on-wire interval per pair, destination and source, and the per-flow message
+timing of each read by the analysis package's definition (analysis.flows.flow_event_stats
+on the read's whole flow table, as the exporter did before it timed the referenced flows
+only)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from skewscope.analysis.flows import flow_event_stats
+from skewscope.core import layout as L
+from skewscope.core.snapshot import Snapshot, ip_bytes, ip_str, match_rows
+from skewscope.outputs import exporter as E
+from skewscope.outputs.exptables import CLASSES, dst_ids, dst_rows, flow_class, peer_ids, peer_rows
+
+NODES = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "fd00::4", "fd00::5"]
+
+
+def union_len(intervals):
+    """Measure of a union of [s, e] intervals, plainly."""
+    tot, cur_s, cur_e = 0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                tot += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return tot + (cur_e - cur_s if cur_e is not None else 0)
+
+
+def flow_row(f, src, dst, qp):
+    f["src"] = np.frombuffer(ip_bytes(src)[0], np.uint8)
+    f["dst"] = np.frombuffer(ip_bytes(dst)[0], np.uint8)
+    f["ipver"] = ip_bytes(src)[1]
+    f["roce"] = 2
+    f["dest_qp"] = qp
+
+
+def random_stream(rng, reads):
+    """reads x (delta flow table, its records): flows between NODES (v4 with v4, v6 with v6),
+    some without records in a read; record starts increase from read to read (a read holds
+    the messages that started since the previous one), ends overlap freely."""
+    pairs = [(a, b) for a in NODES for b in NODES if a != b and (":" in a) == (":" in b)]
+    keys = [(a, b, 0x100 + q) for k, (a, b) in enumerate(pairs) for q in range(1 + k % 3)]
+    out, t = [], 1_000_000
+    for _ in range(reads):
+        use = sorted(rng.choice(len(keys), size=rng.integers(2, len(keys) + 1), replace=False))
+        fl = np.zeros(len(use), L.FLOW_DTYPE)
+        for i, k in enumerate(use):
+            flow_row(fl[i:i + 1], *keys[k])
+        size = rng.choice([64, 4096, 65536, 1 << 20], size=len(use))
+        n = int(rng.integers(1, 60))
+        ev = np.zeros(n, L.EVENT_DTYPE)
+        ev["flow"] = rng.integers(-1, len(use), n)           # -1: a record of an evicted flow
+        st = t + np.sort(rng.integers(0, 50_000, n))
+        ev["start_ts"] = st
+        ev["end_ts"] = st + rng.integers(0, 20_000, n)
+        ev["bytes"] = size[np.maximum(ev["flow"], 0)]
+        ev["opclass"] = L.OPC_WRITE
+        for i in range(len(use)):
+            mine = ev["flow"] == i
+            m = int(mine.sum()) + int(rng.integers(0, 3))
+            b = int(ev["bytes"][mine].sum()) + int(size[i]) * (m - int(mine.sum()))
+            pk = max(1, b // 4096) + m
+            fl["messages"][i], fl["msg_bytes"][i] = m, b
+            fl["packets"][i], fl["bytes"][i] = pk, b + 58 * pk
+            fl["op"][i][L.OPC_WRITE] = pk
+        out.append((fl, ev))
+        t = int(st[-1]) + int(rng.integers(0, 30_000))
+    return out
+
+
+def scratch(stream):
+    """Per pair (src, dst, class), destination and data source: busy ns (plain union over all
+    reads) and per pair the summed message timing, from the records of the whole stream."""
+    iv_pair, iv_dst, iv_src, timed = {}, {}, {}, {}
+    for fl, ev in stream:
+        fst = flow_event_stats(Snapshot(fl, ev, np.zeros(L.G_N, np.uint64), {}))[0]
+        cls = flow_class(fl)
+        for i in range(len(fl)):
+            v = int(fl["ipver"][i])
+            src, dst = ip_str(fl["src"][i], v), ip_str(fl["dst"][i], v)
+            pair = (src, dst, CLASSES[int(cls[i])])
+            t = timed.setdefault(pair, [0.0, 0.0])
+            t[0] += float(fst["multi_bytes"][i])
+            t[1] += float(fst["wire_ns"][i])
+            pkt = int(np.nan_to_num(fst["pkt_ns"][i]))
+            for r in np.nonzero(ev["flow"] == i)[0]:
+                s = int(ev["start_ts"][r])
+                e = max(int(ev["end_ts"][r]), s) + pkt
+                iv_pair.setdefault(pair, []).append((s, e))
+                iv_dst.setdefault(dst, []).append((s, e))
+                if CLASSES[int(cls[i])] != "control":
+                    iv_src.setdefault(src, []).append((s, e))
+    busy = lambda d: {k: union_len(v) for k, v in d.items()}  # noqa: E731
+    return busy(iv_pair), busy(iv_dst), busy(iv_src), timed
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_running_sums_equal_a_from_scratch_union_of_the_whole_stream(seed):
+    rng = np.random.default_rng(seed)
+    stream = random_stream(rng, reads=int(rng.integers(2, 7)))
+    acc = E.Accumulator(window=False)
+    for fl, ev in stream:
+        acc.add(fl, ev)                   # each read: a delta and its records, no cumulative table
+    pair_busy, dst_busy, src_busy, timed = scratch(stream)
+    got = {lab: int(b) for lab, b in zip(acc.peer_labels, acc.peer_busy)}
+    assert got == {k: pair_busy.get(k, 0) for k in got}
+    assert set(pair_busy) <= set(got)
+    assert dict(zip(acc.dst_labels, acc.dst_busy.tolist())) == {k: dst_busy.get(k, 0) for k in acc.dst_labels}
+    assert set(dst_busy) <= set(acc.dst_labels)
+    assert dict(zip(acc.src_labels, acc.src_busy.tolist())) == src_busy
+    for lab, (mb, wire) in zip(acc.peer_labels, acc.peer_timed):
+        assert mb == pytest.approx(timed[lab][0]) and wire == pytest.approx(timed[lab][1])
+    assert not acc.overflow_used and acc.overflow_busy == 0
+    assert acc.events_without_flow == sum(int((ev["flow"] < 0).sum()) for _, ev in stream)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_key_rows_match_the_id_matrix_join(seed):
+    """peer_rows / dst_rows (one pass over the rows) = match_rows on the (n, k) id matrix,
+    IPv4 and IPv6, known and unknown ids, every class."""
+    rng = np.random.default_rng(seed)
+    n = 3000
+    fl = np.zeros(n, L.FLOW_DTYPE)
+    ips = [f"10.{i}.0.{j}" for i in range(3) for j in range(1, 9)] + [f"fd00::{i:x}" for i in range(1, 20)]
+    for i in range(n):
+        a, b = rng.choice(len(ips), 2, replace=False)
+        flow_row(fl[i:i + 1], ips[a], ips[b], i)
+    fl["ipver"][rng.random(n) < 0.05] = 6              # an inconsistent ipver is its own id
+    cls = rng.integers(0, 3, n).astype(np.uint8)
+    pk = peer_ids(fl, cls)
+    known = np.unique(pk[rng.random(n) < 0.3], axis=0)
+    rows = peer_rows(known, fl, cls)
+    assert np.array_equal(rows, match_rows(known, pk))
+    assert (rows >= 0).any() and (rows < 0).any()
+    for end in ("src", "dst"):
+        dk = dst_ids(fl, end)
+        kd = np.unique(dk[rng.random(n) < 0.3], axis=0)
+        r = dst_rows(kd, fl, end)
+        assert np.array_equal(r, match_rows(kd, dk)) and (r >= 0).any()
+    assert len(peer_rows(known[:0], fl, cls)) == n and (peer_rows(known[:0], fl, cls) < 0).all()
+    assert len(peer_rows(known, fl[:0], cls[:0])) == 0
+
+
+def test_table_join_equals_join_flows():
+    """table_join (the key words read in place, one merge) = core.rates.join_flows, for
+    sorted tables with shared, missing and extra keys, and for unsorted ones (the fallback)."""
+    from skewscope.core.rates import join_flows
+    from skewscope.core.snapshot import _key_order, flow_key_matrix
+    from skewscope.outputs.exptables import table_join
+    rng = np.random.default_rng(7)
+    n = 4000
+    a = np.zeros(n, L.FLOW_DTYPE)
+    ips = [f"10.0.{i}.{j}" for i in range(2) for j in range(1, 30)] + [f"fd00::{i:x}" for i in range(1, 30)]
+    for i in range(n):
+        x, y = rng.choice(len(ips), 2, replace=False)
+        flow_row(a[i:i + 1], ips[x], ips[y], int(rng.integers(0, 1 << 32)))
+    a["roce"] = rng.integers(1, 3, n)
+    a["packets"] = rng.integers(0, 1 << 60, n)          # the bytes after the key must not count
+    a = a[_key_order(flow_key_matrix(a))]
+    a = a[np.concatenate([[True], np.any(flow_key_matrix(a)[1:] != flow_key_matrix(a)[:-1], axis=1)])]
+    b = a[np.sort(rng.choice(len(a), len(a) // 2, replace=False))].copy()
+    b["packets"] = rng.integers(0, 1 << 60, len(b))
+    extra = b[:50].copy()
+    extra["dest_qp"] ^= 0x5A5A5A5A                      # keys a lacks
+    b2 = np.concatenate([b, extra])
+    b2 = b2[_key_order(flow_key_matrix(b2))]
+    a_sub = a[np.sort(rng.choice(len(a), len(a) * 3 // 4, replace=False))].copy()
+    for x, y in ((a, b), (a, b2), (a_sub, b2), (b2, a), (a, b2[::-1].copy()), (a[::-1].copy(), b2)):
+        got = table_join(x, y)
+        assert np.array_equal(got, join_flows(x, y))
+    assert (table_join(a_sub, b2) < 0).sum() > 50 and (table_join(a, b2) >= 0).sum() == len(b)
+
+
+def test_flow_class_kernel_matches_the_mean_message_rule():
+    """flow_class (one pass over the rows) = the rule by the mean message size, computed
+    plainly per flow, including means exactly at both thresholds and flows without messages."""
+    from skewscope.analysis.fleet import BULK_MIN_MESSAGE, CTS_MAX_BYTES
+    rng = np.random.default_rng(3)
+    n = 5000
+    fl = np.zeros(n, L.FLOW_DTYPE)
+    m = rng.integers(0, 1000, n)
+    m[:10] = 0
+    fl["messages"] = m
+    mean = rng.choice([0, 1, CTS_MAX_BYTES, CTS_MAX_BYTES + 1, BULK_MIN_MESSAGE - 1, BULK_MIN_MESSAGE, 1 << 20], n)
+    fl["msg_bytes"] = m * mean + rng.integers(0, 2, n) * (m > 0)
+    want = []
+    for i in range(n):
+        mi, bi = int(fl["messages"][i]), int(fl["msg_bytes"][i])
+        mu = bi / mi if mi else 0.0
+        want.append("bulk" if mu >= BULK_MIN_MESSAGE else "chunk" if mu > CTS_MAX_BYTES else "control")
+    got = [CLASSES[c] for c in flow_class(fl)]
+    assert got == want and len(set(got)) == 3
+    assert [CLASSES[c] for c in flow_class(fl[::2])] == want[::2]      # a strided table: numpy path
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_window_merge_equals_a_stable_sort(seed):
+    """The window's records and a read's piece, each sorted by start: the merge = a stable
+    sort of the two concatenated (ties: the window's records first), overlapping or not."""
+    from skewscope.outputs.exptiming import _merge_by_start
+    rng = np.random.default_rng(seed)
+    for na, nb, lo in ((0, 5, 0), (5, 0, 0), (300, 200, 0), (300, 200, 150), (50, 400, 0), (200, 200, 1000)):
+        a = np.zeros(na, L.EVENT_DTYPE)
+        b = np.zeros(nb, L.EVENT_DTYPE)
+        a["start_ts"] = np.sort(rng.integers(0, 100, na))
+        b["start_ts"] = np.sort(rng.integers(lo, lo + 100, nb))
+        a["flow"], b["flow"] = np.arange(na), 10_000 + np.arange(nb)      # identity, to see the order
+        both = np.concatenate([a, b])
+        want = both[np.argsort(both["start_ts"], kind="stable")]
+        assert _merge_by_start(a, b).tobytes() == want.tobytes()
