@@ -57,16 +57,17 @@ def mark(name):
     T.append((name, time.perf_counter(), time.process_time(), G[0]))
 path = sys.argv[1]
 import click; mark("import click")
-import skewscope.cli as cli; mark("import skewscope.cli (+ package, cli.common)")
-cli.common.pause_gc()                     # what main() does for the process's own command line
+import skewscope.cli; mark("import skewscope.cli (+ the package)")
+from skewscope.cli import common
+getattr(common, "pause_gc", lambda: None)()   # what main() does for the process's own command line
 from skewscope.cli import files; mark("import cli.files (report's module)")
 import numpy; mark("import numpy")
 from skewscope.analysis import analyze; mark("import the analysis (detectors, registry)")
 from skewscope.outputs import report as R; mark("import outputs.report (rest)")
-enricher = cli.common.make_enricher(None, ()); mark("enricher (telemetry.enrich)")
+enricher = common.make_enricher(None, ()); mark("enricher (telemetry.enrich)")
 from skewscope.core.snapshot import Snapshot; mark("import core.snapshot (rest)")
 from skewscope.sources import offline; mark("import the reader (sources.offline)")
-cli.common.startup_done()                 # what load_source does once the reader is imported
+getattr(common, "startup_done", lambda: None)()   # what load_source does once the reader is imported
 from skewscope.core import aot; aot.status(); mark("kernel module: check + load (core.aot)")
 snap = offline.parse_file(path); mark("parse (offline.parse_file)")
 a = analyze(snap); mark("analyze")
@@ -209,12 +210,21 @@ def main() -> None:
         if a.parts:
             print(f"\nreport --json small, step by step (median of {a.n} runs, in the command's order; "
                   f"gc = the collector's time within the step):")
-            print(f"  {'step':46s} {'wall ms':>8s} {'cpu ms':>7s} {'gc ms':>6s}")
             rows = parts(py, a.pcap, env, a.n, ROOT)
-            for name, w, c, g in rows:
-                print(f"  {name:46s} {w * 1e3:8.1f} {c * 1e3:7.1f} {g * 1e3:6.1f}")
-            print(f"  {'sum':46s} {sum(r[1] for r in rows) * 1e3:8.1f} {sum(r[2] for r in rows) * 1e3:7.1f} "
-                  f"{sum(r[3] for r in rows) * 1e3:6.1f}  (+ the interpreter, python -c pass)")
+            other = []
+            if a.against:
+                other = parts(py, a.pcap, _env(pyc, {"PYTHONPATH": str(a.against.resolve())}), a.n,
+                              a.against.resolve())
+                print(f"  ({a.against.name}: the same steps in that checkout, CPU and gc ms)")
+            head = f"  {'step':46s} {'wall ms':>8s} {'cpu ms':>7s} {'gc ms':>6s}"
+            print(head + (f" {'cpu ms':>7s} {'gc ms':>6s}  <- {a.against.name}" if other else ""))
+            for k, (name, w, c, g) in enumerate(rows):
+                o = other[k] if k < len(other) and other[k][0] == name else None
+                print(f"  {name:46s} {w * 1e3:8.1f} {c * 1e3:7.1f} {g * 1e3:6.1f}"
+                      + (f" {o[2] * 1e3:7.1f} {o[3] * 1e3:6.1f}" if o else ""))
+            tot = [sum(r[j] for r in rows) * 1e3 for j in (1, 2, 3)]
+            print(f"  {'sum (+ the interpreter: python -c pass)':46s} {tot[0]:8.1f} {tot[1]:7.1f} {tot[2]:6.1f}"
+                  + (f" {sum(r[2] for r in other) * 1e3:7.1f} {sum(r[3] for r in other) * 1e3:6.1f}" if other else ""))
         if a.instructions:
             one = _env(pyc, {"OPENBLAS_NUM_THREADS": "1"})
             rows = [("python -c pass", [py, "-c", "pass"], one, ROOT),
