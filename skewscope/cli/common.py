@@ -17,9 +17,10 @@ _gc_paused = False
 
 
 def pause_gc() -> None:
-    """Start-up (imports: numpy, the analysis, the reader) makes ~100k objects that live as long
-    as the process; the collector scanned them ~60 times over while they were made and freed
-    nothing (~10 % of `report --json` on a small capture: tools/bench/bench_startup.py).
+    """Start-up (imports: numpy, the analysis, the reader) leaves ~30k objects that live as long
+    as the process; the collector ran ~60 times while they were made (and over the whole heap
+    once more at exit) and freed nothing: ~7 % of the instructions of `report --json` on a
+    small capture (tools/bench/bench_startup.py --instructions).
     cli.main calls this for the process's own command line only: an in-process caller (a
     test's CliRunner) keeps its own collector as it was."""
     global _gc_paused
