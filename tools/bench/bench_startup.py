@@ -238,10 +238,9 @@ def main() -> None:
                 rows += [(f"{label}, {a.against.name}", argv, one_b, a.against.resolve())
                          for label, argv, _, _ in rows[2:]]
             print("\ninstructions executed, one run each (valgrind callgrind; OpenBLAS on one thread everywhere):")
-            np_ir = None
-            for label, argv, e, cwd in rows:
-                ir = instructions(argv, e, cwd)
-                np_ir = ir if label == "python -c 'import numpy'" else np_ir
+            irs = [(label, instructions(argv, e, cwd)) for label, argv, e, cwd in rows]
+            np_ir = irs[1][1]
+            for label, ir in irs:
                 print(f"  {label:46s} {ir / 1e6:8.1f} M  {ir / np_ir:5.2f}x numpy")
         for label, argv in (("skewscope --help", [py, "-m", "skewscope", "--help"]),
                             ("skewscope report small", [py, "-m", "skewscope", "report", str(a.pcap)])):
