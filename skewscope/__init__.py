@@ -1,6 +1,5 @@
 """skewscope: skews and pathologies in RoCEv2 traffic of multi-GPU LLM jobs, seen with eBPF."""
 import os
-import tempfile
 
 __version__ = "0.1.0"
 
@@ -11,6 +10,7 @@ def _numba_cache_dir() -> None:
     without a home on a root-owned install. Point numba at a writable directory then."""
     if os.environ.get("NUMBA_CACHE_DIR") or os.access(os.path.dirname(os.path.abspath(__file__)), os.W_OK):
         return
+    import tempfile  # rare (an unwritable install): not loaded by every command's start
     for d in (os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "skewscope-numba"),
               os.path.join(tempfile.gettempdir(), f"skewscope-numba-{os.getuid()}")):
         try:

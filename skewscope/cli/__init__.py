@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import traceback
 
 # numpy's OpenBLAS starts a thread per CPU when numpy is imported, and those threads spin
 # for a while: on 2 vCPUs that was 50 ms of every command's start and a busy second core
@@ -23,6 +22,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import click
 
 from skewscope import __version__
+from skewscope.cli.common import pause_gc, startup_done
 from skewscope.core.errors import EXIT_INTERRUPTED, EXIT_NOT_RUN, EXIT_USAGE
 
 EPILOG = """\b
@@ -46,12 +46,22 @@ class _Group(click.Group):
         return sorted(set(COMMANDS) | set(self.commands))
 
     def get_command(self, ctx, name):
+        if name not in OWN_STARTUP:
+            startup_done()
         if name not in self.commands and name in COMMANDS:
             mod, attr = COMMANDS[name]
             self.add_command(getattr(importlib.import_module(f"skewscope.cli.{mod}"), attr), name)
         return self.commands.get(name)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if args is None:        # the process's own command line: no collector during its start-up
+            pause_gc()
+        try:
+            return self._main(args, prog_name, complete_var, standalone_mode, **extra)
+        finally:
+            startup_done()
+
+    def _main(self, args, prog_name, complete_var, standalone_mode, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
@@ -76,6 +86,7 @@ class _Group(click.Group):
         except Exception as e:  # a bug of ours: one line for the user, the traceback on request
             if os.environ.get("SKEWSCOPE_DEBUG"):
                 raise
+            import traceback  # only on this error path: not loaded by every command's start
             tb = traceback.extract_tb(e.__traceback__)
             where = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
             click.echo(f"skewscope: internal error: {type(e).__name__}: {e}{where} (a bug: please report it; "
@@ -92,6 +103,10 @@ def main():
     """Find skews, imbalances and pathologies in RoCEv2 traffic of multi-GPU LLM jobs,
     from a DPU or any mirror port, with eBPF."""
 
+
+#: the commands that end their own start-up (cli.common.startup_done, once their heavy imports
+#: are done: the first result is mostly start-up); every other command runs with the collector on
+OWN_STARTUP = frozenset({"report", "diagnose"})
 
 #: the one list of commands: name -> (module of this package, its click command)
 COMMANDS = {

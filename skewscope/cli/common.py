@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import stat
 import sys
@@ -9,6 +10,35 @@ import sys
 import click
 
 from skewscope.core.errors import EXIT_INTERRUPTED, EXIT_NOT_RUN, SkewscopeError
+
+
+#: cli.main turned the cyclic garbage collector off for this process's start-up (pause_gc)
+_gc_paused = False
+
+
+def pause_gc() -> None:
+    """Start-up (imports: numpy, the analysis, the reader) leaves ~30k objects that live as long
+    as the process; the collector ran ~60 times while they were made (and over the whole heap
+    once more at exit) and freed nothing: ~7 % of the instructions of `report --json` on a
+    small capture (tools/bench/bench_startup.py --instructions).
+    cli.main calls this for the process's own command line only: an in-process caller (a
+    test's CliRunner) keeps its own collector as it was."""
+    global _gc_paused
+    if gc.isenabled():
+        gc.disable()
+        _gc_paused = True
+
+
+def startup_done() -> None:
+    """The command's imports are done: what start-up made is moved out of the collector's
+    scans for good (gc.freeze) and the collector is on again for the work. No-op unless
+    pause_gc turned it off; called by cli.main for every command that does not call it
+    itself once its heavy imports are done (cli.OWN_STARTUP)."""
+    global _gc_paused
+    if _gc_paused:
+        _gc_paused = False
+        gc.freeze()
+        gc.enable()
 
 
 def fail(msg: str, code: int = EXIT_NOT_RUN) -> "NoReturn":  # noqa: F821
@@ -41,7 +71,8 @@ def friendly_errors(fn):
 
 def load_source(path: str, progress: bool = False, max_flows: int = 65536):
     """A .snap file, or a capture (pcap/pcapng, optionally gzip) through the offline parser.
-    A capture damaged part-way is read up to the damage: the warning goes to stderr."""
+    A capture damaged part-way is read up to the damage: the warning goes to stderr. Its
+    reader's import ends the command's start-up (startup_done)."""
     from skewscope.core.snapshot import Snapshot, SnapshotError  # heavy (numpy): not loaded by --help
     if not os.path.exists(path):
         raise SnapshotError(f"{path}: no such file")
@@ -49,8 +80,10 @@ def load_source(path: str, progress: bool = False, max_flows: int = 65536):
         with open(path, "rb") as fh:
             head = fh.read(4)
         if head[:2] == b"PK":
+            startup_done()
             return Snapshot.load(path)
     from skewscope.sources import offline  # heavy (numba): only commands that read a capture
+    startup_done()
     snap = offline.parse_file(path, progress=progress, max_flows=max_flows)
     for w in snap.meta.get("warnings", []):
         click.echo(f"skewscope: warning: {w}", err=True)

@@ -35,7 +35,7 @@ import sys
 
 import click
 
-from skewscope.cli.common import enrich_options, fail, load_source, parse_thresholds
+from skewscope.cli.common import enrich_options, fail, load_source, parse_thresholds, startup_done
 from skewscope.core.errors import EXIT_CRITICAL, EXIT_NOT_RUN, EXIT_OK, EXIT_WARNING, DataplaneError, PcapError
 from skewscope.core.when import Clock
 
@@ -90,6 +90,7 @@ def live_snapshot(iface: str, duration: float, use_tc: bool, xdp_mode: str, dire
     """Capture `duration` seconds on an interface through skewscope.sources.live.capture (attach,
     read, detach whatever happens) and return the Snapshot."""
     from skewscope.sources import live  # heavy (numpy): not loaded by --help
+    startup_done()
     def progress(elapsed, total, g):
         if sys.stderr.isatty():
             click.echo(f"\rcapturing on {iface}: {elapsed:4.1f}/{total:.1f} s", err=True, nl=False)

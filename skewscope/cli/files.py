@@ -93,12 +93,12 @@ def replay(file, output, entry, max_flows, as_json):
 @friendly_errors
 def report(file, as_json, top, max_flows, html_out, node_ip, enricher):
     """Report on a snapshot (.snap) or a capture (pcap/pcapng, .gz too). No root needed."""
+    from skewscope.analysis import analyze  # heavy (numba); before load_source, which ends the start-up
     from skewscope.outputs import report as R  # heavy (numpy): not loaded by --help
     if html_out:
         from skewscope.outputs import html as H  # heavy (numpy, 0.1 s): only for --html
         H.check_output(html_out)      # before reading: a typo costs nothing
     snap = load_source(file, progress=sys.stderr.isatty(), max_flows=max_flows)
-    from skewscope.analysis import analyze  # heavy (numba)
     analysis = analyze(snap)
     if node_ip:
         from skewscope.analysis.nodeview import node_timing  # heavy (numba)

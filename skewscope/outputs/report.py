@@ -23,49 +23,56 @@ from skewscope.core.snapshot import Snapshot, ip_str
 from skewscope.core.when import Clock
 
 
-def hist_pairs(row: np.ndarray) -> list[list[int]]:
+def hist_pairs(row) -> list[list[int]]:
     return [[L.slot_lower_bound(i), int(c)] for i, c in enumerate(row) if c]
 
 
+#: flow-table columns copied as they are into each flow's dict: (JSON key, column)
+_PLAIN = (("dest_qp", "dest_qp"), ("ipver", "ipver"), ("roce_version", "roce"), ("packets", "packets"),
+          ("bytes", "bytes"), ("payload_bytes", "payload_bytes"), ("messages", "messages"),
+          ("message_bytes", "msg_bytes"), ("ce_packets", "ce"), ("ecn_capable_packets", "ecn_capable"),
+          ("fecn_packets", "fecn"), ("becn_packets", "becn"), ("cnp_packets", "cnp"), ("acks", "acks"))
+
+
 def flow_dicts(snap: Snapshot) -> list[dict]:
+    """One dict per flow row (key order is part of the contract). The columns are read once
+    as Python ints (numpy's tolist: the int() of each element) and each address is formatted
+    once, not field by field per row: ~30 numpy scalar reads, two histogram walks and two
+    address formats per flow were ~0.1 ms a flow (25 ms of a 256-flow report)."""
     out = []
     f = snap.flows
     scale = int(snap.meta.get("sample_n", 1) or 1)
+    col = {name: f[name].tolist() for name in f.dtype.names if name not in ("src", "dst")}
+    naks = (f["nak_seq"] + f["nak_rnr"] + f["nak_other"]).tolist()
+    src, dst = f["src"].tobytes(), f["dst"].tobytes()     # 16 bytes per row
+    names: dict = {}                                      # (address, ipver) -> ip_str: once per node
+
+    def addr(b: bytes, v: int) -> str:
+        s = names.get((b, v))
+        if s is None:
+            s = names[(b, v)] = ip_str(np.frombuffer(b, dtype=np.uint8), v)
+        return s
+
     for i in range(len(f)):
-        r = f[i]
-        v = int(r["ipver"])
-        naks = int(r["nak_seq"] + r["nak_rnr"] + r["nak_other"])
-        d = {
-            "src": ip_str(r["src"], v),
-            "dst": ip_str(r["dst"], v),
-            "dest_qp": int(r["dest_qp"]),
-            "ipver": v,
-            "roce_version": int(r["roce"]),
-            "packets": int(r["packets"]),
-            "bytes": int(r["bytes"]),
-            "payload_bytes": int(r["payload_bytes"]),
-            "messages": int(r["messages"]),
-            "message_bytes": int(r["msg_bytes"]),
-            "ce_packets": int(r["ce"]),
-            "ecn_capable_packets": int(r["ecn_capable"]),
-            "fecn_packets": int(r["fecn"]),
-            "becn_packets": int(r["becn"]),
-            "cnp_packets": int(r["cnp"]),
-            "acks": int(r["acks"]),
-            "naks": naks,
-            "naks_by_syndrome": {"psn_sequence_error": int(r["nak_seq"]), "rnr": int(r["nak_rnr"]),
-                                 "other": int(r["nak_other"])},
-            "psn_gaps": int(r["psn_gaps"]),
-            "psn_skipped": int(r["psn_skipped"]),
-            "retransmissions": int(r["retransmissions"]),
-            "first_ts": int(r["first_ts"]),
-            "last_ts": int(r["last_ts"]),
-            "udp_sport": int(r["sport"]),
-            "dscp": int(r["tclass"]) >> 2,
-            "opcode_classes": {n: int(c) for n, c in zip(L.OPCLASS_NAMES, r["op"]) if c},
-            "msg_size_hist": hist_pairs(r["msg_hist"]),
-            "msg_gap_hist_ns": hist_pairs(r["gap_hist"]),
-        }
+        v = col["ipver"][i]
+        d = {"src": addr(src[16 * i:16 * i + 16], v), "dst": addr(dst[16 * i:16 * i + 16], v)}
+        for key, name in _PLAIN:
+            d[key] = col[name][i]
+        d.update({
+            "naks": naks[i],
+            "naks_by_syndrome": {"psn_sequence_error": col["nak_seq"][i], "rnr": col["nak_rnr"][i],
+                                 "other": col["nak_other"][i]},
+            "psn_gaps": col["psn_gaps"][i],
+            "psn_skipped": col["psn_skipped"][i],
+            "retransmissions": col["retransmissions"][i],
+            "first_ts": col["first_ts"][i],
+            "last_ts": col["last_ts"][i],
+            "udp_sport": col["sport"][i],
+            "dscp": col["tclass"][i] >> 2,
+            "opcode_classes": {n: c for n, c in zip(L.OPCLASS_NAMES, col["op"][i]) if c},
+            "msg_size_hist": hist_pairs(col["msg_hist"][i]),
+            "msg_gap_hist_ns": hist_pairs(col["gap_hist"][i]),
+        })
         if scale > 1:
             d["sampled_1_in"] = scale
         out.append(d)
