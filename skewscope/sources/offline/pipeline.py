@@ -25,12 +25,13 @@ import threading
 
 import numpy as np
 
+from skewscope.core import layout as L
 from skewscope.sources.offline import kernel as K
-from skewscope.sources.offline.tables import _Tables
+from skewscope.sources.offline.tables import _OPTAB, _Tables
 
 PIPELINE_MIN_BYTES = 16 << 20
 ROWS = 1 << 15      # rows per block handed over (2.6 MB)
-BLOCKS = 4          # blocks in flight at most (memory bound: ~10 MB)
+BLOCKS = 6          # blocks in flight at most (memory bound: ~16 MB); 2 per cut
 
 #: the parse half's scalar state, copied into the tables' at the end (the accounting half
 #: owns every other index: flow table, LRU, instances, message records)
@@ -96,6 +97,68 @@ class _Accountant:
         self.thread.join()
         if self.exc is not None:
             raise self.exc
+
+
+class _Parser:
+    """The second parsing thread: parses the back part of each cut (scan_rows into its own
+    counters, g/st, folded into the reading thread's after every cut by fold) while the
+    reading thread parses the front part."""
+
+    def __init__(self):
+        self.g = np.zeros(L.G_N, np.int64)
+        self.st = np.zeros(K.ST_N, np.int64)
+        self.st[K.ST_FIRST_TS] = -1
+        self.todo: queue.Queue = queue.Queue()
+        self.done: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._work, name="skewscope-parse", daemon=True)
+        self.thread.start()
+
+    def submit(self, b, pos, end, walk_args, rows) -> None:
+        self.todo.put((b, pos, end, walk_args, rows))
+
+    def _work(self) -> None:
+        while True:
+            item = self.todo.get()
+            if item is None:
+                return
+            b, pos, end, walk_args, rows = item
+            try:
+                out = K.scan_rows(b, pos, end, *walk_args, self.g, self.st, rows, 0, _OPTAB)
+            except BaseException as e:  # re-raised in the reading thread by result()
+                out = e
+            self.done.put(out)
+
+    def result(self) -> tuple[int, int, int]:
+        out = self.done.get()
+        if isinstance(out, BaseException):
+            raise out
+        pos, status, n = out
+        return int(pos), int(status), int(n)
+
+    def fold(self, g: np.ndarray, st: np.ndarray, status: int) -> None:
+        """This thread's counters of the last cut into the reading thread's (the back part
+        comes after the front part in the file): sums add up, the first time stays the
+        front part's when it has one, the last time and the last unknown block type are
+        the back part's when it saw any; then start the next cut from zero."""
+        ps = self.st
+        g += self.g
+        if st[K.ST_FIRST_TS] < 0:
+            st[K.ST_FIRST_TS] = ps[K.ST_FIRST_TS]
+        if ps[K.ST_RECORDS]:
+            st[K.ST_LAST_TS] = ps[K.ST_LAST_TS]
+        for i in (K.ST_RECORDS, K.ST_CUT, K.ST_SKIP_LT, K.ST_UNKNOWN_BLOCKS):
+            st[i] += ps[i]
+        if ps[K.ST_UNKNOWN_BLOCKS]:
+            st[K.ST_UNKNOWN_TYPE] = ps[K.ST_UNKNOWN_TYPE]
+        if status == K.S_BAD_IFACE:
+            st[K.ST_STOP_IF] = ps[K.ST_STOP_IF]
+        self.g[:] = 0
+        self.st[:] = 0
+        self.st[K.ST_FIRST_TS] = -1
+
+    def finish(self) -> None:
+        self.todo.put(None)
+        self.thread.join()
 
 
 def merge(t: _Tables, g_parse: np.ndarray, st_parse: np.ndarray) -> None:

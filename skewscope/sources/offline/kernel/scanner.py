@@ -2,8 +2,9 @@
 link-type conventions (link_view), one record parsed and accounted (record), and the entry
 points Python calls: scan (parse and account a buffer of records), scan_frames (copy them
 out as Ethernet frames, for replay), and the two halves of scan for the pipelined parser
-(offline/pipeline.py): scan_rows (parse records into compact rows) and account_rows
-(account those rows, in file order, on another thread)."""
+(offline/pipeline.py): split_rows (where to cut a buffer for two parsing threads), scan_rows
+(parse records into compact rows) and account_rows (account those rows, in file order, on
+another thread)."""
 from __future__ import annotations
 
 import numpy as np
@@ -414,6 +415,26 @@ def scan_rows(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, n_
             return pos, S_FULL, n
         n = record_row(g, st, rows, n, optab, b, data, incl, orig, k, ts)
         pos = nxt
+
+
+@njit(cache=True, nogil=True)
+def split_rows(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, n_if, st, count):
+    """Where the pipelined parse cuts b[pos:end] in two: the position after at most `count`
+    complete records (the walk only, next_record, without the parse), or where the walk
+    stops before that (incomplete record, pcapng SHB/IDB, damage). st: scratch counters."""
+    b = borrow(b)
+    if_kind = borrow(if_kind)
+    if_res = borrow(if_res)
+    if_snap = borrow(if_snap)
+    st = borrow(st)
+    while count > 0:
+        status, pos, nxt, data, incl, orig, k, ts = next_record(b, pos, end, fmt, big, ts_mult, kind, if_kind,
+                                                                if_res, if_snap, n_if, st)
+        if status != S_RECORD:
+            return pos
+        pos = nxt
+        count -= 1
+    return pos
 
 
 @njit(cache=True, nogil=True)
