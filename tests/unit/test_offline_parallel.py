@@ -46,30 +46,39 @@ def tiny_blocks(monkeypatch):
 
 
 class Used:
-    """Counts the rows the reading thread hands to the accounting thread."""
+    """Counts the rows handed to the accounting thread (rows) and those of them the second
+    parsing thread parsed (back)."""
 
     def __init__(self, monkeypatch):
         self.rows = 0
+        self.back = 0
         put = pipeline._Accountant.put
+        result = pipeline._Parser.result
 
         def counting_put(acc, rows, n):
             self.rows += n
             put(acc, rows, n)
+
+        def counting_result(par):
+            out = result(par)
+            self.back += out[2]
+            return out
         monkeypatch.setattr(pipeline._Accountant, "put", counting_put)
+        monkeypatch.setattr(pipeline._Parser, "result", counting_result)
 
 
 def parse_both(monkeypatch, path, **kw):
-    """(one-core Snapshot, pipelined Snapshot, rows handed over)."""
+    """(one-core Snapshot, pipelined Snapshot, Used)."""
     used = Used(monkeypatch)
     monkeypatch.setenv("SKEWSCOPE_OFFLINE_PIPELINE", "0")
     one = offline.parse_file(path, **kw)
     assert used.rows == 0
     monkeypatch.setenv("SKEWSCOPE_OFFLINE_PIPELINE", "1")
     two = offline.parse_file(path, **kw)
-    return one, two, used.rows
+    return one, two, used
 
 
-def assert_same(one, two, rows):
+def assert_same(one, two, used):
     assert one.flows.dtype == two.flows.dtype and np.array_equal(one.flows, two.flows)
     assert np.array_equal(one.events, two.events)
     assert np.array_equal(one.globals, two.globals)
@@ -77,8 +86,11 @@ def assert_same(one, two, rows):
     m1.pop("parse_seconds")
     m2.pop("parse_seconds")
     assert m1 == m2
-    # the pipeline did the accounting: one row per accounted frame
-    assert rows == int(two.globals[L.G_ACCOUNTED])
+    # the pipeline did the accounting: one row per accounted frame; both parsing threads
+    # parsed some (each cut: ROWS records in front, up to ROWS rows behind)
+    accounted = int(two.globals[L.G_ACCOUNTED])
+    assert used.rows == accounted
+    assert 0 < used.back < accounted or accounted <= 2 * pipeline.ROWS
 
 
 def report_json(monkeypatch, path, force: str, *extra) -> tuple[int, str, str]:
@@ -102,7 +114,7 @@ def assert_same_report(monkeypatch, path, *extra):
     assert one[0] == two[0] == 0 and one[2] == two[2]
     assert without_time(one[1]) == without_time(two[1])
     assert json.loads(one[1])["meta"]["frames"] > 0
-    return used.rows
+    return used
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -112,22 +124,23 @@ def test_presets_report_json_identical(monkeypatch, tmp_path, preset):
     sc["iterations"] = 1
     p = tmp_path / f"{preset}.pcap"
     generate(sc, seed=3).write_pcap(p, snaplen=128)
-    assert assert_same_report(monkeypatch, p) > 0
+    used = assert_same_report(monkeypatch, p)
+    assert used.rows > 0 and used.back > 0
     assert_same(*parse_both(monkeypatch, p))
 
 
 @pytest.mark.parametrize("path", REAL_FILES, ids=lambda p: p.name)
 def test_real_captures_identical(monkeypatch, path):
     try:
-        one, two, rows = parse_both(monkeypatch, path)
+        one, two, used = parse_both(monkeypatch, path)
     except PcapError as e:   # refused (ERF): refused alike, nothing handed over
         monkeypatch.setenv("SKEWSCOPE_OFFLINE_PIPELINE", "1")
         with pytest.raises(PcapError) as e2:
             offline.parse_file(path)
         assert str(e2.value) == str(e)
         return
-    assert_same(one, two, rows)
-    assert rows > 0
+    assert_same(one, two, used)
+    assert used.rows > 0
     assert_same_report(monkeypatch, path)
 
 
@@ -138,12 +151,12 @@ def test_fuzz_corpus_identical(monkeypatch, tmp_path):
     c = fc.make_corpus(30_000, seed=5, min_len=0)
     p = tmp_path / "corpus.pcap"
     c.write_pcap(str(p))
-    one, two, rows = parse_both(monkeypatch, p)
-    assert_same(one, two, rows)
+    one, two, used = parse_both(monkeypatch, p)
+    assert_same(one, two, used)
     g = one.globals
     assert int(g[L.G_DECAP]) > 0 and int(g[L.G_TRUNC_ETH]) > 0 and int(g[L.G_BAD_LENGTH]) > 0
-    one, two, rows = parse_both(monkeypatch, p, max_flows=16, max_events=50)
-    assert_same(one, two, rows)
+    one, two, used = parse_both(monkeypatch, p, max_flows=16, max_events=50)
+    assert_same(one, two, used)
     assert one.meta["flows_evicted"] > 0 and one.meta["events_lost"] > 0
     assert_same_report(monkeypatch, p, "--max-flows", "16")
 
@@ -156,8 +169,8 @@ def test_damaged_and_pcapng_identical(monkeypatch, tmp_path):
     data = pcap_bytes(recs)
     cut = tmp_path / "cut.pcap"
     write(cut, data[:-9])
-    one, two, rows = parse_both(monkeypatch, cut)
-    assert_same(one, two, rows)
+    one, two, used = parse_both(monkeypatch, cut)
+    assert_same(one, two, used)
     assert len(one.meta["warnings"]) == 1 and "ends inside record" in one.meta["warnings"][0]
     gz = tmp_path / "cut.pcap.gz"
     write(gz, data[:-9], gz=True)
@@ -170,8 +183,8 @@ def test_damaged_and_pcapng_identical(monkeypatch, tmp_path):
     blocks += [ng_epb(i % 2, x.ts if i % 2 else x.ts // 1000, x.frame, len(x.frame)) for i, x in enumerate(ref)]
     ng = tmp_path / "two.pcapng"
     write(ng, b"".join(blocks))
-    one, two, rows = parse_both(monkeypatch, ng)
-    assert_same(one, two, rows)
+    one, two, used = parse_both(monkeypatch, ng)
+    assert_same(one, two, used)
     assert one.meta["warnings"] and int(one.globals[L.G_FRAMES]) == 2 * len(ref)
 
 

@@ -1,22 +1,26 @@
 """The pipelined parser: one file parsed on two cores with the result of one core, exactly.
 
-The walk and the parse (kernel/scanner.py scan_rows: record framing, link-type conventions,
-headers, categories) run in the reading thread and write one compact row per accounted frame;
-an accounting thread (this module's _Accountant) feeds those rows, in file order, through the
-same `account` as the one-core scan (kernel/scanner.py account_rows). Everything stateful
+The parse (kernel/scanner.py scan_rows: record framing, link-type conventions, headers,
+categories) runs on two threads and writes one compact row per accounted frame; a third,
+the accounting thread (_Accountant), feeds those rows, in file order, through the same
+`account` as the one-core scan (kernel/scanner.py account_rows). The read buffer is parsed
+in cuts (run._Run._scan_split): a walk over the record headers only (split_rows) finds where
+the first ROWS records end; the reading thread parses those (the front part) while the
+parsing thread (_Parser) parses the records after them until its block holds ROWS rows (the
+back part); both blocks go to the accounting thread, front first. Everything stateful
 across packets -- the flow table and its LRU, PSN state, messages, flow instances, message
-records -- lives only in the accounting thread and sees the packets in the same order, so the
-Snapshot is the one-core Snapshot; the parse half's counters (frames, categories,
-decapsulation, PFC, snaplen cuts, first/last time) are sums and ends, merged at the end
-(merge). Both kernels run without the GIL (numba nogil; the precompiled module's wrappers
-release it too).
+records -- lives only in the accounting thread and sees the packets in file order, so the
+Snapshot is the one-core Snapshot; the parse's counters (frames, categories,
+decapsulation, PFC, snaplen cuts, first/last time, skipped blocks) are sums and ends, folded
+after every cut (_Parser.fold) and merged at the end (merge). All kernels run without the
+GIL (numba nogil; the precompiled module's wrappers release it too).
 
 Off unless asked for: measured on a 2-vCPU VM it did not pay reliably (docs/offline.md "Two
-cores": the parse half, which streams the whole capture, bounds it, and the rows cost ~25 %
-more CPU). SKEWSCOPE_OFFLINE_PIPELINE=auto uses it for files of at least PIPELINE_MIN_BYTES
-when this process may run on two CPUs or more (the bench's setting), =1 for any file (tests),
-unset or 0 never. gzip input pipelines the same way (decompression stays in the reading
-thread, with the parse)."""
+cores": the rows cost ~25 % more CPU than the one-core scan, and 2 CPUs leave little room).
+SKEWSCOPE_OFFLINE_PIPELINE=auto uses it for files of at least PIPELINE_MIN_BYTES when this
+process may run on two CPUs or more (the bench's setting), =1 for any file (tests), unset
+or 0 never. gzip input pipelines the same way (decompression stays in the reading thread,
+before each cut)."""
 from __future__ import annotations
 
 import os
@@ -30,8 +34,8 @@ from skewscope.sources.offline import kernel as K
 from skewscope.sources.offline.tables import _OPTAB, _Tables
 
 PIPELINE_MIN_BYTES = 16 << 20
-ROWS = 1 << 15      # rows per block handed over (2.6 MB)
-BLOCKS = 6          # blocks in flight at most (memory bound: ~16 MB); 2 per cut
+ROWS = 1 << 16      # rows per block handed over (5.2 MB); per cut: ROWS records in front, ROWS rows behind
+BLOCKS = 4          # blocks in flight at most (memory bound: ~21 MB): two cuts
 
 #: the parse half's scalar state, copied into the tables' at the end (the accounting half
 #: owns every other index: flow table, LRU, instances, message records)
