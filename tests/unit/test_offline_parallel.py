@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from test_offline_formats import ng_block, ng_epb, ng_idb, ng_shb, pcap_bytes, reference_packets, write
+from test_offline_formats import ng_block, ng_epb, ng_idb, ng_shb, ng_spb, pcap_bytes, reference_packets, write
 
 from skewscope.cli import main
 from skewscope.core import layout as L
@@ -186,6 +186,38 @@ def test_damaged_and_pcapng_identical(monkeypatch, tmp_path):
     one, two, used = parse_both(monkeypatch, ng)
     assert_same(one, two, used)
     assert one.meta["warnings"] and int(one.globals[L.G_FRAMES]) == 2 * len(ref)
+
+
+@pytest.mark.parametrize("rows", [3, 5, 7, 11])
+def test_skipped_blocks_and_packets_in_both_parts_identical(monkeypatch, tmp_path, rows):
+    """With cuts of several sizes, so that the file's last unknown block falls in a back part
+    in some: The counters the record walk keeps itself, met in the front and the back part of the
+    cuts alike: pcapng blocks of unknown types (count and the last type in the warning),
+    packets on an interface of an unsupported link type (skipped_unsupported_linktype), and
+    simple packet blocks; then a packet for an undeclared interface ends the file early."""
+    monkeypatch.setattr(pipeline, "ROWS", rows)
+    ref = reference_packets()
+    blocks = [ng_shb(), ng_idb(1), ng_idb(147)]
+    for i, x in enumerate(ref * 4):
+        blocks.append(ng_epb(0, x.ts // 1000, x.frame, len(x.frame)))
+        if i % 3 == 0:
+            blocks.append(ng_epb(1, x.ts // 1000, x.frame, len(x.frame)))
+        if i % 5 == 0:
+            blocks.append(ng_block(0x0BAD0000 + i, b"\0" * 4))
+        if i % 7 == 0:
+            blocks.append(ng_spb(x.frame, len(x.frame)))
+    ng = tmp_path / "skips.pcapng"
+    write(ng, b"".join(blocks))
+    one, two, used = parse_both(monkeypatch, ng)
+    assert_same(one, two, used)
+    assert one.meta["skipped_unsupported_linktype"] > 0
+    assert any("unknown type (last: 0x0bad" in w for w in one.meta["warnings"])
+    assert_same_report(monkeypatch, ng)
+    bad = tmp_path / "badif.pcapng"
+    write(bad, b"".join(blocks + [ng_epb(5, 0, ref[0].frame, len(ref[0].frame))] + blocks[3:40]))
+    one, two, used = parse_both(monkeypatch, bad)
+    assert_same(one, two, used)
+    assert any("interface" in w for w in one.meta["warnings"])
 
 
 def test_modes(monkeypatch):
