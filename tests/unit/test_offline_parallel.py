@@ -230,3 +230,22 @@ def test_modes(monkeypatch):
     assert pipeline.wanted(pipeline.PIPELINE_MIN_BYTES) == (cpus >= 2)
     monkeypatch.setenv("SKEWSCOPE_OFFLINE_PIPELINE", "1")
     assert pipeline.wanted(0)
+
+
+def test_message_records_sorted_stably_in_or_out_of_order():
+    """tables._events skips the sort when the records already come in start order; out of
+    order they are sorted stably (ties keep their record order), as a Python sort does."""
+    from skewscope.core.snapshot import flows_from_raw
+    from skewscope.sources.offline.tables import _events
+    flows = flows_from_raw(np.zeros((0, 40), np.uint8), np.zeros((0, L.FLOW_STATS_DTYPE.itemsize), np.uint8))
+    rng = np.random.default_rng(1)
+    ikeys = np.zeros((1, 5), np.int64)
+    for start in (np.arange(50) // 3, rng.integers(0, 10, 50)):
+        ev = np.zeros((50, 5), np.int64)
+        ev[:, 1] = np.arange(50)          # record order, to see the ties' order
+        ev[:, 2] = start
+        ev[:, 3] = start + 5
+        out = _events(flows, ikeys, ev)
+        want = sorted(range(50), key=lambda i: int(start[i]))
+        assert list(out["opclass"]) == [int(ev[i, 1]) for i in want]
+        assert list(out["start_ts"]) == sorted(int(x) for x in start)
