@@ -249,3 +249,36 @@ def test_message_records_sorted_stably_in_or_out_of_order():
         want = sorted(range(50), key=lambda i: int(start[i]))
         assert list(out["opclass"]) == [int(ev[i, 1]) for i in want]
         assert list(out["start_ts"]) == sorted(int(x) for x in start)
+
+
+def test_wrong_cut_guesses_are_dropped(monkeypatch, tmp_path):
+    """A guessed cut (kernel guess_record) is used only where the front part's own walk ends:
+    with guesses that are mostly not record boundaries, the back parts parsed from them are
+    dropped and the result is still the one-core result."""
+    from skewscope.sources.offline import kernel as K
+    monkeypatch.setattr(pipeline, "ROWS", 61)
+    real = K.guess_record
+    calls = {"guess": 0, "fold": 0, "drop": 0}
+
+    def off_by_some(b, pos, at, end, big, chain):
+        calls["guess"] += 1
+        q = real(b, pos, at, end, big, chain)
+        return q if q < 0 or calls["guess"] % 3 == 0 else q + calls["guess"] % 7 + 1
+    fold, drop = pipeline._Parser.fold, pipeline._Parser.drop
+
+    def counting_fold(par, *a):
+        calls["fold"] += 1
+        fold(par, *a)
+
+    def counting_drop(par):
+        calls["drop"] += 1
+        drop(par)
+    monkeypatch.setattr(K, "guess_record", off_by_some)
+    monkeypatch.setattr(pipeline._Parser, "fold", counting_fold)
+    monkeypatch.setattr(pipeline._Parser, "drop", counting_drop)
+    sc = dict(PRESETS["ring-healthy"])
+    sc["iterations"] = 1
+    p = tmp_path / "wrong.pcap"
+    generate(sc, seed=4).write_pcap(p, snaplen=128)
+    assert_same(*parse_both(monkeypatch, p))
+    assert calls["guess"] > 10 and calls["drop"] - calls["fold"] > 3 and calls["fold"] > 3

@@ -156,6 +156,10 @@ class _Parser:
             st[K.ST_UNKNOWN_TYPE] = ps[K.ST_UNKNOWN_TYPE]
         if status == K.S_BAD_IFACE:
             st[K.ST_STOP_IF] = ps[K.ST_STOP_IF]
+        self.drop()
+
+    def drop(self) -> None:
+        """Forget the last cut's counters (folded, or parsed from a wrong guess)."""
         self.g[:] = 0
         self.st[:] = 0
         self.st[K.ST_FIRST_TS] = -1

@@ -184,24 +184,47 @@ class _Run(_PcapWalk, _PcapngWalk):
         self.st = np.zeros(K.ST_N, np.int64)
         self.st[K.ST_FIRST_TS] = -1
         self.st_split = np.zeros(K.ST_N, np.int64)
+        self.cut_bytes = 0   # where to guess the next cut (0: walk to it)
         self.acc = pipeline._Accountant(self.t)
         self.par = pipeline._Parser()
 
     def _scan_split(self, walk_args: tuple) -> int:
-        """One cut of the pipelined parse: the first pipeline.ROWS records from b.pos parsed
-        here, the records after them by the parsing thread (until its row block is full or
-        the buffer ends), both row blocks handed to the accounting thread in file order.
-        Returns the status where the back part stopped (S_GROW: call again)."""
+        """One cut of the pipelined parse: the records from b.pos to the cut parsed here (the
+        front part), the records after it by the parsing thread until its row block is full
+        or the buffer ends (the back part), both row blocks handed to the accounting thread
+        in file order. The cut: in classic pcap, a record boundary guessed ~ROWS records on
+        (guess_record, from the front parts' bytes per record) and used only when the front
+        part's own walk ends exactly there -- else the back part is dropped and the next cut
+        walks (split_rows: the first ROWS records' headers), as pcapng always does. Returns
+        the status where the parse stopped (S_GROW: call again)."""
         b = self.b
-        mid = int(K.split_rows(b.buf, b.pos, b.fill, *walk_args, self.st_split, pipeline.ROWS))
+        start = b.pos
+        rec0 = int(self.st[K.ST_RECORDS])
+        mid = -1
+        if walk_args[0] == K.FMT_PCAP and self.cut_bytes and start + self.cut_bytes < b.fill:
+            mid = int(K.guess_record(b.buf, start, start + self.cut_bytes, b.fill, self.big, 4))
+        guessed = mid >= 0
+        if not guessed:
+            mid = int(K.split_rows(b.buf, start, b.fill, *walk_args, self.st_split, pipeline.ROWS))
         back = self.acc.block()
         self.par.submit(b.buf, mid, b.fill, walk_args, back)
         front = self.acc.block()
         try:
-            _, _, n = K.scan_rows(b.buf, b.pos, mid, *walk_args, self.g_parse, self.st, front, 0, _OPTAB)
+            end, front_status, n = K.scan_rows(b.buf, start, mid, *walk_args, self.g_parse, self.st, front, 0, _OPTAB)
         finally:
             pos, status, n_back = self.par.result()
         self.acc.put(front, int(n))
+        recs = int(self.st[K.ST_RECORDS]) - rec0
+        if recs:
+            self.cut_bytes = int((end - start) / recs * pipeline.ROWS * 0.9)
+        if guessed and (end != mid or front_status != K.S_NEED_DATA):
+            # not a record boundary of the walk (or the front's block filled first): the
+            # one-core walk goes on from where the front part stopped
+            self.par.drop()
+            self.acc.put(back, 0)
+            self.cut_bytes = 0
+            b.pos = int(end)
+            return K.S_GROW if front_status in (K.S_NEED_DATA, K.S_FULL) else int(front_status)
         self.acc.put(back, n_back)
         self.par.fold(self.g_parse, self.st, status)
         b.pos = pos

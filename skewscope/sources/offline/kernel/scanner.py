@@ -438,6 +438,34 @@ def split_rows(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, n
 
 
 @njit(cache=True, nogil=True)
+def guess_record(b, pos, at, end, big, chain):
+    """A likely classic-pcap record boundary at or after b[at], for a cut without walking
+    b[pos:at] (the caller checks it: only a position the walk itself reaches is used): the
+    first q from which `chain` record headers in a row look sane -- a time within a day of
+    the record at pos, a sub-second part below 10^9, a captured length of at most MAX_RECORD
+    and at most the original length -- and stay inside b[:end]. -1: none in the 64 KiB
+    from at."""
+    b = borrow(b)
+    sec0 = rd32(b, pos, big)
+    q = at
+    while q + 16 <= end and q < at + 65536:
+        r = q
+        k = 0
+        while k < chain and r + 16 <= end:
+            sec = rd32(b, r, big)
+            incl = rd32(b, r + 8, big)
+            if (sec < sec0 - 86400 or sec > sec0 + 86400 or rd32(b, r + 4, big) >= 1000000000
+                    or incl > MAX_RECORD or incl > rd32(b, r + 12, big)):
+                break
+            r += 16 + incl
+            k += 1
+        if k == chain and r <= end:
+            return q
+        q += 1
+    return -1
+
+
+@njit(cache=True, nogil=True)
 def account_rows(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, rows, i, n):
     """scan's second half: account rows[i:n] (scan_rows') in order. Returns the first row not
     accounted: n, or earlier when a table must grow first (needs_grow)."""
