@@ -4,10 +4,11 @@ The parse (kernel/scanner.py scan_rows: record framing, link-type conventions, h
 categories) runs on two threads and writes one compact row per accounted frame; a third,
 the accounting thread (_Accountant), feeds those rows, in file order, through the same
 `account` as the one-core scan (kernel/scanner.py account_rows). The read buffer is parsed
-in cuts (run._Run._scan_split): a walk over the record headers only (split_rows) finds where
-the first ROWS records end; the reading thread parses those (the front part) while the
-parsing thread (_Parser) parses the records after them until its block holds ROWS rows (the
-back part); both blocks go to the accounting thread, front first. Everything stateful
+in cuts (run._Run._scan_split): the reading thread parses the records up to the cut (the
+front part) while the parsing thread (_Parser) parses the records after it until its block
+holds ROWS rows (the back part); both blocks go to the accounting thread, front first. The
+cut is ~ROWS records on: guessed in classic pcap (guess_record) and kept only where the front
+part's own walk ends, else found by walking the record headers (split_rows). Everything stateful
 across packets -- the flow table and its LRU, PSN state, messages, flow instances, message
 records -- lives only in the accounting thread and sees the packets in file order, so the
 Snapshot is the one-core Snapshot; the parse's counters (frames, categories,
