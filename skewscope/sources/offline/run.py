@@ -201,7 +201,7 @@ class _Run(_PcapWalk, _PcapngWalk):
         start = b.pos
         rec0 = int(self.st[K.ST_RECORDS])
         mid = -1
-        if walk_args[0] == K.FMT_PCAP and self.cut_bytes and start + self.cut_bytes < b.fill:
+        if walk_args[0] == K.FMT_PCAP and self.cut_bytes >= 16 and start + self.cut_bytes < b.fill:
             mid = int(K.guess_record(b.buf, start, start + self.cut_bytes, b.fill, self.big, 4))
         guessed = mid >= 0
         if not guessed:
