@@ -36,6 +36,7 @@ from skewscope.core import aot, jit  # noqa: E402
 from skewscope.core.aot import FORMAT, MANIFEST, MODNAME, PKG, environment, sources_digest, status  # noqa: E402
 from skewscope.gen.presets import PRESETS  # noqa: E402
 from skewscope.sources.offline import parse_file  # noqa: E402
+from skewscope.sources.offline import pipeline as offline_pipeline  # noqa: E402
 
 
 def _module_file(mod: str):
@@ -156,13 +157,16 @@ def _workload(tmp: Path, quick: bool = False) -> None:
                 shutil.copyfileobj(f, g)
             with contextlib.redirect_stdout(io.StringIO()):
                 run("report", "--json", str(p) + ".gz")
-            # the pipelined parser (large files: offline/pipeline.py) on a mapped and a read buffer
+            # the pipelined parser (large files: offline/pipeline.py) on a mapped and a read buffer,
+            # with cuts small enough that this capture needs several (the guessed ones too)
             old = os.environ.get("SKEWSCOPE_OFFLINE_PIPELINE")
             os.environ["SKEWSCOPE_OFFLINE_PIPELINE"] = "1"
+            rows, offline_pipeline.ROWS = offline_pipeline.ROWS, 64
             try:
                 parse_file(str(p))
                 parse_file(str(p) + ".gz")
             finally:
+                offline_pipeline.ROWS = rows
                 if old is None:
                     os.environ.pop("SKEWSCOPE_OFFLINE_PIPELINE", None)
                 else:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from test_offline_formats import ng_block, ng_epb, ng_idb, ng_shb, pcap_bytes, reference_packets, write
+from test_offline_formats import ng_block, ng_epb, ng_idb, ng_shb, ng_spb, pcap_bytes, reference_packets, write
 
 from skewscope.cli import main
 from skewscope.core import layout as L
@@ -46,30 +46,39 @@ def tiny_blocks(monkeypatch):
 
 
 class Used:
-    """Counts the rows the reading thread hands to the accounting thread."""
+    """Counts the rows handed to the accounting thread (rows) and those of them the second
+    parsing thread parsed (back)."""
 
     def __init__(self, monkeypatch):
         self.rows = 0
+        self.back = 0
         put = pipeline._Accountant.put
+        result = pipeline._Parser.result
 
         def counting_put(acc, rows, n):
             self.rows += n
             put(acc, rows, n)
+
+        def counting_result(par):
+            out = result(par)
+            self.back += out[2]
+            return out
         monkeypatch.setattr(pipeline._Accountant, "put", counting_put)
+        monkeypatch.setattr(pipeline._Parser, "result", counting_result)
 
 
 def parse_both(monkeypatch, path, **kw):
-    """(one-core Snapshot, pipelined Snapshot, rows handed over)."""
+    """(one-core Snapshot, pipelined Snapshot, Used)."""
     used = Used(monkeypatch)
     monkeypatch.setenv("SKEWSCOPE_OFFLINE_PIPELINE", "0")
     one = offline.parse_file(path, **kw)
     assert used.rows == 0
     monkeypatch.setenv("SKEWSCOPE_OFFLINE_PIPELINE", "1")
     two = offline.parse_file(path, **kw)
-    return one, two, used.rows
+    return one, two, used
 
 
-def assert_same(one, two, rows):
+def assert_same(one, two, used):
     assert one.flows.dtype == two.flows.dtype and np.array_equal(one.flows, two.flows)
     assert np.array_equal(one.events, two.events)
     assert np.array_equal(one.globals, two.globals)
@@ -77,8 +86,11 @@ def assert_same(one, two, rows):
     m1.pop("parse_seconds")
     m2.pop("parse_seconds")
     assert m1 == m2
-    # the pipeline did the accounting: one row per accounted frame
-    assert rows == int(two.globals[L.G_ACCOUNTED])
+    # the pipeline did the accounting: one row per accounted frame; both parsing threads
+    # parsed some (each cut: ROWS records in front, up to ROWS rows behind)
+    accounted = int(two.globals[L.G_ACCOUNTED])
+    assert used.rows == accounted
+    assert 0 < used.back < accounted or accounted <= 2 * pipeline.ROWS
 
 
 def report_json(monkeypatch, path, force: str, *extra) -> tuple[int, str, str]:
@@ -102,7 +114,7 @@ def assert_same_report(monkeypatch, path, *extra):
     assert one[0] == two[0] == 0 and one[2] == two[2]
     assert without_time(one[1]) == without_time(two[1])
     assert json.loads(one[1])["meta"]["frames"] > 0
-    return used.rows
+    return used
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -112,22 +124,23 @@ def test_presets_report_json_identical(monkeypatch, tmp_path, preset):
     sc["iterations"] = 1
     p = tmp_path / f"{preset}.pcap"
     generate(sc, seed=3).write_pcap(p, snaplen=128)
-    assert assert_same_report(monkeypatch, p) > 0
+    used = assert_same_report(monkeypatch, p)
+    assert used.rows > 0 and used.back > 0
     assert_same(*parse_both(monkeypatch, p))
 
 
 @pytest.mark.parametrize("path", REAL_FILES, ids=lambda p: p.name)
 def test_real_captures_identical(monkeypatch, path):
     try:
-        one, two, rows = parse_both(monkeypatch, path)
+        one, two, used = parse_both(monkeypatch, path)
     except PcapError as e:   # refused (ERF): refused alike, nothing handed over
         monkeypatch.setenv("SKEWSCOPE_OFFLINE_PIPELINE", "1")
         with pytest.raises(PcapError) as e2:
             offline.parse_file(path)
         assert str(e2.value) == str(e)
         return
-    assert_same(one, two, rows)
-    assert rows > 0
+    assert_same(one, two, used)
+    assert used.rows > 0
     assert_same_report(monkeypatch, path)
 
 
@@ -138,12 +151,12 @@ def test_fuzz_corpus_identical(monkeypatch, tmp_path):
     c = fc.make_corpus(30_000, seed=5, min_len=0)
     p = tmp_path / "corpus.pcap"
     c.write_pcap(str(p))
-    one, two, rows = parse_both(monkeypatch, p)
-    assert_same(one, two, rows)
+    one, two, used = parse_both(monkeypatch, p)
+    assert_same(one, two, used)
     g = one.globals
     assert int(g[L.G_DECAP]) > 0 and int(g[L.G_TRUNC_ETH]) > 0 and int(g[L.G_BAD_LENGTH]) > 0
-    one, two, rows = parse_both(monkeypatch, p, max_flows=16, max_events=50)
-    assert_same(one, two, rows)
+    one, two, used = parse_both(monkeypatch, p, max_flows=16, max_events=50)
+    assert_same(one, two, used)
     assert one.meta["flows_evicted"] > 0 and one.meta["events_lost"] > 0
     assert_same_report(monkeypatch, p, "--max-flows", "16")
 
@@ -156,8 +169,8 @@ def test_damaged_and_pcapng_identical(monkeypatch, tmp_path):
     data = pcap_bytes(recs)
     cut = tmp_path / "cut.pcap"
     write(cut, data[:-9])
-    one, two, rows = parse_both(monkeypatch, cut)
-    assert_same(one, two, rows)
+    one, two, used = parse_both(monkeypatch, cut)
+    assert_same(one, two, used)
     assert len(one.meta["warnings"]) == 1 and "ends inside record" in one.meta["warnings"][0]
     gz = tmp_path / "cut.pcap.gz"
     write(gz, data[:-9], gz=True)
@@ -170,9 +183,41 @@ def test_damaged_and_pcapng_identical(monkeypatch, tmp_path):
     blocks += [ng_epb(i % 2, x.ts if i % 2 else x.ts // 1000, x.frame, len(x.frame)) for i, x in enumerate(ref)]
     ng = tmp_path / "two.pcapng"
     write(ng, b"".join(blocks))
-    one, two, rows = parse_both(monkeypatch, ng)
-    assert_same(one, two, rows)
+    one, two, used = parse_both(monkeypatch, ng)
+    assert_same(one, two, used)
     assert one.meta["warnings"] and int(one.globals[L.G_FRAMES]) == 2 * len(ref)
+
+
+@pytest.mark.parametrize("rows", [3, 5, 7, 11])
+def test_skipped_blocks_and_packets_in_both_parts_identical(monkeypatch, tmp_path, rows):
+    """With cuts of several sizes, so that the file's last unknown block falls in a back part
+    in some: The counters the record walk keeps itself, met in the front and the back part of the
+    cuts alike: pcapng blocks of unknown types (count and the last type in the warning),
+    packets on an interface of an unsupported link type (skipped_unsupported_linktype), and
+    simple packet blocks; then a packet for an undeclared interface ends the file early."""
+    monkeypatch.setattr(pipeline, "ROWS", rows)
+    ref = reference_packets()
+    blocks = [ng_shb(), ng_idb(1), ng_idb(147)]
+    for i, x in enumerate(ref * 4):
+        blocks.append(ng_epb(0, x.ts // 1000, x.frame, len(x.frame)))
+        if i % 3 == 0:
+            blocks.append(ng_epb(1, x.ts // 1000, x.frame, len(x.frame)))
+        if i % 5 == 0:
+            blocks.append(ng_block(0x0BAD0000 + i, b"\0" * 4))
+        if i % 7 == 0:
+            blocks.append(ng_spb(x.frame, len(x.frame)))
+    ng = tmp_path / "skips.pcapng"
+    write(ng, b"".join(blocks))
+    one, two, used = parse_both(monkeypatch, ng)
+    assert_same(one, two, used)
+    assert one.meta["skipped_unsupported_linktype"] > 0
+    assert any("unknown type (last: 0x0bad" in w for w in one.meta["warnings"])
+    assert_same_report(monkeypatch, ng)
+    bad = tmp_path / "badif.pcapng"
+    write(bad, b"".join(blocks + [ng_epb(5, 0, ref[0].frame, len(ref[0].frame))] + blocks[3:40]))
+    one, two, used = parse_both(monkeypatch, bad)
+    assert_same(one, two, used)
+    assert any("interface" in w for w in one.meta["warnings"])
 
 
 def test_modes(monkeypatch):
@@ -185,3 +230,55 @@ def test_modes(monkeypatch):
     assert pipeline.wanted(pipeline.PIPELINE_MIN_BYTES) == (cpus >= 2)
     monkeypatch.setenv("SKEWSCOPE_OFFLINE_PIPELINE", "1")
     assert pipeline.wanted(0)
+
+
+def test_message_records_sorted_stably_in_or_out_of_order():
+    """tables._events skips the sort when the records already come in start order; out of
+    order they are sorted stably (ties keep their record order), as a Python sort does."""
+    from skewscope.core.snapshot import flows_from_raw
+    from skewscope.sources.offline.tables import _events
+    flows = flows_from_raw(np.zeros((0, 40), np.uint8), np.zeros((0, L.FLOW_STATS_DTYPE.itemsize), np.uint8))
+    rng = np.random.default_rng(1)
+    ikeys = np.zeros((1, 5), np.int64)
+    for start in (np.arange(50) // 3, rng.integers(0, 10, 50)):
+        ev = np.zeros((50, 5), np.int64)
+        ev[:, 1] = np.arange(50)          # record order, to see the ties' order
+        ev[:, 2] = start
+        ev[:, 3] = start + 5
+        out = _events(flows, ikeys, ev)
+        want = sorted(range(50), key=lambda i: int(start[i]))
+        assert list(out["opclass"]) == [int(ev[i, 1]) for i in want]
+        assert list(out["start_ts"]) == sorted(int(x) for x in start)
+
+
+def test_wrong_cut_guesses_are_dropped(monkeypatch, tmp_path):
+    """A guessed cut (kernel guess_record) is used only where the front part's own walk ends:
+    with guesses that are mostly not record boundaries, the back parts parsed from them are
+    dropped and the result is still the one-core result."""
+    from skewscope.sources.offline import kernel as K
+    monkeypatch.setattr(pipeline, "ROWS", 61)
+    real = K.guess_record
+    calls = {"guess": 0, "fold": 0, "drop": 0}
+
+    def off_by_some(b, pos, at, end, big, chain):
+        calls["guess"] += 1
+        q = real(b, pos, at, end, big, chain)
+        return q if q < 0 or calls["guess"] % 3 == 0 else q + calls["guess"] % 7 + 1
+    fold, drop = pipeline._Parser.fold, pipeline._Parser.drop
+
+    def counting_fold(par, *a):
+        calls["fold"] += 1
+        fold(par, *a)
+
+    def counting_drop(par):
+        calls["drop"] += 1
+        drop(par)
+    monkeypatch.setattr(K, "guess_record", off_by_some)
+    monkeypatch.setattr(pipeline._Parser, "fold", counting_fold)
+    monkeypatch.setattr(pipeline._Parser, "drop", counting_drop)
+    sc = dict(PRESETS["ring-healthy"])
+    sc["iterations"] = 1
+    p = tmp_path / "wrong.pcap"
+    generate(sc, seed=4).write_pcap(p, snaplen=128)
+    assert_same(*parse_both(monkeypatch, p))
+    assert calls["guess"] > 10 and calls["drop"] - calls["fold"] > 3 and calls["fold"] > 3

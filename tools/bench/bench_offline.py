@@ -24,9 +24,10 @@ skewscope's, so all three did the same job. Peak memory: ru_maxrss of each CLI p
 (under time(1)), of tshark, and of this process for the in-process parser rows.
 
 The rows not marked "one core" run with SKEWSCOPE_OFFLINE_PIPELINE=auto: captures of 16 MiB
-or more are parsed on two cores (skewscope/sources/offline/pipeline.py: parse in the reading
-thread, accounting in file order on a second one; off by default); the "one core" rows run
-the same with SKEWSCOPE_OFFLINE_PIPELINE=0, for the comparison in the same run.
+or more are parsed on two cores (skewscope/sources/offline/pipeline.py: each cut of the read
+buffer parsed by two threads, the rows accounted in file order on a third; off by default);
+the "one core" rows run the same with SKEWSCOPE_OFFLINE_PIPELINE=0, for the comparison in the
+same run.
 
 Targets (issue 30): >= 100x tshark end to end on the 2 M-frame capture, >= 20 M packets/s
 end to end on the 10 M-frame one (issue 16's were 100x and 10 M/s).

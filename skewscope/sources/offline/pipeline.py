@@ -1,22 +1,27 @@
 """The pipelined parser: one file parsed on two cores with the result of one core, exactly.
 
-The walk and the parse (kernel/scanner.py scan_rows: record framing, link-type conventions,
-headers, categories) run in the reading thread and write one compact row per accounted frame;
-an accounting thread (this module's _Accountant) feeds those rows, in file order, through the
-same `account` as the one-core scan (kernel/scanner.py account_rows). Everything stateful
+The parse (kernel/scanner.py scan_rows: record framing, link-type conventions, headers,
+categories) runs on two threads and writes one compact row per accounted frame; a third,
+the accounting thread (_Accountant), feeds those rows, in file order, through the same
+`account` as the one-core scan (kernel/scanner.py account_rows). The read buffer is parsed
+in cuts (run._Run._scan_split): the reading thread parses the records up to the cut (the
+front part) while the parsing thread (_Parser) parses the records after it until its block
+holds ROWS rows (the back part); both blocks go to the accounting thread, front first. The
+cut is ~ROWS records on: guessed in classic pcap (guess_record) and kept only where the front
+part's own walk ends, else found by walking the record headers (split_rows). Everything stateful
 across packets -- the flow table and its LRU, PSN state, messages, flow instances, message
-records -- lives only in the accounting thread and sees the packets in the same order, so the
-Snapshot is the one-core Snapshot; the parse half's counters (frames, categories,
-decapsulation, PFC, snaplen cuts, first/last time) are sums and ends, merged at the end
-(merge). Both kernels run without the GIL (numba nogil; the precompiled module's wrappers
-release it too).
+records -- lives only in the accounting thread and sees the packets in file order, so the
+Snapshot is the one-core Snapshot; the parse's counters (frames, categories,
+decapsulation, PFC, snaplen cuts, first/last time, skipped blocks) are sums and ends, folded
+after every cut (_Parser.fold) and merged at the end (merge). All kernels run without the
+GIL (numba nogil; the precompiled module's wrappers release it too).
 
 Off unless asked for: measured on a 2-vCPU VM it did not pay reliably (docs/offline.md "Two
-cores": the parse half, which streams the whole capture, bounds it, and the rows cost ~25 %
-more CPU). SKEWSCOPE_OFFLINE_PIPELINE=auto uses it for files of at least PIPELINE_MIN_BYTES
-when this process may run on two CPUs or more (the bench's setting), =1 for any file (tests),
-unset or 0 never. gzip input pipelines the same way (decompression stays in the reading
-thread, with the parse)."""
+cores": the rows cost ~25 % more CPU than the one-core scan, and 2 CPUs leave little room).
+SKEWSCOPE_OFFLINE_PIPELINE=auto uses it for files of at least PIPELINE_MIN_BYTES when this
+process may run on two CPUs or more (the bench's setting), =1 for any file (tests), unset
+or 0 never. gzip input pipelines the same way (decompression stays in the reading thread,
+before each cut)."""
 from __future__ import annotations
 
 import os
@@ -25,12 +30,13 @@ import threading
 
 import numpy as np
 
+from skewscope.core import layout as L
 from skewscope.sources.offline import kernel as K
-from skewscope.sources.offline.tables import _Tables
+from skewscope.sources.offline.tables import _OPTAB, _Tables
 
 PIPELINE_MIN_BYTES = 16 << 20
-ROWS = 1 << 15      # rows per block handed over (2.6 MB)
-BLOCKS = 4          # blocks in flight at most (memory bound: ~10 MB)
+ROWS = 1 << 16      # rows per block handed over (5.2 MB); per cut: ROWS records in front, ROWS rows behind
+BLOCKS = 4          # blocks in flight at most (memory bound: ~21 MB): two cuts
 
 #: the parse half's scalar state, copied into the tables' at the end (the accounting half
 #: owns every other index: flow table, LRU, instances, message records)
@@ -96,6 +102,72 @@ class _Accountant:
         self.thread.join()
         if self.exc is not None:
             raise self.exc
+
+
+class _Parser:
+    """The second parsing thread: parses the back part of each cut (scan_rows into its own
+    counters, g/st, folded into the reading thread's after every cut by fold) while the
+    reading thread parses the front part."""
+
+    def __init__(self):
+        self.g = np.zeros(L.G_N, np.int64)
+        self.st = np.zeros(K.ST_N, np.int64)
+        self.st[K.ST_FIRST_TS] = -1
+        self.todo: queue.Queue = queue.Queue()
+        self.done: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._work, name="skewscope-parse", daemon=True)
+        self.thread.start()
+
+    def submit(self, b, pos, end, walk_args, rows) -> None:
+        self.todo.put((b, pos, end, walk_args, rows))
+
+    def _work(self) -> None:
+        while True:
+            item = self.todo.get()
+            if item is None:
+                return
+            b, pos, end, walk_args, rows = item
+            try:
+                out = K.scan_rows(b, pos, end, *walk_args, self.g, self.st, rows, 0, _OPTAB)
+            except BaseException as e:  # re-raised in the reading thread by result()
+                out = e
+            self.done.put(out)
+
+    def result(self) -> tuple[int, int, int]:
+        out = self.done.get()
+        if isinstance(out, BaseException):
+            raise out
+        pos, status, n = out
+        return int(pos), int(status), int(n)
+
+    def fold(self, g: np.ndarray, st: np.ndarray, status: int) -> None:
+        """This thread's counters of the last cut into the reading thread's (the back part
+        comes after the front part in the file): sums add up, the first time stays the
+        front part's when it has one, the last time and the last unknown block type are
+        the back part's when it saw any; then start the next cut from zero."""
+        ps = self.st
+        g += self.g
+        if st[K.ST_FIRST_TS] < 0:
+            st[K.ST_FIRST_TS] = ps[K.ST_FIRST_TS]
+        if ps[K.ST_RECORDS]:
+            st[K.ST_LAST_TS] = ps[K.ST_LAST_TS]
+        for i in (K.ST_RECORDS, K.ST_CUT, K.ST_SKIP_LT, K.ST_UNKNOWN_BLOCKS):
+            st[i] += ps[i]
+        if ps[K.ST_UNKNOWN_BLOCKS]:
+            st[K.ST_UNKNOWN_TYPE] = ps[K.ST_UNKNOWN_TYPE]
+        if status == K.S_BAD_IFACE:
+            st[K.ST_STOP_IF] = ps[K.ST_STOP_IF]
+        self.drop()
+
+    def drop(self) -> None:
+        """Forget the last cut's counters (folded, or parsed from a wrong guess)."""
+        self.g[:] = 0
+        self.st[:] = 0
+        self.st[K.ST_FIRST_TS] = -1
+
+    def finish(self) -> None:
+        self.todo.put(None)
+        self.thread.join()
 
 
 def merge(t: _Tables, g_parse: np.ndarray, st_parse: np.ndarray) -> None:

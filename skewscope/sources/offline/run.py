@@ -57,6 +57,7 @@ class _Run(_PcapWalk, _PcapngWalk):
         self.progress = progress
         self.packets_limit = packets
         self.acc: pipeline._Accountant | None = None   # the accounting thread (pipelined parse)
+        self.par: pipeline._Parser | None = None      # its second parsing thread
 
     # -- driver ------------------------------------------------------------------------
     def run(self) -> None:
@@ -110,8 +111,9 @@ class _Run(_PcapWalk, _PcapngWalk):
                 self._end_pipeline()
             self._finish()
         finally:
-            if self.acc is not None:   # left early (an error): stop the thread, drop its work
+            if self.acc is not None:   # left early (an error): stop the threads, drop their work
                 acc, self.acc = self.acc, None
+                self.par.finish()
                 try:
                     acc.finish()
                 except Exception:
@@ -160,14 +162,7 @@ class _Run(_PcapWalk, _PcapngWalk):
         mode); grows the tables / hands over a full batch as needed. Returns the status."""
         b = self.b
         if self.acc is not None:
-            pos, status, n = K.scan_rows(b.buf, b.pos, b.fill, fmt, self.big, ts_mult, kind, if_kind, if_res, if_snap,
-                                         n_if, self.g_parse, self.st, self.rows, self.rn, _OPTAB)
-            b.pos, self.rn = int(pos), int(n)
-            if status == K.S_FULL:   # hand the rows over; call again
-                self.acc.put(self.rows, self.rn)
-                self.rows, self.rn = self.acc.block(), 0
-                return K.S_GROW
-            return int(status)
+            return self._scan_split((fmt, self.big, ts_mult, kind, if_kind, if_res, if_snap, n_if))
         if self.frames:
             pos, status, n, o = K.scan_frames(b.buf, b.pos, b.fill, fmt, self.big, ts_mult, kind, if_kind, if_res,
                                               if_snap, n_if, self.st, self.rec, self.n, self.out, self.o)
@@ -183,17 +178,61 @@ class _Run(_PcapWalk, _PcapngWalk):
         return int(status)
 
     def _start_pipeline(self) -> None:
-        """Parse here, account on a second thread (pipeline.py): the parse half counts into
-        its own g/st (merged at the end), the accounting half owns the tables."""
+        """Parse on two threads, account on a third (pipeline.py): the parse counts into its
+        own g/st (merged at the end), the accounting owns the tables."""
         self.g_parse = np.zeros(L.G_N, np.int64)
         self.st = np.zeros(K.ST_N, np.int64)
         self.st[K.ST_FIRST_TS] = -1
+        self.st_split = np.zeros(K.ST_N, np.int64)
+        self.cut_bytes = 0   # where to guess the next cut (0: walk to it)
         self.acc = pipeline._Accountant(self.t)
-        self.rows, self.rn = self.acc.block(), 0
+        self.par = pipeline._Parser()
+
+    def _scan_split(self, walk_args: tuple) -> int:
+        """One cut of the pipelined parse: the records from b.pos to the cut parsed here (the
+        front part), the records after it by the parsing thread until its row block is full
+        or the buffer ends (the back part), both row blocks handed to the accounting thread
+        in file order. The cut: in classic pcap, a record boundary guessed ~ROWS records on
+        (guess_record, from the front parts' bytes per record) and used only when the front
+        part's own walk ends exactly there -- else the back part is dropped and the next cut
+        walks (split_rows: the first ROWS records' headers), as pcapng always does. Returns
+        the status where the parse stopped (S_GROW: call again)."""
+        b = self.b
+        start = b.pos
+        rec0 = int(self.st[K.ST_RECORDS])
+        mid = -1
+        if walk_args[0] == K.FMT_PCAP and self.cut_bytes >= 16 and start + self.cut_bytes < b.fill:
+            mid = int(K.guess_record(b.buf, start, start + self.cut_bytes, b.fill, self.big, 4))
+        guessed = mid >= 0
+        if not guessed:
+            mid = int(K.split_rows(b.buf, start, b.fill, *walk_args, self.st_split, pipeline.ROWS))
+        back = self.acc.block()
+        self.par.submit(b.buf, mid, b.fill, walk_args, back)
+        front = self.acc.block()
+        try:
+            end, front_status, n = K.scan_rows(b.buf, start, mid, *walk_args, self.g_parse, self.st, front, 0, _OPTAB)
+        finally:
+            pos, status, n_back = self.par.result()
+        self.acc.put(front, int(n))
+        recs = int(self.st[K.ST_RECORDS]) - rec0
+        if recs:
+            self.cut_bytes = int((end - start) / recs * pipeline.ROWS * 0.9)
+        if guessed and (end != mid or front_status != K.S_NEED_DATA):
+            # not a record boundary of the walk (or the front's block filled first): the
+            # one-core walk goes on from where the front part stopped
+            self.par.drop()
+            self.acc.put(back, 0)
+            self.cut_bytes = 0
+            b.pos = int(end)
+            return K.S_GROW if front_status in (K.S_NEED_DATA, K.S_FULL) else int(front_status)
+        self.acc.put(back, n_back)
+        self.par.fold(self.g_parse, self.st, status)
+        b.pos = pos
+        return K.S_GROW if status == K.S_FULL else status
 
     def _end_pipeline(self) -> None:
         acc, self.acc = self.acc, None
-        acc.put(self.rows, self.rn)
+        self.par.finish()
         acc.finish()
         pipeline.merge(self.t, self.g_parse, self.st)
         self.st = self.t.st
