@@ -47,6 +47,7 @@ import numpy as np
 
 from skewscope.analysis.context import context
 from skewscope.analysis.intervals import natural_break
+from skewscope.core.jit import njit
 
 #: a step lag below 1 us is the capture's timestamp resolution / one packet time, not a delay
 STEP_FLOOR_NS = 1000.0
@@ -290,13 +291,32 @@ def _rv_distance(S, E, RV, D: int, rmax: int):
     for every member, >= DEPENDENT_SHARE of its messages start after the message it received
     R columns before ended (within half a message time: the last packets may still drain):
     the step's data it forwards. None when no such R: its sends do not wait for its receives."""
-    k = S.shape[2]
+    r = _rv_first(S, E, RV, D, rmax, DEPENDENT_SHARE)
+    return None if r < 0 else int(r)
+
+
+@njit(cache=True, nogil=True)
+def _rv_first(S, E, RV, D, rmax, share):
+    """_rv_distance's search in one pass per candidate R, a member at a time, stopping at the
+    first member below the share (the numpy form built three (iterations, members, columns)
+    arrays per candidate: 0.1 s of a 10.6 M-frame report). The same float operations and the
+    same share (count / entries) as numpy's mean of the comparisons; -1 when none."""
+    na, nm, k = S.shape
     for r in range(D, min(k - 1, rmax) + 1, D):
-        dur = E[:, :, :k - r] - S[:, :, :k - r]
-        ok = S[:, :, r:] >= RV[:, :, :k - r] - 0.5 * dur
-        if float(ok.mean(axis=(0, 2)).min()) >= DEPENDENT_SHARE:
+        n = na * (k - r)
+        good = True
+        for m in range(nm):
+            c = 0
+            for a in range(na):
+                for j in range(k - r):
+                    if S[a, m, j + r] >= RV[a, m, j] - 0.5 * (E[a, m, j] - S[a, m, j]):
+                        c += 1
+            if c / n < share:
+                good = False
+                break
+        if good:
             return r
-    return None
+    return -1
 
 
 def _dep_distance(S, E, dmax: int = 64) -> int:
