@@ -179,15 +179,15 @@ def import_bcc():
 class FlowReader:
     """Reads the flows map (an LRU hash of FLOW_KEY_DTYPE -> FLOW_STATS_DTYPE) into a
     FLOW_DTYPE table sorted by key. Read after read (the live loop) the entries are copied
-    into the same key and value buffers (max_entries rows, resident as far as the map ever
-    filled them) and the table into the buffer of an earlier table nothing refers to any
-    more (core.pool): memory the process has touched already, no page faults for each
-    interval's fresh ~0.9 GB at 1,048,576 flows. One reader at a time."""
+    into the same key and value buffers and the table into the buffer of an earlier table
+    nothing refers to any more (core.pool): memory the process has touched already, no page
+    faults for each interval's fresh ~0.9 GB at 1,048,576 flows. Every buffer has max_entries
+    rows, resident as far as a read ever filled it. One reader at a time."""
 
     def __init__(self, max_entries: int):
         self.max_entries = int(max_entries)
         self._raw: tuple[np.ndarray, np.ndarray] | None = None
-        self.pool = ArrayPool(L.FLOW_DTYPE)
+        self.pool = ArrayPool(L.FLOW_DTYPE, rows=self.max_entries)
 
     def entries(self, map_fd: int, cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:

@@ -23,11 +23,15 @@ class ArrayPool:
 
     Between two take() calls the pool keeps the buffers still in use (so they can come back)
     and the ones that became unused since; take() reuses one unused buffer that fits and
-    lets the other unused ones go. `limit` bounds how many buffers in use are followed (a
-    caller that keeps every result gets fresh arrays, as without a pool)."""
+    lets the other unused ones go. `rows`: every buffer has that many rows (a reader with a
+    known maximum, e.g. a map's max_entries: only the rows ever written become resident, and
+    a table that grows or shrinks still fits); else n and an eighth more, reused for up to
+    twice its n. `limit` bounds how many buffers in use are followed (a caller that keeps
+    every result gets fresh arrays, as without a pool)."""
 
-    def __init__(self, dtype, limit: int = 6):
+    def __init__(self, dtype, rows: int | None = None, limit: int = 6):
         self.dtype = np.dtype(dtype)
+        self.rows = None if rows is None else max(int(rows), 1)
         self.limit = int(limit)
         self._bufs: list[np.ndarray] = []
         self.reused = 0
@@ -44,13 +48,14 @@ class ArrayPool:
         pick = None
         for i in range(len(self._bufs)):
             cap = len(self._bufs[i])
-            if self._unused(i) and n <= cap <= 2 * n + 4096 and (pick is None or cap < len(self._bufs[pick])):
+            fits = n <= cap and (self.rows is not None or cap <= 2 * n + 4096)
+            if fits and self._unused(i) and (pick is None or cap < len(self._bufs[pick])):
                 pick = i
         if pick is not None:
             buf = self._bufs.pop(pick)
             self.reused += 1
         else:
-            buf = np.empty(n + n // _GROW, dtype=self.dtype)
+            buf = np.empty(n + n // _GROW if self.rows is None or n > self.rows else self.rows, dtype=self.dtype)
             self.allocated += 1
         # unused buffers not taken are let go (their memory goes back to the allocator)
         self._bufs = [self._bufs[i] for i in range(len(self._bufs)) if not self._unused(i)]

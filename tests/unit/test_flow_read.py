@@ -129,3 +129,20 @@ def test_a_buffer_is_reused_only_when_it_fits():
     assert pool2.reused == 0 and len(c) == 100
     # unused buffers not taken are let go: only the one handed out is followed
     assert len(pool2._bufs) == 1
+
+
+def test_a_pool_of_fixed_rows_reuses_for_any_table_up_to_them():
+    """A map reader's pool (rows = max_entries): a table that grows or shrinks between reads
+    still gets the unused buffer; one beyond the rows gets its own."""
+    pool = ArrayPool(L.FLOW_DTYPE, rows=4096)
+    a = pool.take(100)
+    addr = _addr(a)
+    del a
+    b = pool.take(4096)
+    assert _addr(b) == addr and len(b) == 4096
+    del b
+    c = pool.take(7)
+    assert _addr(c) == addr and pool.reused == 2
+    del c
+    d = pool.take(5000)
+    assert _addr(d) != addr and len(d) == 5000 and pool.allocated == 2
