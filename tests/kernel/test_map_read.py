@@ -13,17 +13,14 @@ from kharness import DT, T0
 from skewscope.core import layout as L
 from skewscope.core.snapshot import flow_key_matrix
 
-HOSTS = ["10.0.0.1", "10.0.3.7", "10.1.0.2", "fd00::5", "10.0.0.9"]
+V4 = ["10.0.0.1", "10.0.3.7", "10.1.0.2", "10.0.0.9"]
+V6 = ["fd00::5", "fd00::1:7"]
 
 
 def _flows():
-    """(src, dst, qp) of 30 flows over IPv4 and IPv6 hosts."""
-    out = []
-    for i in range(30):
-        a = HOSTS[i % len(HOSTS)]
-        b = next(h for h in HOSTS[(i // len(HOSTS)) % len(HOSTS):] + HOSTS if (":" in h) == (":" in a) and h != a)
-        out.append((a, b, 0x100 + 37 * i))
-    return out
+    """(src, dst, qp) of 30 flows: IPv4 host pairs and IPv6 ones, a QP each."""
+    pairs = [(a, b) for a in V4 for b in V4 if a != b] + [(V6[0], V6[1]), (V6[1], V6[0])]
+    return [(*pairs[i % len(pairs)], 0x100 + 37 * i) for i in range(30)]
 
 
 def _read_and_check(kernel, sent: dict) -> np.ndarray:
