@@ -75,10 +75,9 @@ def test_reads_into_a_pool_reuse_only_tables_nothing_refers_to():
         n = 3000 + 50 * r
         keys, vals = _keys("ipv4", n, rng), rng.integers(0, 256, (n, VZ), dtype=np.uint8)
         reads.append((keys, vals))
-    held = [S.flows_from_raw(*reads[0], pool=pool)]
-    views = [held[0]["packets"]]                     # a field view keeps its table's buffer
-    addrs = {_addr(held[0])}
-    prev = held[0]
+    prev = S.flows_from_raw(*reads[0], pool=pool)
+    view0 = prev["packets"]                          # from the next read on, all that holds it
+    addrs = {_addr(prev)}
     for keys, vals in reads[1:]:
         cur = S.flows_from_raw(keys, vals, pool=pool)
         assert cur.tobytes() == _fieldwise(keys, vals).tobytes()
@@ -86,7 +85,7 @@ def test_reads_into_a_pool_reuse_only_tables_nothing_refers_to():
         prev = cur
         addrs.add(_addr(cur))
     # the first table (held through a field view only) was never written over
-    assert views[0].tobytes() == _fieldwise(*reads[0])["packets"].tobytes()
+    assert view0.tobytes() == _fieldwise(*reads[0])["packets"].tobytes()
     # the reads in between alternated between two buffers: the one before the previous came back
     assert pool.reused >= 3 and len(addrs) <= 3
 
