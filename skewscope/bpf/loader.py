@@ -17,6 +17,7 @@ from skewscope.bpf import syscalls as bpfsys
 from skewscope.bpf.btf import KF_SENTINEL_CAST_KCTX, KF_SENTINEL_RDONLY_CAST, patch_kfunc_calls, xdp_kctx_layout
 from skewscope.core import layout as L
 from skewscope.core.errors import EXIT_KERNEL, EXIT_NO_BCC, EXIT_NO_PRIV, EXIT_USAGE, DataplaneError
+from skewscope.core.pool import ArrayPool
 from skewscope.core.snapshot import Snapshot, events_from_records, flows_from_raw
 
 
@@ -175,6 +176,43 @@ def import_bcc():
                              "(not the PyPI 'bcc') and run 'make setup'", EXIT_NO_BCC) from None
 
 
+class FlowReader:
+    """Reads the flows map (an LRU hash of FLOW_KEY_DTYPE -> FLOW_STATS_DTYPE) into a
+    FLOW_DTYPE table sorted by key. Read after read (the live loop) the entries are copied
+    into the same key and value buffers and the table into the buffer of an earlier table
+    nothing refers to any more (core.pool): memory the process has touched already, no page
+    faults for each interval's fresh ~0.9 GB at 1,048,576 flows. Every buffer has max_entries
+    rows, resident as far as a read ever filled it. One reader at a time."""
+
+    def __init__(self, max_entries: int):
+        self.max_entries = int(max_entries)
+        self._raw: tuple[np.ndarray, np.ndarray] | None = None
+        self.pool = ArrayPool(L.FLOW_DTYPE, rows=self.max_entries)
+
+    def entries(self, map_fd: int, cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """The map's (key bytes, value bytes) in the map's order, in this reader's buffers
+        (valid until the next read); `cache`: the flow cache's occupied slots
+        (Dataplane._read_cache), merged in."""
+        kz, vz = L.FLOW_KEY_DTYPE.itemsize, L.FLOW_STATS_DTYPE.itemsize
+        if self._raw is None:
+            rows = max(self.max_entries, 1)
+            self._raw = (np.empty((rows, kz), dtype=np.uint8), np.empty((rows, vz), dtype=np.uint8))
+        keys, vals = bpfsys.map_lookup_batch(map_fd, kz, vz, self.max_entries, out=self._raw)
+        if cache is not None and len(cache[0]):
+            _merge_cache(keys, vals, *cache)
+        return keys, vals
+
+    def read(self, map_fd: int, cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """The table (entries() sorted by key into a pooled buffer)."""
+        return flows_from_raw(*self.entries(map_fd, cache), pool=self.pool)
+
+    def close(self) -> None:
+        """Let the buffers go (tables handed out live on)."""
+        self._raw = None
+        self.pool.clear()
+
+
 class Dataplane:
     """The compiled BPF object: maps + loaded programs (not yet attached)."""
 
@@ -186,6 +224,7 @@ class Dataplane:
         BPF, self._lib = import_bcc()
         self.prog_fds: dict[str, int] = {}
         self._map_fds: dict[str, int] = {}
+        self._flow_reader = FlowReader(self.config.max_flows)
         text = SOURCE.read_text()
         self.bpf = self._compile(BPF, text)
         if self.config.xdp_frags and self.config.xdp_kctx is not False and xdp_kctx_layout() is not None:
@@ -291,6 +330,7 @@ class Dataplane:
             except BufferError:
                 pass
             self._ev_map = None
+        self._flow_reader.close()
         try:
             self.bpf.cleanup()
         except Exception:
@@ -341,11 +381,7 @@ class Dataplane:
         brought into a slot after the first read still has its (older, consistent) LRU copy,
         so counters never go backwards between reads."""
         cache = self._read_cache() if self.config.flow_cache else None
-        keys, vals = bpfsys.map_lookup_batch(self._fd("flows"), L.FLOW_KEY_DTYPE.itemsize,
-                                             L.FLOW_STATS_DTYPE.itemsize, self.config.max_flows)
-        if cache is not None and len(cache[0]):
-            _merge_cache(keys, vals, *cache)
-        return flows_from_raw(keys, vals)
+        return self._flow_reader.read(self._fd("flows"), cache)
 
     def _read_cache(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The occupied flow-cache slots: (key bytes, stats bytes, cpu + 1 of each)."""

@@ -142,18 +142,32 @@ def prog_test_run_out(prog_fd: int, data: bytes) -> tuple[int, bytes]:
 
 
 def map_lookup_batch(map_fd: int, key_size: int, value_size: int, max_entries: int,
-                     chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+                     chunk: int = 4096, out: tuple[np.ndarray, np.ndarray] | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """Read a whole hash/array map with BPF_MAP_LOOKUP_BATCH into (keys, values) byte
-    matrices. For per-CPU maps pass value_size = round_up(size, 8) * ncpus."""
-    keys = np.empty((max(max_entries, 1), key_size), dtype=np.uint8)
-    vals = np.empty((max(max_entries, 1), value_size), dtype=np.uint8)
+    matrices. For per-CPU maps pass value_size = round_up(size, 8) * ncpus. `out`: (keys,
+    values) uint8 matrices of at least max_entries rows and these widths to read into (the
+    result is their first rows): a reader called again and again keeps its buffers, and the
+    kernel then copies into memory the process has already touched (the flows map at
+    1,048,576 entries: 0.75 s, into fresh memory 1.0-1.6 s)."""
+    rows = max(max_entries, 1)
+    if out is None:
+        keys = np.empty((rows, key_size), dtype=np.uint8)
+        vals = np.empty((rows, value_size), dtype=np.uint8)
+    else:
+        keys, vals = out
+        if (keys.dtype != np.uint8 or vals.dtype != np.uint8 or not keys.flags.c_contiguous
+                or not vals.flags.c_contiguous or keys.shape[1:] != (key_size,) or vals.shape[1:] != (value_size,)
+                or len(keys) < rows or len(vals) < rows):
+            raise ValueError(f"map_lookup_batch: out must be C-contiguous uint8 ({rows}, {key_size}) and "
+                             f"({rows}, {value_size}) matrices")
     tok_in = (ctypes.c_uint8 * max(key_size, 8))()
     tok_out = (ctypes.c_uint8 * max(key_size, 8))()
     n = 0
     first = True
+    a = _attr()
     while n < max_entries:
         want = min(chunk, max_entries - n)
-        a = _attr()
         _put(a, 0, "<Q", 0 if first else ctypes.addressof(tok_in))
         _put(a, 8, "<Q", ctypes.addressof(tok_out))
         _put(a, 16, "<Q", keys.ctypes.data + n * key_size)
