@@ -280,7 +280,8 @@ class Handler(BaseHTTPRequestHandler):
                                head=head)
         if path == "/metrics":
             from prometheus_client import CONTENT_TYPE_LATEST, generate_latest  # optional (prometheus_client)
-            body = generate_latest(self.server.registry)
+            reg = self.server.registry
+            body = reg.exposition() if hasattr(reg, "exposition") else generate_latest(reg)
             extra = {}
             if "gzip" in self.headers.get("Accept-Encoding", ""):
                 body = gzip.compress(body)

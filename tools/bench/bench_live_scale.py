@@ -30,7 +30,7 @@ Rows (CPU time of this process, median of --rounds; the first round untimed):
   top matrix           outputs.topmatrix.matrix_view (key m: node x node bit/s)
   live detectors       analysis.live_metrics(delta): roles, partners, node matrix, link
                        counters, congestion table, the live=True detectors
-  exporter             outputs.exporter.Accumulator.add + state + one /metrics render
+  exporter             outputs.exporter.Accumulator.add + state + one /metrics scrape (the server's registry)
   numpy baseline       the same interval in plain numpy: delta by a lexsort key join, rates,
                        sorted rows, node index, node matrix, per-pair counters, per-flow CE/CNP
   map read (root)      BPF_MAP_LOOKUP_BATCH of a BPF_MAP_TYPE_LRU_HASH (the flows map's key and
@@ -349,6 +349,8 @@ def run(n_flows, a, rows):
     # read's records one second later than the previous read's
     acc = Accumulator(timing_nodes=0)
     shift = [0]
+    cur_state = [None]
+    registry = X.make_registry(X.SkewscopeCollector(lambda: cur_state[0]), process_metrics=False)
 
     def f_export():
         ev = delta.events.copy()
@@ -356,8 +358,8 @@ def run(n_flows, a, rows):
         ev["end_ts"] += np.uint64(shift[0] * NS)
         shift[0] += 1
         acc.add(delta.flows, ev, cum_flows=cum.flows)
-        st = acc.state("bench", cum.globals, dict(cum.meta), 20, read_ts=1.0)
-        return X.render(X.make_registry(X.SkewscopeCollector(lambda: st), process_metrics=False))
+        cur_state[0] = acc.state("bench", cum.globals, dict(cum.meta), 20, read_ts=1.0)
+        return registry.exposition()          # one /metrics scrape of the server's registry
 
     r = a.rounds
     comp = [
