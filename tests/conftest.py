@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -28,6 +29,16 @@ REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/real"
 for _d in (ROOT / "tools", ROOT / "tests" / "scenarios", ROOT / "tests"):
     if str(_d) not in sys.path:
         sys.path.insert(0, str(_d))
+
+# Ctrl-C and hang-up at their defaults for the commands the tests start: a suite started in
+# the background of a non-interactive shell inherits SIGINT ignored (POSIX: no job control),
+# under nohup SIGHUP ignored, and exec keeps an ignored signal ignored -- skewscope keeps an
+# inherited SIG_IGN on purpose (a user's nohup), so the tests that send a child SIGINT/SIGHUP
+# as a terminal would must start it with the terminal's defaults.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 IS_ROOT = os.geteuid() == 0
 ROOT_REASON = ("needs root (CAP_BPF + CAP_NET_ADMIN) for BPF_PROG_TEST_RUN / namespaces / attach; "
