@@ -221,13 +221,17 @@ def test_skipped_blocks_and_packets_in_both_parts_identical(monkeypatch, tmp_pat
 
 
 def test_modes(monkeypatch):
-    """Off by default; auto: large files on two or more CPUs only; 1: any file."""
-    monkeypatch.delenv("SKEWSCOPE_OFFLINE_PIPELINE", raising=False)
-    assert not pipeline.wanted(1 << 40)
-    monkeypatch.setenv("SKEWSCOPE_OFFLINE_PIPELINE", "auto")
+    """auto (the default): large files on two or more CPUs only; 0: never; 1: any file."""
     cpus = len(os.sched_getaffinity(0))
-    assert not pipeline.wanted(pipeline.PIPELINE_MIN_BYTES - 1)
-    assert pipeline.wanted(pipeline.PIPELINE_MIN_BYTES) == (cpus >= 2)
+    for mode in (None, "auto"):
+        if mode is None:
+            monkeypatch.delenv("SKEWSCOPE_OFFLINE_PIPELINE", raising=False)
+        else:
+            monkeypatch.setenv("SKEWSCOPE_OFFLINE_PIPELINE", mode)
+        assert not pipeline.wanted(pipeline.PIPELINE_MIN_BYTES - 1)
+        assert pipeline.wanted(pipeline.PIPELINE_MIN_BYTES) == (cpus >= 2)
+    monkeypatch.setenv("SKEWSCOPE_OFFLINE_PIPELINE", "0")
+    assert not pipeline.wanted(1 << 40)
     monkeypatch.setenv("SKEWSCOPE_OFFLINE_PIPELINE", "1")
     assert pipeline.wanted(0)
 

@@ -23,9 +23,9 @@ run is printed separately. The per-QP results of tshark and dpkt are checked aga
 skewscope's, so all three did the same job. Peak memory: ru_maxrss of each CLI process
 (under time(1)), of tshark, and of this process for the in-process parser rows.
 
-The rows not marked "one core" run with SKEWSCOPE_OFFLINE_PIPELINE=auto: captures of 16 MiB
-or more are parsed on two cores (skewscope/sources/offline/pipeline.py: each cut of the read
-buffer parsed by two threads, the rows accounted in file order on a third; off by default);
+The rows not marked "one core" run with SKEWSCOPE_OFFLINE_PIPELINE=auto, the default: captures
+of 768 MiB or more are parsed on two cores (skewscope/sources/offline/pipeline.py: each cut of the
+read buffer parsed by two threads, the rows accounted in file order on a third);
 the "one core" rows run the same with SKEWSCOPE_OFFLINE_PIPELINE=0, for the comparison in the
 same run.
 

@@ -16,11 +16,12 @@ decapsulation, PFC, snaplen cuts, first/last time, skipped blocks) are sums and 
 after every cut (_Parser.fold) and merged at the end (merge). All kernels run without the
 GIL (numba nogil; the precompiled module's wrappers release it too).
 
-Off unless asked for: measured on a 2-vCPU VM it did not pay reliably (docs/offline.md "Two
-cores": the rows cost ~25 % more CPU than the one-core scan, and 2 CPUs leave little room).
-SKEWSCOPE_OFFLINE_PIPELINE=auto uses it for files of at least PIPELINE_MIN_BYTES when this
-process may run on two CPUs or more (the bench's setting), =1 for any file (tests), unset
-or 0 never. gzip input pipelines the same way (decompression stays in the reading thread,
+On for large captures: SKEWSCOPE_OFFLINE_PIPELINE=auto (the default, also when unset) uses it
+for files of at least PIPELINE_MIN_BYTES when this process may run on two CPUs or more, =1 for
+any file (tests), =0 never. The threshold is measured (docs/offline.md "Speed", quiet 2-vCPU
+VM, 2026-12-05): on 1.5 GB it pays (report --json 0.93 -> 0.80 s), on 302 MB it does not
+(0.35 -> 0.41 s: the rows cost ~25 % more CPU than the one-core scan and the threads' start
+and hand-overs are not paid back). gzip input pipelines the same way (decompression stays in the reading thread,
 before each cut)."""
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from skewscope.core import layout as L
 from skewscope.sources.offline import kernel as K
 from skewscope.sources.offline.tables import _OPTAB, _Tables
 
-PIPELINE_MIN_BYTES = 16 << 20
+PIPELINE_MIN_BYTES = 768 << 20
 ROWS = 1 << 16      # rows per block handed over (5.2 MB); per cut: ROWS records in front, ROWS rows behind
 BLOCKS = 4          # blocks in flight at most (memory bound: ~21 MB): two cuts
 
@@ -46,7 +47,7 @@ PARSE_ST = (K.ST_FIRST_TS, K.ST_LAST_TS, K.ST_CUT, K.ST_RECORDS, K.ST_SKIP_LT, K
 
 def wanted(size: int) -> bool:
     """Pipeline a file of `size` bytes? (SKEWSCOPE_OFFLINE_PIPELINE: see the module doc.)"""
-    mode = os.environ.get("SKEWSCOPE_OFFLINE_PIPELINE", "0")
+    mode = os.environ.get("SKEWSCOPE_OFFLINE_PIPELINE", "auto")
     if mode != "auto":
         return mode == "1"
     try:
