@@ -39,6 +39,7 @@ import numpy as np
 from skewscope.analysis.context import context
 from skewscope.analysis.nodeview import NodeViewError, resolve_node
 from skewscope.core import layout as L
+from skewscope.core.rates import join_flows
 from skewscope.core.snapshot import Snapshot, ip_str, take_rows
 from skewscope.outputs.exptables import (
     CLASSES,
@@ -58,7 +59,6 @@ from skewscope.outputs.exptables import (
     message_timing,
     peer_ids,
     peer_rows,
-    table_join,
 )
 from skewscope.outputs.exptiming import WINDOW_S, TimingAccumulator, WindowedTiming
 
@@ -197,7 +197,7 @@ class Accumulator:
         cls = flow_class(delta)
         j = None
         if len(self.cum_flows) and len(delta):
-            j = table_join(self.cum_flows, delta)          # sorted by key both: one merge
+            j = join_flows(self.cum_flows, delta)          # sorted by key both: one merge
             cls = np.where(j >= 0, self.cum_class[np.maximum(j, 0)], cls).astype(np.uint8)
         peer = self._peer_index(delta, cls)
         if add_flow_counters(delta, peer, self.peer_counts, self.overflow_counts, self.totals):

@@ -12,7 +12,6 @@ from skewscope.analysis.flows import flow_event_stats
 from skewscope.analysis.intervals import union_kernel
 from skewscope.core import layout as L
 from skewscope.core.jit import njit, prefetch
-from skewscope.core.rates import join_flows
 from skewscope.core.snapshot import Snapshot
 from skewscope.outputs import metrics as M
 
@@ -235,75 +234,6 @@ def dst_rows(keys: np.ndarray, flows: np.ndarray, end: str = "dst") -> np.ndarra
     a = _col(f, end, 2)
     return _key_rows(a, a, _col(f, "ipver", 1, "u1")[:, 0], np.zeros(len(f), np.int64),
                      np.ascontiguousarray(keys, dtype=np.uint64))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _be(x):
-    """A little-endian loaded word in big-endian order (its bytes' lexicographic order)."""
-    y = np.uint64(0)
-    for _ in range(8):
-        y = (y << np.uint64(8)) | (x & np.uint64(0xFF))
-        x >>= np.uint64(8)
-    return y
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _kcmp(a, i, b, j, last):
-    for c in range(a.shape[1]):
-        x, y = a[i, c], b[j, c]
-        if c == a.shape[1] - 1:
-            x &= last
-            y &= last
-        if x != y:
-            return -1 if _be(x) < _be(y) else 1
-    return 0
-
-
-@njit(cache=True, nogil=True)
-def _key_join(a, b, last):
-    """core.rates.sorted_join on the key words where they lie in the rows (a, b: strided
-    (n, 5) views; last: the mask of the last word's key bytes). (out, False) if either
-    table is not strictly increasing."""
-    out = np.full(b.shape[0], -1, dtype=np.int64)
-    na, nb = a.shape[0], b.shape[0]
-    i = 0
-    for j in range(nb):
-        if j + 8 < nb:
-            prefetch(b[:, 0], j + 8)
-        if j > 0 and _kcmp(b, j - 1, b, j, last) >= 0:
-            return out, False
-        while i < na:
-            c = _kcmp(a, i, b, j, last)
-            if c >= 0:
-                if c == 0:
-                    out[j] = i
-                break
-            i += 1
-            if i + 8 < na:
-                prefetch(a[:, 0], i + 8)
-            if i < na and _kcmp(a, i - 1, a, i, last) >= 0:
-                return out, False
-    for k in range(max(i, 1), na):
-        if _kcmp(a, k - 1, a, k, last) >= 0:
-            return out, False
-    return out, True
-
-
-_KEY_BYTES = L.FLOW_DTYPE.fields["roce"][1] + 1     # src, dst, dest_qp, ipver, roce lead each row
-
-
-def table_join(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """core.rates.join_flows(a, b) (for each row of b, the row of a with the same flow key,
-    or -1) reading the 5 key words in place in the rows: no key matrices, one merge when both
-    tables are sorted by key (the loader's reads and their row subsets), else join_flows."""
-    if not len(a) or not len(b):
-        return join_flows(a, b)
-    if (a.dtype != L.FLOW_DTYPE or b.dtype != L.FLOW_DTYPE or not a.flags.c_contiguous
-            or not b.flags.c_contiguous or not 32 < _KEY_BYTES <= 40):
-        return join_flows(a, b)
-    last = np.uint64((1 << (8 * (_KEY_BYTES - 32))) - 1)
-    out, ok = _key_join(_col(a, "src", 5), _col(b, "src", 5), last)
-    return out if ok else join_flows(a, b)
 
 
 @njit(cache=True, nogil=True)

@@ -149,12 +149,14 @@ def test_key_rows_match_the_id_matrix_join(seed):
     assert len(peer_rows(known, fl[:0], cls[:0])) == 0
 
 
-def test_table_join_equals_join_flows():
-    """table_join (the key words read in place, one merge) = core.rates.join_flows, for
-    sorted tables with shared, missing and extra keys, and for unsorted ones (the fallback)."""
-    from skewscope.core.rates import join_flows
+def test_join_flows_equals_a_plain_key_lookup():
+    """core.rates.join_flows (the exporter's and the window's join: the key words read in
+    place, one merge; the order_words merge when the caller has the words; else the hash
+    join) = a plain dict lookup of each row's key fields, for sorted tables with shared,
+    missing and extra keys, row subsets, unsorted ones (the fallback), non-contiguous ones
+    and given words. The bytes after the key (counters, and the two past roce) never count."""
+    from skewscope.core.rates import join_flows, order_words
     from skewscope.core.snapshot import _key_order, flow_key_matrix
-    from skewscope.outputs.exptables import table_join
     rng = np.random.default_rng(7)
     n = 4000
     a = np.zeros(n, L.FLOW_DTYPE)
@@ -163,9 +165,11 @@ def test_table_join_equals_join_flows():
         x, y = rng.choice(len(ips), 2, replace=False)
         flow_row(a[i:i + 1], ips[x], ips[y], int(rng.integers(0, 1 << 32)))
     a["roce"] = rng.integers(1, 3, n)
-    a["packets"] = rng.integers(0, 1 << 60, n)          # the bytes after the key must not count
+    a["packets"] = rng.integers(0, 1 << 60, n)
     a = a[_key_order(flow_key_matrix(a))]
     a = a[np.concatenate([[True], np.any(flow_key_matrix(a)[1:] != flow_key_matrix(a)[:-1], axis=1)])]
+    raw = a.view(np.uint8).reshape(len(a), -1)
+    raw[:, 38:40] = rng.integers(0, 256, (len(a), 2))     # padding after roce: not the key
     b = a[np.sort(rng.choice(len(a), len(a) // 2, replace=False))].copy()
     b["packets"] = rng.integers(0, 1 << 60, len(b))
     extra = b[:50].copy()
@@ -173,10 +177,21 @@ def test_table_join_equals_join_flows():
     b2 = np.concatenate([b, extra])
     b2 = b2[_key_order(flow_key_matrix(b2))]
     a_sub = a[np.sort(rng.choice(len(a), len(a) * 3 // 4, replace=False))].copy()
-    for x, y in ((a, b), (a, b2), (a_sub, b2), (b2, a), (a, b2[::-1].copy()), (a[::-1].copy(), b2)):
-        got = table_join(x, y)
-        assert np.array_equal(got, join_flows(x, y))
-    assert (table_join(a_sub, b2) < 0).sum() > 50 and (table_join(a, b2) >= 0).sum() == len(b)
+
+    def plain(x, y):
+        key = lambda r: (bytes(r["src"]), bytes(r["dst"]), int(r["dest_qp"]), int(r["ipver"]), int(r["roce"]))  # noqa: E731
+        at = {key(r): i for i, r in enumerate(x)}
+        return np.array([at.get(key(r), -1) for r in y], dtype=np.int64)
+
+    cases = ((a, b), (a, b2), (a_sub, b2), (b2, a), (a, b2[::-1].copy()), (a[::-1].copy(), b2), (a[::2], b2),
+             (a, b2[:0]), (a[:0], b2))
+    for x, y in cases:
+        want = plain(x, y)
+        assert np.array_equal(join_flows(x, y), want)
+        if len(x) and len(y):
+            assert np.array_equal(join_flows(x, y, order_words(x), order_words(y)), want)
+            assert np.array_equal(join_flows(x, y, order_words(x)), want)
+    assert (join_flows(a_sub, b2) < 0).sum() > 50 and (join_flows(a, b2) >= 0).sum() == len(b)
 
 
 def test_flow_class_kernel_matches_the_mean_message_rule():
