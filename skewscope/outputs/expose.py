@@ -3,8 +3,11 @@ of the metric table, on every scrape), the registry, text and OpenMetrics render
 one timestamp: backfill), --listen parsing and the plain prometheus_client server."""
 from __future__ import annotations
 
+import operator
 import socket
 import threading
+
+import numpy as np
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest, start_http_server
 from prometheus_client.metrics_core import Metric
@@ -29,15 +32,75 @@ DEFAULT_LISTEN = "127.0.0.1:9435"
 
 
 # ---- the collector ---------------------------------------------------------------------------
+class ArrayFamily(Metric):
+    """A family of one sample name whose series are label rows with a value array each
+    (`parts`, in sample order): the text cache (_TextCache) formats the values straight from
+    the arrays, without a Sample per series (~60,000 series at 4,096 peer pairs); `samples`
+    (generate_latest, OpenMetrics) are made from the same rows and values when asked, as
+    add_metric makes them."""
+
+    def __init__(self, spec):
+        proto = M.family(spec)
+        super().__init__(proto.name, proto.documentation, proto.type)
+        self.sample_name = proto.name + "_total" if proto.type == "counter" else proto.name
+        self.labelnames = tuple(spec.labels)
+        self.parts: list | None = []     # [(label rows, values)]; None once samples were set
+
+    def add_array(self, rows: list, values: np.ndarray) -> None:
+        self.parts.append((rows, values))
+
+    @property
+    def samples(self):
+        if self.parts is not None:
+            return [Sample(self.sample_name, dict(zip(self.labelnames, r)), v, None, None)
+                    for rows, vals in self.parts for r, v in zip(rows, np.asarray(vals).tolist())]
+        return self._samples
+
+    @samples.setter
+    def samples(self, v):
+        self._samples = v
+        self.parts = None
+
+
+def value_texts(values) -> list:
+    """prometheus_client's text of each value (floatToGoString), for an array: repr (one C
+    pass) where the two agree -- finite values under 10^6 in magnitude: floatToGoString is
+    repr there (it rewrites only positive values whose repr has over 6 digits before the
+    point, and non-finite ones) --, floatToGoString for the others. Integer arrays (uint64
+    counters) as float64, the float() of each integer."""
+    x = np.asarray(values).astype(np.float64)
+    out = list(map(repr, x.tolist()))
+    odd = np.nonzero(~(np.abs(x) < 1e6))[0]
+    if len(odd):
+        for i, v in zip(odd.tolist(), x[odd].tolist()):
+            out[i] = floatToGoString(v)
+    return out
+
+
 class SkewscopeCollector:
     """prometheus_client custom collector: collect() renders the current ExportState."""
 
     def __init__(self, get_state, inventory=None):
         self._get_state = get_state
         self._inventory = inventory      # core.inventory.Inventory (--inventory) or None
+        self._label_rows = None
 
     def describe(self):
         return []  # unchecked collector: families depend on the data
+
+    def _rows(self, st: ExportState):
+        """The label rows of the per-peer, per-destination and per-source series: made again
+        only when the labels change (new pairs), else the same list objects (what the text
+        cache keys the series' text by)."""
+        key = (st.node, st.peer_src, st.peer_dst, st.peer_class, st.dst_labels, st.src_labels)
+        got = self._label_rows
+        if got is None or got[0] != key:
+            node = st.node
+            peer = [(node, s, d, c) for s, d, c in zip(st.peer_src, st.peer_dst, st.peer_class)]
+            naks = [[r + (syn,) for r in peer] for syn, _ in NAK_SYNDROMES]
+            got = self._label_rows = (key, peer, naks, [(node, d) for d in st.dst_labels],
+                                      [(node, d) for d in st.src_labels])
+        return got[1:]
 
     def collect(self):
         st: ExportState | None = self._get_state()
@@ -45,42 +108,29 @@ class SkewscopeCollector:
             return
         node = st.node
         n = len(st.peer_src)
-        rows = [(node, st.peer_src[i], st.peer_dst[i], st.peer_class[i]) for i in range(n)]
+        rows, nak_rows, dst_rows, src_rows = self._rows(st)
         for spec in M.PEER_COUNTERS:
-            fam = M.family(spec)
-            vals = st.peer_counts[:, COL[spec.column]].tolist()
-            for r, v in zip(rows, vals):
-                fam.add_metric(r, v)
+            fam = ArrayFamily(spec)
+            fam.add_array(rows, st.peer_counts[:, COL[spec.column]])
             yield fam
-        fam = M.family(M.PEER_NAKS)
-        for syn, col in NAK_SYNDROMES:
-            vals = st.peer_counts[:, COL[col]].tolist()
-            for r, v in zip(rows, vals):
-                fam.add_metric(r + (syn,), v)
+        fam = ArrayFamily(M.PEER_NAKS)
+        for r, (_, col) in zip(nak_rows, NAK_SYNDROMES):
+            fam.add_array(r, st.peer_counts[:, COL[col]])
         yield fam
-        fam = M.family(M.PEER_BUSY_SECONDS)
-        for r, v in zip(rows, (st.peer_busy_ns / 1e9).tolist()):
-            fam.add_metric(r, v)
+        for spec, vals in ((M.PEER_BUSY_SECONDS, st.peer_busy_ns / 1e9),
+                           (M.PEER_TIMED_MESSAGE_BYTES, st.peer_timed[:, 0]),
+                           (M.PEER_MESSAGE_WIRE_SECONDS, st.peer_timed[:, 1] / 1e9)):
+            fam = ArrayFamily(spec)
+            fam.add_array(rows, vals)
+            yield fam
+        fam = ArrayFamily(M.DESTINATION_BUSY_SECONDS)
+        fam.add_array(dst_rows, st.dst_busy_ns / 1e9)
         yield fam
-        fam = M.family(M.PEER_TIMED_MESSAGE_BYTES)
-        for r, v in zip(rows, st.peer_timed[:, 0].tolist()):
-            fam.add_metric(r, v)
+        fam = ArrayFamily(M.SOURCE_BUSY_SECONDS)
+        fam.add_array(src_rows, st.src_busy_ns / 1e9)
         yield fam
-        fam = M.family(M.PEER_MESSAGE_WIRE_SECONDS)
-        for r, v in zip(rows, (st.peer_timed[:, 1] / 1e9).tolist()):
-            fam.add_metric(r, v)
-        yield fam
-        fam = M.family(M.DESTINATION_BUSY_SECONDS)
-        for d, v in zip(st.dst_labels, (st.dst_busy_ns / 1e9).tolist()):
-            fam.add_metric([node, d], v)
-        yield fam
-        fam = M.family(M.SOURCE_BUSY_SECONDS)
-        for d, v in zip(st.src_labels, (st.src_busy_ns / 1e9).tolist()):
-            fam.add_metric([node, d], v)
-        yield fam
-        fam = M.family(M.PEER_QPS)
-        for r, v in zip(rows, st.peer_qps.tolist()):
-            fam.add_metric(r, v)
+        fam = ArrayFamily(M.PEER_QPS)
+        fam.add_array(rows, st.peer_qps)
         yield fam
         # top-K flows
         frows = []
@@ -207,83 +257,127 @@ class _TextCache:
     A series' text up to its value is made by prometheus_client itself, the first time the
     series appears (one generate_latest over all new series at value 0, cut at the value),
     and kept while the series is still there; a scrape formats only the values (with
-    prometheus_client's floatToGoString). Families with timestamps, exemplars or OpenMetrics-only
-    samples (which generate_latest moves) are rendered by generate_latest as they are."""
+    prometheus_client's floatToGoString: value_texts). An ArrayFamily's series are kept per
+    part as a list beside its label rows: while the collector hands the same rows, the part
+    is its kept texts joined with its values, no lookup per series. Families with
+    timestamps, exemplars or OpenMetrics-only samples (which generate_latest moves) are
+    rendered by generate_latest as they are."""
 
     def __init__(self):
         self._heads: dict = {}
         self._series: dict = {}
+        self._parts: dict = {}      # (family name, part) -> (label rows, their texts)
+        self._fresh: dict = {}      # (sample name, row) -> text: learned, not yet in a part
         self._lock = threading.Lock()
 
     def render(self, registry) -> bytes:
         fams = list(registry.collect())
         with self._lock:
-            heads, series = self._heads, self._series
-            out, keep, todo = [], {}, []
-            for m in fams:
-                hk = (m.name, m.type, m.documentation)
-                head = heads.get(hk)
-                if head is None:
+            text, todo = self._render(fams)
+            if todo:                      # new families or series: learn them, render again
+                if not self._learn(todo):
+                    return generate_latest(_Families(fams))
+                text, todo = self._render(fams)
+            self._fresh = {}
+            return text
+
+    def _part_texts(self, m, i, rows):
+        """The kept texts of part i of ArrayFamily m for these rows, or None when a row's
+        series is not known yet."""
+        c = self._parts.get((m.name, i))
+        if c is not None and c[0] is rows:
+            return c
+        old = dict(zip(c[0], c[1])) if c is not None else {}
+        fresh, name, hs = self._fresh, m.sample_name, []
+        for r in rows:
+            h = old.get(r) or fresh.get((name, r))
+            if h is None:
+                return None
+            hs.append(h)
+        return rows, hs
+
+    def _render(self, fams):
+        """(the text, []) when every family and series is known, else (None, the families
+        with something new)."""
+        heads, series = self._heads, self._series
+        out, keep, parts, todo = [], {}, {}, []
+        add = operator.add
+        for m in fams:
+            hk = (m.name, m.type, m.documentation)
+            head = heads.get(hk)
+            if head is None:
+                todo.append(m)
+                continue
+            if isinstance(m, ArrayFamily) and m.parts is not None:
+                got = [self._part_texts(m, i, rows) for i, (rows, _) in enumerate(m.parts)]
+                if any(g is None for g in got):
                     todo.append(m)
                     continue
                 out.append(head)
-                app = out.append
-                for s in m.samples:
-                    k = (s.name, *s.labels.items())
-                    h = series.get(k)
-                    if h is None or s.timestamp is not None or s.exemplar is not None:
-                        todo.append(m)
-                        break
-                    keep[k] = h
-                    app(f"{h}{floatToGoString(s.value)}\n")
-            if todo:                      # new families or series: learn them, render again
-                if not self._learn(todo, heads, series):
-                    return generate_latest(_Families(fams))
-                return self._again(fams)
-            self._series = keep           # series gone from this scrape are forgotten
-            return "".join(out).encode("utf-8")
-
-    def _again(self, fams) -> bytes:
-        """The render once every family and series is known (the lock held)."""
-        series, out, keep = self._series, [], {}
-        for m in fams:
-            out.append(self._heads[(m.name, m.type, m.documentation)])
+                for i, (g, (_, vals)) in enumerate(zip(got, m.parts)):
+                    parts[(m.name, i)] = g
+                    if g[1]:
+                        out.append("\n".join(map(add, g[1], value_texts(vals))))
+                        out.append("\n")
+                continue
+            out.append(head)
+            app = out.append
             for s in m.samples:
                 k = (s.name, *s.labels.items())
-                h = keep[k] = series[k]
-                out.append(f"{h}{floatToGoString(s.value)}\n")
-        self._series = keep
-        return "".join(out).encode("utf-8")
+                h = series.get(k)
+                if h is None or s.timestamp is not None or s.exemplar is not None:
+                    todo.append(m)
+                    break
+                keep[k] = h
+                app(f"{h}{floatToGoString(s.value)}\n")
+        if todo:
+            return None, todo
+        self._series = keep           # series gone from this scrape are forgotten
+        self._parts = parts
+        return "".join(out).encode("utf-8"), []
 
-    @staticmethod
-    def _learn(fams, heads, series) -> bool:
+    def _learn(self, fams) -> bool:
         """Make the text of the families and series not seen before; False when a family
         needs generate_latest's own handling (timestamps, exemplars, OpenMetrics samples)."""
+        heads, series = self._heads, self._series
         new = []
         for m in fams:
-            fresh = []
-            for s in m.samples:
-                if (s.timestamp is not None or s.exemplar is not None
-                        or any(s.name == m.name + x for x in ("_created", "_gsum", "_gcount"))):
-                    return False
-                if (s.name, *s.labels.items()) not in series:
-                    fresh.append(Sample(s.name, s.labels, 0.0, None, None))
+            fresh, rows = [], []
+            if isinstance(m, ArrayFamily) and m.parts is not None:
+                for i, (rs, _) in enumerate(m.parts):
+                    c = self._parts.get((m.name, i))
+                    known = set(c[0]) if c is not None else set()
+                    for r in rs:
+                        if r not in known and (m.sample_name, r) not in self._fresh:
+                            fresh.append(Sample(m.sample_name, dict(zip(m.labelnames, r)), 0.0, None, None))
+                            rows.append((m.sample_name, r))
+            else:
+                for s in m.samples:
+                    if (s.timestamp is not None or s.exemplar is not None
+                            or any(s.name == m.name + x for x in ("_created", "_gsum", "_gcount"))):
+                        return False
+                    if (s.name, *s.labels.items()) not in series:
+                        fresh.append(Sample(s.name, s.labels, 0.0, None, None))
+                        rows.append(None)
             hk = (m.name, m.type, m.documentation)
             if fresh or hk not in heads:
                 fam = Metric(m.name, m.documentation, m.type)
                 fam.samples = fresh
-                new.append((hk, fam))
-        lines = generate_latest(_Families([f for _, f in new])).decode("utf-8").split("\n")
+                new.append((hk, fam, rows))
+        lines = generate_latest(_Families([f for _, f, _ in new])).decode("utf-8").split("\n")
         i = 0
-        for hk, fam in new:
+        for hk, fam, rows in new:
             heads[hk] = lines[i] + "\n" + lines[i + 1] + "\n"
             i += 2
-            for s in fam.samples:
+            for s, r in zip(fam.samples, rows):
                 line = lines[i]
                 i += 1
                 if not line.endswith(" 0.0"):
                     return False
-                series[(s.name, *s.labels.items())] = line[:-3]
+                if r is None:
+                    series[(s.name, *s.labels.items())] = line[:-3]
+                else:
+                    self._fresh[r] = line[:-3]
         return True
 
 

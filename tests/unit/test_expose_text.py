@@ -119,3 +119,55 @@ def test_exporter_families_on_real_captures_equal_generate_latest(tmp_path):
         assert got == generate_latest(reg), k
         seen += got.count(b"\n")
     assert seen > 1000 and not math.isnan(seen)
+
+
+def test_value_texts_equal_float_to_go_string():
+    """expose.value_texts (repr in one pass where it agrees) = prometheus_client's
+    floatToGoString of each value, at and around its rewrite bounds, for floats and for
+    uint64 counters (formatted from the Python int, as add_metric's samples are)."""
+    from prometheus_client.utils import floatToGoString
+    rng = np.random.default_rng(5)
+    edge = [0.0, -0.0, 1.0, 999999.0, 999999.9999999999, 1e6, 1e6 - 1e-9, 1000000.5, 1234567.0, 9999999.0,
+            1e15, 1e16 - 2, 1e16, 1.5e16, 1e22, 1e-4, 9.99e-5, 1e-5, 1.5e-300, 5e-324, -1e6, -1234567.0, -1e22,
+            float("nan"), float("inf"), float("-inf"), 2.0 ** 53, 2.0 ** 53 + 2, 2.0 ** 64]
+    floats = np.array(edge + list(rng.normal(0, 1e7, 2000)) + list(10.0 ** rng.uniform(-12, 20, 2000)))
+    assert X.value_texts(floats) == [floatToGoString(v) for v in floats.tolist()]
+    ints = np.concatenate([rng.integers(0, 1 << 63, 2000, dtype=np.uint64) * np.uint64(2) + np.uint64(1),
+                           rng.integers(0, 1 << 54, 2000, dtype=np.uint64), np.arange(999990, 1000010, dtype=np.uint64),
+                           np.array([0, (1 << 53) + 1, (1 << 64) - 1, (1 << 63) + (1 << 10) + 1], np.uint64)])
+    assert X.value_texts(ints) == [floatToGoString(v) for v in ints.tolist()]
+    assert X.value_texts(ints[:0]) == []
+
+
+def test_exporter_reads_scraped_as_they_come_equal_generate_latest():
+    """The live exporter's way: one Accumulator fed read after read, a scrape after each --
+    some reads bring new pairs (the label rows change), some none (the kept rows and texts
+    reused), the overflow pair appearing once max_peers is reached -- with counters from 0
+    to 2^64 - 1 (the values' every text form): each scrape = generate_latest on the same state."""
+    rng = np.random.default_rng(11)
+    from skewscope.core import layout as L
+    from skewscope.core.snapshot import ip_bytes
+    ips = [f"10.1.0.{i}" for i in range(1, 7)] + ["fd00::a", "fd00::b"]
+    pairs = [(a, b) for a in ips for b in ips if a != b and (":" in a) == (":" in b)]
+    acc = E.Accumulator(max_peers=12, window=False)
+    cur = {}
+    reg = X.make_registry(X.SkewscopeCollector(lambda: cur.get("st")), process_metrics=False)
+    used = 3
+    for k in range(10):
+        if k in (2, 5, 6, 8):
+            used = min(len(pairs), used + int(rng.integers(2, 8)))
+        pick = sorted(rng.choice(used, size=int(rng.integers(1, used + 1)), replace=False))
+        fl = np.zeros(len(pick), L.FLOW_DTYPE)
+        for i, p in enumerate(pick):
+            a, b = pairs[p]
+            fl["src"][i] = np.frombuffer(ip_bytes(a)[0], np.uint8)
+            fl["dst"][i] = np.frombuffer(ip_bytes(b)[0], np.uint8)
+            fl["ipver"][i] = ip_bytes(a)[1]
+            fl["dest_qp"][i] = p
+        for name in ("packets", "bytes", "payload_bytes", "messages", "msg_bytes", "ce", "cnp"):
+            fl[name] = rng.integers(0, 1 << 62, len(fl), dtype=np.uint64) >> rng.integers(0, 62, len(fl)).astype(np.uint64)
+        acc.add(fl, None, cum_flows=fl)
+        cur["st"] = acc.state("dpu", np.zeros(L.G_N, np.uint64), {"source": "live"}, 5)
+        got = reg.exposition()
+        assert got == generate_latest(reg), k
+    assert acc.overflow_used and b'src="_overflow"' in got
