@@ -241,7 +241,7 @@ class Accumulator:
                 busy_s, self.src_carry = busy_ns_per_peer(ev, si, len(self.src_keys), self.src_carry, pkt_ns=pkt)
                 self.src_busy += busy_s
             if self.window is not None:
-                self.window.add(delta, events, cum_flows, cum_rows=j if cum_flows is not None else None)
+                self.window.add(delta, events, cum_flows, cum_rows=j if cum_flows is not None else None, ref=ref)
             else:
                 self.timing.add(Snapshot(delta, events, np.zeros(L.G_N, np.uint64), {}), self.node_ip)
         elif self.window is not None:
@@ -253,7 +253,7 @@ class Accumulator:
         if len(self.cum_flows):
             p = peer_rows(self.peer_keys, self.cum_flows, self.cum_class)
             p[p < 0] = len(self.peer_keys)
-            np.add.at(q, p, 1)
+            q += np.bincount(p, minlength=len(q))
         return q
 
     def state(self, node: str, globals_: np.ndarray, meta: dict, top_k: int, read_ts: float = 0.0,

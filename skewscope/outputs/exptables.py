@@ -58,11 +58,20 @@ def cumulative_buckets(slots: np.ndarray, le_str: list[str]) -> list[tuple[str, 
 
 
 # ---- tables ---------------------------------------------------------------------------
+#: rows ahead _add_rows prefetches (850-byte rows: the hardware prefetcher stops at each page)
+_PREFETCH_ROWS = 4
+
+
 @njit(cache=True, nogil=True)
-def _add_rows(scal, msg, gap, peer, counts, overflow, totals):
+def _add_rows(scal, msg, gap, peer, counts, overflow, totals, raw, rs):
     over = False
     ns = len(scal)
-    for i in range(peer.shape[0]):
+    n = peer.shape[0]
+    for i in range(n):
+        if rs and i + _PREFETCH_ROWS < n:
+            b = (i + _PREFETCH_ROWS) * rs
+            for o in range(0, rs, 64):
+                prefetch(raw, b + o)
         p = peer[i]
         if p < 0:
             over = True
@@ -90,8 +99,10 @@ def add_flow_counters(flows: np.ndarray, peer: np.ndarray, counts: np.ndarray, o
     if not len(flows):
         return False
     scal = tuple(flows[name] for name in SCALARS)
+    whole = flows.flags.c_contiguous
+    raw = flows.view(np.uint8).reshape(-1) if whole else np.zeros(1, np.uint8)
     return bool(_add_rows(scal, flows["msg_hist"], flows["gap_hist"], np.ascontiguousarray(peer, dtype=np.int64),
-                          counts, overflow, totals))
+                          counts, overflow, totals, raw, flows.dtype.itemsize if whole else 0))
 
 
 def _rows_u64(a: np.ndarray) -> np.ndarray:
@@ -236,27 +247,53 @@ def dst_rows(keys: np.ndarray, flows: np.ndarray, end: str = "dst") -> np.ndarra
                      np.ascontiguousarray(keys, dtype=np.uint64))
 
 
+def _raw(t: np.ndarray) -> np.ndarray:
+    """A C-contiguous table's rows as (n, itemsize) bytes (one dummy row when empty)."""
+    if not len(t):
+        return np.zeros((1, t.dtype.itemsize), np.uint8)
+    return t.view(np.uint8).reshape(len(t), t.dtype.itemsize)
+
+
 @njit(cache=True, nogil=True)
-def _pick_rows(a, ia, b, ib, out):
-    for i in range(out.shape[0]):
+def _put_rows(a, ia, b, ib, out, dest):
+    n, rs = dest.shape[0], out.shape[1]
+    for i in range(n):
+        k = i + _PREFETCH_ROWS
+        if k < n:
+            src = a[ia[k]] if ia[k] >= 0 else b[ib[k]]
+            for o in range(0, rs, 64):
+                prefetch(src, o)
         if ia[i] >= 0:
-            out[i, :] = a[ia[i], :]
+            out[dest[i], :] = a[ia[i], :]
         else:
-            out[i, :] = b[ib[i], :]
+            out[dest[i], :] = b[ib[i], :]
 
 
-def pick_rows(a: np.ndarray, ia: np.ndarray, b: np.ndarray, ib: np.ndarray) -> np.ndarray:
-    """Row i = a[ia[i]] where ia[i] >= 0, else b[ib[i]] (two tables of one dtype): each
-    850-byte row moved once (a gather from each and a merge of the two moved most rows
-    three times)."""
-    out = np.empty(len(ia), dtype=a.dtype)
-    if len(ia):
-        raw = lambda t: np.ascontiguousarray(t).view(np.uint8).reshape(len(t), t.dtype.itemsize)  # noqa: E731
-        _pick_rows(raw(a) if len(a) else np.zeros((1, a.dtype.itemsize), np.uint8),
-                   np.ascontiguousarray(ia, dtype=np.int64),
-                   raw(b) if len(b) else np.zeros((1, b.dtype.itemsize), np.uint8),
-                   np.ascontiguousarray(ib, dtype=np.int64), raw(out))
-    return out
+def put_rows(out: np.ndarray, dest: np.ndarray, a: np.ndarray, ia: np.ndarray, b: np.ndarray,
+             ib: np.ndarray) -> None:
+    """In place, out[dest[i]] = a[ia[i]] where ia[i] >= 0, else b[ib[i]] (C-contiguous
+    tables of one dtype): each 850-byte row moved once, into rows the caller already has
+    (a gather into a fresh table paid its page faults on every read)."""
+    if len(dest):
+        _put_rows(_raw(np.ascontiguousarray(a)), np.ascontiguousarray(ia, dtype=np.int64),
+                  _raw(np.ascontiguousarray(b)), np.ascontiguousarray(ib, dtype=np.int64), _raw(out),
+                  np.ascontiguousarray(dest, dtype=np.int64))
+
+
+@njit(cache=True, nogil=True)
+def _keep_rows(raw, rows):
+    for k in range(rows.shape[0]):
+        if rows[k] != k:
+            raw[k, :] = raw[rows[k], :]
+
+
+def keep_rows(t: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """t[rows] for increasing rows, moved down within t's own memory (a C-contiguous table
+    the caller owns): the first len(rows) rows of t."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    if len(rows):
+        _keep_rows(_raw(t), rows)
+    return t[:len(rows)]
 
 
 def dst_ids(flows: np.ndarray, end: str = "dst") -> np.ndarray:
@@ -294,7 +331,12 @@ def busy_ns_per_peer(events: np.ndarray, flow_peer: np.ndarray, npeers: int,
     e = np.maximum(ev["end_ts"].astype(np.int64), s)
     if pkt_ns is not None:
         e = e + np.nan_to_num(pkt_ns[ev["flow"]], nan=0.0).astype(np.int64)
-    order = np.lexsort((s, p))
+    if npeers < 1 << 15 and bool(np.all(s[1:] >= s[:-1])):
+        # records in start order (a read's are): a stable sort by pair keeps it within each
+        # pair -- lexsort's order -- and sorts 16-bit keys by radix
+        order = np.argsort(p.astype(np.int16), kind="stable")
+    else:
+        order = np.lexsort((s, p))
     scratch = np.zeros(npeers, dtype=np.int64)  # first/last of union_kernel (not needed here)
     union_kernel(p[order], s[order], e[order], carry, busy, scratch, scratch.copy())
     return busy, carry

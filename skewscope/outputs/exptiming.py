@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from skewscope.analysis.context import context
 from skewscope.analysis.nodeview import NodeViewError, per_node_timing
 from skewscope.core import layout as L
 from skewscope.core.rates import join_flows
-from skewscope.core.snapshot import Snapshot, flow_key_words, match_rows, take_rows
+from skewscope.core.snapshot import _KEY_PREFIX, Snapshot, flow_key_words, match_rows, take_rows
 from skewscope.outputs import metrics as M
-from skewscope.outputs.exptables import DEFAULT_MAX_PEERS, OVERFLOW_LABEL, cumulative_buckets, fmt_le, pick_rows
+from skewscope.outputs.exptables import (DEFAULT_MAX_PEERS, OVERFLOW_LABEL, cumulative_buckets, fmt_le, keep_rows,
+                                         put_rows)
 
 # ---- per-node timing (analysis.nodeview) ---------------------------------------------------
 DUR_LE_STR = [fmt_le(v) for v in M.DURATION_BUCKETS] + ["+Inf"]
@@ -103,6 +105,20 @@ def _sel(t, lo, hi):
     return (t >= lo) & (t < hi)
 
 
+def _key_words(t: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """flow_key_words(t[rows]) from the rows' key bytes only (not their whole 850 bytes)."""
+    if not (t.dtype == L.FLOW_DTYPE and t.flags.c_contiguous and _KEY_PREFIX and len(t)):
+        return flow_key_words(take_rows(t, rows))
+    nk = L.FLOW_KEY_DTYPE.itemsize
+    k = t.view(np.uint8).reshape(len(t), t.dtype.itemsize)[rows, :nk]
+    k[:, _KEY_PREFIX:] = 0
+    return k.view("<u8").reshape(len(rows), nk // 8)
+
+
+#: the flows context of the window's pieces shares: what depends on the flow table alone
+_FLOWS_ONLY = ("cols", "nodes", "partner_sport")
+
+
 def _merge_by_start(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Records a then b, stably sorted by start_ts, when a and b are each sorted (the window
     and a piece of a read): one merge, not a sort of the whole window per piece."""
@@ -135,7 +151,10 @@ class WindowedTiming:
         self.timing, self.node_ip = timing, node_ip
         self.window_ns, self.max_records = int(window_s * 1e9), int(max_records)
         self.min_iterations = int(min_iterations)
-        self.flows = np.zeros(0, L.FLOW_DTYPE)
+        self.flows = np.zeros(0, L.FLOW_DTYPE)      # the first rows of _buf
+        self._buf = self.flows
+        self.keys = np.zeros((0, L.FLOW_KEY_DTYPE.itemsize // 8), np.uint64)   # flow_key_words(self.flows)
+        self._shared = None       # within one add: the flows-only context of its pieces
         self.events = np.zeros(0, L.EVENT_DTYPE)
         self.wm: dict = {}        # group -> samples before this time (ns) are exported
         self.role: dict = {}      # group -> its fixed role
@@ -145,9 +164,11 @@ class WindowedTiming:
         self.full = False         # the window has spanned WINDOW_S (or held max_records)
 
     def add(self, delta: np.ndarray, events: np.ndarray | None, cum_flows: np.ndarray | None = None,
-            cum_rows: np.ndarray | None = None) -> None:
+            cum_rows: np.ndarray | None = None, ref: np.ndarray | None = None) -> None:
         """cum_rows: each delta row's row in cum_flows (-1: none) when the caller joined them
-        already (the Accumulator does: a second join of the whole table is not needed)."""
+        already (the Accumulator does: a second join of the whole table is not needed);
+        ref: the sorted distinct flows the records refer to, when the caller has them."""
+        self._shared = None
         if events is None or not len(events):
             self.flush()
             return
@@ -157,28 +178,25 @@ class WindowedTiming:
         # only the flows the records refer to stay in the window: carry just those (the
         # rest of the table would be copied and matched only to be dropped below; at
         # 1,048,576 flows that was most of the exporter's per-read time)
-        ref = np.unique(f[ok])
+        ref = np.unique(f[ok]) if ref is None else np.asarray(ref, dtype=np.int64)
         f[ok] = np.searchsorted(ref, f[ok])
         # the cumulative row (stable counters: roles, mean message size) where there is one
         if cum_flows is not None and len(cum_flows) and len(ref):
             jc = join_flows(cum_flows, take_rows(delta, ref)) if cum_rows is None else np.asarray(cum_rows)[ref]
-            d = pick_rows(cum_flows, jc, delta, ref)
         else:
-            d = take_rows(delta, ref)
-        if len(self.flows) and len(d):
-            j = match_rows(flow_key_words(self.flows), flow_key_words(d))
+            cum_flows, jc = delta, np.full(len(ref), -1, np.int64)
+        keys = _key_words(delta, ref)
+        if len(self.flows) and len(ref):
+            j = match_rows(self.keys, keys).astype(np.int64)
         else:
-            j = np.full(len(d), -1, np.int64)
-        j = j.astype(np.int64)
+            j = np.full(len(ref), -1, np.int64)
+        # the rows the read brings again are written over in place, the new ones appended
         new = np.nonzero(j < 0)[0]
-        # the old rows (those the read brings again: its row), then the new ones
-        upd = np.full(len(self.flows), -1, np.int64)
-        upd[j[j >= 0]] = np.nonzero(j >= 0)[0]
-        fl = pick_rows(d, np.concatenate([upd, new]), self.flows,
-                       np.concatenate([np.arange(len(self.flows)), np.full(len(new), -1)]))
         j[new] = len(self.flows) + np.arange(len(new))
+        self._grow(len(new))
+        put_rows(self.flows, j, cum_flows, jc, delta, ref)
+        self.keys = np.concatenate([self.keys, keys[new]])
         ev["flow"][ok] = j[f[ok]]
-        self.flows = fl
         # a read longer than a quarter window (or of many records) goes in pieces: the
         # window never drops records it has not exported from
         ev = ev[np.argsort(ev["start_ts"], kind="stable")]
@@ -186,11 +204,28 @@ class WindowedTiming:
         piece = np.maximum((t - t[0]) // max(1, self.window_ns // 4), np.arange(len(t)) // max(1, self.max_records // 4))
         for k in np.unique(piece):
             self._slide(ev[piece == k])
-        # the flows the window still refers to
+        # the flows the window still refers to (in order; numbered again)
         w = self.events
-        used, inv = np.unique(w["flow"][w["flow"] >= 0], return_inverse=True)
-        w["flow"][w["flow"] >= 0] = inv
-        self.flows = take_rows(self.flows, used)
+        wf = w["flow"]
+        okw = wf >= 0
+        mark = np.zeros(len(self.flows), dtype=bool)
+        mark[wf[okw]] = True
+        if not mark.all():
+            used = np.nonzero(mark)[0]
+            w["flow"][okw] = (np.cumsum(mark) - 1)[wf[okw]]
+            self.flows = keep_rows(self.flows, used)
+            self.keys = self.keys[used]
+        self._shared = None
+
+    def _grow(self, k: int) -> None:
+        """self.flows k rows longer (rows undefined), in the window's own buffer while it
+        has room (half as much again when it has to move)."""
+        n = len(self.flows)
+        if n + k > len(self._buf):
+            buf = np.empty(n + k + (n + k) // 2, dtype=L.FLOW_DTYPE)
+            buf[:n] = self.flows
+            self._buf = buf
+        self.flows = self._buf[:n + k]
 
     def _slide(self, ev) -> None:
         allev = _merge_by_start(self.events, ev)
@@ -218,10 +253,17 @@ class WindowedTiming:
 
     def _export(self, final: bool) -> None:
         snap = Snapshot(self.flows, self.events, np.zeros(L.G_N, np.uint64), {})
+        # the pieces of one read share its flow table: columns, nodes and sport partners
+        # made once per read, not once per piece (roles depend on the piece's records)
+        ctx = context(snap)
+        if self._shared is not None:
+            ctx.__dict__.update(self._shared)
         try:
             res = per_node_timing(snap, self.node_ip, max_nodes=self.timing.max_nodes, samples=True)
         except NodeViewError:
             return
+        finally:
+            self._shared = {k: ctx.__dict__[k] for k in _FLOWS_ONLY if k in ctx.__dict__}
         out = []
         for nt in res:
             gs = []

@@ -14,8 +14,9 @@ import pytest
 
 from skewscope.analysis.flows import flow_event_stats
 from skewscope.core import layout as L
-from skewscope.core.snapshot import Snapshot, ip_bytes, ip_str, match_rows
+from skewscope.core.snapshot import Snapshot, flow_key_words, ip_bytes, ip_str, match_rows
 from skewscope.outputs import exporter as E
+from skewscope.outputs import metrics as M
 from skewscope.outputs.exptables import CLASSES, dst_ids, dst_rows, flow_class, peer_ids, peer_rows
 
 NODES = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "fd00::4", "fd00::5"]
@@ -231,3 +232,105 @@ def test_window_merge_equals_a_stable_sort(seed):
         both = np.concatenate([a, b])
         want = both[np.argsort(both["start_ts"], kind="stable")]
         assert _merge_by_start(a, b).tobytes() == want.tobytes()
+
+
+def _window_stream(rng, reads):
+    """reads x (delta, records, cumulative table): the delta's flows a random subset of the
+    cumulative table's (some delta flows missing from it: no cumulative row), counters
+    random (every row distinct), records with distinct start times (each record's own)."""
+    pairs = [(a, b) for a in NODES for b in NODES if a != b and (":" in a) == (":" in b)]
+    keys = [(a, b, 0x100 + q) for (a, b) in pairs for q in range(3)]
+    out, t = [], 1_000_000_000
+    for _ in range(reads):
+        cum = np.zeros(len(keys), L.FLOW_DTYPE)
+        for i, k in enumerate(keys):
+            flow_row(cum[i:i + 1], *k)
+        for name in ("packets", "bytes", "messages", "msg_bytes", "first_ts"):
+            cum[name] = rng.integers(1, 1 << 40, len(cum))
+        use = np.sort(rng.choice(len(keys), size=int(rng.integers(2, len(keys))), replace=False))
+        delta = cum[use].copy()
+        delta["packets"] = rng.integers(1, 1 << 20, len(delta))
+        cum = cum[np.isin(np.arange(len(keys)), use[rng.random(len(use)) < 0.2], invert=True)]
+        n = int(rng.integers(1, 400))
+        ev = np.zeros(n, L.EVENT_DTYPE)
+        ev["flow"] = rng.integers(-1, len(delta), n)
+        ev["start_ts"] = t + np.sort(rng.choice(4_000_000_000, n, replace=False))
+        ev["end_ts"] = ev["start_ts"] + rng.integers(0, 50_000, n)
+        ev["bytes"] = 65536
+        ev["opclass"] = L.OPC_WRITE
+        out.append((delta, ev, cum))
+        t = int(ev["start_ts"][-1]) + int(rng.integers(1, 2_000_000_000))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_window_flow_table_equals_a_plain_model(seed):
+    """The window's flow table, updated in place read after read (rows a read brings again
+    written over, new ones appended, the ones no record refers to any more dropped): every
+    window record points at its own flow's row, that row is the latest read's cumulative row
+    of the key (the delta's when the table has none), and the table holds exactly the keys
+    the window's records refer to, in the order they first came -- a dict and a list in
+    plain Python as the reference, with reads in pieces and records dropped as it slides."""
+    from skewscope.outputs.exptiming import TimingAccumulator, WindowedTiming
+    rng = np.random.default_rng(seed)
+    w = WindowedTiming(TimingAccumulator(max_nodes=0), window_s=8.0, max_records=int(rng.choice([60, 1000])))
+    key = lambda r: r.tobytes()[:38]                     # noqa: E731  (src, dst, dest_qp, ipver, roce)
+    order, row, of_start, total = [], {}, {}, 0
+    for delta, ev, cum in _window_stream(rng, 8):
+        w.add(delta, ev, cum_flows=cum)
+        at_cum = {key(r): r.tobytes() for r in cum}
+        for f in sorted({int(x) for x in ev["flow"] if x >= 0}):
+            k = key(delta[f])
+            row[k] = at_cum.get(k, delta[f].tobytes())
+            if k not in order:
+                order.append(k)
+        for e in ev:
+            of_start[int(e["start_ts"])] = key(delta[e["flow"]]) if e["flow"] >= 0 else None
+        refs = set()
+        for e in w.events:
+            k = of_start[int(e["start_ts"])]
+            assert (e["flow"] < 0) == (k is None)
+            if k is not None:
+                assert w.flows[e["flow"]].tobytes() == row[k]
+                refs.add(k)
+        order = [k for k in order if k in refs]
+        assert [key(r) for r in w.flows] == order
+        assert np.array_equal(w.keys, flow_key_words(w.flows))
+        total += len(ev)
+    assert 0 < len(w.events) < total            # the window slid: records and their flows dropped
+
+
+def test_window_pieces_share_the_flows_context_without_changing_the_timing(tmp_path, monkeypatch):
+    """The pieces of one read reuse its flow table's columns, nodes and sport partners:
+    the node's exported timing series are those made with a fresh context per piece, for
+    reads in many pieces (a window a few iterations long)."""
+    from skewscope import gen as skewgen
+    from skewscope.outputs import exptiming
+    from skewscope.sources.offline import parse_file
+    cap = skewgen.generate("tp-decode-slow-shard", seed=0)
+    ip = cap.truth["pathologies"][0]["entities"]["ips"][0]
+    p = tmp_path / "v.pcap"
+    cap.view(ip).write_pcap(str(p), snaplen=128)
+    snap = parse_file(str(p))
+    ev = snap.events
+    t = ev["start_ts"].astype(np.int64)
+    span = int(t.max() - t.min())
+    cuts = [int(t.min()) + span * k // 3 for k in range(4)]
+    cuts[-1] += 1
+
+    def run():
+        calls = []
+        real = exptiming.per_node_timing
+        monkeypatch.setattr(exptiming, "per_node_timing", lambda *a, **k: calls.append(1) or real(*a, **k))
+        acc = E.Accumulator(node_ip=ip, window_s=span / 8 / 1e9)
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            acc.add(snap.flows, ev[(t >= a) & (t < b)], cum_flows=snap.flows)
+        acc.add(snap.flows, ev[:0], cum_flows=snap.flows)
+        monkeypatch.setattr(exptiming, "per_node_timing", real)
+        return [(s.name, k, repr(v)) for s, k, v in acc.timing.rows()], len(calls)
+
+    shared, pieces = run()
+    monkeypatch.setattr(exptiming, "_FLOWS_ONLY", ())
+    fresh, _ = run()
+    assert shared == fresh and pieces > 3 * 3
+    assert any(name == M.NODE_STEPS.name and float(v) > 0 for name, _, v in shared)
