@@ -39,6 +39,7 @@ import numpy as np
 from skewscope.analysis.context import context
 from skewscope.analysis.nodeview import NodeViewError, resolve_node
 from skewscope.core import layout as L
+from skewscope.core.pool import ArrayPool
 from skewscope.core.rates import join_flows
 from skewscope.core.snapshot import Snapshot, ip_str, take_rows
 from skewscope.outputs.exptables import (
@@ -59,6 +60,8 @@ from skewscope.outputs.exptables import (
     message_timing,
     peer_ids,
     peer_rows,
+    record_flows,
+    take_pooled,
 )
 from skewscope.outputs.exptiming import WINDOW_S, TimingAccumulator, WindowedTiming
 
@@ -136,6 +139,7 @@ class Accumulator:
         self.events_without_flow = 0
         self.cum_flows = np.zeros(0, L.FLOW_DTYPE)
         self.reads = 0
+        self._rows_pool = ArrayPool(L.FLOW_DTYPE)   # each read's rows of the referenced flows
 
     def _peer_index(self, flows: np.ndarray, cls: np.ndarray) -> np.ndarray:
         """Peer row per flow (-1 = overflow). New pairs become rows until max_peers."""
@@ -194,11 +198,15 @@ class Accumulator:
             self.cum_flows = cum_flows
             self.cum_class = flow_class(cum_flows)
         # class from the cumulative table (stable), not from the interval's few messages
-        cls = flow_class(delta)
         j = None
         if len(self.cum_flows) and len(delta):
             j = join_flows(self.cum_flows, delta)          # sorted by key both: one merge
-            cls = np.where(j >= 0, self.cum_class[np.maximum(j, 0)], cls).astype(np.uint8)
+            cls = self.cum_class[np.maximum(j, 0)]
+            miss = np.flatnonzero(j < 0)
+            if len(miss):
+                cls[miss] = flow_class(take_rows(delta, miss))
+        else:
+            cls = flow_class(delta)
         peer = self._peer_index(delta, cls)
         if add_flow_counters(delta, peer, self.peer_counts, self.overflow_counts, self.totals):
             self.overflow_used = True
@@ -208,11 +216,10 @@ class Accumulator:
             fp = np.where(peer >= 0, peer, npeers - 1)
             # message timing of the flows the records refer to only (a flow's statistics are
             # its own records'; the others add 0): O(records), not O(delta)
-            ok = events["flow"] >= 0
-            ref = np.unique(events["flow"][ok]).astype(np.int64)
+            ref, at = record_flows(events["flow"], len(delta))
             ev_ref = events.copy()
-            ev_ref["flow"][ok] = np.searchsorted(ref, events["flow"][ok])
-            fst = message_timing(take_rows(delta, ref), ev_ref)
+            ev_ref["flow"] = at
+            fst = message_timing(take_pooled(self._rows_pool, delta, ref), ev_ref)
             timed = np.zeros((npeers, 2), dtype=np.float64)
             np.add.at(timed[:, 0], fp[ref], fst["multi_bytes"])
             np.add.at(timed[:, 1], fp[ref], fst["wire_ns"])
@@ -241,7 +248,7 @@ class Accumulator:
                 busy_s, self.src_carry = busy_ns_per_peer(ev, si, len(self.src_keys), self.src_carry, pkt_ns=pkt)
                 self.src_busy += busy_s
             if self.window is not None:
-                self.window.add(delta, events, cum_flows, cum_rows=j if cum_flows is not None else None, ref=ref)
+                self.window.add(delta, events, cum_flows, cum_rows=j if cum_flows is not None else None)
             else:
                 self.timing.add(Snapshot(delta, events, np.zeros(L.G_N, np.uint64), {}), self.node_ip)
         elif self.window is not None:

@@ -12,7 +12,7 @@ from skewscope.analysis.flows import flow_event_stats
 from skewscope.analysis.intervals import union_kernel
 from skewscope.core import layout as L
 from skewscope.core.jit import njit, prefetch
-from skewscope.core.snapshot import Snapshot
+from skewscope.core.snapshot import Snapshot, take_rows
 from skewscope.outputs import metrics as M
 
 DEFAULT_TOP_K = 10
@@ -294,6 +294,33 @@ def keep_rows(t: np.ndarray, rows: np.ndarray) -> np.ndarray:
     if len(rows):
         _keep_rows(_raw(t), rows)
     return t[:len(rows)]
+
+
+def record_flows(flow: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct rows 0..n-1 that records' `flow` refers to, in increasing order; each
+    record's index into them, -1 where flow is -1): np.unique and a binary search per record,
+    by a mark per row (O(records + n), no sort)."""
+    f = np.asarray(flow, dtype=np.int64)
+    ok = f >= 0
+    mark = np.zeros(n, dtype=bool)
+    mark[f[ok]] = True
+    ref = np.flatnonzero(mark)
+    at = np.empty(n, dtype=np.int64)
+    at[ref] = np.arange(len(ref))
+    out = np.full(len(f), -1, dtype=np.int64)
+    out[ok] = at[f[ok]]
+    return ref, out
+
+
+def take_pooled(pool, table: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """take_rows(table, rows) into a buffer of `pool` (core.pool.ArrayPool): a per-read
+    gather into memory the process already has, not fresh pages every read."""
+    if not table.flags.c_contiguous or table.dtype != pool.dtype:
+        return take_rows(table, rows)
+    out = pool.take(len(rows))
+    v = np.dtype((np.void, table.dtype.itemsize))
+    np.take(table.view(v), rows, out=out.view(v), mode="clip")
+    return out
 
 
 def dst_ids(flows: np.ndarray, end: str = "dst") -> np.ndarray:

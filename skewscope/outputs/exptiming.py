@@ -13,7 +13,7 @@ from skewscope.core.rates import join_flows
 from skewscope.core.snapshot import _KEY_PREFIX, Snapshot, flow_key_words, match_rows, take_rows
 from skewscope.outputs import metrics as M
 from skewscope.outputs.exptables import (DEFAULT_MAX_PEERS, OVERFLOW_LABEL, cumulative_buckets, fmt_le, keep_rows,
-                                         put_rows)
+                                         put_rows, record_flows)
 
 # ---- per-node timing (analysis.nodeview) ---------------------------------------------------
 DUR_LE_STR = [fmt_le(v) for v in M.DURATION_BUCKETS] + ["+Inf"]
@@ -164,22 +164,19 @@ class WindowedTiming:
         self.full = False         # the window has spanned WINDOW_S (or held max_records)
 
     def add(self, delta: np.ndarray, events: np.ndarray | None, cum_flows: np.ndarray | None = None,
-            cum_rows: np.ndarray | None = None, ref: np.ndarray | None = None) -> None:
+            cum_rows: np.ndarray | None = None) -> None:
         """cum_rows: each delta row's row in cum_flows (-1: none) when the caller joined them
-        already (the Accumulator does: a second join of the whole table is not needed);
-        ref: the sorted distinct flows the records refer to, when the caller has them."""
+        already (the Accumulator does: a second join of the whole table is not needed)."""
         self._shared = None
         if events is None or not len(events):
             self.flush()
             return
         ev = events.copy()
-        f = ev["flow"].astype(np.int64)
-        ok = f >= 0
         # only the flows the records refer to stay in the window: carry just those (the
         # rest of the table would be copied and matched only to be dropped below; at
         # 1,048,576 flows that was most of the exporter's per-read time)
-        ref = np.unique(f[ok]) if ref is None else np.asarray(ref, dtype=np.int64)
-        f[ok] = np.searchsorted(ref, f[ok])
+        ref, f = record_flows(ev["flow"], len(delta))
+        ok = f >= 0
         # the cumulative row (stable counters: roles, mean message size) where there is one
         if cum_flows is not None and len(cum_flows) and len(ref):
             jc = join_flows(cum_flows, take_rows(delta, ref)) if cum_rows is None else np.asarray(cum_rows)[ref]
@@ -202,8 +199,9 @@ class WindowedTiming:
         ev = ev[np.argsort(ev["start_ts"], kind="stable")]
         t = ev["start_ts"].astype(np.int64)
         piece = np.maximum((t - t[0]) // max(1, self.window_ns // 4), np.arange(len(t)) // max(1, self.max_records // 4))
-        for k in np.unique(piece):
-            self._slide(ev[piece == k])
+        cut = np.r_[0, np.flatnonzero(piece[1:] != piece[:-1]) + 1, len(piece)]   # piece: non-decreasing
+        for a, b in zip(cut[:-1].tolist(), cut[1:].tolist()):
+            self._slide(ev[a:b])
         # the flows the window still refers to (in order; numbered again)
         w = self.events
         wf = w["flow"]
