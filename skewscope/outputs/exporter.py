@@ -59,6 +59,7 @@ from skewscope.outputs.exptables import (
     flow_class,
     message_timing,
     peer_ids,
+    peer_dst_src_rows,
     peer_rows,
     record_flows,
     take_pooled,
@@ -141,9 +142,10 @@ class Accumulator:
         self.reads = 0
         self._rows_pool = ArrayPool(L.FLOW_DTYPE)   # each read's rows of the referenced flows
 
-    def _peer_index(self, flows: np.ndarray, cls: np.ndarray) -> np.ndarray:
-        """Peer row per flow (-1 = overflow). New pairs become rows until max_peers."""
-        idx = peer_rows(self.peer_keys, flows, cls)
+    def _peer_index(self, flows: np.ndarray, cls: np.ndarray, idx: np.ndarray | None = None) -> np.ndarray:
+        """Peer row per flow (-1 = overflow). New pairs become rows until max_peers. idx:
+        peer_rows(self.peer_keys, flows, cls) when the caller has it."""
+        idx = peer_rows(self.peer_keys, flows, cls) if idx is None else idx
         new = np.nonzero(idx < 0)[0]
         room = self.max_peers - len(self.peer_keys)
         if len(new) and room > 0:
@@ -163,12 +165,14 @@ class Accumulator:
             idx = peer_rows(self.peer_keys, flows, cls)
         return idx
 
-    def _dst_index(self, flows: np.ndarray, end: str = "dst", use: np.ndarray | None = None) -> np.ndarray:
+    def _dst_index(self, flows: np.ndarray, end: str = "dst", use: np.ndarray | None = None,
+                   idx: np.ndarray | None = None) -> np.ndarray:
         """Destination (end="src": source) row per flow (-1 = none: over the bound, or not in
-        `use`). New ones become rows until max_peers."""
+        `use`). New ones become rows until max_peers. idx: dst_rows of the current keys when
+        the caller has it."""
         pre = "dst" if end == "dst" else "src"
         keys, labels = getattr(self, f"{pre}_keys"), getattr(self, f"{pre}_labels")
-        idx = dst_rows(keys, flows, end)
+        idx = dst_rows(keys, flows, end) if idx is None else idx
         new = np.nonzero((idx < 0) & (True if use is None else use))[0]
         room = self.max_peers - len(keys)
         if len(new) and room > 0:
@@ -207,10 +211,14 @@ class Accumulator:
                 cls[miss] = flow_class(take_rows(delta, miss))
         else:
             cls = flow_class(delta)
-        peer = self._peer_index(delta, cls)
+        has_ev = events is not None and len(events)
+        # the rows of the flows' pair, destination and source series: one pass over the rows
+        pr, dr, sr = (peer_dst_src_rows(self.peer_keys, self.dst_keys, self.src_keys, delta, cls) if has_ev
+                      else (None, None, None))
+        peer = self._peer_index(delta, cls, pr)
         if add_flow_counters(delta, peer, self.peer_counts, self.overflow_counts, self.totals):
             self.overflow_used = True
-        if events is not None and len(events):
+        if has_ev:
             self.events_without_flow += int((events["flow"] < 0).sum())
             npeers = len(self.peer_keys) + 1                   # + the overflow pair, last
             fp = np.where(peer >= 0, peer, npeers - 1)
@@ -233,14 +241,14 @@ class Accumulator:
             self.peer_carry = carry[:-1]
             self.overflow_busy += int(busy[-1])
             self.overflow_carry = int(carry[-1])
-            di = self._dst_index(delta)
+            di = self._dst_index(delta, idx=dr)
             keep = di >= 0
             if keep.any():
                 ev = events[events["flow"] >= 0]
                 ev = ev[keep[ev["flow"]]]
                 busy_d, self.dst_carry = busy_ns_per_peer(ev, di, len(self.dst_keys), self.dst_carry, pkt_ns=pkt)
                 self.dst_busy += busy_d
-            si = self._dst_index(delta, "src", use=cls != CLS_CONTROL)
+            si = self._dst_index(delta, "src", use=cls != CLS_CONTROL, idx=sr)
             keep = si >= 0
             if keep.any():
                 ev = events[events["flow"] >= 0]

@@ -60,33 +60,49 @@ def cumulative_buckets(slots: np.ndarray, le_str: list[str]) -> list[tuple[str, 
 # ---- tables ---------------------------------------------------------------------------
 #: rows ahead _add_rows prefetches (850-byte rows: the hardware prefetcher stops at each page)
 _PREFETCH_ROWS = 4
+#: the NCOLS columns as u64 words of two strided views of a row: the SCALARS from the first
+#: one's offset (all 8k bytes apart), msg_hist then gap_hist (adjacent in the row)
+_SCAL_FIRST = min(SCALARS, key=lambda n: L.FLOW_DTYPE.fields[n][1])
+_SCAL0 = L.FLOW_DTYPE.fields[_SCAL_FIRST][1]
+_SCAL_WORDS = np.array([(L.FLOW_DTYPE.fields[n][1] - _SCAL0) // 8 for n in SCALARS], dtype=np.int64)
+_HIST0 = L.FLOW_DTYPE.fields["msg_hist"][1]
+if (any((L.FLOW_DTYPE.fields[n][1] - _SCAL0) % 8 for n in SCALARS)
+        or L.FLOW_DTYPE.fields["gap_hist"][1] != _HIST0 + 8 * L.MSG_SLOTS):
+    raise ImportError("exptables: FLOW_DTYPE's counter layout is not the one _add_rows reads")
 
 
 @njit(cache=True, nogil=True)
-def _add_rows(scal, msg, gap, peer, counts, overflow, totals, raw, rs):
+def _add_rows(sw, sidx, hw, peer, counts, overflow, totals, raw, rs):
+    """Each row's columns (sw[i, sidx[c]], then hw[i, :]) into totals and into its peer's
+    row of counts (or overflow): straight loops over u64 words, no per-column dispatch."""
     over = False
-    ns = len(scal)
+    ns, nh = sidx.shape[0], hw.shape[1]
     n = peer.shape[0]
     for i in range(n):
-        if rs and i + _PREFETCH_ROWS < n:
+        if i + _PREFETCH_ROWS < n:
             b = (i + _PREFETCH_ROWS) * rs
             for o in range(0, rs, 64):
                 prefetch(raw, b + o)
         p = peer[i]
-        if p < 0:
-            over = True
-        for c in range(ns + msg.shape[1] + gap.shape[1]):
-            if c < ns:
-                v = scal[c][i]
-            elif c < ns + msg.shape[1]:
-                v = msg[i, c - ns]
-            else:
-                v = gap[i, c - ns - msg.shape[1]]
-            totals[c] += v
-            if p >= 0:
+        if p >= 0:
+            for c in range(ns):
+                v = sw[i, sidx[c]]
+                totals[c] += v
                 counts[p, c] += v
-            else:
+            for c in range(nh):
+                v = hw[i, c]
+                totals[ns + c] += v
+                counts[p, ns + c] += v
+        else:
+            over = True
+            for c in range(ns):
+                v = sw[i, sidx[c]]
+                totals[c] += v
                 overflow[c] += v
+            for c in range(nh):
+                v = hw[i, c]
+                totals[ns + c] += v
+                overflow[ns + c] += v
     return over
 
 
@@ -98,11 +114,10 @@ def add_flow_counters(flows: np.ndarray, peer: np.ndarray, counts: np.ndarray, o
     and column sums: 1.2 s at 1,048,576 flows)."""
     if not len(flows):
         return False
-    scal = tuple(flows[name] for name in SCALARS)
-    whole = flows.flags.c_contiguous
-    raw = flows.view(np.uint8).reshape(-1) if whole else np.zeros(1, np.uint8)
-    return bool(_add_rows(scal, flows["msg_hist"], flows["gap_hist"], np.ascontiguousarray(peer, dtype=np.int64),
-                          counts, overflow, totals, raw, flows.dtype.itemsize if whole else 0))
+    f = np.ascontiguousarray(flows, dtype=L.FLOW_DTYPE)
+    return bool(_add_rows(_col(f, _SCAL_FIRST, int(_SCAL_WORDS.max()) + 1), _SCAL_WORDS,
+                          _col(f, "msg_hist", L.MSG_SLOTS + L.GAP_SLOTS), np.ascontiguousarray(peer, dtype=np.int64),
+                          counts, overflow, totals, f.view(np.uint8).reshape(-1), f.dtype.itemsize))
 
 
 def _rows_u64(a: np.ndarray) -> np.ndarray:
@@ -174,12 +189,9 @@ def _mix_row(w):
 
 
 @njit(cache=True, nogil=True)
-def _key_rows(a, b, ipv, extra, table):
-    """Row of `table` ((m, k) uint64, distinct rows) equal to each flow's id, or -1. The id
-    of flow i, in the layout of peer_ids (k = 5) / dst_ids (k = 3): the words a[i] (src or
-    dst: 2 words), b[i] (dst, k = 5 only), then ipver | extra[i] << 8. a, b, ipv are
-    strided views into the table's rows: no (n, k) id matrix is built and nothing sorted."""
-    m, k = table.shape
+def _slots(table):
+    """An open-addressing index of table's rows ((m, k) uint64, distinct): slot -> row, -1."""
+    m = table.shape[0]
     cap = 16
     while cap < 2 * m:
         cap *= 2
@@ -189,6 +201,35 @@ def _key_rows(a, b, ipv, extra, table):
         while slots[j] >= 0:
             j = (j + 1) & (cap - 1)
         slots[j] = r
+    return slots
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _find(slots, table, w):
+    """The row of table equal to w, or -1 (slots: _slots(table))."""
+    cap = slots.shape[0]
+    j = np.int64(_mix_row(w) & np.uint64(cap - 1))
+    while slots[j] >= 0:
+        r = slots[j]
+        same = True
+        for c in range(w.shape[0]):
+            if table[r, c] != w[c]:
+                same = False
+                break
+        if same:
+            return r
+        j = (j + 1) & (cap - 1)
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _key_rows(a, b, ipv, extra, table):
+    """Row of `table` ((m, k) uint64, distinct rows) equal to each flow's id, or -1. The id
+    of flow i, in the layout of peer_ids (k = 5) / dst_ids (k = 3): the words a[i] (src or
+    dst: 2 words), b[i] (dst, k = 5 only), then ipver | extra[i] << 8. a, b, ipv are
+    strided views into the table's rows: no (n, k) id matrix is built and nothing sorted."""
+    k = table.shape[1]
+    slots = _slots(table)
     n = a.shape[0]
     out = np.full(n, -1, dtype=np.int64)
     w = np.zeros(k, dtype=np.uint64)
@@ -201,18 +242,41 @@ def _key_rows(a, b, ipv, extra, table):
             w[2] = b[i, 0]
             w[3] = b[i, 1]
         w[k - 1] = np.uint64(ipv[i]) | (np.uint64(extra[i]) << np.uint64(8))
-        j = np.int64(_mix_row(w) & np.uint64(cap - 1))
-        while slots[j] >= 0:
-            r = slots[j]
-            same = True
-            for c in range(k):
-                if table[r, c] != w[c]:
-                    same = False
-                    break
-            if same:
-                out[i] = r
-                break
-            j = (j + 1) & (cap - 1)
+        out[i] = _find(slots, table, w)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _key_rows3(src, dst, ipv, cls, tp, td, ts, pr, dr, sr):
+    """_key_rows of the peer, destination and source ids in one pass over the rows."""
+    sp, sd, ss = _slots(tp), _slots(td), _slots(ts)
+    wp = np.zeros(5, dtype=np.uint64)
+    w3 = np.zeros(3, dtype=np.uint64)
+    n = src.shape[0]
+    for i in range(n):
+        if i + 16 < n:
+            prefetch(ipv, i + 16)
+        v = np.uint64(ipv[i])
+        wp[0], wp[1], wp[2], wp[3] = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1]
+        wp[4] = v | (np.uint64(cls[i]) << np.uint64(8))
+        pr[i] = _find(sp, tp, wp)
+        w3[0], w3[1], w3[2] = dst[i, 0], dst[i, 1], v
+        dr[i] = _find(sd, td, w3)
+        w3[0], w3[1] = src[i, 0], src[i, 1]
+        sr[i] = _find(ss, ts, w3)
+
+
+def peer_dst_src_rows(pkeys: np.ndarray, dkeys: np.ndarray, skeys: np.ndarray, flows: np.ndarray,
+                      cls: np.ndarray) -> tuple:
+    """(peer_rows(pkeys, flows, cls), dst_rows(dkeys, flows), dst_rows(skeys, flows, "src"))
+    in one pass over the rows (three passes read the same 850-byte rows three times)."""
+    n = len(flows)
+    out = tuple(np.full(n, -1, np.int64) for _ in range(3))
+    if n:
+        f = np.ascontiguousarray(flows)
+        u = lambda k, w: np.ascontiguousarray(k, dtype=np.uint64) if len(k) else np.zeros((0, w), np.uint64)  # noqa: E731
+        _key_rows3(_col(f, "src", 2), _col(f, "dst", 2), _col(f, "ipver", 1, "u1")[:, 0],
+                   np.ascontiguousarray(cls, dtype=np.int64), u(pkeys, 5), u(dkeys, 3), u(skeys, 3), *out)
     return out
 
 

@@ -17,7 +17,8 @@ from skewscope.core import layout as L
 from skewscope.core.snapshot import Snapshot, flow_key_words, ip_bytes, ip_str, match_rows
 from skewscope.outputs import exporter as E
 from skewscope.outputs import metrics as M
-from skewscope.outputs.exptables import CLASSES, dst_ids, dst_rows, flow_class, peer_ids, peer_rows
+from skewscope.outputs.exptables import (CLASSES, dst_ids, dst_rows, flow_class, peer_dst_src_rows, peer_ids,
+                                        peer_rows)
 
 NODES = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "fd00::4", "fd00::5"]
 
@@ -141,11 +142,18 @@ def test_key_rows_match_the_id_matrix_join(seed):
     rows = peer_rows(known, fl, cls)
     assert np.array_equal(rows, match_rows(known, pk))
     assert (rows >= 0).any() and (rows < 0).any()
+    ends = {}
     for end in ("src", "dst"):
         dk = dst_ids(fl, end)
-        kd = np.unique(dk[rng.random(n) < 0.3], axis=0)
+        kd = ends[end] = np.unique(dk[rng.random(n) < 0.3], axis=0)
         r = dst_rows(kd, fl, end)
         assert np.array_equal(r, match_rows(kd, dk)) and (r >= 0).any()
+    # the three in one pass (the exporter's per-read lookup), also with tables still empty
+    got = peer_dst_src_rows(known, ends["dst"], ends["src"], fl, cls)
+    want = (match_rows(known, pk), match_rows(ends["dst"], dst_ids(fl)), match_rows(ends["src"], dst_ids(fl, "src")))
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+    got = peer_dst_src_rows(known[:0], ends["dst"], ends["src"][:0], fl, cls)
+    assert (got[0] < 0).all() and np.array_equal(got[1], want[1]) and (got[2] < 0).all()
     assert len(peer_rows(known[:0], fl, cls)) == n and (peer_rows(known[:0], fl, cls) < 0).all()
     assert len(peer_rows(known, fl[:0], cls[:0])) == 0
 
