@@ -41,7 +41,7 @@ from skewscope.analysis.nodeview import NodeViewError, resolve_node
 from skewscope.core import layout as L
 from skewscope.core.pool import ArrayPool
 from skewscope.core.rates import join_flows
-from skewscope.core.snapshot import Snapshot, ip_str, take_rows
+from skewscope.core.snapshot import Snapshot, ip_str
 from skewscope.outputs.exptables import (
     CLASSES,
     CLS_CONTROL,
@@ -57,8 +57,10 @@ from skewscope.outputs.exptables import (
     dst_ids,
     dst_rows,
     flow_class,
+    joined_class,
     message_timing,
     peer_ids,
+    peer_counts,
     peer_dst_src_rows,
     peer_rows,
     record_flows,
@@ -190,8 +192,6 @@ class Accumulator:
             idx = np.where(use, idx, -1)
         return idx
 
-    cum_class = np.zeros(0, np.uint8)
-
     def add(self, delta: np.ndarray, events: np.ndarray | None = None,
             cum_flows: np.ndarray | None = None) -> None:
         """delta: FLOW_DTYPE counters accumulated since the previous add; events: the
@@ -200,15 +200,11 @@ class Accumulator:
         self.reads += 1
         if cum_flows is not None:
             self.cum_flows = cum_flows
-            self.cum_class = flow_class(cum_flows)
         # class from the cumulative table (stable), not from the interval's few messages
         j = None
         if len(self.cum_flows) and len(delta):
             j = join_flows(self.cum_flows, delta)          # sorted by key both: one merge
-            cls = self.cum_class[np.maximum(j, 0)]
-            miss = np.flatnonzero(j < 0)
-            if len(miss):
-                cls[miss] = flow_class(take_rows(delta, miss))
+            cls = joined_class(self.cum_flows, j, delta)
         else:
             cls = flow_class(delta)
         has_ev = events is not None and len(events)
@@ -264,12 +260,7 @@ class Accumulator:
 
     def qps_per_peer(self) -> np.ndarray:
         """Flows per exported pair in the cumulative table (last entry: overflow)."""
-        q = np.zeros(len(self.peer_keys) + 1, dtype=np.int64)
-        if len(self.cum_flows):
-            p = peer_rows(self.peer_keys, self.cum_flows, self.cum_class)
-            p[p < 0] = len(self.peer_keys)
-            q += np.bincount(p, minlength=len(q))
-        return q
+        return peer_counts(self.peer_keys, self.cum_flows)
 
     def state(self, node: str, globals_: np.ndarray, meta: dict, top_k: int, read_ts: float = 0.0,
               read_seconds: float = 0.0, info: dict | None = None) -> ExportState:

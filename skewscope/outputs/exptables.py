@@ -151,20 +151,55 @@ def flow_class(flows: np.ndarray) -> np.ndarray:
     return c
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _cls(msgs, msg_bytes, cts_max, bulk_min):
+    """flow_class of one flow from its messages and message bytes."""
+    m = np.float64(msgs)
+    mean = np.float64(msg_bytes) / max(m, 1.0) if m > 0 else 0.0
+    c = CLS_CONTROL
+    if mean > cts_max:
+        c = CLS_CHUNK
+    if mean >= bulk_min:
+        c = CLS_BULK
+    return c
+
+
 @njit(cache=True, nogil=True)
 def _class_kernel(msgs, msg_bytes, cts_max, bulk_min, out):
     n = msgs.shape[0]
     for i in range(n):
         if i + 16 < n:
             prefetch(msgs, i + 16)
-        m = np.float64(msgs[i])
-        mean = np.float64(msg_bytes[i]) / max(m, 1.0) if m > 0 else 0.0
-        c = CLS_CONTROL
-        if mean > cts_max:
-            c = CLS_CHUNK
-        if mean >= bulk_min:
-            c = CLS_BULK
-        out[i] = c
+        out[i] = _cls(msgs[i], msg_bytes[i], cts_max, bulk_min)
+
+
+@njit(cache=True, nogil=True)
+def _join_class(cm, cb, j, dm, db, cts_max, bulk_min, out):
+    n = j.shape[0]
+    for k in range(n):
+        if k + 16 < n and j[k + 16] >= 0:
+            prefetch(cm, j[k + 16])
+        r = j[k]
+        out[k] = _cls(cm[r], cb[r], cts_max, bulk_min) if r >= 0 else _cls(dm[k], db[k], cts_max, bulk_min)
+
+
+def _whole(t: np.ndarray) -> bool:
+    return t.dtype == L.FLOW_DTYPE and t.flags.c_contiguous
+
+
+def joined_class(cum: np.ndarray, j: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    """Per row k of delta: flow_class of cum[j[k]] (its cumulative row: the stable class),
+    flow_class of delta[k] where j[k] is -1; one pass over the joined rows, not a class of
+    the whole cumulative table first."""
+    if not (len(delta) and _whole(cum) and _whole(delta)):
+        c = flow_class(delta)
+        c[j >= 0] = flow_class(cum)[j[j >= 0]]
+        return c
+    out = np.empty(len(delta), dtype=np.uint8)
+    col = lambda t, name: _col(t, name, 1)[:, 0] if len(t) else np.zeros(1, np.uint64)  # noqa: E731
+    _join_class(col(cum, "messages"), col(cum, "msg_bytes"), np.ascontiguousarray(j, dtype=np.int64),
+                col(delta, "messages"), col(delta, "msg_bytes"), float(CTS_MAX_BYTES), float(BULK_MIN_MESSAGE), out)
+    return out
 
 
 def peer_ids(flows: np.ndarray, cls: np.ndarray | None = None) -> np.ndarray:
@@ -264,6 +299,39 @@ def _key_rows3(src, dst, ipv, cls, tp, td, ts, pr, dr, sr):
         dr[i] = _find(sd, td, w3)
         w3[0], w3[1] = src[i, 0], src[i, 1]
         sr[i] = _find(ss, ts, w3)
+
+
+@njit(cache=True, nogil=True)
+def _peer_counts(src, dst, ipv, msgs, msg_bytes, cts_max, bulk_min, table, q):
+    slots = _slots(table)
+    m = table.shape[0]
+    w = np.zeros(5, dtype=np.uint64)
+    n = src.shape[0]
+    for i in range(n):
+        if i + 16 < n:
+            prefetch(ipv, i + 16)
+        c = _cls(msgs[i], msg_bytes[i], cts_max, bulk_min)
+        w[0], w[1], w[2], w[3] = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1]
+        w[4] = np.uint64(ipv[i]) | (np.uint64(c) << np.uint64(8))
+        r = _find(slots, table, w)
+        q[r if r >= 0 else m] += 1
+
+
+def peer_counts(keys: np.ndarray, flows: np.ndarray) -> np.ndarray:
+    """Flows per row of keys (peer_ids with the flow's own flow_class), the last entry the
+    flows of no row: flow_class, peer_rows and a count in one pass over the rows."""
+    q = np.zeros(len(keys) + 1, dtype=np.int64)
+    if not len(flows):
+        return q
+    if not _whole(flows):
+        p = peer_rows(keys, flows, flow_class(flows))
+        p[p < 0] = len(keys)
+        return q + np.bincount(p, minlength=len(q))
+    k = np.ascontiguousarray(keys, dtype=np.uint64) if len(keys) else np.zeros((0, 5), np.uint64)
+    _peer_counts(_col(flows, "src", 2), _col(flows, "dst", 2), _col(flows, "ipver", 1, "u1")[:, 0],
+                 _col(flows, "messages", 1)[:, 0], _col(flows, "msg_bytes", 1)[:, 0], float(CTS_MAX_BYTES),
+                 float(BULK_MIN_MESSAGE), k, q)
+    return q
 
 
 def peer_dst_src_rows(pkeys: np.ndarray, dkeys: np.ndarray, skeys: np.ndarray, flows: np.ndarray,

@@ -342,3 +342,49 @@ def test_window_pieces_share_the_flows_context_without_changing_the_timing(tmp_p
     fresh, _ = run()
     assert shared == fresh and pieces > 3 * 3
     assert any(name == M.NODE_STEPS.name and float(v) > 0 for name, _, v in shared)
+
+
+def test_joined_class_and_peer_counts_equal_a_plain_count():
+    """joined_class (each delta row's class from its cumulative row, else its own) and
+    peer_counts (flows per known pair with their own class, the rest last) against the mean
+    message rule and a dict count over the rows in plain Python; strided tables: the numpy path."""
+    from skewscope.analysis.fleet import BULK_MIN_MESSAGE, CTS_MAX_BYTES
+    from skewscope.outputs.exptables import joined_class, peer_counts
+    rng = np.random.default_rng(9)
+    n = 3000
+    cum = np.zeros(n, L.FLOW_DTYPE)
+    for i in range(n):
+        a, b = rng.choice(len(NODES) - 2, 2, replace=False)
+        flow_row(cum[i:i + 1], NODES[a], NODES[b], i)
+    m = rng.integers(0, 50, n)
+    cum["messages"] = m
+    cum["msg_bytes"] = m * rng.choice([0, 64, CTS_MAX_BYTES, CTS_MAX_BYTES + 1, BULK_MIN_MESSAGE, 1 << 20], n)
+    delta = cum[rng.random(n) < 0.5].copy()
+    delta["messages"], delta["msg_bytes"] = 1, rng.choice([64, 1 << 20], len(delta))
+    j = np.where(rng.random(len(delta)) < 0.8, rng.integers(0, n, len(delta)), -1)
+
+    def rule(r):
+        mi, bi = int(r["messages"]), int(r["msg_bytes"])
+        mu = bi / mi if mi else 0.0
+        return CLASSES.index("bulk" if mu >= BULK_MIN_MESSAGE else "chunk" if mu > CTS_MAX_BYTES else "control")
+
+    want = [rule(cum[j[k]]) if j[k] >= 0 else rule(delta[k]) for k in range(len(delta))]
+    assert joined_class(cum, j, delta).tolist() == want
+    assert joined_class(cum[::2], j // 2, delta[::1]).tolist() == [rule(cum[::2][j[k] // 2]) if j[k] >= 0
+                                                                   else rule(delta[k]) for k in range(len(delta))]
+    lab = lambda r: (bytes(r["src"]), bytes(r["dst"]), int(r["ipver"]), rule(r))  # noqa: E731
+    pairs = sorted({lab(r) for r in cum})
+    known = pairs[::2]
+    keys = peer_ids(np.concatenate([cum[[lab(r) == p for r in cum]][:1] for p in known]),
+                    np.array([p[3] for p in known], np.uint8))
+    count = {}
+    for r in cum:
+        count[lab(r)] = count.get(lab(r), 0) + 1
+    want = [count[p] for p in known] + [sum(v for p, v in count.items() if p not in known)]
+    assert peer_counts(keys, cum).tolist() == want
+    half = {}
+    for r in cum[::2]:
+        half[lab(r)] = half.get(lab(r), 0) + 1
+    assert peer_counts(keys, cum[::2]).tolist() == ([half.get(p, 0) for p in known]
+                                                    + [sum(v for p, v in half.items() if p not in known)])
+    assert peer_counts(keys[:0], cum).tolist() == [n] and peer_counts(keys, cum[:0]).tolist() == [0] * (len(keys) + 1)
