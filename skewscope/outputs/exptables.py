@@ -310,6 +310,7 @@ def _peer_counts(src, dst, ipv, msgs, msg_bytes, cts_max, bulk_min, table, q):
     for i in range(n):
         if i + 16 < n:
             prefetch(ipv, i + 16)
+            prefetch(msg_bytes, i + 16)     # the row's second cache line where it starts late
         c = _cls(msgs[i], msg_bytes[i], cts_max, bulk_min)
         w[0], w[1], w[2], w[3] = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1]
         w[4] = np.uint64(ipv[i]) | (np.uint64(c) << np.uint64(8))
