@@ -38,11 +38,14 @@ Definitions (docs/metrics.md "Flows"):
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
-from skewscope.analysis.hashing import build_u64, lookup_u64, unique_u128
+from skewscope.analysis.hashing import _mix, build_u64, lookup_u64, unique_u128
 from skewscope.core import layout as L
 from skewscope.core.jit import njit, prefetch
+from skewscope.core.pool import ArrayPool
 from skewscope.core.snapshot import ip_str
 
 ROLE_DATA, ROLE_CTS, ROLE_ACK, ROLE_READ_REQ, ROLE_CNP, ROLE_MGMT, ROLE_OTHER = range(7)
@@ -169,14 +172,20 @@ def flow_columns(flows) -> dict:
     """name -> contiguous array for the flow table's scalar fields (+ "op" (n, 8),
     "addr" (4, n) address halves, and "max_slot": the highest non-empty message-size slot
     for flows whose mean message is <= 1 KiB, the mean's slot above, -1 without
-    messages), in one pass."""
+    messages), in one pass. The columns are views of one pooled buffer (`pooled`)."""
     n = len(flows)
-    # (the kernel writes every element: no zero-fill of ~18 MB at 65,536 flows)
-    u = np.empty((len(COL_U64), n), dtype=np.uint64)
-    ts = np.empty((2, n), dtype=np.uint64)
-    op = np.empty((n, L.N_OPCLASS), dtype=np.uint64)
-    small = np.empty((4, n), dtype=np.int64)
-    addr = np.empty((4, n), dtype=np.uint64)
+    nu = len(COL_U64)
+    # (the kernel writes every element: no zero-fill)
+    buf = pooled(COLUMNS_POOL, (nu + 2 + L.N_OPCLASS + 4 + 4) * n)
+    u = buf[:nu * n].reshape(nu, n)
+    o = nu * n
+    ts = buf[o:o + 2 * n].reshape(2, n)
+    o += 2 * n
+    op = buf[o:o + L.N_OPCLASS * n].reshape(n, L.N_OPCLASS)
+    o += L.N_OPCLASS * n
+    small = buf[o:o + 4 * n].view(np.int64).reshape(4, n)
+    o += 4 * n
+    addr = buf[o:o + 4 * n].reshape(4, n)
     if n:
         flows = np.ascontiguousarray(flows)
         _columns_kernel(flows, flows.view(np.uint8).reshape(-1), u, ts, op, small, addr)
@@ -185,6 +194,22 @@ def flow_columns(flows) -> dict:
     out.update(first_ts=ts[0], last_ts=ts[1], op=op, max_slot=small[0], sport=small[1], dest_qp=small[2],
                ipver=small[3])
     return out
+
+
+#: the per-Snapshot columns of a live loop (flow_columns, the congestion table) are made anew
+#: every interval: at 1,048,576 flows ~300 MB whose fresh pages cost more to fault in and
+#: zero than the passes that write them; buffers the process already has cost none
+#: (core/pool.py: a buffer is written again only once no array refers to it)
+COLUMNS_POOL = ArrayPool(np.uint64, limit=4)
+CONG_POOL = ArrayPool(np.float64, limit=4)
+_POOL_LOCK = threading.Lock()
+
+
+def pooled(pool: ArrayPool, n: int) -> np.ndarray:
+    """pool.take(n) (contents undefined), safe from the analysis runner's thread and the
+    screen's at once."""
+    with _POOL_LOCK:
+        return pool.take(n)
 
 
 # ---- nodes ---------------------------------------------------------------------------
@@ -601,12 +626,10 @@ def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = No
     _roles_kernel(fl["op"], fl["messages"], fl["msg_bytes"], fl["payload_bytes"], fl["packets"], fl["max_slot"],
                   fl["dest_qp"], sw_n, sw_bytes, sw_max, roles, big, cand)
     # CTS: small WRITE-only messages facing bigger messages the other way (the partner flow's,
-    # else any flow of the reverse node pair's)
-    has_p = partner >= 0
-    cts = np.zeros(n, dtype=bool)
-    cts[has_p] = big[partner[has_p]]
-    need = cand & ~has_p
-    if need.any():
+    # else any flow of the reverse node pair's); management last (it overrides)
+    if _cts_by_partner(partner, big, cand, fl["dest_qp"], roles):
+        need = cand & (partner < 0)
+        cts = np.zeros(n, dtype=bool)
         s = nodes.src.astype(np.int64)
         d = nodes.dst.astype(np.int64)
         nn = max(1, nodes.n)
@@ -618,45 +641,122 @@ def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = No
         else:
             big_pairs = np.unique((s[big] * nn + d[big]))
             cts[need] = np.isin(d[need] * nn + s[need], big_pairs)
-    roles[cand & cts] = ROLE_CTS
-    roles[fl["dest_qp"] == 1] = ROLE_MGMT
+        roles[need & cts & (fl["dest_qp"] != 1)] = ROLE_CTS
     return roles
 
 
-def partners(fl, nodes: Nodes, roles: np.ndarray, by_sport: np.ndarray) -> np.ndarray:
+@njit(cache=True, nogil=True)
+def _cts_by_partner(partner, big, cand, dest_qp, roles):
+    """roles: CTS where a control candidate's partner is big, management on dest QP 1 (in
+    one pass, no boolean masks); returns whether a candidate has no partner (the caller
+    looks at its reverse node pair then)."""
+    need = False
+    for i in range(roles.shape[0]):
+        p = partner[i]
+        if cand[i]:
+            if p >= 0:
+                if big[p]:
+                    roles[i] = ROLE_CTS
+            else:
+                need = True
+        if dest_qp[i] == 1:
+            roles[i] = ROLE_MGMT
+    return need
+
+
+def partners(fl, nodes: Nodes, roles: np.ndarray, by_sport: np.ndarray, pairs=None) -> np.ndarray:
     """by_sport, completed by elimination: a node pair with exactly one data flow one way and
-    exactly one non-data (cts/ack/cnp) flow the other way pairs them."""
+    exactly one non-data (cts/ack/cnp/read request) flow the other way pairs them. pairs:
+    pair_table(nodes) when the caller has it."""
     out = by_sport.copy()
-    n = len(by_sport)
-    if n == 0:
+    if len(by_sport) == 0:
         return out
-    nn = max(1, nodes.n)
-    s = nodes.src.astype(np.int64)
-    d = nodes.dst.astype(np.int64)
-    data = roles == ROLE_DATA
-    ctrl = (roles == ROLE_CTS) | (roles == ROLE_ACK) | (roles == ROLE_CNP) | (roles == ROLE_READ_REQ)
-    key = s * nn + d
-    # counts per directed pair
-    kd, cd = np.unique(key[data], return_counts=True)
-    kc, cc = np.unique(key[ctrl], return_counts=True)
-    need = np.nonzero((out < 0) & data)[0]
-    # the unpaired data flows that are their pair's only data flow ...
-    need = need[np.isin(key[need], kd[cd == 1])]
-    if len(need) == 0:
-        return out
-    # ... facing the reverse pair's only control flow (each such pair has one of each, so
-    # no two data flows compete for one control flow: one vectorised match)
-    ci = np.nonzero(ctrl)[0]
-    ci = ci[np.isin(key[ci], kc[cc == 1])]
-    if len(ci) == 0:
-        return out
-    o = np.argsort(key[ci], kind="stable")
-    ck = key[ci][o]
-    rk = d[need] * nn + s[need]
-    pos = np.minimum(np.searchsorted(ck, rk), len(ck) - 1)
-    hit = ck[pos] == rk
-    i, j = need[hit], ci[o[pos[hit]]]
-    free = out[j] < 0
-    out[i[free]] = j[free]
-    out[j[free]] = i[free]
+    pid, _, rev = pair_table(nodes) if pairs is None else pairs
+    _eliminate(pid, rev, roles, out)
     return out
+
+
+@njit(cache=True, nogil=True)
+def _eliminate(pid, rev, roles, out):
+    """partners' elimination: each node pair's data and control flow counts in one pass, then
+    every unpaired data flow alone on its pair takes the only control flow of the reverse
+    pair when that one is unpaired too (distinct pairs: no two data flows compete)."""
+    k = rev.shape[0]
+    nd = np.zeros(k, dtype=np.int64)
+    nc = np.zeros(k, dtype=np.int64)
+    ctrl = np.full(k, -1, dtype=np.int64)
+    n = roles.shape[0]
+    for i in range(n):
+        r = roles[i]
+        if r == ROLE_DATA:
+            nd[pid[i]] += 1
+        elif r == ROLE_CTS or r == ROLE_ACK or r == ROLE_CNP or r == ROLE_READ_REQ:
+            nc[pid[i]] += 1
+            ctrl[pid[i]] = i
+    for i in range(n):
+        if roles[i] != ROLE_DATA or out[i] >= 0 or nd[pid[i]] != 1:
+            continue
+        q = rev[pid[i]]
+        if q >= 0 and nc[q] == 1:
+            j = ctrl[q]
+            if out[j] < 0:
+                out[i] = j
+                out[j] = i
+
+
+# ---- directed node pairs ----------------------------------------------------------------
+def pair_table(nodes: Nodes):
+    """The directed node pairs of the flows: (pair id per flow, in order of first
+    appearance; each pair's key src * n + dst; each pair's reverse pair id, -1 when no flow
+    goes that way), by hash (no sort)."""
+    n = len(nodes.src)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return _pair_table(np.ascontiguousarray(nodes.src), np.ascontiguousarray(nodes.dst), np.int64(max(1, nodes.n)))
+
+
+@njit(cache=True, nogil=True)
+def _pair_probe(slot_id, keys, key):
+    """The slot of key in an open-addressing table over keys (its id's slot, or the empty
+    slot where it goes)."""
+    mask = slot_id.shape[0] - 1
+    j = np.int64(_mix(np.uint64(key)) & np.uint64(mask))
+    while slot_id[j] >= 0 and keys[slot_id[j]] != key:
+        j = (j + 1) & mask
+    return j
+
+
+@njit(cache=True, nogil=True)
+def _pair_table(src, dst, nn):
+    n = src.shape[0]
+    cap = 1024
+    slot_id = np.full(cap, -1, dtype=np.int64)
+    keys = np.empty(n, dtype=np.int64)
+    pid = np.empty(n, dtype=np.int64)
+    k = 0
+    last = np.int64(-1)
+    for i in range(n):
+        key = np.int64(src[i]) * nn + np.int64(dst[i])
+        if key == last:                  # a key-sorted table: runs of one pair, one probe each
+            pid[i] = pid[i - 1]
+            continue
+        last = key
+        j = _pair_probe(slot_id, keys, key)
+        if slot_id[j] >= 0:
+            pid[i] = slot_id[j]
+            continue
+        slot_id[j] = k
+        keys[k] = key
+        pid[i] = k
+        k += 1
+        if 2 * k >= cap:                 # grow: the k keys again into a table twice as big
+            cap *= 2
+            slot_id = np.full(cap, -1, dtype=np.int64)
+            for q in range(k):
+                slot_id[_pair_probe(slot_id, keys, keys[q])] = q
+    rev = np.empty(k, dtype=np.int64)
+    for q in range(k):
+        s = keys[q] // nn
+        d = keys[q] % nn
+        rev[q] = slot_id[_pair_probe(slot_id, keys, d * nn + s)]
+    return pid, keys[:k].copy(), rev
