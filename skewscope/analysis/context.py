@@ -40,7 +40,7 @@ class Context:
 
     @cached_property
     def partner_sport(self) -> np.ndarray:
-        return FL.partners_by_sport(self.cols, self.nodes)
+        return FL.partners_by_sport(self.cols, self.nodes, self.pairs)
 
     @cached_property
     def roles(self) -> np.ndarray:

@@ -42,7 +42,7 @@ import threading
 
 import numpy as np
 
-from skewscope.analysis.hashing import _mix, build_u64, lookup_u64, unique_u128
+from skewscope.analysis.hashing import _mix
 from skewscope.core import layout as L
 from skewscope.core.jit import njit, prefetch
 from skewscope.core.pool import ArrayPool
@@ -238,20 +238,86 @@ def node_index(flows, cols: dict | None = None) -> Nodes:
     if cols is None:
         cols = flow_columns(flows)
     ad = cols["addr"]
-    hi = np.concatenate([ad[0], ad[2]])
-    lo = np.concatenate([ad[1], ad[3]])
-    ids, first = unique_u128(hi, lo)
-    order = np.lexsort((lo[first], hi[first]))           # nodes sorted by address bytes
+    src = np.empty(n, dtype=np.int32)
+    dst = np.empty(n, dtype=np.int32)
+    first = _address_ids(ad, src, dst)            # the first flow (src, then dst) of each address
+    hi = np.where(first < n, ad[0][first % n], ad[2][first % n])
+    lo = np.where(first < n, ad[1][first % n], ad[3][first % n])
+    order = np.lexsort((lo, hi))                  # nodes sorted by address bytes
     rank = np.empty(len(first), dtype=np.int32)
     rank[order] = np.arange(len(first), dtype=np.int32)
-    inv = rank[ids]
+    _renumber(src, dst, rank)
     ipver = cols["ipver"]
     ips = []
     fo = first[order]
-    for i in fo:
-        b = int(hi[i]).to_bytes(8, "big") + int(lo[i]).to_bytes(8, "big")
+    for i, x, y in zip(fo.tolist(), hi[order].tolist(), lo[order].tolist()):
+        b = int(x).to_bytes(8, "big") + int(y).to_bytes(8, "big")
         ips.append(ip_str(np.frombuffer(b, np.uint8), int(ipver[i % n])))
-    return Nodes(ips, inv[:n], inv[n:], ipver[fo % n])
+    return Nodes(ips, src, dst, ipver[fo % n])
+
+
+@njit(cache=True, nogil=True)
+def _address_ids(addr, src, dst):
+    """src/dst[i] = the id of flow i's source/destination address (order of first
+    appearance: the sources, then the destinations), by an open-addressing table over the
+    (few) addresses; each run of one address (a key-sorted table) probes once. Returns each
+    id's first position (i: source of flow i, n + i: its destination)."""
+    n = src.shape[0]
+    cap = 1024
+    slot = np.full(cap, -1, dtype=np.int64)
+    khi = np.empty(64, dtype=np.uint64)
+    klo = np.empty(64, dtype=np.uint64)
+    first = np.empty(64, dtype=np.int64)
+    k = 0
+    for side in range(2):
+        out = src if side == 0 else dst
+        H = addr[2 * side]
+        Lo = addr[2 * side + 1]
+        last_h = np.uint64(0)
+        last_l = np.uint64(0)
+        last_id = -1
+        for i in range(n):
+            x = H[i]
+            y = Lo[i]
+            if last_id >= 0 and x == last_h and y == last_l:
+                out[i] = last_id
+                continue
+            mask = cap - 1
+            j = np.int64(_mix(x ^ _mix(y)) & np.uint64(mask))
+            while slot[j] >= 0 and not (khi[slot[j]] == x and klo[slot[j]] == y):
+                j = (j + 1) & mask
+            sid = slot[j]
+            if sid < 0:
+                if k == khi.shape[0]:
+                    khi = np.concatenate((khi, np.empty(k, dtype=np.uint64)))
+                    klo = np.concatenate((klo, np.empty(k, dtype=np.uint64)))
+                    first = np.concatenate((first, np.empty(k, dtype=np.int64)))
+                sid = k
+                slot[j] = k
+                khi[k] = x
+                klo[k] = y
+                first[k] = side * n + i
+                k += 1
+                if 2 * k >= cap:         # grow: the k addresses again into a table twice as big
+                    cap *= 2
+                    slot = np.full(cap, -1, dtype=np.int64)
+                    for q in range(k):
+                        jj = np.int64(_mix(khi[q] ^ _mix(klo[q])) & np.uint64(cap - 1))
+                        while slot[jj] >= 0:
+                            jj = (jj + 1) & (cap - 1)
+                        slot[jj] = q
+            out[i] = sid
+            last_h = x
+            last_l = y
+            last_id = sid
+    return first[:k].copy()
+
+
+@njit(cache=True, nogil=True)
+def _renumber(src, dst, rank):
+    for i in range(src.shape[0]):
+        src[i] = rank[src[i]]
+        dst[i] = rank[dst[i]]
 
 
 # ---- per-flow message statistics -----------------------------------------------------
@@ -510,37 +576,86 @@ def read_response_flows(fl, nodes: Nodes, partner: np.ndarray) -> np.ndarray:
 
 
 # ---- roles and partners ----------------------------------------------------------------
-def partners_by_sport(fl, nodes: Nodes) -> np.ndarray:
-    """Partner flow (other direction of the QP pair) from the shared UDP source port; -1."""
+def partners_by_sport(fl, nodes: Nodes, pairs=None) -> np.ndarray:
+    """Partner flow (other direction of the QP pair) from the shared UDP source port: the
+    flow of the reverse node pair with the same port, when the port is the only one of its
+    value in both directions (not 0, not a node to itself); -1. pairs: pair_table(nodes)."""
     n = len(nodes.src)
     out = np.full(n, -1, dtype=np.int64)
     if n == 0:
         return out
-    _sport_kernel(np.ascontiguousarray(nodes.src), np.ascontiguousarray(nodes.dst),
-                  np.ascontiguousarray(fl["sport"]), out)
+    pid, _, rev = pair_table(nodes) if pairs is None else pairs
+    _sport_kernel(pid, rev, np.ascontiguousarray(fl["sport"]), out)
     return out
 
 
+#: a pair's flows are put in port order by insertion up to this many, by a merge sort above
+_SHORT_RUN = 48
+
+
 @njit(cache=True, nogil=True)
-def _sport_kernel(src, dst, sport, out):
-    n = src.shape[0]
-    key = np.empty(n, dtype=np.uint64)
-    rkey = np.empty(n, dtype=np.uint64)
+def _sport_kernel(pid, rev, sport, out):
+    """The flows grouped by node pair (a counting sort: flow order within a pair), each
+    pair's ports sorted, then each pair's ports merged with its reverse pair's: no hash
+    table over the flows."""
+    k = rev.shape[0]
+    n = pid.shape[0]
+    off = np.zeros(k + 1, dtype=np.int64)
     for i in range(n):
-        s = np.uint64(src[i])
-        d = np.uint64(dst[i])
-        sp = np.uint64(sport[i])
-        key[i] = (s << np.uint64(40)) | (d << np.uint64(17)) | sp
-        rkey[i] = (d << np.uint64(40)) | (s << np.uint64(17)) | sp
-    sk, sid, ids, first = build_u64(key)
-    cnt = np.zeros(first.shape[0], dtype=np.int64)
+        off[pid[i] + 1] += 1
+    for q in range(k):
+        off[q + 1] += off[q]
+    pos = off[:k].copy()
+    fl = np.empty(n, dtype=np.int64)
     for i in range(n):
-        cnt[ids[i]] += 1
-    rid = lookup_u64(sk, sid, rkey)
-    for i in range(n):
-        r = rid[i]
-        if sport[i] != 0 and cnt[ids[i]] == 1 and r >= 0 and src[i] != dst[i] and cnt[r] == 1:
-            out[i] = first[r]
+        fl[pos[pid[i]]] = i
+        pos[pid[i]] += 1
+    sp = np.empty(n, dtype=np.int64)
+    for q in range(k):
+        a = off[q]
+        b = off[q + 1]
+        if b - a <= _SHORT_RUN:
+            for t in range(a, b):
+                f = fl[t]
+                v = sport[f]
+                u = t
+                while u > a and sp[u - 1] > v:
+                    sp[u] = sp[u - 1]
+                    fl[u] = fl[u - 1]
+                    u -= 1
+                sp[u] = v
+                fl[u] = f
+        else:
+            seg = fl[a:b].copy()
+            vals = np.empty(b - a, dtype=np.int64)
+            for t in range(b - a):
+                vals[t] = sport[seg[t]]
+            o = np.argsort(vals, kind="mergesort")
+            for t in range(b - a):
+                fl[a + t] = seg[o[t]]
+                sp[a + t] = vals[o[t]]
+    for q in range(k):
+        r = rev[q]
+        if r < 0 or r == q:                  # no reverse pair, or a node to itself
+            continue
+        i = off[q]
+        ie = off[q + 1]
+        j = off[r]
+        je = off[r + 1]
+        while i < ie and j < je:
+            v = sp[i]
+            i2 = i + 1
+            while i2 < ie and sp[i2] == v:
+                i2 += 1
+            while j < je and sp[j] < v:
+                j += 1
+            j2 = j
+            while j2 < je and sp[j2] == v:
+                j2 += 1
+            if v != 0 and i2 - i == 1 and j2 - j == 1:
+                out[fl[i]] = fl[j]
+            i = i2
+            j = j2
 
 
 @njit(cache=True, nogil=True)
