@@ -44,7 +44,7 @@ class Context:
 
     @cached_property
     def roles(self) -> np.ndarray:
-        return FL.flow_roles(self.snap, self.nodes, self.partner_sport, self.cols)
+        return FL.flow_roles(self.snap, self.nodes, self.partner_sport, self.cols, self.pairs)
 
     @cached_property
     def pairs(self):

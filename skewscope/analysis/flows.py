@@ -665,7 +665,8 @@ def _roles_kernel(op, msgs, msg_bytes, payload, packets, maxslot, dest_qp, sw_n,
     CTS, or READ responses), cand (control candidate: small WRITE-only messages, or small
     SEND messages without WRITEs and READ responses). sw_n/sw_bytes/sw_max: the flow's
     SEND/WRITE records (count, bytes, largest) for flows whose counters mix them with READ
-    requests (sw_n < 0: not needed, the counters are the SEND/WRITE messages)."""
+    requests (sw_n < 0, or all three empty: not needed, the counters are the SEND/WRITE
+    messages)."""
     n = msgs.shape[0]
     for i in range(n):
         m = msgs[i]
@@ -675,7 +676,7 @@ def _roles_kernel(op, msgs, msg_bytes, payload, packets, maxslot, dest_qp, sw_n,
         rresp = op[i, L.OPC_READ_RESP] > 0 and payload[i] > 0
         mean = float(msg_bytes[i]) / float(m) if m > 0 else 0.0
         small = m > 0 and maxslot[i] >= 0 and maxslot[i] <= 10 and mean <= CTS_MAX_BYTES
-        if rreq > 0 and sw_n[i] >= 0:
+        if rreq > 0 and sw_n.shape[0] == n and sw_n[i] >= 0:
             # the message counters hold the READ lengths too: judge the SENDs/WRITEs alone
             k = sw_n[i]
             small = k > 0 and sw_max[i] < 1024 and sw_bytes[i] <= CTS_MAX_BYTES * k
@@ -696,19 +697,30 @@ def _roles_kernel(op, msgs, msg_bytes, payload, packets, maxslot, dest_qp, sw_n,
         cand[i] = small and not rresp and ((w and not sd and rreq == 0) or (sd and not w))
 
 
+@njit(cache=True, nogil=True)
+def _any_mixed(op):
+    """Whether a flow sends READ requests and SENDs or WRITEs (one pass, stops at the first)."""
+    for i in range(op.shape[0]):
+        if op[i, L.OPC_READ_REQ] > 0 and (op[i, L.OPC_SEND] > 0 or op[i, L.OPC_WRITE] > 0):
+            return True
+    return False
+
+
 def _send_write_records(snap, fl) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(count, bytes, largest) of the SEND/WRITE records of each flow that also sends SENDs
     or WRITEs next to RDMA READ requests (a READ requester's counters add the READ lengths to
-    its messages), -1/0/0 for the others and when the Snapshot has no records."""
+    its messages), -1/0/0 for the others; three empty arrays when no flow mixes them or the
+    Snapshot has no records."""
     n = len(snap.flows)
+    ev = snap.events
+    op = fl["op"]
+    if n == 0 or len(ev) == 0 or not _any_mixed(op):
+        z = np.zeros(0, dtype=np.int64)          # none: _roles_kernel reads the counters
+        return z, np.zeros(0), z
     cnt = np.full(n, -1, dtype=np.int64)
     tot = np.zeros(n, dtype=np.float64)
     mx = np.zeros(n, dtype=np.int64)
-    op = fl["op"]
-    mixed = (op[:, L.OPC_READ_REQ] > 0) & ((op[:, L.OPC_SEND] > 0) | (op[:, L.OPC_WRITE] > 0)) if n else cnt > 0
-    ev = snap.events
-    if not mixed.any() or len(ev) == 0:
-        return cnt, tot, mx
+    mixed = (op[:, L.OPC_READ_REQ] > 0) & ((op[:, L.OPC_SEND] > 0) | (op[:, L.OPC_WRITE] > 0))
     f = ev["flow"].astype(np.int64)
     oc = ev["opclass"]
     ok = (f >= 0) & (f < n) & ((oc == L.OPC_SEND) | (oc == L.OPC_WRITE))
@@ -723,9 +735,10 @@ def _send_write_records(snap, fl) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = None,
-               cols: dict | None = None) -> np.ndarray:
+               cols: dict | None = None, pairs=None) -> np.ndarray:
     """Role of every flow (ROLE_* codes, names in ROLE_NAMES). See the module docstring.
-    cols/nodes/partner: flow_columns/node_index/partners_by_sport when the caller has them."""
+    cols/nodes/partner/pairs: flow_columns/node_index/partners_by_sport/pair_table when the
+    caller has them."""
     fl = flow_columns(snap.flows) if cols is None else cols
     n = len(snap.flows)
     roles = np.full(n, ROLE_OTHER, dtype=np.int8)
@@ -733,8 +746,10 @@ def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = No
         return roles
     if nodes is None:
         nodes = node_index(snap.flows, fl)
+    if pairs is None:
+        pairs = pair_table(nodes)
     if partner is None:
-        partner = partners_by_sport(fl, nodes)
+        partner = partners_by_sport(fl, nodes, pairs)
     big = np.zeros(n, dtype=bool)
     cand = np.zeros(n, dtype=bool)
     sw_n, sw_bytes, sw_max = _send_write_records(snap, fl)
@@ -742,41 +757,38 @@ def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = No
                   fl["dest_qp"], sw_n, sw_bytes, sw_max, roles, big, cand)
     # CTS: small WRITE-only messages facing bigger messages the other way (the partner flow's,
     # else any flow of the reverse node pair's); management last (it overrides)
-    if _cts_by_partner(partner, big, cand, fl["dest_qp"], roles):
-        need = cand & (partner < 0)
-        cts = np.zeros(n, dtype=bool)
-        s = nodes.src.astype(np.int64)
-        d = nodes.dst.astype(np.int64)
-        nn = max(1, nodes.n)
-        if nn * nn <= max(1 << 22, 8 * n):
-            # a presence table over the pairs (no sort of the big flows' keys)
-            has_big = np.zeros(nn * nn, dtype=bool)
-            has_big[s[big] * nn + d[big]] = True
-            cts[need] = has_big[d[need] * nn + s[need]]
-        else:
-            big_pairs = np.unique((s[big] * nn + d[big]))
-            cts[need] = np.isin(d[need] * nn + s[need], big_pairs)
-        roles[need & cts & (fl["dest_qp"] != 1)] = ROLE_CTS
+    pid, _, rev = pairs
+    _cts_roles(partner, big, cand, fl["dest_qp"], pid, rev, roles)
     return roles
 
 
 @njit(cache=True, nogil=True)
-def _cts_by_partner(partner, big, cand, dest_qp, roles):
-    """roles: CTS where a control candidate's partner is big, management on dest QP 1 (in
-    one pass, no boolean masks); returns whether a candidate has no partner (the caller
-    looks at its reverse node pair then)."""
+def _cts_roles(partner, big, cand, dest_qp, pid, rev, roles):
+    """roles: CTS where a control candidate faces bigger messages (its partner's, else any
+    flow's of the reverse node pair: pair_table's ids), management on dest QP 1; in passes
+    over the flows, no boolean masks."""
+    n = roles.shape[0]
     need = False
-    for i in range(roles.shape[0]):
-        p = partner[i]
+    for i in range(n):
         if cand[i]:
-            if p >= 0:
-                if big[p]:
-                    roles[i] = ROLE_CTS
-            else:
+            p = partner[i]
+            if p < 0:
                 need = True
+            elif big[p]:
+                roles[i] = ROLE_CTS
+    if need:
+        has_big = np.zeros(rev.shape[0], dtype=np.bool_)
+        for i in range(n):
+            if big[i]:
+                has_big[pid[i]] = True
+        for i in range(n):
+            if cand[i] and partner[i] < 0:
+                q = rev[pid[i]]
+                if q >= 0 and has_big[q]:
+                    roles[i] = ROLE_CTS
+    for i in range(n):
         if dest_qp[i] == 1:
             roles[i] = ROLE_MGMT
-    return need
 
 
 def partners(fl, nodes: Nodes, roles: np.ndarray, by_sport: np.ndarray, pairs=None) -> np.ndarray:
