@@ -595,21 +595,36 @@ _SHORT_RUN = 48
 
 @njit(cache=True, nogil=True)
 def _sport_kernel(pid, rev, sport, out):
-    """The flows grouped by node pair (a counting sort: flow order within a pair), each
-    pair's ports sorted, then each pair's ports merged with its reverse pair's: no hash
-    table over the flows."""
+    """The flows grouped by node pair (its runs in a key-sorted table, else a counting sort:
+    flow order within a pair), each pair's ports sorted, then each pair's ports merged with
+    its reverse pair's: no hash table over the flows."""
     k = rev.shape[0]
     n = pid.shape[0]
     off = np.zeros(k + 1, dtype=np.int64)
-    for i in range(n):
-        off[pid[i] + 1] += 1
-    for q in range(k):
-        off[q + 1] += off[q]
-    pos = off[:k].copy()
     fl = np.empty(n, dtype=np.int64)
+    # a key-sorted table holds each pair's flows in one run, pairs numbered in run order:
+    # the groups are the runs
+    runs = 0
     for i in range(n):
-        fl[pos[pid[i]]] = i
-        pos[pid[i]] += 1
+        if i == 0 or pid[i] != pid[i - 1]:
+            if pid[i] != runs:           # a pair seen before: not one run each
+                runs = -1
+                break
+            off[runs] = i
+            runs += 1
+        fl[i] = i
+    if runs == k:
+        off[k] = n
+    else:
+        off[:] = 0
+        for i in range(n):
+            off[pid[i] + 1] += 1
+        for q in range(k):
+            off[q + 1] += off[q]
+        pos = off[:k].copy()
+        for i in range(n):
+            fl[pos[pid[i]]] = i
+            pos[pid[i]] += 1
     sp = np.empty(n, dtype=np.int64)
     for q in range(k):
         a = off[q]
