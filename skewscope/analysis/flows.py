@@ -680,9 +680,11 @@ def _roles_kernel(op, msgs, msg_bytes, payload, packets, maxslot, dest_qp, sw_n,
     CTS, or READ responses), cand (control candidate: small WRITE-only messages, or small
     SEND messages without WRITEs and READ responses). sw_n/sw_bytes/sw_max: the flow's
     SEND/WRITE records (count, bytes, largest) for flows whose counters mix them with READ
-    requests (sw_n < 0, or all three empty: not needed, the counters are the SEND/WRITE
-    messages)."""
+    requests (sw_n < 0: not needed, the counters are the SEND/WRITE messages). All three
+    empty: not looked up; returns whether a flow mixes them (the caller then looks them up
+    and runs the kernel again)."""
     n = msgs.shape[0]
+    mixed = False
     for i in range(n):
         m = msgs[i]
         w = op[i, L.OPC_WRITE] > 0
@@ -710,26 +712,20 @@ def _roles_kernel(op, msgs, msg_bytes, payload, packets, maxslot, dest_qp, sw_n,
         # NCCL's CTS: small WRITEs; a verbs library's control (Open MPI's credits, rendezvous
         # headers, FINs): small SENDs on a flow that carries no bulk (no READ responses)
         cand[i] = small and not rresp and ((w and not sd and rreq == 0) or (sd and not w))
-
-
-@njit(cache=True, nogil=True)
-def _any_mixed(op):
-    """Whether a flow sends READ requests and SENDs or WRITEs (one pass, stops at the first)."""
-    for i in range(op.shape[0]):
-        if op[i, L.OPC_READ_REQ] > 0 and (op[i, L.OPC_SEND] > 0 or op[i, L.OPC_WRITE] > 0):
-            return True
-    return False
+        if rreq > 0 and (w or sd) and sw_n.shape[0] != n:
+            mixed = True
+    return mixed
 
 
 def _send_write_records(snap, fl) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(count, bytes, largest) of the SEND/WRITE records of each flow that also sends SENDs
     or WRITEs next to RDMA READ requests (a READ requester's counters add the READ lengths to
-    its messages), -1/0/0 for the others; three empty arrays when no flow mixes them or the
-    Snapshot has no records."""
+    its messages), -1/0/0 for the others; three empty arrays when the Snapshot has no
+    records."""
     n = len(snap.flows)
     ev = snap.events
     op = fl["op"]
-    if n == 0 or len(ev) == 0 or not _any_mixed(op):
+    if n == 0 or len(ev) == 0:
         z = np.zeros(0, dtype=np.int64)          # none: _roles_kernel reads the counters
         return z, np.zeros(0), z
     cnt = np.full(n, -1, dtype=np.int64)
@@ -767,9 +763,12 @@ def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = No
         partner = partners_by_sport(fl, nodes, pairs)
     big = np.zeros(n, dtype=bool)
     cand = np.zeros(n, dtype=bool)
-    sw_n, sw_bytes, sw_max = _send_write_records(snap, fl)
-    _roles_kernel(fl["op"], fl["messages"], fl["msg_bytes"], fl["payload_bytes"], fl["packets"], fl["max_slot"],
-                  fl["dest_qp"], sw_n, sw_bytes, sw_max, roles, big, cand)
+    args = (fl["op"], fl["messages"], fl["msg_bytes"], fl["payload_bytes"], fl["packets"], fl["max_slot"],
+            fl["dest_qp"])
+    z = np.zeros(0, dtype=np.int64)
+    if _roles_kernel(*args, z, np.zeros(0), z, roles, big, cand):
+        # READ requesters that also SEND/WRITE: judge those by their own records (rare)
+        _roles_kernel(*args, *_send_write_records(snap, fl), roles, big, cand)
     # CTS: small WRITE-only messages facing bigger messages the other way (the partner flow's,
     # else any flow of the reverse node pair's); management last (it overrides)
     pid, _, rev = pairs
