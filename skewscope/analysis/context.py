@@ -6,12 +6,12 @@ functions on the same Snapshot pay for nodes/roles/per-flow statistics once.
 """
 from __future__ import annotations
 
+import copy
 from functools import cached_property
 
 import numpy as np
 
 from skewscope.analysis import flows as FL
-from skewscope.analysis.hashing import sorted_unique_u64
 from skewscope.analysis.intervals import keyed_busy
 from skewscope.core import layout as L
 from skewscope.core.jit import njit
@@ -20,7 +20,11 @@ from skewscope.core.snapshot import ip_str
 
 class Context:
     def __init__(self, snap):
-        self.snap = snap
+        # a shallow twin (same arrays, same meta dict), not the Snapshot the Context is cached
+        # on: no Snapshot <-> Context cycle, so a dropped interval's columns go at once (the
+        # live loop's pooled buffers come back for the next interval, not at a garbage
+        # collection)
+        self.snap = _twin(snap)
         self.flows = snap.flows
         self.events = snap.events
 
@@ -36,15 +40,20 @@ class Context:
 
     @cached_property
     def partner_sport(self) -> np.ndarray:
-        return FL.partners_by_sport(self.cols, self.nodes)
+        return FL.partners_by_sport(self.cols, self.nodes, self.pairs)
 
     @cached_property
     def roles(self) -> np.ndarray:
-        return FL.flow_roles(self.snap, self.nodes, self.partner_sport, self.cols)
+        return FL.flow_roles(self.snap, self.nodes, self.partner_sport, self.cols, self.pairs)
+
+    @cached_property
+    def pairs(self):
+        """flows.pair_table: (pair id per flow, pair keys, reverse pair ids)."""
+        return FL.pair_table(self.nodes)
 
     @cached_property
     def partner(self) -> np.ndarray:
-        return FL.partners(self.cols, self.nodes, self.roles, self.partner_sport)
+        return FL.partners(self.cols, self.nodes, self.roles, self.partner_sport, self.pairs)
 
     @cached_property
     def data(self) -> np.ndarray:
@@ -182,15 +191,12 @@ class Context:
     # ---- node pairs --------------------------------------------------------------------
     @cached_property
     def pair_index(self):
-        """Directed node pairs with data flows: (pair id per flow or -1, src node, dst node)."""
+        """Directed node pairs with data flows: (pair id per flow or -1, src node, dst node),
+        the pairs in key order (src node, dst node)."""
         nn = max(1, self.nodes.n)
-        key = self.nodes.src.astype(np.int64) * nn + self.nodes.dst.astype(np.int64)
-        d = self.data
-        uk, inv = sorted_unique_u64(key[d].astype(np.uint64))
-        uk = uk.astype(np.int64)
-        pid = np.full(len(key), -1, dtype=np.int64)
-        pid[d] = inv
-        return pid, (uk // nn).astype(np.int64), (uk % nn).astype(np.int64)
+        pid, keys, _ = self.pairs
+        pd, uk = _data_pairs(pid, keys, self.data)
+        return pd, uk // nn, uk % nn
 
     @cached_property
     def pair_busy(self):
@@ -201,6 +207,30 @@ class Context:
         f = self.ev_flow
         k = np.where(self.ev_data, pid[np.maximum(f, 0)], -1)
         return keyed_busy(k, self.ev_start, self.ev_end, len(ps))
+
+
+@njit(cache=True, nogil=True)
+def _data_pairs(pid, keys, data):
+    """The pairs of pair_table that carry data, renumbered in key order: (id per flow, -1
+    for the other flows; their keys, sorted)."""
+    k = keys.shape[0]
+    has = np.zeros(k, dtype=np.bool_)
+    n = pid.shape[0]
+    for i in range(n):
+        if data[i]:
+            has[pid[i]] = True
+    idx = np.nonzero(has)[0]
+    o = np.argsort(keys[idx])             # (unique keys: no ties)
+    rank = np.full(k, -1, dtype=np.int64)
+    uk = np.empty(idx.shape[0], dtype=np.int64)
+    for r in range(idx.shape[0]):
+        rank[idx[o[r]]] = r
+        uk[r] = keys[idx[o[r]]]
+    out = np.full(n, -1, dtype=np.int64)
+    for i in range(n):
+        if data[i]:
+            out[i] = rank[pid[i]]
+    return out, uk
 
 
 #: a SEND record below this size on a data flow whose largest data record is at least
@@ -239,6 +269,12 @@ def _event_columns(flow, opc, start, end, nbytes, pkt, data, nf):
             b = np.int64(nbytes[i])
             d[i] = not (o == 0 and b < CONTROL_MAX_BYTES and b * CONTROL_RATIO <= big[x])
     return f, s, e, d
+
+
+def _twin(snap):
+    t = copy.copy(snap)
+    getattr(t, "__dict__", {}).pop("_skewscope_ctx", None)
+    return t
 
 
 def context(snap) -> Context:

@@ -38,11 +38,14 @@ Definitions (docs/metrics.md "Flows"):
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
-from skewscope.analysis.hashing import build_u64, lookup_u64, unique_u128
+from skewscope.analysis.hashing import _mix
 from skewscope.core import layout as L
 from skewscope.core.jit import njit, prefetch
+from skewscope.core.pool import ArrayPool
 from skewscope.core.snapshot import ip_str
 
 ROLE_DATA, ROLE_CTS, ROLE_ACK, ROLE_READ_REQ, ROLE_CNP, ROLE_MGMT, ROLE_OTHER = range(7)
@@ -169,14 +172,20 @@ def flow_columns(flows) -> dict:
     """name -> contiguous array for the flow table's scalar fields (+ "op" (n, 8),
     "addr" (4, n) address halves, and "max_slot": the highest non-empty message-size slot
     for flows whose mean message is <= 1 KiB, the mean's slot above, -1 without
-    messages), in one pass."""
+    messages), in one pass. The columns are views of one pooled buffer (`pooled`)."""
     n = len(flows)
-    # (the kernel writes every element: no zero-fill of ~18 MB at 65,536 flows)
-    u = np.empty((len(COL_U64), n), dtype=np.uint64)
-    ts = np.empty((2, n), dtype=np.uint64)
-    op = np.empty((n, L.N_OPCLASS), dtype=np.uint64)
-    small = np.empty((4, n), dtype=np.int64)
-    addr = np.empty((4, n), dtype=np.uint64)
+    nu = len(COL_U64)
+    # (the kernel writes every element: no zero-fill)
+    buf = pooled(COLUMNS_POOL, (nu + 2 + L.N_OPCLASS + 4 + 4) * n)
+    u = buf[:nu * n].reshape(nu, n)
+    o = nu * n
+    ts = buf[o:o + 2 * n].reshape(2, n)
+    o += 2 * n
+    op = buf[o:o + L.N_OPCLASS * n].reshape(n, L.N_OPCLASS)
+    o += L.N_OPCLASS * n
+    small = buf[o:o + 4 * n].view(np.int64).reshape(4, n)
+    o += 4 * n
+    addr = buf[o:o + 4 * n].reshape(4, n)
     if n:
         flows = np.ascontiguousarray(flows)
         _columns_kernel(flows, flows.view(np.uint8).reshape(-1), u, ts, op, small, addr)
@@ -185,6 +194,22 @@ def flow_columns(flows) -> dict:
     out.update(first_ts=ts[0], last_ts=ts[1], op=op, max_slot=small[0], sport=small[1], dest_qp=small[2],
                ipver=small[3])
     return out
+
+
+#: the per-Snapshot columns of a live loop (flow_columns, the congestion table) are made anew
+#: every interval: at 1,048,576 flows ~300 MB whose fresh pages cost more to fault in and
+#: zero than the passes that write them; buffers the process already has cost none
+#: (core/pool.py: a buffer is written again only once no array refers to it)
+COLUMNS_POOL = ArrayPool(np.uint64, limit=4)
+CONG_POOL = ArrayPool(np.float64, limit=4)
+_POOL_LOCK = threading.Lock()
+
+
+def pooled(pool: ArrayPool, n: int) -> np.ndarray:
+    """pool.take(n) (contents undefined), safe from the analysis runner's thread and the
+    screen's at once."""
+    with _POOL_LOCK:
+        return pool.take(n)
 
 
 # ---- nodes ---------------------------------------------------------------------------
@@ -213,20 +238,86 @@ def node_index(flows, cols: dict | None = None) -> Nodes:
     if cols is None:
         cols = flow_columns(flows)
     ad = cols["addr"]
-    hi = np.concatenate([ad[0], ad[2]])
-    lo = np.concatenate([ad[1], ad[3]])
-    ids, first = unique_u128(hi, lo)
-    order = np.lexsort((lo[first], hi[first]))           # nodes sorted by address bytes
+    src = np.empty(n, dtype=np.int32)
+    dst = np.empty(n, dtype=np.int32)
+    first = _address_ids(ad, src, dst)            # the first flow (src, then dst) of each address
+    hi = np.where(first < n, ad[0][first % n], ad[2][first % n])
+    lo = np.where(first < n, ad[1][first % n], ad[3][first % n])
+    order = np.lexsort((lo, hi))                  # nodes sorted by address bytes
     rank = np.empty(len(first), dtype=np.int32)
     rank[order] = np.arange(len(first), dtype=np.int32)
-    inv = rank[ids]
+    _renumber(src, dst, rank)
     ipver = cols["ipver"]
     ips = []
     fo = first[order]
-    for i in fo:
-        b = int(hi[i]).to_bytes(8, "big") + int(lo[i]).to_bytes(8, "big")
+    for i, x, y in zip(fo.tolist(), hi[order].tolist(), lo[order].tolist()):
+        b = int(x).to_bytes(8, "big") + int(y).to_bytes(8, "big")
         ips.append(ip_str(np.frombuffer(b, np.uint8), int(ipver[i % n])))
-    return Nodes(ips, inv[:n], inv[n:], ipver[fo % n])
+    return Nodes(ips, src, dst, ipver[fo % n])
+
+
+@njit(cache=True, nogil=True)
+def _address_ids(addr, src, dst):
+    """src/dst[i] = the id of flow i's source/destination address (order of first
+    appearance: the sources, then the destinations), by an open-addressing table over the
+    (few) addresses; each run of one address (a key-sorted table) probes once. Returns each
+    id's first position (i: source of flow i, n + i: its destination)."""
+    n = src.shape[0]
+    cap = 1024
+    slot = np.full(cap, -1, dtype=np.int64)
+    khi = np.empty(64, dtype=np.uint64)
+    klo = np.empty(64, dtype=np.uint64)
+    first = np.empty(64, dtype=np.int64)
+    k = 0
+    for side in range(2):
+        out = src if side == 0 else dst
+        H = addr[2 * side]
+        Lo = addr[2 * side + 1]
+        last_h = np.uint64(0)
+        last_l = np.uint64(0)
+        last_id = -1
+        for i in range(n):
+            x = H[i]
+            y = Lo[i]
+            if last_id >= 0 and x == last_h and y == last_l:
+                out[i] = last_id
+                continue
+            mask = cap - 1
+            j = np.int64(_mix(x ^ _mix(y)) & np.uint64(mask))
+            while slot[j] >= 0 and not (khi[slot[j]] == x and klo[slot[j]] == y):
+                j = (j + 1) & mask
+            sid = slot[j]
+            if sid < 0:
+                if k == khi.shape[0]:
+                    khi = np.concatenate((khi, np.empty(k, dtype=np.uint64)))
+                    klo = np.concatenate((klo, np.empty(k, dtype=np.uint64)))
+                    first = np.concatenate((first, np.empty(k, dtype=np.int64)))
+                sid = k
+                slot[j] = k
+                khi[k] = x
+                klo[k] = y
+                first[k] = side * n + i
+                k += 1
+                if 2 * k >= cap:         # grow: the k addresses again into a table twice as big
+                    cap *= 2
+                    slot = np.full(cap, -1, dtype=np.int64)
+                    for q in range(k):
+                        jj = np.int64(_mix(khi[q] ^ _mix(klo[q])) & np.uint64(cap - 1))
+                        while slot[jj] >= 0:
+                            jj = (jj + 1) & (cap - 1)
+                        slot[jj] = q
+            out[i] = sid
+            last_h = x
+            last_l = y
+            last_id = sid
+    return first[:k].copy()
+
+
+@njit(cache=True, nogil=True)
+def _renumber(src, dst, rank):
+    for i in range(src.shape[0]):
+        src[i] = rank[src[i]]
+        dst[i] = rank[dst[i]]
 
 
 # ---- per-flow message statistics -----------------------------------------------------
@@ -485,37 +576,101 @@ def read_response_flows(fl, nodes: Nodes, partner: np.ndarray) -> np.ndarray:
 
 
 # ---- roles and partners ----------------------------------------------------------------
-def partners_by_sport(fl, nodes: Nodes) -> np.ndarray:
-    """Partner flow (other direction of the QP pair) from the shared UDP source port; -1."""
+def partners_by_sport(fl, nodes: Nodes, pairs=None) -> np.ndarray:
+    """Partner flow (other direction of the QP pair) from the shared UDP source port: the
+    flow of the reverse node pair with the same port, when the port is the only one of its
+    value in both directions (not 0, not a node to itself); -1. pairs: pair_table(nodes)."""
     n = len(nodes.src)
     out = np.full(n, -1, dtype=np.int64)
     if n == 0:
         return out
-    _sport_kernel(np.ascontiguousarray(nodes.src), np.ascontiguousarray(nodes.dst),
-                  np.ascontiguousarray(fl["sport"]), out)
+    pid, _, rev = pair_table(nodes) if pairs is None else pairs
+    _sport_kernel(pid, rev, np.ascontiguousarray(fl["sport"]), out)
     return out
 
 
+#: a pair's flows are put in port order by insertion up to this many, by a merge sort above
+_SHORT_RUN = 48
+
+
 @njit(cache=True, nogil=True)
-def _sport_kernel(src, dst, sport, out):
-    n = src.shape[0]
-    key = np.empty(n, dtype=np.uint64)
-    rkey = np.empty(n, dtype=np.uint64)
+def _sport_kernel(pid, rev, sport, out):
+    """The flows grouped by node pair (its runs in a key-sorted table, else a counting sort:
+    flow order within a pair), each pair's ports sorted, then each pair's ports merged with
+    its reverse pair's: no hash table over the flows."""
+    k = rev.shape[0]
+    n = pid.shape[0]
+    off = np.zeros(k + 1, dtype=np.int64)
+    fl = np.empty(n, dtype=np.int64)
+    # a key-sorted table holds each pair's flows in one run, pairs numbered in run order:
+    # the groups are the runs
+    runs = 0
     for i in range(n):
-        s = np.uint64(src[i])
-        d = np.uint64(dst[i])
-        sp = np.uint64(sport[i])
-        key[i] = (s << np.uint64(40)) | (d << np.uint64(17)) | sp
-        rkey[i] = (d << np.uint64(40)) | (s << np.uint64(17)) | sp
-    sk, sid, ids, first = build_u64(key)
-    cnt = np.zeros(first.shape[0], dtype=np.int64)
-    for i in range(n):
-        cnt[ids[i]] += 1
-    rid = lookup_u64(sk, sid, rkey)
-    for i in range(n):
-        r = rid[i]
-        if sport[i] != 0 and cnt[ids[i]] == 1 and r >= 0 and src[i] != dst[i] and cnt[r] == 1:
-            out[i] = first[r]
+        if i == 0 or pid[i] != pid[i - 1]:
+            if pid[i] != runs:           # a pair seen before: not one run each
+                runs = -1
+                break
+            off[runs] = i
+            runs += 1
+        fl[i] = i
+    if runs == k:
+        off[k] = n
+    else:
+        off[:] = 0
+        for i in range(n):
+            off[pid[i] + 1] += 1
+        for q in range(k):
+            off[q + 1] += off[q]
+        pos = off[:k].copy()
+        for i in range(n):
+            fl[pos[pid[i]]] = i
+            pos[pid[i]] += 1
+    sp = np.empty(n, dtype=np.int64)
+    for q in range(k):
+        a = off[q]
+        b = off[q + 1]
+        if b - a <= _SHORT_RUN:
+            for t in range(a, b):
+                f = fl[t]
+                v = sport[f]
+                u = t
+                while u > a and sp[u - 1] > v:
+                    sp[u] = sp[u - 1]
+                    fl[u] = fl[u - 1]
+                    u -= 1
+                sp[u] = v
+                fl[u] = f
+        else:
+            seg = fl[a:b].copy()
+            vals = np.empty(b - a, dtype=np.int64)
+            for t in range(b - a):
+                vals[t] = sport[seg[t]]
+            o = np.argsort(vals, kind="mergesort")
+            for t in range(b - a):
+                fl[a + t] = seg[o[t]]
+                sp[a + t] = vals[o[t]]
+    for q in range(k):
+        r = rev[q]
+        if r < 0 or r == q:                  # no reverse pair, or a node to itself
+            continue
+        i = off[q]
+        ie = off[q + 1]
+        j = off[r]
+        je = off[r + 1]
+        while i < ie and j < je:
+            v = sp[i]
+            i2 = i + 1
+            while i2 < ie and sp[i2] == v:
+                i2 += 1
+            while j < je and sp[j] < v:
+                j += 1
+            j2 = j
+            while j2 < je and sp[j2] == v:
+                j2 += 1
+            if v != 0 and i2 - i == 1 and j2 - j == 1:
+                out[fl[i]] = fl[j]
+            i = i2
+            j = j2
 
 
 @njit(cache=True, nogil=True)
@@ -525,8 +680,11 @@ def _roles_kernel(op, msgs, msg_bytes, payload, packets, maxslot, dest_qp, sw_n,
     CTS, or READ responses), cand (control candidate: small WRITE-only messages, or small
     SEND messages without WRITEs and READ responses). sw_n/sw_bytes/sw_max: the flow's
     SEND/WRITE records (count, bytes, largest) for flows whose counters mix them with READ
-    requests (sw_n < 0: not needed, the counters are the SEND/WRITE messages)."""
+    requests (sw_n < 0: not needed, the counters are the SEND/WRITE messages). All three
+    empty: not looked up; returns whether a flow mixes them (the caller then looks them up
+    and runs the kernel again)."""
     n = msgs.shape[0]
+    mixed = False
     for i in range(n):
         m = msgs[i]
         w = op[i, L.OPC_WRITE] > 0
@@ -535,7 +693,7 @@ def _roles_kernel(op, msgs, msg_bytes, payload, packets, maxslot, dest_qp, sw_n,
         rresp = op[i, L.OPC_READ_RESP] > 0 and payload[i] > 0
         mean = float(msg_bytes[i]) / float(m) if m > 0 else 0.0
         small = m > 0 and maxslot[i] >= 0 and maxslot[i] <= 10 and mean <= CTS_MAX_BYTES
-        if rreq > 0 and sw_n[i] >= 0:
+        if rreq > 0 and sw_n.shape[0] == n and sw_n[i] >= 0:
             # the message counters hold the READ lengths too: judge the SENDs/WRITEs alone
             k = sw_n[i]
             small = k > 0 and sw_max[i] < 1024 and sw_bytes[i] <= CTS_MAX_BYTES * k
@@ -554,21 +712,26 @@ def _roles_kernel(op, msgs, msg_bytes, payload, packets, maxslot, dest_qp, sw_n,
         # NCCL's CTS: small WRITEs; a verbs library's control (Open MPI's credits, rendezvous
         # headers, FINs): small SENDs on a flow that carries no bulk (no READ responses)
         cand[i] = small and not rresp and ((w and not sd and rreq == 0) or (sd and not w))
+        if rreq > 0 and (w or sd) and sw_n.shape[0] != n:
+            mixed = True
+    return mixed
 
 
 def _send_write_records(snap, fl) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(count, bytes, largest) of the SEND/WRITE records of each flow that also sends SENDs
     or WRITEs next to RDMA READ requests (a READ requester's counters add the READ lengths to
-    its messages), -1/0/0 for the others and when the Snapshot has no records."""
+    its messages), -1/0/0 for the others; three empty arrays when the Snapshot has no
+    records."""
     n = len(snap.flows)
+    ev = snap.events
+    op = fl["op"]
+    if n == 0 or len(ev) == 0:
+        z = np.zeros(0, dtype=np.int64)          # none: _roles_kernel reads the counters
+        return z, np.zeros(0), z
     cnt = np.full(n, -1, dtype=np.int64)
     tot = np.zeros(n, dtype=np.float64)
     mx = np.zeros(n, dtype=np.int64)
-    op = fl["op"]
-    mixed = (op[:, L.OPC_READ_REQ] > 0) & ((op[:, L.OPC_SEND] > 0) | (op[:, L.OPC_WRITE] > 0)) if n else cnt > 0
-    ev = snap.events
-    if not mixed.any() or len(ev) == 0:
-        return cnt, tot, mx
+    mixed = (op[:, L.OPC_READ_REQ] > 0) & ((op[:, L.OPC_SEND] > 0) | (op[:, L.OPC_WRITE] > 0))
     f = ev["flow"].astype(np.int64)
     oc = ev["opclass"]
     ok = (f >= 0) & (f < n) & ((oc == L.OPC_SEND) | (oc == L.OPC_WRITE))
@@ -583,9 +746,10 @@ def _send_write_records(snap, fl) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = None,
-               cols: dict | None = None) -> np.ndarray:
+               cols: dict | None = None, pairs=None) -> np.ndarray:
     """Role of every flow (ROLE_* codes, names in ROLE_NAMES). See the module docstring.
-    cols/nodes/partner: flow_columns/node_index/partners_by_sport when the caller has them."""
+    cols/nodes/partner/pairs: flow_columns/node_index/partners_by_sport/pair_table when the
+    caller has them."""
     fl = flow_columns(snap.flows) if cols is None else cols
     n = len(snap.flows)
     roles = np.full(n, ROLE_OTHER, dtype=np.int8)
@@ -593,70 +757,147 @@ def flow_roles(snap, nodes: Nodes | None = None, partner: np.ndarray | None = No
         return roles
     if nodes is None:
         nodes = node_index(snap.flows, fl)
+    if pairs is None:
+        pairs = pair_table(nodes)
     if partner is None:
-        partner = partners_by_sport(fl, nodes)
+        partner = partners_by_sport(fl, nodes, pairs)
     big = np.zeros(n, dtype=bool)
     cand = np.zeros(n, dtype=bool)
-    sw_n, sw_bytes, sw_max = _send_write_records(snap, fl)
-    _roles_kernel(fl["op"], fl["messages"], fl["msg_bytes"], fl["payload_bytes"], fl["packets"], fl["max_slot"],
-                  fl["dest_qp"], sw_n, sw_bytes, sw_max, roles, big, cand)
+    args = (fl["op"], fl["messages"], fl["msg_bytes"], fl["payload_bytes"], fl["packets"], fl["max_slot"],
+            fl["dest_qp"])
+    z = np.zeros(0, dtype=np.int64)
+    if _roles_kernel(*args, z, np.zeros(0), z, roles, big, cand):
+        # READ requesters that also SEND/WRITE: judge those by their own records (rare)
+        _roles_kernel(*args, *_send_write_records(snap, fl), roles, big, cand)
     # CTS: small WRITE-only messages facing bigger messages the other way (the partner flow's,
-    # else any flow of the reverse node pair's)
-    has_p = partner >= 0
-    cts = np.zeros(n, dtype=bool)
-    cts[has_p] = big[partner[has_p]]
-    need = cand & ~has_p
-    if need.any():
-        s = nodes.src.astype(np.int64)
-        d = nodes.dst.astype(np.int64)
-        nn = max(1, nodes.n)
-        if nn * nn <= max(1 << 22, 8 * n):
-            # a presence table over the pairs (no sort of the big flows' keys)
-            has_big = np.zeros(nn * nn, dtype=bool)
-            has_big[s[big] * nn + d[big]] = True
-            cts[need] = has_big[d[need] * nn + s[need]]
-        else:
-            big_pairs = np.unique((s[big] * nn + d[big]))
-            cts[need] = np.isin(d[need] * nn + s[need], big_pairs)
-    roles[cand & cts] = ROLE_CTS
-    roles[fl["dest_qp"] == 1] = ROLE_MGMT
+    # else any flow of the reverse node pair's); management last (it overrides)
+    pid, _, rev = pairs
+    _cts_roles(partner, big, cand, fl["dest_qp"], pid, rev, roles)
     return roles
 
 
-def partners(fl, nodes: Nodes, roles: np.ndarray, by_sport: np.ndarray) -> np.ndarray:
+@njit(cache=True, nogil=True)
+def _cts_roles(partner, big, cand, dest_qp, pid, rev, roles):
+    """roles: CTS where a control candidate faces bigger messages (its partner's, else any
+    flow's of the reverse node pair: pair_table's ids), management on dest QP 1; in passes
+    over the flows, no boolean masks."""
+    n = roles.shape[0]
+    need = False
+    for i in range(n):
+        if cand[i]:
+            p = partner[i]
+            if p < 0:
+                need = True
+            elif big[p]:
+                roles[i] = ROLE_CTS
+    if need:
+        has_big = np.zeros(rev.shape[0], dtype=np.bool_)
+        for i in range(n):
+            if big[i]:
+                has_big[pid[i]] = True
+        for i in range(n):
+            if cand[i] and partner[i] < 0:
+                q = rev[pid[i]]
+                if q >= 0 and has_big[q]:
+                    roles[i] = ROLE_CTS
+    for i in range(n):
+        if dest_qp[i] == 1:
+            roles[i] = ROLE_MGMT
+
+
+def partners(fl, nodes: Nodes, roles: np.ndarray, by_sport: np.ndarray, pairs=None) -> np.ndarray:
     """by_sport, completed by elimination: a node pair with exactly one data flow one way and
-    exactly one non-data (cts/ack/cnp) flow the other way pairs them."""
+    exactly one non-data (cts/ack/cnp/read request) flow the other way pairs them. pairs:
+    pair_table(nodes) when the caller has it."""
     out = by_sport.copy()
-    n = len(by_sport)
-    if n == 0:
+    if len(by_sport) == 0:
         return out
-    nn = max(1, nodes.n)
-    s = nodes.src.astype(np.int64)
-    d = nodes.dst.astype(np.int64)
-    data = roles == ROLE_DATA
-    ctrl = (roles == ROLE_CTS) | (roles == ROLE_ACK) | (roles == ROLE_CNP) | (roles == ROLE_READ_REQ)
-    key = s * nn + d
-    # counts per directed pair
-    kd, cd = np.unique(key[data], return_counts=True)
-    kc, cc = np.unique(key[ctrl], return_counts=True)
-    need = np.nonzero((out < 0) & data)[0]
-    # the unpaired data flows that are their pair's only data flow ...
-    need = need[np.isin(key[need], kd[cd == 1])]
-    if len(need) == 0:
-        return out
-    # ... facing the reverse pair's only control flow (each such pair has one of each, so
-    # no two data flows compete for one control flow: one vectorised match)
-    ci = np.nonzero(ctrl)[0]
-    ci = ci[np.isin(key[ci], kc[cc == 1])]
-    if len(ci) == 0:
-        return out
-    o = np.argsort(key[ci], kind="stable")
-    ck = key[ci][o]
-    rk = d[need] * nn + s[need]
-    pos = np.minimum(np.searchsorted(ck, rk), len(ck) - 1)
-    hit = ck[pos] == rk
-    i, j = need[hit], ci[o[pos[hit]]]
-    free = out[j] < 0
-    out[i[free]] = j[free]
-    out[j[free]] = i[free]
+    pid, _, rev = pair_table(nodes) if pairs is None else pairs
+    _eliminate(pid, rev, roles, out)
     return out
+
+
+@njit(cache=True, nogil=True)
+def _eliminate(pid, rev, roles, out):
+    """partners' elimination: each node pair's data and control flow counts in one pass, then
+    every unpaired data flow alone on its pair takes the only control flow of the reverse
+    pair when that one is unpaired too (distinct pairs: no two data flows compete)."""
+    k = rev.shape[0]
+    nd = np.zeros(k, dtype=np.int64)
+    nc = np.zeros(k, dtype=np.int64)
+    ctrl = np.full(k, -1, dtype=np.int64)
+    n = roles.shape[0]
+    for i in range(n):
+        r = roles[i]
+        if r == ROLE_DATA:
+            nd[pid[i]] += 1
+        elif r == ROLE_CTS or r == ROLE_ACK or r == ROLE_CNP or r == ROLE_READ_REQ:
+            nc[pid[i]] += 1
+            ctrl[pid[i]] = i
+    for i in range(n):
+        if roles[i] != ROLE_DATA or out[i] >= 0 or nd[pid[i]] != 1:
+            continue
+        q = rev[pid[i]]
+        if q >= 0 and nc[q] == 1:
+            j = ctrl[q]
+            if out[j] < 0:
+                out[i] = j
+                out[j] = i
+
+
+# ---- directed node pairs ----------------------------------------------------------------
+def pair_table(nodes: Nodes):
+    """The directed node pairs of the flows: (pair id per flow, in order of first
+    appearance; each pair's key src * n + dst; each pair's reverse pair id, -1 when no flow
+    goes that way), by hash (no sort)."""
+    n = len(nodes.src)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return _pair_table(np.ascontiguousarray(nodes.src), np.ascontiguousarray(nodes.dst), np.int64(max(1, nodes.n)))
+
+
+@njit(cache=True, nogil=True)
+def _pair_probe(slot_id, keys, key):
+    """The slot of key in an open-addressing table over keys (its id's slot, or the empty
+    slot where it goes)."""
+    mask = slot_id.shape[0] - 1
+    j = np.int64(_mix(np.uint64(key)) & np.uint64(mask))
+    while slot_id[j] >= 0 and keys[slot_id[j]] != key:
+        j = (j + 1) & mask
+    return j
+
+
+@njit(cache=True, nogil=True)
+def _pair_table(src, dst, nn):
+    n = src.shape[0]
+    cap = 1024
+    slot_id = np.full(cap, -1, dtype=np.int64)
+    keys = np.empty(n, dtype=np.int64)
+    pid = np.empty(n, dtype=np.int64)
+    k = 0
+    last = np.int64(-1)
+    for i in range(n):
+        key = np.int64(src[i]) * nn + np.int64(dst[i])
+        if key == last:                  # a key-sorted table: runs of one pair, one probe each
+            pid[i] = pid[i - 1]
+            continue
+        last = key
+        j = _pair_probe(slot_id, keys, key)
+        if slot_id[j] >= 0:
+            pid[i] = slot_id[j]
+            continue
+        slot_id[j] = k
+        keys[k] = key
+        pid[i] = k
+        k += 1
+        if 2 * k >= cap:                 # grow: the k keys again into a table twice as big
+            cap *= 2
+            slot_id = np.full(cap, -1, dtype=np.int64)
+            for q in range(k):
+                slot_id[_pair_probe(slot_id, keys, keys[q])] = q
+    rev = np.empty(k, dtype=np.int64)
+    for q in range(k):
+        s = keys[q] // nn
+        d = keys[q] % nn
+        rev[q] = slot_id[_pair_probe(slot_id, keys, d * nn + s)]
+    return pid, keys[:k].copy(), rev

@@ -8,6 +8,7 @@ import numpy as np
 
 from skewscope.analysis.context import context
 from skewscope.analysis.intervals import concurrency_sweep, keyed_intervals
+from skewscope.core.jit import njit
 
 
 def node_matrix(snap, flow_mask=None, t_range=None):
@@ -21,7 +22,7 @@ def node_matrix(snap, flow_mask=None, t_range=None):
         return ctx.nodes.ips, m
     sel = ctx.data if flow_mask is None else (ctx.data & flow_mask)
     if t_range is None:
-        np.add.at(m, (ctx.nodes.src[sel], ctx.nodes.dst[sel]), ctx.volume[sel])
+        _add_cells(m, ctx.nodes.src, ctx.nodes.dst, ctx.volume, sel)
         return ctx.nodes.ips, m
     f = ctx.ev_flow
     ok = ctx.ev_data & (ctx.ev_start >= t_range[0]) & (ctx.ev_start < t_range[1])
@@ -130,16 +131,47 @@ def link_counters(snap) -> np.ndarray:
     if n == 0:
         return out
     out["src"], out["dst"] = ps, pd
-    d = pid >= 0
-    p = pid[d]
     fl = ctx.cols
-    out["flows"] = np.bincount(p, minlength=n)
-    out["bytes"] = np.bincount(p, weights=ctx.volume[d], minlength=n)
-    for name, col in (("messages", "messages"), ("ce", "ce"), ("ecn_capable", "ecn_capable"),
-                      ("psn_gaps", "psn_gaps"), ("retransmissions", "retransmissions")):
-        out[name] = np.bincount(p, weights=fl[col][d].astype(np.float64), minlength=n)
-    out["cnp"], out["naks"] = _reverse_feedback(ctx, d, p, n)
+    # one pass over the flows, sums in flow order as np.bincount makes them (same floats)
+    _counter_sums(pid, ctx.volume, fl["messages"], fl["ce"], fl["ecn_capable"], fl["psn_gaps"],
+                  fl["retransmissions"], ctx.partner, fl["cnp"], fl["nak_seq"], fl["nak_rnr"], fl["nak_other"],
+                  out["flows"], out["bytes"], out["messages"], out["ce"], out["ecn_capable"], out["psn_gaps"],
+                  out["retransmissions"], out["cnp"], out["naks"])
     return out
+
+
+@njit(cache=True, nogil=True)
+def _add_cells(m, src, dst, v, sel):
+    """m[src[i], dst[i]] += v[i] for the flows sel, in flow order (= np.add.at)."""
+    for i in range(src.shape[0]):
+        if sel[i]:
+            m[src[i], dst[i]] += v[i]
+
+
+@njit(cache=True, nogil=True)
+def _counter_sums(pid, vol, msgs, ce, ect, gaps, retx, part, cnp, ns, nr, no,
+                  o_flows, o_bytes, o_msgs, o_ce, o_ect, o_gaps, o_retx, o_cnp, o_naks):
+    """link_counters' sums per pair id (pid -1: not a data flow), in flow order; CNPs and
+    NAKs from each data flow's partner flow."""
+    for i in range(pid.shape[0]):
+        p = pid[i]
+        if p < 0:
+            continue
+        o_flows[p] += 1
+        o_bytes[p] += vol[i]
+        o_msgs[p] += float(msgs[i])
+        o_ce[p] += float(ce[i])
+        o_ect[p] += float(ect[i])
+        o_gaps[p] += float(gaps[i])
+        o_retx[p] += float(retx[i])
+        q = part[i]
+        c = 0.0
+        k = 0.0
+        if q >= 0:
+            c = float(cnp[q])
+            k = float(ns[q] + nr[q] + no[q])
+        o_cnp[p] += c
+        o_naks[p] += k
 
 
 def node_volumes(snap):

@@ -56,7 +56,9 @@ def matrix_view(snap: Snapshot, dt: float, cumulative: bool = False, flow_mask=N
         return MatrixView([], np.zeros((0, 0)), dt, cumulative, error=f"the node matrix needs the analysis ({e})")
     ips, mat = node_matrix(snap, flow_mask)
     k = float(int(snap.meta.get("sample_n", 1) or 1))
-    bps = np.asarray(mat, dtype=np.float64) * 8.0 * k / max(dt, 1e-9)
+    bps = np.asarray(mat, dtype=np.float64) * 8.0          # (in place after: one n x n temporary)
+    bps *= k
+    bps /= max(dt, 1e-9)
     ips = list(ips)
     if flow_mask is not None and len(ips):
         live_n = (bps.sum(axis=0) + bps.sum(axis=1)) > 0

@@ -74,6 +74,7 @@ for _m in FAMILIES:
 def _run(dets, inp, em) -> list[dict]:
     for d in dets:
         d.fn(inp, em)
+    em.fill_flows()
     em.fill_onsets(inp)
     # severity, then the estimated time lost (impact), then kind
     em.out.sort(key=lambda f: (-SEV_RANK[f.severity], -impact_key(f), f.kind))

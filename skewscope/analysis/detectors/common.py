@@ -34,13 +34,27 @@ class Emitter:
             s = x if isinstance(x, str) else self.ctx.nodes.ips[int(x)]
             if s not in ips_out:
                 ips_out.append(s)
-        fl = self.ctx.flow_keys(flows) if len(flows) else []  # analysis.context: the node table's strings
+        rows = np.asarray(flows, dtype=np.int64)
         if qps is None:
-            qps = sorted({k[2] for k in fl})
+            qps = sorted(set(self.ctx.cols["dest_qp"][rows.reshape(-1)].tolist())) if len(rows) else []
         if onset is not None:
             since, until = onset.seconds()
-        self.out.append(Finding(kind, severity, Entities(ips_out, [int(q) for q in qps], fl), evidence, message,
-                                group, impact, since, until, rows=np.asarray(flows, dtype=np.int64)))
+        # entities.flows: the flows' keys, made for all findings at once (fill_flows)
+        self.out.append(Finding(kind, severity, Entities(ips_out, [int(q) for q in qps], None if len(rows) else []),
+                                evidence, message, group, impact, since, until, rows=rows))
+
+    def fill_flows(self) -> None:
+        """entities.flows of the findings added with flows: one Context.flow_keys over all
+        their rows (hundreds of findings of a live interval: one call, not one each)."""
+        todo = [f for f in self.out if f.entities.flows is None]
+        if not todo:
+            return
+        rows = [f.rows.reshape(-1) for f in todo]
+        keys = self.ctx.flow_keys(np.concatenate(rows))
+        k = 0
+        for f, r in zip(todo, rows):
+            f.entities.flows = keys[k:k + len(r)]
+            k += len(r)
 
     def add_fleet(self, kind, severity, ips, message, evidence, pairs=(), impact=None):
         """A fleet finding: ips as strings; pairs: (src, dst) node pairs, entities.flows

@@ -33,7 +33,8 @@ def congestion(inp, em):
         severity = sev(fr, t["warning"], t["critical"])
         if severity is None:
             continue
-        peers = np.unique((ctx.nodes.src if role == "into" else ctx.nodes.dst)[fl]).tolist()
+        # (a few flows per group, hundreds of groups: a set, not np.unique's sort per group)
+        peers = sorted(set((ctx.nodes.src if role == "into" else ctx.nodes.dst)[fl].tolist()))
         part = ctx.partner[fl]
         cnp = float(cg["cnp"][part[part >= 0]].sum())
         # when: CE marks and CNPs carry no time (flow-table counters); the marked flows'
@@ -62,8 +63,8 @@ def congestion(inp, em):
         if total < t["min_cnp"] or float(rates.max()) < t["warning"]:
             continue
         severity = sev(float(rates.max()), t["warning"], t["critical"])
-        senders = np.unique(ctx.nodes.dst[g]).tolist()
-        qps = np.unique(ctx.flows["dest_qp"][g]).tolist()
+        senders = sorted(set(ctx.nodes.dst[g].tolist()))
+        qps = sorted(set(ctx.cols["dest_qp"][g].tolist()))
         part = ctx.partner[g]
         data_flows = part[part >= 0].tolist()
         em.add("cnp_storm", severity, [n] + senders,
