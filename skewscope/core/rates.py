@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.core import layout as L
-from skewscope.core.jit import njit, prefetch
-from skewscope.core.snapshot import _KEY_PREFIX, flow_key_matrix, match_rows
+from skewscope.core.jit import load_u64, njit, prefetch, prefetch_span, store_u64
+from skewscope.core.snapshot import _KEY_PREFIX, _copy_bytes, flow_key_matrix, match_rows
 
 
 def counter_blocks(names) -> tuple:
@@ -92,64 +92,53 @@ def sorted_join(a: np.ndarray, b: np.ndarray):
     return out if ok else None
 
 
-def _words(t: np.ndarray, off: int, nw: int) -> np.ndarray:
-    # the table's 850-byte rows put these words at any byte alignment (x86 loads them as is)
-    return np.ndarray((len(t), nw), "<u8", buffer=t, offset=off, strides=(t.dtype.itemsize, 8))
-
-
 @njit(cache=True, nogil=True)
-def _delta_rows(cw, ct, keep, rows, use, ow, ot, o0, p0, o1, p1, o2, p2, craw, praw, rs):
-    """out[k] = cur[keep[k]] (as its u64 words cw/ow and trailing bytes ct/ot), minus
-    prev[rows[k]]'s counter words (o*/p*: the three counter runs of out and prev) where
-    use[k]: one pass, each output row written once. craw/praw: cur and prev as bytes (rows
-    of rs bytes), for the prefetch of the rows _PREFETCH_ROWS ahead."""
+def _delta_rows(craw, praw, rs, keep, rows, use, runs, ts_off, since, oraw):
+    """Row k of out (oraw: rows of rs bytes) = cur's row keep[k] (craw), with the counter
+    words of runs ((byte offset, words) rows) minus prev's row rows[k] (praw) where use[k],
+    and the u64 at ts_off raised to since (ts_off < 0: none): one pass, each output row
+    written once (a memcpy, then its counters in place while they are in L1)."""
     n = keep.shape[0]
     for k in range(n):
         if k + _PREFETCH_ROWS < n:
-            b = keep[k + _PREFETCH_ROWS] * rs
-            for o in range(0, rs, 64):
-                prefetch(craw, b + o)
+            prefetch_span(craw, keep[k + _PREFETCH_ROWS] * rs, rs)
             if use[k + _PREFETCH_ROWS]:
-                b = rows[k + _PREFETCH_ROWS] * rs
-                for o in range(0, rs, 64):
-                    prefetch(praw, b + o)
-        i = keep[k]
-        for w in range(cw.shape[1]):
-            ow[k, w] = cw[i, w]
-        for b in range(ct.shape[1]):
-            ot[k, b] = ct[i, b]
+                prefetch_span(praw, rows[k + _PREFETCH_ROWS] * rs, rs)
+        ob = k * rs
+        _copy_bytes(oraw, ob, craw, keep[k] * rs, rs)
         if use[k]:
-            r = rows[k]
-            for w in range(o0.shape[1]):
-                o0[k, w] -= p0[r, w]
-            for w in range(o1.shape[1]):
-                o1[k, w] -= p1[r, w]
-            for w in range(o2.shape[1]):
-                o2[k, w] -= p2[r, w]
+            pb = rows[k] * rs
+            for r in range(runs.shape[0]):
+                o = runs[r, 0]
+                for _ in range(runs[r, 1]):
+                    store_u64(oraw, ob + o, load_u64(oraw, ob + o) - load_u64(praw, pb + o))
+                    o += 8
+        if ts_off >= 0 and load_u64(oraw, ob + ts_off) < since:
+            store_u64(oraw, ob + ts_off, since)
 
 
 def delta_rows(cur: np.ndarray, prev: np.ndarray, rows: np.ndarray, keep: np.ndarray, use: np.ndarray,
-               blocks: tuple) -> np.ndarray:
-    """cur[keep] with the counter words `blocks` (counter_blocks, at most three runs) of the
-    rows with use[k] minus prev[rows[k]]: take_rows and the subtraction in one pass (two
-    passes wrote and re-read half a gigabyte at 1,048,576 flows). C-contiguous FLOW_DTYPE
-    tables; rows[k] is the row of prev matched to cur[keep[k]]."""
+               blocks: tuple, since_ns: int = 0, pool=None) -> np.ndarray:
+    """cur[keep] with the counter words `blocks` (counter_blocks) of the rows with use[k]
+    minus prev[rows[k]], and first_ts raised to since_ns when given: take_rows, the
+    subtraction and the clamp in one pass (separate passes wrote and re-read half a gigabyte
+    at 1,048,576 flows). C-contiguous FLOW_DTYPE tables; rows[k] is the row of prev matched to
+    cur[keep[k]]. `pool` (core.pool.ArrayPool of FLOW_DTYPE): the result is written into a
+    buffer no earlier result refers to any more, not into fresh pages (a live loop: page
+    zeroing was a third of the work)."""
     keep = np.ascontiguousarray(keep, dtype=np.int64)
-    out = np.empty(len(keep), dtype=cur.dtype)
+    out = np.empty(len(keep), dtype=cur.dtype) if pool is None else pool.take(len(keep))
     if not len(keep):
         return out
-    if len(blocks) > 3:
-        raise ValueError("delta_rows: more than three counter runs")
-    blocks = tuple(blocks) + ((0, 0),) * (3 - len(blocks))
-    isz = cur.dtype.itemsize
-    views = []
     for off, nw in blocks:
-        views += [_words(out, off, nw), _words(prev, off, nw) if len(prev) else np.zeros((1, nw), np.uint64)]
-    nw = isz // 8
-    cb, ob = cur.view(np.uint8).reshape(len(cur), isz), out.view(np.uint8).reshape(len(out), isz)
-    _delta_rows(_words(cur, 0, nw), cb[:, 8 * nw:], keep, np.ascontiguousarray(rows, dtype=np.int64),
-                np.ascontiguousarray(use, dtype=np.bool_), _words(out, 0, nw), ob[:, 8 * nw:], *views,
-                cb.reshape(-1), prev.view(np.uint8).reshape(-1) if len(prev) else np.zeros(1, np.uint8), isz)
+        if off < 0 or off + 8 * nw > cur.dtype.itemsize:
+            raise ValueError(f"delta_rows: counter run ({off}, {nw}) outside the row")
+    since = int(since_ns)
+    ts_off = cur.dtype.fields["first_ts"][1] if since > 0 else -1
+    _delta_rows(cur.view(np.uint8).reshape(-1), prev.view(np.uint8).reshape(-1) if len(prev) else np.zeros(8, np.uint8),
+                cur.dtype.itemsize, keep, np.ascontiguousarray(rows, dtype=np.int64),
+                np.ascontiguousarray(use, dtype=np.bool_), np.array(blocks, dtype=np.int64).reshape(-1, 2), ts_off,
+                np.uint64(since), out.view(np.uint8).reshape(-1))
     return out
 
 
@@ -168,11 +157,8 @@ def _rates_kernel(fl, raw, dt, k, gbps, pps, cnp_ps, ce_pct, retx, naks, mode, s
     n = fl.shape[0]
     rs = raw.shape[0] // max(n, 1)
     for i in range(n):
-        # 850-byte rows: the hardware prefetcher stops at each 4 KiB page
         if i + _PREFETCH_ROWS < n:
-            b = (i + _PREFETCH_ROWS) * rs
-            for o in range(0, _ROW_BYTES_READ, 64):
-                prefetch(raw, b + o)
+            prefetch_span(raw, (i + _PREFETCH_ROWS) * rs, _ROW_BYTES_READ)
         r = fl[i]
         gbps[i] = float(r.bytes) * 8.0 / dt / 1e9 * k
         pps[i] = float(r.packets) / dt * k

@@ -87,6 +87,78 @@ def test_delta_rows_is_take_rows_then_fieldwise_subtraction():
     assert got.tobytes() == want.tobytes()
 
 
+def test_delta_rows_clamps_first_ts_and_writes_into_unused_pool_buffers():
+    """delta_rows(since_ns=, pool=): the same rows with first_ts raised to since_ns; a result
+    still referred to is never written again, one let go is (the pool's buffer comes back)."""
+    from skewscope.core.pool import ArrayPool
+    rng = np.random.default_rng(14)
+    p = _table(rng, 400)
+    c = p.copy()
+    for name in COUNTER_FIELDS:
+        c[name] = c[name] + rng.integers(0, 1000, c[name].shape, dtype=np.uint64)
+    blocks = counter_blocks(COUNTER_FIELDS)
+    pool = ArrayPool(L.FLOW_DTYPE)
+    held = []
+    for k in range(4):
+        keep = np.sort(rng.choice(400, 250 - 20 * k, replace=False))
+        rows = rng.integers(0, 400, len(keep))
+        use = rng.random(len(keep)) < 0.6
+        want = c[keep].copy()
+        for name in COUNTER_FIELDS:
+            want[name][use] -= p[name][rows[use]]
+        want["first_ts"] = np.maximum(want["first_ts"], 50)
+        got = delta_rows(c, p, rows, keep, use, blocks, since_ns=50, pool=pool)
+        assert got.tobytes() == want.tobytes()
+        if k < 2:
+            held.append((got, want))        # still referred to: must survive the next calls
+        del got
+    for got, want in held:
+        assert got.tobytes() == want.tobytes()
+    assert pool.reused >= 1 and pool.allocated == 3
+    assert (want["first_ts"] == 50).any() and (want["first_ts"] > 50).any()
+
+
+def _key_bytes(t):
+    return [bytes(r) for r in S.flow_key_matrix(t)]
+
+
+@pytest.mark.parametrize("seed", [15, 16])
+def test_record_flows_is_a_dict_lookup_of_the_key_bytes(seed):
+    """Each record's flow row: the row whose 40 key bytes (the C key: two zero pad bytes)
+    equal the record's -- a Python dict of byte strings, the last row of equal keys winning
+    (as match_rows); records of unknown flows and records whose pad bytes are not zero: -1.
+    Flows in any order, keys that differ in one byte anywhere."""
+    rng = np.random.default_rng(seed)
+    f = _table(rng, 3000)
+    f["dest_qp"] = rng.integers(0, 64, 3000)
+    f["src"][:, rng.integers(0, 16, 3000)] ^= 1                # near keys, differing anywhere
+    f["ipver"] = rng.choice([4, 6], 3000)
+    f[2999] = f[17]                                           # a duplicate key: the last row wins
+    f["packets"][2999] += 1
+    ref = {}
+    for i, k in enumerate(_key_bytes(f)):
+        ref[k] = i
+    r = np.zeros(5000, L.MSG_REC_DTYPE)
+    pick = rng.integers(0, 3000, 5000)
+    for name in ("src", "dst", "dest_qp", "ipver", "roce"):
+        r["key"][name] = f[name][pick]
+    r["key"]["dest_qp"][::7] += 64                             # unknown flows
+    r["key"]["_pad"][3::11, 1] = 1                             # a pad byte set: not the C key of any flow
+    rk = np.ascontiguousarray(r["key"]).view(np.uint8).reshape(5000, -1)[:, :40]
+    want = np.array([ref.get(bytes(k), -1) for k in rk], np.int64)
+    got = S.record_flows(f, r)
+    assert (got == want).all()
+    assert (want >= 0).sum() > 3000 and (want < 0).sum() > 500 and (got == 2999).any() and not (got == 17).any()
+    ev = S.events_from_records(f, r)
+    assert (np.sort(ev["flow"]) == np.sort(want.astype(np.int32))).all()
+    assert (S.record_flows(f[:0], r) == -1).all() and S.record_flows(f, r[:0]).shape == (0,)
+    assert (S.record_flows(f[::2], r) == S.match_rows(S.flow_key_words(f[::2]), _rec_words(r))).all()   # strided
+
+
+def _rec_words(r):
+    return np.ascontiguousarray(r["key"]).view(np.uint8).reshape(len(r), -1)[:, :40].copy().view("<u8")
+
+
 def _words(t):
     return S.flow_key_matrix(t).view(">u8").astype(np.uint64)
 
