@@ -231,19 +231,128 @@ def _order_words(raw, rs, nkey, out):
             out[i, w] = v
 
 
-def order_words(flows: np.ndarray) -> np.ndarray:
+def order_words(flows: np.ndarray, pool=None) -> np.ndarray:
     """The flow keys as native u64 words whose word-by-word order is the loader's key order
     (big-endian words of the key bytes: core.snapshot._key_order). A FLOW_DTYPE table in
     one numba pass over its rows' key bytes (the byte matrix and its byte swap were two
-    strided numpy passes, 55 ms at 1,048,576 flows)."""
+    strided numpy passes, 55 ms at 1,048,576 flows). pool: a core.pool.ArrayPool of
+    WORDS_DTYPE the words are written into (a live read's, every interval)."""
     nw = L.FLOW_KEY_DTYPE.itemsize // 8
     if flows.dtype == L.FLOW_DTYPE and flows.flags.c_contiguous and _KEY_PREFIX:
-        out = np.empty((len(flows), nw), dtype=np.uint64)
+        out = np.empty((len(flows), nw), dtype=np.uint64) if pool is None else pool.take(len(flows))
         if len(flows):
             _order_words(flows.view(np.uint8).reshape(-1), flows.dtype.itemsize, _KEY_PREFIX, out)
         return out
     k = flow_key_matrix(flows)
     return k.view(">u8").astype(np.uint64).reshape(len(flows), k.shape[1] // 8)
+
+
+#: one row of order_words (an ArrayPool of it hands out (n, 5) uint64 arrays)
+WORDS_DTYPE = np.dtype((np.uint64, L.FLOW_KEY_DTYPE.itemsize // 8))
+_PK_OFF, _TS_OFF = L.FLOW_DTYPE.fields["packets"][1], L.FLOW_DTYPE.fields["first_ts"][1]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _bswap64(v):
+    """v with its bytes reversed (LLVM makes this one bswap)."""
+    return (((v & np.uint64(0xFF)) << np.uint64(56)) | ((v & np.uint64(0xFF00)) << np.uint64(40))
+            | ((v & np.uint64(0xFF0000)) << np.uint64(24)) | ((v & np.uint64(0xFF000000)) << np.uint64(8))
+            | ((v >> np.uint64(8)) & np.uint64(0xFF000000)) | ((v >> np.uint64(24)) & np.uint64(0xFF0000))
+            | ((v >> np.uint64(40)) & np.uint64(0xFF00)) | (v >> np.uint64(56)))
+
+
+@njit(cache=True, nogil=True)
+def _interval_join(craw, praw, rs, nkey, pw, words, j, keep, sub):
+    """order_words of cur (craw) into words, sorted_join of them to prev's words pw into j,
+    and _kept's rows into keep/sub, in one pass over cur's first bytes (key .. first_ts;
+    three passes read them three times). Returns how many rows are kept, or -1 when pw or
+    cur's words are not strictly increasing (then the caller joins by hash): each pair of
+    adjacent pw rows is checked once, as the merge steps over it, or after it."""
+    n, m, nw = words.shape[0], pw.shape[0], words.shape[1]
+    p = 0
+    k = 0
+    for i in range(n):
+        if i + _KEY_PREFETCH_ROWS < n:
+            prefetch_span(craw, (i + _KEY_PREFETCH_ROWS) * rs, _TS_OFF + 8)
+        if p + _KEY_PREFETCH_ROWS < m:
+            prefetch_span(praw, (p + _KEY_PREFETCH_ROWS) * rs + _PK_OFF, _TS_OFF + 8 - _PK_OFF)
+        b = i * rs
+        for w in range(nw):
+            v = np.uint64(0)
+            left = nkey - 8 * w
+            if left >= 8:
+                v = load_u64(craw, b + 8 * w)
+            elif left > 0:
+                v = load_u64(craw, b + 8 * w) & ((np.uint64(1) << np.uint64(8 * left)) - np.uint64(1))
+            words[i, w] = _bswap64(v)
+        if i:
+            for w in range(nw):
+                if words[i - 1, w] != words[i, w]:
+                    if words[i - 1, w] > words[i, w]:
+                        return -1
+                    break
+                if w == nw - 1:
+                    return -1
+        # the merge: the first row of prev not below row i
+        c = -1
+        while p < m:
+            c = 0
+            for w in range(nw):
+                if pw[p, w] != words[i, w]:
+                    c = -1 if pw[p, w] < words[i, w] else 1
+                    break
+            if c >= 0:
+                break
+            p += 1
+            if p < m:
+                for w in range(nw):
+                    if pw[p - 1, w] != pw[p, w]:
+                        if pw[p - 1, w] > pw[p, w]:
+                            return -1
+                        break
+                    if w == nw - 1:
+                        return -1
+        r = p if p < m and c == 0 else -1
+        j[i] = r
+        cpk = load_u64(craw, b + _PK_OFF)
+        s = False
+        base = np.uint64(0)
+        if r >= 0:
+            ppk = load_u64(praw, r * rs + _PK_OFF)
+            s = cpk >= ppk and load_u64(craw, b + _TS_OFF) == load_u64(praw, r * rs + _TS_OFF)
+            if s:
+                base = ppk
+        if cpk > base:
+            keep[k] = i
+            sub[k] = s
+            k += 1
+    for r in range(max(p, 0) + 1, m):
+        for w in range(nw):
+            if pw[r - 1, w] != pw[r, w]:
+                if pw[r - 1, w] > pw[r, w]:
+                    return -1
+                break
+            if w == nw - 1:
+                return -1
+    return k
+
+
+def interval_join(prev: np.ndarray, cur: np.ndarray, prev_words: np.ndarray, pool=None):
+    """(cur's order_words, join_flows(prev, cur), kept_rows' keep and sub) of two loader reads
+    (C-contiguous FLOW_DTYPE tables sorted by key; prev_words: prev's order_words) in one
+    pass; None when they are not both strictly increasing or not such tables (then the
+    three separately: join_flows falls back to a hash join). pool: as order_words'."""
+    nw = WORDS_DTYPE.shape[0]
+    if not (cur.dtype == prev.dtype == L.FLOW_DTYPE and cur.flags.c_contiguous and prev.flags.c_contiguous
+            and _KEY_PREFIX and len(prev) and len(cur) and prev_words.shape == (len(prev), nw)
+            and prev_words.dtype == np.uint64):
+        return None
+    n = len(cur)
+    words = np.empty((n, nw), dtype=np.uint64) if pool is None else pool.take(n)
+    j, keep, sub = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.bool_)
+    k = _interval_join(cur.view(np.uint8).reshape(-1), prev.view(np.uint8).reshape(-1), cur.dtype.itemsize,
+                       _KEY_PREFIX, np.ascontiguousarray(prev_words), words, j, keep, sub)
+    return None if k < 0 else (words, j, keep[:k], sub[:k])
 
 
 def join_flows(a: np.ndarray, b: np.ndarray, ka: np.ndarray | None = None, kb: np.ndarray | None = None) -> np.ndarray:

@@ -44,7 +44,8 @@ from skewscope.core.errors import EXIT_BUSY, EXIT_NO_IFACE, EXIT_USAGE, Dataplan
 from skewscope.core.pool import ArrayPool
 from skewscope.core.signals import Terminated as _dp_Terminated
 from skewscope.core.signals import exit_on_signals
-from skewscope.core.rates import counter_blocks, delta_rows, follow_join, join_flows, kept_rows, order_words, words_sorted
+from skewscope.core.rates import (WORDS_DTYPE, counter_blocks, delta_rows, follow_join, interval_join, join_flows,
+                                  kept_rows, order_words, words_sorted)
 from skewscope.core.snapshot import Snapshot, events_from_records, take_rows
 
 # counters that are differences between two reads (everything else in FLOW_DTYPE is a key
@@ -194,11 +195,18 @@ def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0, j: n
 
 
 def interval_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0,
-                   prev_words: np.ndarray | None = None, pool=None):
+                   prev_words: np.ndarray | None = None, pool=None, word_pool=None):
     """flow_delta(prev, cur) of a live read, and what the next read and the window reuse:
     (delta, cur's rows joined to prev's or None, cur's order_words). prev_words: the
-    previous read's words (its interval_delta's third value); pool: as flow_delta's."""
-    words = order_words(cur)
+    previous read's words (its interval_delta's third value); pool: as flow_delta's;
+    word_pool: an ArrayPool of core.rates.WORDS_DTYPE for the words. Two reads sorted by
+    key (the loader's) are joined in the pass that makes the words (interval_join)."""
+    if prev is not None and prev_words is not None:
+        got = interval_join(prev, cur, prev_words, pool=word_pool)
+        if got is not None:
+            words, j, keep, sub = got
+            return delta_rows(cur, prev, j[keep], keep, sub, _COUNTER_BLOCKS, since_ns=since_ns, pool=pool), j, words
+    words = order_words(cur, pool=word_pool)
     j = join_flows(prev, cur, prev_words, words) if prev is not None and len(prev) and len(cur) else None
     return flow_delta(prev, cur, since_ns, j=j, pool=pool), j, words
 
@@ -263,6 +271,7 @@ class LiveSession:
         self._prev_words = None
         # the interval deltas' tables: written into buffers earlier intervals no longer use
         self._pool = ArrayPool(L.FLOW_DTYPE)
+        self._word_pool = ArrayPool(WORDS_DTYPE)
         self._prev_glob = None
         self._prev_mono = 0
         self._prev_evicted = 0
@@ -474,7 +483,7 @@ class LiveSession:
         now = time.monotonic_ns()
         cum = self.dp.snapshot(self.meta(now), records=np.zeros(0, L.MSG_REC_DTYPE))
         dflows, join, words = interval_delta(self._prev_flows, cum.flows, self._prev_mono, self._prev_words,
-                                             pool=self._pool)
+                                             pool=self._pool, word_pool=self._word_pool)
         dglob = globals_delta(self._prev_glob, cum.globals)
         dmeta = dict(cum.meta)
         dmeta.update(self.meta(now, self._prev_mono))

@@ -245,6 +245,48 @@ def _snap(flows, t, first):
                       {"first_ts": first, "last_ts": t})
 
 
+@pytest.mark.parametrize("seed", [17, 18])
+def test_interval_delta_one_pass_join_is_the_separate_passes(seed):
+    """interval_delta's one pass over two key-sorted reads (interval_join: words, join and
+    kept rows together), its tables from pools read after read: the per-flow reference delta,
+    order_words and join_flows of the same reads; earlier results still held stay as they
+    were; reads out of key order take the hash join, same answer."""
+    from skewscope.core.pool import ArrayPool
+    from skewscope.core.rates import WORDS_DTYPE, interval_join, join_flows
+    rng = np.random.default_rng(seed)
+    cur = _table(rng, 400)
+    cur = cur[S._key_order(S.flow_key_matrix(cur))]
+    gone = cur[:0]
+    pool, wpool = ArrayPool(L.FLOW_DTYPE), ArrayPool(WORDS_DTYPE)
+    prev, pw, held = cur, order_words(cur), []
+    for i in range(6):
+        t = (i + 2) * 1_000_000_000
+        cur, gone = _next(rng, cur, gone, t)
+        assert interval_join(prev, cur, pw) is not None
+        d, j, words = live.interval_delta(prev, cur, t - 1_000_000_000, pw, pool=pool, word_pool=wpool)
+        want = _reference_delta(prev, cur, t - 1_000_000_000)
+        assert d.tobytes() == want.tobytes()
+        assert (words == order_words(cur)).all() and (j == S.match_rows(pw, words)).all()
+        assert (j >= 0).any() and (j < 0).any()
+        if i % 2:
+            held.append((d, want, words.copy(), words))
+        prev, pw = cur, words
+    for d, want, w0, w in held:
+        assert d.tobytes() == want.tobytes() and (w == w0).all()
+    assert pool.reused and wpool.reused
+    shuf = prev[rng.permutation(len(prev))]                    # not sorted: no one-pass join
+    assert interval_join(shuf, cur, order_words(shuf)) is None
+    tail = prev.copy()
+    tail["src"][-1, 0] = 0xFF                                  # the last row after all of cur's
+    tail[[-2, -1]] = tail[[-1, -2]]                            # ... and out of order: seen after the merge
+    assert interval_join(tail, cur, order_words(tail)) is None
+    assert interval_join(prev, cur[::-1].copy(), pw) is None   # cur out of order
+    assert interval_join(prev[[0, 0]], cur, pw[[0, 0]]) is None   # equal rows: not strictly increasing
+    d, j, _ = live.interval_delta(shuf, cur, 5, order_words(shuf), pool=pool, word_pool=wpool)
+    assert d.tobytes() == _reference_delta(shuf, cur, 5).tobytes()
+    assert (j == join_flows(shuf, cur)).all()
+
+
 @pytest.mark.parametrize("seed", [8, 9])
 def test_window_follows_its_anchor_to_the_reference_delta(seed):
     """The window's delta against its anchor, from the anchors' joins carried read after read
