@@ -439,20 +439,85 @@ def _record_flows(raw, rs, nkey, rraw, rrs, out):
             s = (s + 1) & mask
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _be_words(raw, b, nkey, out, i):
+    """out[i] = the 40-byte key at raw[b:] (bytes from nkey on read as zero) as big-endian
+    u64 words: comparing them word by word compares the key bytes."""
+    for w in range(5):
+        left = nkey - 8 * w
+        v = np.uint64(0)
+        if left >= 8:
+            v = load_u64(raw, b + 8 * w)
+        elif left > 0:
+            v = load_u64(raw, b + 8 * w) & ((np.uint64(1) << np.uint64(8 * left)) - np.uint64(1))
+        r = np.uint64(0)
+        for _ in range(8):
+            r = (r << np.uint64(8)) | (v & np.uint64(0xFF))
+            v >>= np.uint64(8)
+        out[i, w] = r
+
+
+@njit(cache=True, nogil=True)
+def _record_flows_merge(raw, rs, nkey, rraw, rrs, order, out):
+    """record_flows of a flow table whose keys strictly increase (the loader's reads and row
+    subsets of them): the records in key order (order) merged with the rows in one pass over
+    the rows' key bytes. Returns False, out unfinished, at the first row not above the one
+    before it."""
+    n, m = raw.shape[0] // rs if rs else 0, order.shape[0]
+    rw = np.empty((m, 5), dtype=np.uint64)
+    for q in range(m):
+        _be_words(rraw, q * rrs, 40, rw, q)
+        out[q] = -1
+    fw = np.zeros((2, 5), dtype=np.uint64)
+    q = 0
+    for i in range(n):
+        if i + 16 < n:
+            prefetch_span(raw, (i + 16) * rs, nkey)
+        cw = i & 1
+        _be_words(raw, i * rs, nkey, fw, cw)
+        if i:
+            c = 0
+            for w in range(5):
+                if fw[1 - cw, w] != fw[cw, w]:
+                    c = -1 if fw[1 - cw, w] < fw[cw, w] else 1
+                    break
+            if c >= 0:
+                return False
+        while q < m:
+            r = order[q]
+            c = 0
+            for w in range(5):
+                if rw[r, w] != fw[cw, w]:
+                    c = -1 if rw[r, w] < fw[cw, w] else 1
+                    break
+            if c > 0:
+                break
+            if c == 0:
+                out[r] = i
+            q += 1
+    return True
+
+
 def record_flows(flows: np.ndarray, recs: np.ndarray) -> np.ndarray:
     """For each message record (MSG_REC_DTYPE), the row of flows with its 40 key bytes, or
     -1: match_rows(flow_key_words(flows), the records' key words) without the key matrix
     (a strided copy of 40 bytes per row, then a sort of the flows' hashes: 85 ms at 524,288
-    flows) -- a hash table built in one pass over the rows' key bytes."""
+    flows). A table sorted by key (a live read or delta, a parsed capture) is merged with
+    the records sorted by key in one pass over its rows' key bytes; any other goes through
+    a hash table built in one such pass."""
     n = len(recs)
     if not (flows.dtype == L.FLOW_DTYPE and flows.flags.c_contiguous and _KEY_PREFIX and len(flows) < 1 << 31
             and recs.dtype == L.MSG_REC_DTYPE and recs.dtype.fields["key"][1] == 0):
         rk = np.ascontiguousarray(recs["key"]).view(np.uint8).reshape(n, -1)[:, :40].copy().view("<u8").reshape(n, 5)
         return match_rows(flow_key_words(flows), rk)
     out = np.empty(n, dtype=np.int64)
+    if not n:
+        return out
     recs = np.ascontiguousarray(recs)
-    _record_flows(flows.view(np.uint8).reshape(-1), flows.dtype.itemsize, _KEY_PREFIX, recs.view(np.uint8).reshape(-1),
-                  recs.dtype.itemsize, out)
+    raw, rraw = flows.view(np.uint8).reshape(-1), recs.view(np.uint8).reshape(-1)
+    order = _key_order(rraw.reshape(n, -1)[:, :40])
+    if not _record_flows_merge(raw, flows.dtype.itemsize, _KEY_PREFIX, rraw, recs.dtype.itemsize, order, out):
+        _record_flows(raw, flows.dtype.itemsize, _KEY_PREFIX, rraw, recs.dtype.itemsize, out)
     return out
 
 

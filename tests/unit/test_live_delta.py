@@ -153,6 +153,18 @@ def test_record_flows_is_a_dict_lookup_of_the_key_bytes(seed):
     assert (np.sort(ev["flow"]) == np.sort(want.astype(np.int32))).all()
     assert (S.record_flows(f[:0], r) == -1).all() and S.record_flows(f, r[:0]).shape == (0,)
     assert (S.record_flows(f[::2], r) == S.match_rows(S.flow_key_words(f[::2]), _rec_words(r))).all()   # strided
+    # sorted by key, keys distinct (a live read or delta): the records merged with the rows
+    _, first = np.unique(S.flow_key_matrix(f), axis=0, return_index=True)
+    fs = f[np.sort(first)]
+    fs = fs[S._key_order(S.flow_key_matrix(fs))]
+    ref = {k: i for i, k in enumerate(_key_bytes(fs))}
+    want = np.array([ref.get(bytes(k), -1) for k in rk], np.int64)
+    out = np.empty(len(r), np.int64)
+    raw, rraw = fs.view(np.uint8).reshape(-1), r.view(np.uint8).reshape(-1)
+    assert S._record_flows_merge(raw, fs.dtype.itemsize, S._KEY_PREFIX, rraw, r.dtype.itemsize,
+                                 S._key_order(rk), out)
+    assert (out == want).all() and (S.record_flows(fs, r) == want).all()
+    assert (want >= 0).sum() > 3000 and (want < 0).sum() > 500
 
 
 def _rec_words(r):
