@@ -594,9 +594,14 @@ class Window:
         latest = self._last is not None and self._last[1] is iv.cum.flows
         flows = flow_delta(f0, iv.cum.flows, since_ns=t0, j=j0 if latest else None, pool=self._pool)
         glob = globals_delta(g0, iv.cum.globals)
-        recs = np.concatenate(self._ev) if self._ev else np.zeros(0, L.MSG_REC_DTYPE)
+        # the batches as they are when one holds them all and none started before t0 (the
+        # records are only read: no copy of a whole interval's records)
+        recs = np.concatenate(self._ev) if len(self._ev) > 1 else self._ev[0] if self._ev else \
+            np.zeros(0, L.MSG_REC_DTYPE)
         if len(recs):
-            recs = recs[recs["start_ts"] >= t0]
+            late = recs["start_ts"] >= t0
+            if not late.all():
+                recs = recs[late]
         meta = dict(iv.cum.meta)
         now = int(iv.cum.meta["last_ts"])
         meta.update({"first_ts": t0, "last_ts": now, "duration_s": max(1e-9, (now - t0) / 1e9),

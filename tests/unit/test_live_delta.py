@@ -299,6 +299,47 @@ def test_interval_delta_one_pass_join_is_the_separate_passes(seed):
     assert (j == join_flows(shuf, cur)).all()
 
 
+def test_window_events_are_the_records_read_since_its_anchor():
+    """The window's events: the record batches read since its older anchor, the records that
+    started at or after it, in start order, each on the window's row with its key (a dict of
+    key bytes) -- one batch or several, all late or some early."""
+    rng = np.random.default_rng(19)
+    w = live.Window(4.0)
+    cur = _table(rng, 200)
+    cur = cur[S._key_order(S.flow_key_matrix(cur))]
+    prev = pw = None
+    gone, batches, seen = cur[:0], [], set()
+    for i in range(9):
+        t = (i + 1) * 1_000_000_000
+        if i:
+            cur, gone = _next(rng, cur, gone, t)
+        d, j, words = live.interval_delta(prev, cur, t - 1_000_000_000, pw)
+        r = np.zeros(int(rng.integers(0, 60)), L.MSG_REC_DTYPE)
+        pick = rng.integers(0, len(cur), len(r))
+        for name in ("src", "dst", "dest_qp", "ipver", "roce"):
+            r["key"][name] = cur[name][pick]
+        r["start_ts"] = np.sort(t - rng.integers(1, 1_500_000_000, len(r)))   # some before the last read
+        r["bytes"] = np.arange(len(r)) + 1000 * i
+        iv = live.Interval(i, 0.0, 1.0, i + 1.0, _snap(d, t, t - 1_000_000_000), _snap(cur, t, 0), r, join=j,
+                           words=words)
+        w.add(iv)
+        batches.append((t, r))
+        ws = w.snapshot(iv)
+        t0 = w._anchors[0][0]
+        want = np.concatenate([b for tb, b in batches if tb >= t0])
+        want = want[want["start_ts"] >= t0]
+        want = want[np.argsort(want["start_ts"], kind="stable")]
+        rows = {k: i for i, k in enumerate(_key_bytes(ws.flows))}
+        keys = np.ascontiguousarray(want["key"]).view(np.uint8).reshape(len(want), -1)[:, :40]
+        flow = [rows.get(bytes(k), -1) for k in keys]
+        assert ws.events["start_ts"].tolist() == want["start_ts"].tolist()
+        assert ws.events["bytes"].tolist() == want["bytes"].tolist() and ws.events["flow"].tolist() == flow
+        seen.add((sum(tb >= t0 for tb, _ in batches), bool(len(want)) and len(want) < sum(
+            (b["start_ts"] >= 0).sum() for tb, b in batches if tb >= t0)))
+        prev, pw = cur, words
+    assert {n for n, _ in seen} >= {1, 2} and any(early for _, early in seen)
+
+
 @pytest.mark.parametrize("seed", [8, 9])
 def test_window_follows_its_anchor_to_the_reference_delta(seed):
     """The window's delta against its anchor, from the anchors' joins carried read after read
