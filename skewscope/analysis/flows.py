@@ -44,7 +44,7 @@ import numpy as np
 
 from skewscope.analysis.hashing import _mix
 from skewscope.core import layout as L
-from skewscope.core.jit import njit, prefetch
+from skewscope.core.jit import njit, prefetch_span
 from skewscope.core.pool import ArrayPool
 from skewscope.core.snapshot import ip_str
 
@@ -105,12 +105,9 @@ def _columns_kernel(fl, raw, u, ts, op, small, addr):
     n = fl.shape[0]
     rs = raw.shape[0] // max(n, 1)
     for i in range(n):
-        # the rows are 850 bytes apart: the hardware prefetcher stops at each 4 KiB page,
-        # so fetch the row PREFETCH_ROWS ahead ourselves (2.4x on 65,536 flows)
+        # the row PREFETCH_ROWS ahead fetched ourselves (2.4x on 65,536 flows)
         if i + PREFETCH_ROWS < n:
-            b = (i + PREFETCH_ROWS) * rs
-            for o in range(0, PREFETCH_BYTES, 64):
-                prefetch(raw, b + o)
+            prefetch_span(raw, (i + PREFETCH_ROWS) * rs, PREFETCH_BYTES)
         r = fl[i]
         # addresses as big-endian 64-bit halves (src hi, src lo, dst hi, dst lo)
         a0 = np.uint64(0)

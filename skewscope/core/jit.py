@@ -31,7 +31,10 @@ behaviour (for comparison).
 `prefetch(a, i)`: a software prefetch of a[i]'s cache line (LLVM's llvm.prefetch: read,
 all cache levels), for kernels that walk rows too far apart for the hardware prefetcher
 (the flow table's 850-byte rows: it stops at every 4 KiB page). A hint only: never
-faults, changes no result.
+faults, changes no result. `prefetch_span(a, start, nbytes)`: every cache line of
+a[start:start + nbytes] (the row kernels' look-ahead, inlined). `load_u64(a, i)` /
+`store_u64(a, i, v)`: the u64 at byte i of a uint8 array, any alignment (a flow row's
+counters sit at odd offsets: x86 loads them as they are).
 """
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ import sys
 
 from skewscope.core import aot as _aotmod
 
-__all__ = ["njit", "intrinsic", "prefetch", "Kernel", "arg_key", "numba_loaded"]
+__all__ = ["njit", "intrinsic", "prefetch", "prefetch_span", "load_u64", "store_u64", "Kernel", "arg_key",
+           "numba_loaded"]
 
 #: every Kernel, in definition order (the AOT build compiles from this registry)
 KERNELS: list["Kernel"] = []
@@ -249,3 +253,50 @@ def prefetch(typingctx, arr, idx):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def prefetch_span(raw, start, nbytes):
+    """Prefetch each cache line of raw[start:start + nbytes] (raw: 1-D uint8). Row kernels
+    call it for the row a few ahead: the hardware prefetcher stops at every 4 KiB page, and
+    the flow table's 850-byte rows cross one every fifth row."""
+    o = start - start % 64
+    while o < start + nbytes:
+        prefetch(raw, o)
+        o += 64
+
+
+def _u64_pointer(context, builder, aryty, ary, idx):
+    from llvmlite import ir  # heavy: typing runs only under numba
+    from numba.core import cgutils  # heavy: as above
+    a = context.make_array(aryty)(context, builder, ary)
+    p = cgutils.get_item_pointer(context, builder, aryty, a, [idx], wraparound=False)
+    return builder.bitcast(p, ir.IntType(64).as_pointer())
+
+
+@intrinsic
+def load_u64(typingctx, arr, idx):
+    """load_u64(a, i): the little-endian u64 at byte i of a 1-D uint8 array (no alignment, no
+    bounds check: the caller's offsets are inside the row)."""
+    from numba.core import types  # heavy: typing runs only under numba
+
+    def codegen(context, builder, signature, args):
+        v = builder.load(_u64_pointer(context, builder, signature.args[0], args[0], args[1]))
+        v.align = 1
+        return v
+
+    return types.uint64(arr, idx), codegen
+
+
+@intrinsic
+def store_u64(typingctx, arr, idx, val):
+    """store_u64(a, i, v): write u64 v at byte i of a 1-D uint8 array (as load_u64)."""
+    from numba.core import types  # heavy: typing runs only under numba
+
+    def codegen(context, builder, signature, args):
+        v = context.cast(builder, args[2], signature.args[2], types.uint64)
+        st = builder.store(v, _u64_pointer(context, builder, signature.args[0], args[0], args[1]))
+        st.align = 1
+        return context.get_dummy_value()
+
+    return types.void(arr, idx, val), codegen

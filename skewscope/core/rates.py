@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.core import layout as L
-from skewscope.core.jit import njit, prefetch
-from skewscope.core.snapshot import _KEY_PREFIX, flow_key_matrix, match_rows
+from skewscope.core.jit import load_u64, njit, prefetch, prefetch_span, store_u64
+from skewscope.core.snapshot import _KEY_PREFIX, _copy_bytes, flow_key_matrix, match_rows
 
 
 def counter_blocks(names) -> tuple:
@@ -92,64 +92,53 @@ def sorted_join(a: np.ndarray, b: np.ndarray):
     return out if ok else None
 
 
-def _words(t: np.ndarray, off: int, nw: int) -> np.ndarray:
-    # the table's 850-byte rows put these words at any byte alignment (x86 loads them as is)
-    return np.ndarray((len(t), nw), "<u8", buffer=t, offset=off, strides=(t.dtype.itemsize, 8))
-
-
 @njit(cache=True, nogil=True)
-def _delta_rows(cw, ct, keep, rows, use, ow, ot, o0, p0, o1, p1, o2, p2, craw, praw, rs):
-    """out[k] = cur[keep[k]] (as its u64 words cw/ow and trailing bytes ct/ot), minus
-    prev[rows[k]]'s counter words (o*/p*: the three counter runs of out and prev) where
-    use[k]: one pass, each output row written once. craw/praw: cur and prev as bytes (rows
-    of rs bytes), for the prefetch of the rows _PREFETCH_ROWS ahead."""
+def _delta_rows(craw, praw, rs, keep, rows, use, runs, ts_off, since, oraw):
+    """Row k of out (oraw: rows of rs bytes) = cur's row keep[k] (craw), with the counter
+    words of runs ((byte offset, words) rows) minus prev's row rows[k] (praw) where use[k],
+    and the u64 at ts_off raised to since (ts_off < 0: none): one pass, each output row
+    written once (a memcpy, then its counters in place while they are in L1)."""
     n = keep.shape[0]
     for k in range(n):
         if k + _PREFETCH_ROWS < n:
-            b = keep[k + _PREFETCH_ROWS] * rs
-            for o in range(0, rs, 64):
-                prefetch(craw, b + o)
+            prefetch_span(craw, keep[k + _PREFETCH_ROWS] * rs, rs)
             if use[k + _PREFETCH_ROWS]:
-                b = rows[k + _PREFETCH_ROWS] * rs
-                for o in range(0, rs, 64):
-                    prefetch(praw, b + o)
-        i = keep[k]
-        for w in range(cw.shape[1]):
-            ow[k, w] = cw[i, w]
-        for b in range(ct.shape[1]):
-            ot[k, b] = ct[i, b]
+                prefetch_span(praw, rows[k + _PREFETCH_ROWS] * rs, rs)
+        ob = k * rs
+        _copy_bytes(oraw, ob, craw, keep[k] * rs, rs)
         if use[k]:
-            r = rows[k]
-            for w in range(o0.shape[1]):
-                o0[k, w] -= p0[r, w]
-            for w in range(o1.shape[1]):
-                o1[k, w] -= p1[r, w]
-            for w in range(o2.shape[1]):
-                o2[k, w] -= p2[r, w]
+            pb = rows[k] * rs
+            for r in range(runs.shape[0]):
+                o = runs[r, 0]
+                for _ in range(runs[r, 1]):
+                    store_u64(oraw, ob + o, load_u64(oraw, ob + o) - load_u64(praw, pb + o))
+                    o += 8
+        if ts_off >= 0 and load_u64(oraw, ob + ts_off) < since:
+            store_u64(oraw, ob + ts_off, since)
 
 
 def delta_rows(cur: np.ndarray, prev: np.ndarray, rows: np.ndarray, keep: np.ndarray, use: np.ndarray,
-               blocks: tuple) -> np.ndarray:
-    """cur[keep] with the counter words `blocks` (counter_blocks, at most three runs) of the
-    rows with use[k] minus prev[rows[k]]: take_rows and the subtraction in one pass (two
-    passes wrote and re-read half a gigabyte at 1,048,576 flows). C-contiguous FLOW_DTYPE
-    tables; rows[k] is the row of prev matched to cur[keep[k]]."""
+               blocks: tuple, since_ns: int = 0, pool=None) -> np.ndarray:
+    """cur[keep] with the counter words `blocks` (counter_blocks) of the rows with use[k]
+    minus prev[rows[k]], and first_ts raised to since_ns when given: take_rows, the
+    subtraction and the clamp in one pass (separate passes wrote and re-read half a gigabyte
+    at 1,048,576 flows). C-contiguous FLOW_DTYPE tables; rows[k] is the row of prev matched to
+    cur[keep[k]]. `pool` (core.pool.ArrayPool of FLOW_DTYPE): the result is written into a
+    buffer no earlier result refers to any more, not into fresh pages (a live loop: page
+    zeroing was a third of the work)."""
     keep = np.ascontiguousarray(keep, dtype=np.int64)
-    out = np.empty(len(keep), dtype=cur.dtype)
+    out = np.empty(len(keep), dtype=cur.dtype) if pool is None else pool.take(len(keep))
     if not len(keep):
         return out
-    if len(blocks) > 3:
-        raise ValueError("delta_rows: more than three counter runs")
-    blocks = tuple(blocks) + ((0, 0),) * (3 - len(blocks))
-    isz = cur.dtype.itemsize
-    views = []
     for off, nw in blocks:
-        views += [_words(out, off, nw), _words(prev, off, nw) if len(prev) else np.zeros((1, nw), np.uint64)]
-    nw = isz // 8
-    cb, ob = cur.view(np.uint8).reshape(len(cur), isz), out.view(np.uint8).reshape(len(out), isz)
-    _delta_rows(_words(cur, 0, nw), cb[:, 8 * nw:], keep, np.ascontiguousarray(rows, dtype=np.int64),
-                np.ascontiguousarray(use, dtype=np.bool_), _words(out, 0, nw), ob[:, 8 * nw:], *views,
-                cb.reshape(-1), prev.view(np.uint8).reshape(-1) if len(prev) else np.zeros(1, np.uint8), isz)
+        if off < 0 or off + 8 * nw > cur.dtype.itemsize:
+            raise ValueError(f"delta_rows: counter run ({off}, {nw}) outside the row")
+    since = int(since_ns)
+    ts_off = cur.dtype.fields["first_ts"][1] if since > 0 else -1
+    _delta_rows(cur.view(np.uint8).reshape(-1), prev.view(np.uint8).reshape(-1) if len(prev) else np.zeros(8, np.uint8),
+                cur.dtype.itemsize, keep, np.ascontiguousarray(rows, dtype=np.int64),
+                np.ascontiguousarray(use, dtype=np.bool_), np.array(blocks, dtype=np.int64).reshape(-1, 2), ts_off,
+                np.uint64(since), out.view(np.uint8).reshape(-1))
     return out
 
 
@@ -168,11 +157,8 @@ def _rates_kernel(fl, raw, dt, k, gbps, pps, cnp_ps, ce_pct, retx, naks, mode, s
     n = fl.shape[0]
     rs = raw.shape[0] // max(n, 1)
     for i in range(n):
-        # 850-byte rows: the hardware prefetcher stops at each 4 KiB page
         if i + _PREFETCH_ROWS < n:
-            b = (i + _PREFETCH_ROWS) * rs
-            for o in range(0, _ROW_BYTES_READ, 64):
-                prefetch(raw, b + o)
+            prefetch_span(raw, (i + _PREFETCH_ROWS) * rs, _ROW_BYTES_READ)
         r = fl[i]
         gbps[i] = float(r.bytes) * 8.0 / dt / 1e9 * k
         pps[i] = float(r.packets) / dt * k
@@ -245,14 +231,15 @@ def _order_words(raw, rs, nkey, out):
             out[i, w] = v
 
 
-def order_words(flows: np.ndarray) -> np.ndarray:
+def order_words(flows: np.ndarray, pool=None) -> np.ndarray:
     """The flow keys as native u64 words whose word-by-word order is the loader's key order
     (big-endian words of the key bytes: core.snapshot._key_order). A FLOW_DTYPE table in
     one numba pass over its rows' key bytes (the byte matrix and its byte swap were two
-    strided numpy passes, 55 ms at 1,048,576 flows)."""
+    strided numpy passes, 55 ms at 1,048,576 flows). pool: a core.pool.ArrayPool of
+    WORDS_DTYPE the words are written into (a live read's, every interval)."""
     nw = L.FLOW_KEY_DTYPE.itemsize // 8
     if flows.dtype == L.FLOW_DTYPE and flows.flags.c_contiguous and _KEY_PREFIX:
-        out = np.empty((len(flows), nw), dtype=np.uint64)
+        out = np.empty((len(flows), nw), dtype=np.uint64) if pool is None else pool.take(len(flows))
         if len(flows):
             _order_words(flows.view(np.uint8).reshape(-1), flows.dtype.itemsize, _KEY_PREFIX, out)
         return out
@@ -261,13 +248,12 @@ def order_words(flows: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _be(x):
-    """A little-endian loaded word in big-endian order (its bytes' lexicographic order)."""
-    y = np.uint64(0)
-    for _ in range(8):
-        y = (y << np.uint64(8)) | (x & np.uint64(0xFF))
-        x >>= np.uint64(8)
-    return y
+def _bswap64(v):
+    """v with its bytes reversed (LLVM makes this one bswap)."""
+    return (((v & np.uint64(0xFF)) << np.uint64(56)) | ((v & np.uint64(0xFF00)) << np.uint64(40))
+            | ((v & np.uint64(0xFF0000)) << np.uint64(24)) | ((v & np.uint64(0xFF000000)) << np.uint64(8))
+            | ((v >> np.uint64(8)) & np.uint64(0xFF000000)) | ((v >> np.uint64(24)) & np.uint64(0xFF0000))
+            | ((v >> np.uint64(40)) & np.uint64(0xFF00)) | (v >> np.uint64(56)))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -278,7 +264,7 @@ def _kcmp(a, i, b, j, last):
             x &= last
             y &= last
         if x != y:
-            return -1 if _be(x) < _be(y) else 1
+            return -1 if _bswap64(x) < _bswap64(y) else 1
     return 0
 
 
@@ -316,6 +302,105 @@ def _in_rows(t: np.ndarray) -> bool:
     """A table whose key words the merge can read in place: C-contiguous FLOW_DTYPE, the
     key's bytes (_KEY_PREFIX) leading each row and ending in its fifth word."""
     return t.dtype == L.FLOW_DTYPE and t.flags.c_contiguous and 32 < _KEY_PREFIX <= 40
+
+
+#: one row of order_words (an ArrayPool of it hands out (n, 5) uint64 arrays)
+WORDS_DTYPE = np.dtype((np.uint64, L.FLOW_KEY_DTYPE.itemsize // 8))
+_PK_OFF, _TS_OFF = L.FLOW_DTYPE.fields["packets"][1], L.FLOW_DTYPE.fields["first_ts"][1]
+
+
+@njit(cache=True, nogil=True)
+def _interval_join(craw, praw, rs, nkey, pw, words, j, keep, sub):
+    """order_words of cur (craw) into words, sorted_join of them to prev's words pw into j,
+    and _kept's rows into keep/sub, in one pass over cur's first bytes (key .. first_ts;
+    three passes read them three times). Returns how many rows are kept, or -1 when pw or
+    cur's words are not strictly increasing (then the caller joins by hash): each pair of
+    adjacent pw rows is checked once, as the merge steps over it, or after it."""
+    n, m, nw = words.shape[0], pw.shape[0], words.shape[1]
+    p = 0
+    k = 0
+    for i in range(n):
+        if i + _KEY_PREFETCH_ROWS < n:
+            prefetch_span(craw, (i + _KEY_PREFETCH_ROWS) * rs, _TS_OFF + 8)
+        if p + _KEY_PREFETCH_ROWS < m:
+            prefetch_span(praw, (p + _KEY_PREFETCH_ROWS) * rs + _PK_OFF, _TS_OFF + 8 - _PK_OFF)
+        b = i * rs
+        for w in range(nw):
+            v = np.uint64(0)
+            left = nkey - 8 * w
+            if left >= 8:
+                v = load_u64(craw, b + 8 * w)
+            elif left > 0:
+                v = load_u64(craw, b + 8 * w) & ((np.uint64(1) << np.uint64(8 * left)) - np.uint64(1))
+            words[i, w] = _bswap64(v)
+        if i:
+            for w in range(nw):
+                if words[i - 1, w] != words[i, w]:
+                    if words[i - 1, w] > words[i, w]:
+                        return -1
+                    break
+                if w == nw - 1:
+                    return -1
+        # the merge: the first row of prev not below row i
+        c = -1
+        while p < m:
+            c = 0
+            for w in range(nw):
+                if pw[p, w] != words[i, w]:
+                    c = -1 if pw[p, w] < words[i, w] else 1
+                    break
+            if c >= 0:
+                break
+            p += 1
+            if p < m:
+                for w in range(nw):
+                    if pw[p - 1, w] != pw[p, w]:
+                        if pw[p - 1, w] > pw[p, w]:
+                            return -1
+                        break
+                    if w == nw - 1:
+                        return -1
+        r = p if p < m and c == 0 else -1
+        j[i] = r
+        cpk = load_u64(craw, b + _PK_OFF)
+        s = False
+        base = np.uint64(0)
+        if r >= 0:
+            ppk = load_u64(praw, r * rs + _PK_OFF)
+            s = cpk >= ppk and load_u64(craw, b + _TS_OFF) == load_u64(praw, r * rs + _TS_OFF)
+            if s:
+                base = ppk
+        if cpk > base:
+            keep[k] = i
+            sub[k] = s
+            k += 1
+    for r in range(max(p, 0) + 1, m):
+        for w in range(nw):
+            if pw[r - 1, w] != pw[r, w]:
+                if pw[r - 1, w] > pw[r, w]:
+                    return -1
+                break
+            if w == nw - 1:
+                return -1
+    return k
+
+
+def interval_join(prev: np.ndarray, cur: np.ndarray, prev_words: np.ndarray, pool=None):
+    """(cur's order_words, join_flows(prev, cur), kept_rows' keep and sub) of two loader reads
+    (C-contiguous FLOW_DTYPE tables sorted by key; prev_words: prev's order_words) in one
+    pass; None when they are not both strictly increasing or not such tables (then the
+    three separately: join_flows falls back to a hash join). pool: as order_words'."""
+    nw = WORDS_DTYPE.shape[0]
+    if not (cur.dtype == prev.dtype == L.FLOW_DTYPE and cur.flags.c_contiguous and prev.flags.c_contiguous
+            and _KEY_PREFIX and len(prev) and len(cur) and prev_words.shape == (len(prev), nw)
+            and prev_words.dtype == np.uint64):
+        return None
+    n = len(cur)
+    words = np.empty((n, nw), dtype=np.uint64) if pool is None else pool.take(n)
+    j, keep, sub = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.bool_)
+    k = _interval_join(cur.view(np.uint8).reshape(-1), prev.view(np.uint8).reshape(-1), cur.dtype.itemsize,
+                       _KEY_PREFIX, np.ascontiguousarray(prev_words), words, j, keep, sub)
+    return None if k < 0 else (words, j, keep[:k], sub[:k])
 
 
 def join_flows(a: np.ndarray, b: np.ndarray, ka: np.ndarray | None = None, kb: np.ndarray | None = None) -> np.ndarray:

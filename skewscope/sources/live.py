@@ -41,9 +41,11 @@ from skewscope.bpf.attach import attach_api as attach_api_of
 from skewscope.bpf.loader import OUR_PROG_NAMES, Config, Dataplane, check_privileges, import_bcc
 from skewscope.core import layout as L
 from skewscope.core.errors import EXIT_BUSY, EXIT_NO_IFACE, EXIT_USAGE, DataplaneError
+from skewscope.core.pool import ArrayPool
 from skewscope.core.signals import Terminated as _dp_Terminated
 from skewscope.core.signals import exit_on_signals
-from skewscope.core.rates import counter_blocks, delta_rows, follow_join, join_flows, kept_rows, order_words, words_sorted
+from skewscope.core.rates import (WORDS_DTYPE, counter_blocks, delta_rows, follow_join, interval_join, join_flows,
+                                  kept_rows, order_words, words_sorted)
 from skewscope.core.snapshot import Snapshot, events_from_records, take_rows
 
 # counters that are differences between two reads (everything else in FLOW_DTYPE is a key
@@ -168,37 +170,45 @@ def find_leftover(ifname: str) -> Leftover | None:
 
 
 # ---- snapshots: deltas and rates ----------------------------------------------------------
-def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0, j: np.ndarray | None = None) -> np.ndarray:
+def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0, j: np.ndarray | None = None,
+               pool=None) -> np.ndarray:
     """Per-flow counters accumulated between two reads of the flow table. Flows without
     packets in between are omitted. A flow evicted and re-created in between (its counters
     went down, or its first_ts changed) counts from zero. first_ts is clamped to `since_ns` (the earlier read's
     time): the first packet of a flow that was already active is not known exactly.
     `j`: for each row of cur, prev's row with its key or -1 (core.rates.join_flows), when the
-    caller has it."""
+    caller has it. `pool`: a core.pool.ArrayPool of FLOW_DTYPE the result's rows are
+    written into (a caller that computes a delta every interval: LiveSession, Window)."""
     if prev is None or len(prev) == 0:
         d = take_rows(cur, cur["packets"] > 0)
-    else:
-        # decide from the narrow columns which rows the interval keeps, then copy only those
-        # (a row is 850 bytes: at 1,048,576 flows a whole-table copy is 0.5-1.5 s on its own)
-        prev, cur = np.ascontiguousarray(prev), np.ascontiguousarray(cur)
-        j = join_flows(prev, cur) if j is None else j
-        # evicted and re-created in between: its counters went down, or (when the new entry
-        # already passed the old count) its first packet is newer than the old entry's
-        keep, sub = kept_rows(j, cur, prev)
-        d = delta_rows(cur, prev, j[keep], keep, sub, _COUNTER_BLOCKS)
-    if since_ns:
-        d["first_ts"] = np.maximum(d["first_ts"], np.uint64(since_ns))
-    return d
+        if since_ns:
+            d["first_ts"] = np.maximum(d["first_ts"], np.uint64(since_ns))
+        return d
+    # decide from the narrow columns which rows the interval keeps, then copy only those
+    # (a row is 850 bytes: at 1,048,576 flows a whole-table copy is 0.5-1.5 s on its own)
+    prev, cur = np.ascontiguousarray(prev), np.ascontiguousarray(cur)
+    j = join_flows(prev, cur) if j is None else j
+    # evicted and re-created in between: its counters went down, or (when the new entry
+    # already passed the old count) its first packet is newer than the old entry's
+    keep, sub = kept_rows(j, cur, prev)
+    return delta_rows(cur, prev, j[keep], keep, sub, _COUNTER_BLOCKS, since_ns=since_ns, pool=pool)
 
 
 def interval_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0,
-                   prev_words: np.ndarray | None = None):
+                   prev_words: np.ndarray | None = None, pool=None, word_pool=None):
     """flow_delta(prev, cur) of a live read, and what the next read and the window reuse:
     (delta, cur's rows joined to prev's or None, cur's order_words). prev_words: the
-    previous read's words (its interval_delta's third value)."""
-    words = order_words(cur)
+    previous read's words (its interval_delta's third value); pool: as flow_delta's;
+    word_pool: an ArrayPool of core.rates.WORDS_DTYPE for the words. Two reads sorted by
+    key (the loader's) are joined in the pass that makes the words (interval_join)."""
+    if prev is not None and prev_words is not None:
+        got = interval_join(prev, cur, prev_words, pool=word_pool)
+        if got is not None:
+            words, j, keep, sub = got
+            return delta_rows(cur, prev, j[keep], keep, sub, _COUNTER_BLOCKS, since_ns=since_ns, pool=pool), j, words
+    words = order_words(cur, pool=word_pool)
     j = join_flows(prev, cur, prev_words, words) if prev is not None and len(prev) and len(cur) else None
-    return flow_delta(prev, cur, since_ns, j=j), j, words
+    return flow_delta(prev, cur, since_ns, j=j, pool=pool), j, words
 
 
 def globals_delta(prev: np.ndarray | None, cur: np.ndarray) -> np.ndarray:
@@ -259,6 +269,9 @@ class LiveSession:
         self._lock = threading.Lock()
         self._prev_flows = None
         self._prev_words = None
+        # the interval deltas' tables: written into buffers earlier intervals no longer use
+        self._pool = ArrayPool(L.FLOW_DTYPE)
+        self._word_pool = ArrayPool(WORDS_DTYPE)
         self._prev_glob = None
         self._prev_mono = 0
         self._prev_evicted = 0
@@ -469,7 +482,8 @@ class LiveSession:
         recs = self.take_records()
         now = time.monotonic_ns()
         cum = self.dp.snapshot(self.meta(now), records=np.zeros(0, L.MSG_REC_DTYPE))
-        dflows, join, words = interval_delta(self._prev_flows, cum.flows, self._prev_mono, self._prev_words)
+        dflows, join, words = interval_delta(self._prev_flows, cum.flows, self._prev_mono, self._prev_words,
+                                             pool=self._pool, word_pool=self._word_pool)
         dglob = globals_delta(self._prev_glob, cum.globals)
         dmeta = dict(cum.meta)
         dmeta.update(self.meta(now, self._prev_mono))
@@ -520,9 +534,11 @@ class Window:
     Each anchor also keeps, read after read, the join of the latest read to its table
     (follow_join over the reads' own joins, O(flows) per read), so the window's delta does
     not join the whole table again; reads that do not carry their join (Interval.join) or
-    that skip one make the snapshot join as before."""
+    that skip one make the snapshot join as before. `pool`: the core.pool.ArrayPool its
+    snapshots' flow tables come from (default: its own; memory: the tables still referred
+    to, plus one spare of the latest size)."""
 
-    def __init__(self, seconds: float, max_events: int = 500_000):
+    def __init__(self, seconds: float, max_events: int = 500_000, pool: ArrayPool | None = None):
         self.seconds = float(seconds)
         self.max_events = int(max_events)
         # [mono_ns, flows, globals, order_words if strictly increasing else None, latest read's join or None]
@@ -531,6 +547,8 @@ class Window:
         self._ev_t: list[int] = []
         self.dropped = 0
         self._last: tuple[int, np.ndarray] | None = None     # (index, cum.flows) of the latest read
+        # the snapshots' tables, written into buffers no earlier snapshot's reader still holds
+        self._pool = ArrayPool(L.FLOW_DTYPE) if pool is None else pool
 
     def _follow(self, iv: Interval) -> None:
         """Carry each anchor's join from the previous read to iv's read."""
@@ -574,11 +592,16 @@ class Window:
     def snapshot(self, iv: Interval) -> Snapshot:
         t0, f0, g0, _, j0 = self._anchors[0]
         latest = self._last is not None and self._last[1] is iv.cum.flows
-        flows = flow_delta(f0, iv.cum.flows, since_ns=t0, j=j0 if latest else None)
+        flows = flow_delta(f0, iv.cum.flows, since_ns=t0, j=j0 if latest else None, pool=self._pool)
         glob = globals_delta(g0, iv.cum.globals)
-        recs = np.concatenate(self._ev) if self._ev else np.zeros(0, L.MSG_REC_DTYPE)
+        # the batches as they are when one holds them all and none started before t0 (the
+        # records are only read: no copy of a whole interval's records)
+        recs = np.concatenate(self._ev) if len(self._ev) > 1 else self._ev[0] if self._ev else \
+            np.zeros(0, L.MSG_REC_DTYPE)
         if len(recs):
-            recs = recs[recs["start_ts"] >= t0]
+            late = recs["start_ts"] >= t0
+            if not late.all():
+                recs = recs[late]
         meta = dict(iv.cum.meta)
         now = int(iv.cum.meta["last_ts"])
         meta.update({"first_ts": t0, "last_ts": now, "duration_s": max(1e-9, (now - t0) / 1e9),

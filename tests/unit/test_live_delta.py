@@ -87,6 +87,90 @@ def test_delta_rows_is_take_rows_then_fieldwise_subtraction():
     assert got.tobytes() == want.tobytes()
 
 
+def test_delta_rows_clamps_first_ts_and_writes_into_unused_pool_buffers():
+    """delta_rows(since_ns=, pool=): the same rows with first_ts raised to since_ns; a result
+    still referred to is never written again, one let go is (the pool's buffer comes back)."""
+    from skewscope.core.pool import ArrayPool
+    rng = np.random.default_rng(14)
+    p = _table(rng, 400)
+    c = p.copy()
+    for name in COUNTER_FIELDS:
+        c[name] = c[name] + rng.integers(0, 1000, c[name].shape, dtype=np.uint64)
+    blocks = counter_blocks(COUNTER_FIELDS)
+    pool = ArrayPool(L.FLOW_DTYPE)
+    held = []
+    for k in range(4):
+        keep = np.sort(rng.choice(400, 250 - 20 * k, replace=False))
+        rows = rng.integers(0, 400, len(keep))
+        use = rng.random(len(keep)) < 0.6
+        want = c[keep].copy()
+        for name in COUNTER_FIELDS:
+            want[name][use] -= p[name][rows[use]]
+        want["first_ts"] = np.maximum(want["first_ts"], 50)
+        got = delta_rows(c, p, rows, keep, use, blocks, since_ns=50, pool=pool)
+        assert got.tobytes() == want.tobytes()
+        if k < 2:
+            held.append((got, want))        # still referred to: must survive the next calls
+        del got
+    for got, want in held:
+        assert got.tobytes() == want.tobytes()
+    assert pool.reused >= 1 and pool.allocated == 3
+    assert (want["first_ts"] == 50).any() and (want["first_ts"] > 50).any()
+
+
+def _key_bytes(t):
+    return [bytes(r) for r in S.flow_key_matrix(t)]
+
+
+@pytest.mark.parametrize("seed", [15, 16])
+def test_record_flows_is_a_dict_lookup_of_the_key_bytes(seed):
+    """Each record's flow row: the row whose 40 key bytes (the C key: two zero pad bytes)
+    equal the record's -- a Python dict of byte strings, the last row of equal keys winning
+    (as match_rows); records of unknown flows and records whose pad bytes are not zero: -1.
+    Flows in any order, keys that differ in one byte anywhere."""
+    rng = np.random.default_rng(seed)
+    f = _table(rng, 3000)
+    f["dest_qp"] = rng.integers(0, 64, 3000)
+    f["src"][:, rng.integers(0, 16, 3000)] ^= 1                # near keys, differing anywhere
+    f["ipver"] = rng.choice([4, 6], 3000)
+    f[2999] = f[17]                                           # a duplicate key: the last row wins
+    f["packets"][2999] += 1
+    ref = {}
+    for i, k in enumerate(_key_bytes(f)):
+        ref[k] = i
+    r = np.zeros(5000, L.MSG_REC_DTYPE)
+    pick = rng.integers(0, 3000, 5000)
+    for name in ("src", "dst", "dest_qp", "ipver", "roce"):
+        r["key"][name] = f[name][pick]
+    r["key"]["dest_qp"][::7] += 64                             # unknown flows
+    r["key"]["_pad"][3::11, 1] = 1                             # a pad byte set: not the C key of any flow
+    rk = np.ascontiguousarray(r["key"]).view(np.uint8).reshape(5000, -1)[:, :40]
+    want = np.array([ref.get(bytes(k), -1) for k in rk], np.int64)
+    got = S.record_flows(f, r)
+    assert (got == want).all()
+    assert (want >= 0).sum() > 3000 and (want < 0).sum() > 500 and (got == 2999).any() and not (got == 17).any()
+    ev = S.events_from_records(f, r)
+    assert (np.sort(ev["flow"]) == np.sort(want.astype(np.int32))).all()
+    assert (S.record_flows(f[:0], r) == -1).all() and S.record_flows(f, r[:0]).shape == (0,)
+    assert (S.record_flows(f[::2], r) == S.match_rows(S.flow_key_words(f[::2]), _rec_words(r))).all()   # strided
+    # sorted by key, keys distinct (a live read or delta): the records merged with the rows
+    _, first = np.unique(S.flow_key_matrix(f), axis=0, return_index=True)
+    fs = f[np.sort(first)]
+    fs = fs[S._key_order(S.flow_key_matrix(fs))]
+    ref = {k: i for i, k in enumerate(_key_bytes(fs))}
+    want = np.array([ref.get(bytes(k), -1) for k in rk], np.int64)
+    out = np.empty(len(r), np.int64)
+    raw, rraw = fs.view(np.uint8).reshape(-1), r.view(np.uint8).reshape(-1)
+    assert S._record_flows_merge(raw, fs.dtype.itemsize, S._KEY_PREFIX, rraw, r.dtype.itemsize,
+                                 S._key_order(rk), out)
+    assert (out == want).all() and (S.record_flows(fs, r) == want).all()
+    assert (want >= 0).sum() > 3000 and (want < 0).sum() > 500
+
+
+def _rec_words(r):
+    return np.ascontiguousarray(r["key"]).view(np.uint8).reshape(len(r), -1)[:, :40].copy().view("<u8")
+
+
 def _words(t):
     return S.flow_key_matrix(t).view(">u8").astype(np.uint64)
 
@@ -171,6 +255,89 @@ def _next(rng, prev, gone, t):
 def _snap(flows, t, first):
     return S.Snapshot(flows, np.zeros(0, L.EVENT_DTYPE), np.zeros(L.G_N, np.uint64),
                       {"first_ts": first, "last_ts": t})
+
+
+@pytest.mark.parametrize("seed", [17, 18])
+def test_interval_delta_one_pass_join_is_the_separate_passes(seed):
+    """interval_delta's one pass over two key-sorted reads (interval_join: words, join and
+    kept rows together), its tables from pools read after read: the per-flow reference delta,
+    order_words and join_flows of the same reads; earlier results still held stay as they
+    were; reads out of key order take the hash join, same answer."""
+    from skewscope.core.pool import ArrayPool
+    from skewscope.core.rates import WORDS_DTYPE, interval_join, join_flows
+    rng = np.random.default_rng(seed)
+    cur = _table(rng, 400)
+    cur = cur[S._key_order(S.flow_key_matrix(cur))]
+    gone = cur[:0]
+    pool, wpool = ArrayPool(L.FLOW_DTYPE), ArrayPool(WORDS_DTYPE)
+    prev, pw, held = cur, order_words(cur), []
+    for i in range(6):
+        t = (i + 2) * 1_000_000_000
+        cur, gone = _next(rng, cur, gone, t)
+        assert interval_join(prev, cur, pw) is not None
+        d, j, words = live.interval_delta(prev, cur, t - 1_000_000_000, pw, pool=pool, word_pool=wpool)
+        want = _reference_delta(prev, cur, t - 1_000_000_000)
+        assert d.tobytes() == want.tobytes()
+        assert (words == order_words(cur)).all() and (j == S.match_rows(pw, words)).all()
+        assert (j >= 0).any() and (j < 0).any()
+        if i % 2:
+            held.append((d, want, words.copy(), words))
+        prev, pw = cur, words
+    for d, want, w0, w in held:
+        assert d.tobytes() == want.tobytes() and (w == w0).all()
+    assert pool.reused and wpool.reused
+    shuf = prev[rng.permutation(len(prev))]                    # not sorted: no one-pass join
+    assert interval_join(shuf, cur, order_words(shuf)) is None
+    tail = prev.copy()
+    tail["src"][-1, 0] = 0xFF                                  # the last row after all of cur's
+    tail[[-2, -1]] = tail[[-1, -2]]                            # ... and out of order: seen after the merge
+    assert interval_join(tail, cur, order_words(tail)) is None
+    assert interval_join(prev, cur[::-1].copy(), pw) is None   # cur out of order
+    assert interval_join(prev[[0, 0]], cur, pw[[0, 0]]) is None   # equal rows: not strictly increasing
+    d, j, _ = live.interval_delta(shuf, cur, 5, order_words(shuf), pool=pool, word_pool=wpool)
+    assert d.tobytes() == _reference_delta(shuf, cur, 5).tobytes()
+    assert (j == join_flows(shuf, cur)).all()
+
+
+def test_window_events_are_the_records_read_since_its_anchor():
+    """The window's events: the record batches read since its older anchor, the records that
+    started at or after it, in start order, each on the window's row with its key (a dict of
+    key bytes) -- one batch or several, all late or some early."""
+    rng = np.random.default_rng(19)
+    w = live.Window(4.0)
+    cur = _table(rng, 200)
+    cur = cur[S._key_order(S.flow_key_matrix(cur))]
+    prev = pw = None
+    gone, batches, seen = cur[:0], [], set()
+    for i in range(9):
+        t = (i + 1) * 1_000_000_000
+        if i:
+            cur, gone = _next(rng, cur, gone, t)
+        d, j, words = live.interval_delta(prev, cur, t - 1_000_000_000, pw)
+        r = np.zeros(int(rng.integers(0, 60)), L.MSG_REC_DTYPE)
+        pick = rng.integers(0, len(cur), len(r))
+        for name in ("src", "dst", "dest_qp", "ipver", "roce"):
+            r["key"][name] = cur[name][pick]
+        r["start_ts"] = np.sort(t - rng.integers(1, 1_500_000_000, len(r)))   # some before the last read
+        r["bytes"] = np.arange(len(r)) + 1000 * i
+        iv = live.Interval(i, 0.0, 1.0, i + 1.0, _snap(d, t, t - 1_000_000_000), _snap(cur, t, 0), r, join=j,
+                           words=words)
+        w.add(iv)
+        batches.append((t, r))
+        ws = w.snapshot(iv)
+        t0 = w._anchors[0][0]
+        want = np.concatenate([b for tb, b in batches if tb >= t0])
+        want = want[want["start_ts"] >= t0]
+        want = want[np.argsort(want["start_ts"], kind="stable")]
+        rows = {k: i for i, k in enumerate(_key_bytes(ws.flows))}
+        keys = np.ascontiguousarray(want["key"]).view(np.uint8).reshape(len(want), -1)[:, :40]
+        flow = [rows.get(bytes(k), -1) for k in keys]
+        assert ws.events["start_ts"].tolist() == want["start_ts"].tolist()
+        assert ws.events["bytes"].tolist() == want["bytes"].tolist() and ws.events["flow"].tolist() == flow
+        seen.add((sum(tb >= t0 for tb, _ in batches), bool(len(want)) and len(want) < sum(
+            (b["start_ts"] >= 0).sum() for tb, b in batches if tb >= t0)))
+        prev, pw = cur, words
+    assert {n for n, _ in seen} >= {1, 2} and any(early for _, early in seen)
 
 
 @pytest.mark.parametrize("seed", [8, 9])

@@ -17,13 +17,15 @@ for the map read.
 
 Rows (CPU time of this process, median of --rounds; the first round untimed):
 
-  delta                sources.live.interval_delta(prev, cur, prev_words): the interval's counters
-                       as read_interval computes them (the previous read's key words kept from its
-                       own interval: only the new read's are computed)
+  delta                sources.live.interval_delta(prev, cur, prev_words, pools): the interval's
+                       counters as read_interval computes them (the previous read's key words kept
+                       from its own interval: only the new read's are computed; the table written
+                       into the session's pool, whose earlier results are let go)
   records -> events    core.snapshot.events_from_records(delta flows, records)
   window               sources.live.Window.add + Window.snapshot (the analysis window's delta
                        against its anchor, offered to the runner each read; the reads carry their
-                       joins and key words as read_interval's Intervals do)
+                       joins and key words as read_interval's Intervals do; the snapshots' tables
+                       from one pool, as one Window's are read after read)
   rates                core.rates.flow_rates(delta): top's per-flow columns (part of top rows:
                        build_model computes them; not added to the top interval again)
   top rows             outputs.topview.build_model + plain_lines (sorted rows, totals, 20 shown)
@@ -306,7 +308,8 @@ def run(n_flows, a, rows):
     from skewscope.outputs.exporter import Accumulator
     from skewscope.outputs.topmatrix import matrix_view
     from skewscope.outputs.topview import ViewState, build_model, plain_lines
-    from skewscope.core.rates import flow_rates
+    from skewscope.core.pool import ArrayPool
+    from skewscope.core.rates import WORDS_DTYPE, flow_rates
     from skewscope.core.snapshot import events_from_records
     from skewscope.core.rates import order_words
     from skewscope.sources.live import Interval, Window, interval_delta
@@ -334,9 +337,12 @@ def run(n_flows, a, rows):
     ivw = Interval(1, 26.0, 6.0, 26.0, delta, snapshot(cur, np.zeros(0, L.EVENT_DTYPE), 0, 26 * NS, n_flows), recs,
                    join=j0, words=words)
 
+    # the session's pools (delta tables, key words) and the window's, as they are read after read
+    dpool, kpool, wpool = ArrayPool(L.FLOW_DTYPE), ArrayPool(WORDS_DTYPE), ArrayPool(L.FLOW_DTYPE)
+
     def f_window():
         # the steady state: the window's older anchor is the previous read (5 s before)
-        w = Window(10.0)
+        w = Window(10.0, pool=wpool)
         w.add(iv0)
         w.add(ivw)
         return w.snapshot(ivw)
@@ -363,7 +369,8 @@ def run(n_flows, a, rows):
 
     r = a.rounds
     comp = [
-        ("delta", cpu(lambda: interval_delta(prev, cur, 20 * NS, prev_words), r), "O(flows)"),
+        ("delta", cpu(lambda: interval_delta(prev, cur, 20 * NS, prev_words, pool=dpool, word_pool=kpool), r),
+         "O(flows)"),
         ("records -> events", cpu(lambda: events_from_records(d0, recs), r), "O(flows + records)"),
         ("window", cpu(f_window, r), "O(flows + records)"),
         ("rates", cpu(lambda: flow_rates(d0, 1.0), r), "O(flows)  (in top rows)"),
