@@ -167,12 +167,6 @@ def flow_lookup_or_insert(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikey
     """The slot of the flow with this key; inserts (evicting the LRU flow when the table holds
     max_flows) when absent. Marks the flow most recently used. The caller guarantees a free
     slot or max_flows reached, and room in ikeys (see needs_grow)."""
-    # the last packet's flow (the LRU head) again, as in a message's run of packets: the
-    # probe below would find it (keys are unique) and leave the LRU as it is
-    s = st[ST_HEAD]
-    if s >= 0 and keys[s, 0] == w0 and keys[s, 1] == w1 and keys[s, 2] == w2 and keys[s, 3] == w3 \
-            and keys[s, 4] == w4:
-        return s
     mask = st[ST_HMASK]
     h = key_hash(w0, w1, w2, w3, w4)
     i = h & mask
