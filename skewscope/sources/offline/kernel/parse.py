@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.core.jit import njit
-from skewscope.sources.offline.kernel.accounting import account
+from skewscope.sources.offline.kernel.accounting import account, key_hash
 from skewscope.sources.offline.kernel.base import (
     ETH_P_MACCTL,
     ETH_P_ROCEV1,
@@ -356,6 +356,6 @@ def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opt
         pk[n, PK_W2] = w2
         pk[n, PK_W3] = w3
     account(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev,
-            w0, w1, w2, w3, w4, wire_len, payload, opinfo, psn, reth_len, sport, opcode,
+            w0, w1, w2, w3, w4, key_hash(w0, w1, w2, w3, w4), -1, wire_len, payload, opinfo, psn, reth_len, sport, opcode,
             tclass, ecn_valid, fb, syndrome, ts)
     return G_ACCOUNTED
