@@ -48,8 +48,12 @@ def present(snap):
     return {int(q) - 1: int(p) for q, p in zip(snap.flows["dest_qp"], snap.flows["packets"])}
 
 
+@pytest.mark.parametrize("pipeline", ["0", "1"])
 @pytest.mark.parametrize("n_flows,max_flows", [(40, 16), (9000, 5000), (10000, 1 << 16), (3000, 2999)])
-def test_eviction_follows_lru(tmp_path, n_flows, max_flows):
+def test_eviction_follows_lru(tmp_path, monkeypatch, n_flows, max_flows, pipeline):
+    """Both accountings -- the one-core scan and the pipelined one, whose lookups use a slot
+    found rows ahead (scanner.account_rows) -- evict as the LRU model."""
+    monkeypatch.setenv("SKEWSCOPE_OFFLINE_PIPELINE", pipeline)
     rng = np.random.default_rng(n_flows)
     # a hot set touched all the time + a long tail of flows touched once or twice
     hot = list(range(min(8, max_flows // 2)))

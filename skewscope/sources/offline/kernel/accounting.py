@@ -163,12 +163,19 @@ def hidx_delete(hidx, fhash, i, mask):
 
 @njit(cache=True, inline="always")
 def flow_lookup_or_insert(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys,
-                          w0, w1, w2, w3, w4):
-    """The slot of the flow with this key; inserts (evicting the LRU flow when the table holds
-    max_flows) when absent. Marks the flow most recently used. The caller guarantees a free
-    slot or max_flows reached, and room in ikeys (see needs_grow)."""
+                          w0, w1, w2, w3, w4, h, cand):
+    """The slot of the flow with this key (h: its key_hash); inserts (evicting the LRU flow
+    when the table holds max_flows) when absent. Marks the flow most recently used. The caller
+    guarantees a free slot or max_flows reached, and room in ikeys (see needs_grow). cand: a
+    slot that may hold the key (found ahead of time: probe), or -1; used when it does (every
+    slot below ST_NUSED is a live flow, and a key is in one slot at most)."""
+    if cand >= 0 and cand < st[ST_NUSED] and keys[cand, 0] == w0 and keys[cand, 1] == w1 \
+            and keys[cand, 2] == w2 and keys[cand, 3] == w3 and keys[cand, 4] == w4:
+        if st[ST_HEAD] != cand:
+            lru_unlink(st, lprev, lnext, cand)
+            lru_push_head(st, lprev, lnext, cand)
+        return cand
     mask = st[ST_HMASK]
-    h = key_hash(w0, w1, w2, w3, w4)
     i = h & mask
     while True:
         e = hidx[i]
@@ -219,6 +226,20 @@ def flow_lookup_or_insert(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikey
     ikeys[n, 4] = w4
     st[ST_INSTN] = n + 1
     return s
+
+
+@njit(cache=True, inline="always")
+def probe(hidx, fhash, h, mask):
+    """The slot the index holds for hash h (the first with that hash on h's probe path), or -1:
+    a candidate for flow_lookup_or_insert, which checks the key."""
+    i = h & mask
+    while True:
+        e = hidx[i]
+        if e == 0:
+            return -1
+        if fhash[e - 1] == h:
+            return e - 1
+        i = (i + 1) & mask
 
 
 @njit(cache=True)
@@ -275,11 +296,12 @@ def emit(st, ev, inst, start, end, nbytes, cls):
 
 @njit(cache=True, inline="always")
 def account(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev,
-            w0, w1, w2, w3, w4, wire_len, payload, opinfo, psn, reth_len, sport, opcode,
+            w0, w1, w2, w3, w4, h, cand, wire_len, payload, opinfo, psn, reth_len, sport, opcode,
             tclass, ecn_valid, fb, syndrome, ts):
+    """One accounted packet of the flow with key w0..w4 (h, cand: flow_lookup_or_insert's)."""
     cls = (opinfo & OPT_CLASS_MASK) >> OPT_CLASS_SHIFT
     s = flow_lookup_or_insert(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys,
-                              w0, w1, w2, w3, w4)
+                              w0, w1, w2, w3, w4, h, cand)
     g[G_ACCOUNTED] += 1
     f = S[s]
     # last_ts: the flow's last message boundary or control packet; middle packets (SEND/WRITE/

@@ -122,28 +122,92 @@ PK_N = 18
 
 
 # ---- byte helpers ----------------------------------------------------------------------
+def _load_codegen(bits, order):
+    """The codegen of a load of a `bits`-bit unsigned integer from b[o:o + bits // 8] in one
+    (unaligned) instruction, zero-extended to int64: order "le" / "be" / "arg" (the third
+    argument, a bool: big-endian when true). Without it, numba reads such a field byte by
+    byte, each read with its own negative-index wraparound (a compare and a cmov): the
+    offsets here are never negative, and every caller has checked the bytes are there."""
+    from llvmlite import ir  # heavy: codegen runs only under numba
+    from numba.core import cgutils, types  # heavy: as above
+
+    def codegen(context, builder, sig, args):
+        aryty = sig.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        off = context.cast(builder, args[1], sig.args[1], types.intp)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [off], wraparound=False)
+        ity = ir.IntType(bits)
+        v = builder.load(builder.bitcast(ptr, ity.as_pointer()), align=1)
+        if bits > 8:
+            if order == "be":
+                v = builder.bswap(v)
+            elif order == "arg":
+                big = context.cast(builder, args[2], sig.args[2], types.boolean)
+                v = builder.select(big, builder.bswap(v), v)
+        return builder.zext(v, ir.IntType(64)) if bits < 64 else v
+    return codegen
+
+
+@intrinsic
+def ld8(typingctx, b, o):
+    """b[o] as int64 (no wraparound: o >= 0)."""
+    from numba.core import types  # heavy: typing runs only under numba
+    return types.int64(b, o), _load_codegen(8, "le")
+
+
+@intrinsic
+def _be16(typingctx, b, o):
+    from numba.core import types  # heavy: typing runs only under numba
+    return types.int64(b, o), _load_codegen(16, "be")
+
+
+@intrinsic
+def be32(typingctx, b, o):
+    """The big-endian uint32 at b[o:o + 4] as int64."""
+    from numba.core import types  # heavy: typing runs only under numba
+    return types.int64(b, o), _load_codegen(32, "be")
+
+
+@intrinsic
+def le32(typingctx, b, o):
+    """The little-endian uint32 at b[o:o + 4] as int64."""
+    from numba.core import types  # heavy: typing runs only under numba
+    return types.int64(b, o), _load_codegen(32, "le")
+
+
+@intrinsic
+def _le64(typingctx, b, o):
+    from numba.core import types  # heavy: typing runs only under numba
+    return types.int64(b, o), _load_codegen(64, "le")
+
+
+@intrinsic
+def _rd32(typingctx, b, o, big):
+    from numba.core import types  # heavy: typing runs only under numba
+    return types.int64(b, o, big), _load_codegen(32, "arg")
+
+
+@intrinsic
+def _rd16(typingctx, b, o, big):
+    from numba.core import types  # heavy: typing runs only under numba
+    return types.int64(b, o, big), _load_codegen(16, "arg")
+
+
 @njit(cache=True)
 def be16(b, o):
-    return (np.int64(b[o]) << 8) | np.int64(b[o + 1])
+    return _be16(b, o)
 
 
 @njit(cache=True)
 def le64(b, o):
-    v = np.int64(0)
-    for i in range(8):
-        v |= np.int64(b[o + i]) << (8 * i)
-    return v
+    return _le64(b, o)
 
 
 @njit(cache=True)
 def rd32(b, o, big):
-    if big:
-        return (np.int64(b[o]) << 24) | (np.int64(b[o + 1]) << 16) | (np.int64(b[o + 2]) << 8) | np.int64(b[o + 3])
-    return (np.int64(b[o + 3]) << 24) | (np.int64(b[o + 2]) << 16) | (np.int64(b[o + 1]) << 8) | np.int64(b[o])
+    return _rd32(b, o, big)
 
 
 @njit(cache=True)
 def rd16(b, o, big):
-    if big:
-        return (np.int64(b[o]) << 8) | np.int64(b[o + 1])
-    return (np.int64(b[o + 1]) << 8) | np.int64(b[o])
+    return _rd16(b, o, big)

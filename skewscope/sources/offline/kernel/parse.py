@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.core.jit import njit
-from skewscope.sources.offline.kernel.accounting import account
+from skewscope.sources.offline.kernel.accounting import account, key_hash
 from skewscope.sources.offline.kernel.base import (
     ETH_P_MACCTL,
     ETH_P_ROCEV1,
@@ -63,6 +63,9 @@ from skewscope.sources.offline.kernel.base import (
     ST_PKN,
     VXLAN_UDP_PORT,
     be16,
+    be32,
+    ld8,
+    le32,
     le64,
 )
 
@@ -159,20 +162,20 @@ def parse_bth(b, bth, end, avail, optab):
     syndrome)."""
     if bth + 12 > end:
         return G_TRUNC_BTH, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
-    opcode = np.int64(b[bth])
+    opcode = ld8(b, bth)
     opinfo = np.int64(optab[opcode])
     if not (opinfo & OPT_VALID):
         return G_UNKNOWN_OPCODE, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
     ext = opinfo & OPT_EXTLEN_MASK
     prefix = (opinfo & OPT_PREFIX_MASK) >> OPT_PREFIX_SHIFT
-    pad = (np.int64(b[bth + 1]) >> 4) & 3
+    pad = (ld8(b, bth + 1) >> 4) & 3
     need = 12 + ext + pad + 4
     if avail < need:
         return G_BAD_LENGTH, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
     payload = avail - need
-    fb = np.int64(b[bth + 4])
-    dqp = (np.int64(b[bth + 5]) << 16) | (np.int64(b[bth + 6]) << 8) | np.int64(b[bth + 7])
-    psn = (np.int64(b[bth + 9]) << 16) | (np.int64(b[bth + 10]) << 8) | np.int64(b[bth + 11])
+    fb = ld8(b, bth + 4)
+    dqp = be32(b, bth + 4) & 0xFFFFFF
+    psn = be32(b, bth + 8) & 0xFFFFFF
     if bth + 12 + ext > end:
         return G_TRUNC_EXT, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
     reth_len = _Z
@@ -181,13 +184,12 @@ def parse_bth(b, bth, end, avail, optab):
         r = bth + 12 + (prefix & 0xF)
         if r + 16 > end:
             return G_TRUNC_EXT, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
-        reth_len = (np.int64(b[r + 12]) << 24) | (np.int64(b[r + 13]) << 16) \
-            | (np.int64(b[r + 14]) << 8) | np.int64(b[r + 15])
+        reth_len = be32(b, r + 12)
     if opinfo & OPT_AETH:
         a = bth + 12 + (prefix & 0xF)
         if a + 4 > end:
             return G_TRUNC_EXT, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
-        syndrome = np.int64(b[a])
+        syndrome = ld8(b, a)
     return G_ACCOUNTED, opcode, opinfo, payload, fb, dqp, psn, reth_len, syndrome
 
 
@@ -199,7 +201,7 @@ def parse_l3(g, b, proto, cur, end, l3off, outer, optab):
     if proto == 0x0800:
         if cur + 20 > end:
             return G_TRUNC_IP, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
-        vi = np.int64(b[cur])
+        vi = ld8(b, cur)
         ihl = (vi & 0xF) * 4
         if (vi >> 4) != 4 or ihl < 20:
             return G_TRUNC_IP, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
@@ -224,12 +226,11 @@ def parse_l3(g, b, proto, cur, end, l3off, outer, optab):
         ulen = be16(b, udp + 4)
         if ulen < 8 or tot < ihl + ulen:
             return G_BAD_LENGTH, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
-        w1 = (np.int64(0xFFFF) << 16) | (np.int64(b[cur + 12]) << 32) | (np.int64(b[cur + 13]) << 40) \
-            | (np.int64(b[cur + 14]) << 48) | (np.int64(b[cur + 15]) << 56)
-        w3 = (np.int64(0xFFFF) << 16) | (np.int64(b[cur + 16]) << 32) | (np.int64(b[cur + 17]) << 40) \
-            | (np.int64(b[cur + 18]) << 48) | (np.int64(b[cur + 19]) << 56)
+        # the IPv4-mapped IPv6 address's last 8 bytes as a little-endian word (as le64)
+        w1 = (np.int64(0xFFFF) << 16) | (le32(b, cur + 12) << 32)
+        w3 = (np.int64(0xFFFF) << 16) | (le32(b, cur + 16) << 32)
         return G_ACCOUNTED, l3off + tot, _Z, _Z, _Z, w1, _Z, w3, np.int64(4), np.int64(2), \
-            np.int64(b[cur + 1]), np.int64(1), be16(b, udp), udp + 8, ulen - 8
+            ld8(b, cur + 1), np.int64(1), be16(b, udp), udp + 8, ulen - 8
     elif proto == 0x86DD:
         if cur + 40 > end:
             return G_TRUNC_IP, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _Z
@@ -355,6 +356,6 @@ def process(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, opt
         pk[n, PK_W2] = w2
         pk[n, PK_W3] = w3
     account(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev,
-            w0, w1, w2, w3, w4, wire_len, payload, opinfo, psn, reth_len, sport, opcode,
+            w0, w1, w2, w3, w4, key_hash(w0, w1, w2, w3, w4), -1, wire_len, payload, opinfo, psn, reth_len, sport, opcode,
             tclass, ecn_valid, fb, syndrome, ts)
     return G_ACCOUNTED
