@@ -547,6 +547,7 @@ class Window:
         self._ev_t: list[int] = []
         self.dropped = 0
         self._last: tuple[int, np.ndarray] | None = None     # (index, cum.flows) of the latest read
+        self._before: np.ndarray | None = None   # cum.flows of the read just before it (consecutive indexes)
         # the snapshots' tables, written into buffers no earlier snapshot's reader still holds
         self._pool = ArrayPool(L.FLOW_DTYPE) if pool is None else pool
 
@@ -559,6 +560,7 @@ class Window:
                 a[4] = follow_join(a[4], iv.join, a[3], iv.words)
             else:
                 a[4] = None
+        self._before = self._last[1] if self._last is not None and iv.index == self._last[0] + 1 else None
         self._last = (iv.index, iv.cum.flows)
 
     def add(self, iv: Interval) -> None:
@@ -592,7 +594,13 @@ class Window:
     def snapshot(self, iv: Interval) -> Snapshot:
         t0, f0, g0, _, j0 = self._anchors[0]
         latest = self._last is not None and self._last[1] is iv.cum.flows
-        flows = flow_delta(f0, iv.cum.flows, since_ns=t0, j=j0 if latest else None, pool=self._pool)
+        if latest and iv.join is not None and len(f0) and f0 is self._before \
+                and int(iv.delta.meta.get("first_ts", -1)) == t0:
+            # the anchor is the read before iv and iv's delta starts at it (a read interval of
+            # half the window or more): that delta is this one, already made (shared, not copied)
+            flows = iv.delta.flows
+        else:
+            flows = flow_delta(f0, iv.cum.flows, since_ns=t0, j=j0 if latest else None, pool=self._pool)
         glob = globals_delta(g0, iv.cum.globals)
         # the batches as they are when one holds them all and none started before t0 (the
         # records are only read: no copy of a whole interval's records)

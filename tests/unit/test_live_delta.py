@@ -375,6 +375,35 @@ def test_window_follows_its_anchor_to_the_reference_delta(seed):
     assert w.snapshot(skip).flows.tobytes() == _reference_delta(w._anchors[0][1], cur, w._anchors[0][0]).tobytes()
 
 
+def test_window_anchored_at_the_previous_read_is_the_interval_delta():
+    """A window of twice the read interval re-anchors at every read: its delta is the read's
+    own (taken, not made again) and still the per-flow reference of anchor and read; a read
+    whose delta does not start at the anchor (a skipped read) makes its own."""
+    rng = np.random.default_rng(21)
+    w = live.Window(2.0)
+    cur = _table(rng, 300)
+    cur = cur[S._key_order(S.flow_key_matrix(cur))]
+    prev = pw = None
+    gone = cur[:0]
+    shared = 0
+    for i in range(7):
+        t = (i + 1) * 1_000_000_000
+        if i:
+            cur, gone = _next(rng, cur, gone, t)
+        since = t - (2_000_000_000 if i == 5 else 1_000_000_000)      # read 5: its delta spans two reads
+        d, j, words = live.interval_delta(prev, cur, since, pw)
+        iv = live.Interval(i, 0.0, 1.0, i + 1.0, _snap(d, t, since), _snap(cur, t, 0),
+                           np.zeros(0, L.MSG_REC_DTYPE), join=j, words=words)
+        w.add(iv)
+        t0, anchor = w._anchors[0][0], w._anchors[0][1]
+        got = w.snapshot(iv).flows
+        assert got.tobytes() == _reference_delta(anchor, cur, t0).tobytes()
+        shared += got is d
+        assert not (i == 5 and got is d)
+        prev, pw = cur, words
+    assert shared >= 4
+
+
 @pytest.mark.parametrize("sample_n", [1, 4])
 def test_flow_rates_one_pass_is_the_per_column_numpy(sample_n):
     """flow_rates' one numba pass: bit for bit the per-column numpy expressions of the
