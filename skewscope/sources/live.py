@@ -534,7 +534,10 @@ class Window:
     Each anchor also keeps, read after read, the join of the latest read to its table
     (follow_join over the reads' own joins, O(flows) per read), so the window's delta does
     not join the whole table again; reads that do not carry their join (Interval.join) or
-    that skip one make the snapshot join as before. `pool`: the core.pool.ArrayPool its
+    that skip one make the snapshot join as before. When the older anchor is the read just
+    before (reads half the window or more apart) the snapshot is that read's delta and, if
+    its records are the window's, events: shared with the Interval, read-only for both.
+    `pool`: the core.pool.ArrayPool its
     snapshots' flow tables come from (default: its own; memory: the tables still referred
     to, plus one spare of the latest size)."""
 
