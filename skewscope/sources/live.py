@@ -534,7 +534,10 @@ class Window:
     Each anchor also keeps, read after read, the join of the latest read to its table
     (follow_join over the reads' own joins, O(flows) per read), so the window's delta does
     not join the whole table again; reads that do not carry their join (Interval.join) or
-    that skip one make the snapshot join as before. `pool`: the core.pool.ArrayPool its
+    that skip one make the snapshot join as before. When the older anchor is the read just
+    before (reads half the window or more apart) the snapshot is that read's delta and, if
+    its records are the window's, events: shared with the Interval, read-only for both.
+    `pool`: the core.pool.ArrayPool its
     snapshots' flow tables come from (default: its own; memory: the tables still referred
     to, plus one spare of the latest size)."""
 
@@ -547,6 +550,7 @@ class Window:
         self._ev_t: list[int] = []
         self.dropped = 0
         self._last: tuple[int, np.ndarray] | None = None     # (index, cum.flows) of the latest read
+        self._before: np.ndarray | None = None   # cum.flows of the read just before it (consecutive indexes)
         # the snapshots' tables, written into buffers no earlier snapshot's reader still holds
         self._pool = ArrayPool(L.FLOW_DTYPE) if pool is None else pool
 
@@ -559,6 +563,7 @@ class Window:
                 a[4] = follow_join(a[4], iv.join, a[3], iv.words)
             else:
                 a[4] = None
+        self._before = self._last[1] if self._last is not None and iv.index == self._last[0] + 1 else None
         self._last = (iv.index, iv.cum.flows)
 
     def add(self, iv: Interval) -> None:
@@ -592,21 +597,32 @@ class Window:
     def snapshot(self, iv: Interval) -> Snapshot:
         t0, f0, g0, _, j0 = self._anchors[0]
         latest = self._last is not None and self._last[1] is iv.cum.flows
-        flows = flow_delta(f0, iv.cum.flows, since_ns=t0, j=j0 if latest else None, pool=self._pool)
+        # the anchor is the read before iv and iv's delta starts at it (a read interval of half
+        # the window or more): that delta is this one, already made (shared, not copied)
+        own = latest and iv.join is not None and len(f0) and f0 is self._before \
+            and int(iv.delta.meta.get("first_ts", -1)) == t0
+        flows = iv.delta.flows if own else flow_delta(f0, iv.cum.flows, since_ns=t0, j=j0 if latest else None,
+                                                      pool=self._pool)
         glob = globals_delta(g0, iv.cum.globals)
         # the batches as they are when one holds them all and none started before t0 (the
         # records are only read: no copy of a whole interval's records)
         recs = np.concatenate(self._ev) if len(self._ev) > 1 else self._ev[0] if self._ev else \
             np.zeros(0, L.MSG_REC_DTYPE)
+        events = None
         if len(recs):
             late = recs["start_ts"] >= t0
-            if not late.all():
+            if own and self._ev[-1] is iv.records and late[len(recs) - len(iv.records):].all() \
+                    and not late[:len(recs) - len(iv.records)].any():
+                events = iv.delta.events        # the window's records are iv's: so are its events
+            elif not late.all():
                 recs = recs[late]
+        if events is None:
+            events = events_from_records(flows, recs)
         meta = dict(iv.cum.meta)
         now = int(iv.cum.meta["last_ts"])
         meta.update({"first_ts": t0, "last_ts": now, "duration_s": max(1e-9, (now - t0) / 1e9),
                      "window_s": (now - t0) / 1e9})
-        return Snapshot(flows=flows, events=events_from_records(flows, recs), globals=glob, meta=meta)
+        return Snapshot(flows=flows, events=events, globals=glob, meta=meta)
 
 
 # ---- one-shot capture ---------------------------------------------------------------------

@@ -375,6 +375,54 @@ def test_window_follows_its_anchor_to_the_reference_delta(seed):
     assert w.snapshot(skip).flows.tobytes() == _reference_delta(w._anchors[0][1], cur, w._anchors[0][0]).tobytes()
 
 
+def test_window_anchored_at_the_previous_read_is_the_interval_delta():
+    """A window of twice the read interval re-anchors at every read: its delta is the read's
+    own (taken, not made again), and so are its events when the read's records are the
+    window's; both still the per-flow reference of anchor and read and the records since the
+    anchor. A read whose delta does not start at the anchor (a skipped read), or with records
+    from before the anchor, makes its own."""
+    rng = np.random.default_rng(21)
+    w = live.Window(2.0)
+    cur = _table(rng, 300)
+    cur = cur[S._key_order(S.flow_key_matrix(cur))]
+    prev = pw = None
+    gone, batches = cur[:0], []
+    shared = shared_ev = 0
+    for i in range(9):
+        t = (i + 1) * 1_000_000_000
+        if i:
+            cur, gone = _next(rng, cur, gone, t)
+        since = t - (2_000_000_000 if i == 5 else 1_000_000_000)      # read 5: its delta spans two reads
+        d, j, words = live.interval_delta(prev, cur, since, pw)
+        r = np.zeros(int(rng.integers(1, 60)), L.MSG_REC_DTYPE)
+        pick = rng.integers(0, len(cur), len(r))
+        for name in ("src", "dst", "dest_qp", "ipver", "roce"):
+            r["key"][name] = cur[name][pick]
+        early = 1_500_000_000 if i % 3 == 2 else 999_999_999          # some reads: records from before the anchor
+        r["start_ts"] = np.sort(t - rng.integers(0, early, len(r)))
+        if i % 4 == 1:
+            r["start_ts"][-1] = t             # started at the read: in the next read's window too
+        r["bytes"] = np.arange(len(r)) + 1000 * i
+        ds = S.Snapshot(d, S.events_from_records(d, r), np.zeros(L.G_N, np.uint64),
+                        {"first_ts": since, "last_ts": t})
+        iv = live.Interval(i, 0.0, 1.0, i + 1.0, ds, _snap(cur, t, 0), r, join=j, words=words)
+        w.add(iv)
+        batches.append((t, r))
+        t0, anchor = w._anchors[0][0], w._anchors[0][1]
+        ws = w.snapshot(iv)
+        ref = _reference_delta(anchor, cur, t0)
+        want = np.concatenate([b for tb, b in batches if tb >= t0])
+        want = want[want["start_ts"] >= t0]
+        assert ws.flows.tobytes() == ref.tobytes()
+        assert ws.events.tobytes() == S.events_from_records(ref, want).tobytes()
+        shared += ws.flows is d
+        shared_ev += ws.events is ds.events
+        assert not (i == 5 and ws.flows is d)
+        assert not (i % 3 == 2 and ws.events is ds.events and (r["start_ts"] < t0).any())
+        prev, pw = cur, words
+    assert shared >= 6 and 3 <= shared_ev < shared
+
+
 @pytest.mark.parametrize("sample_n", [1, 4])
 def test_flow_rates_one_pass_is_the_per_column_numpy(sample_n):
     """flow_rates' one numba pass: bit for bit the per-column numpy expressions of the

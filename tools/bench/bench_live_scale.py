@@ -25,7 +25,13 @@ Rows (CPU time of this process, median of --rounds; the first round untimed):
   window               sources.live.Window.add + Window.snapshot (the analysis window's delta
                        against its anchor, offered to the runner each read; the reads carry their
                        joins and key words as read_interval's Intervals do; the snapshots' tables
-                       from one pool, as one Window's are read after read)
+                       from one pool, as one Window's are read after read). The older anchor
+                       is the previous read (reads of half the window or more apart): the
+                       read's own delta and events are the window's
+  window, older anchor the same when the read's delta does not start at the anchor (the live
+                       loop's usual case: a 10 s window, 1 s reads): a delta_rows pass against
+                       the anchor over the followed join, and the records' events (not added to
+                       the intervals)
   rates                core.rates.flow_rates(delta): top's per-flow columns (part of top rows:
                        build_model computes them; not added to the top interval again)
   top rows             outputs.topview.build_model + plain_lines (sorted rows, totals, 20 shown)
@@ -347,6 +353,22 @@ def run(n_flows, a, rows):
         w.add(ivw)
         return w.snapshot(ivw)
 
+    # the same reads, the interval's delta (as if) from a read before the anchor: made again
+    dmeta = dict(delta.meta, first_ts=15 * NS)
+    ivo = Interval(1, 26.0, 6.0, 26.0, Snapshot(delta.flows, delta.events, delta.globals, dmeta), ivw.cum, recs,
+                   join=j0, words=words)
+
+    def f_window_older():
+        w = Window(10.0, pool=wpool)
+        w.add(iv0)
+        w.add(ivo)
+        return w.snapshot(ivo)
+
+    shared, made = f_window(), f_window_older()   # the two cases measured, the same table
+    assert shared.flows is delta.flows and made.flows is not delta.flows
+    assert made.flows.tobytes() == shared.flows.tobytes()
+    del shared, made
+
     def f_top():
         m = build_model(delta, 1.0, state, iface="bench", cum=cum, limit=20)
         return plain_lines(m)
@@ -373,6 +395,7 @@ def run(n_flows, a, rows):
          "O(flows)"),
         ("records -> events", cpu(lambda: events_from_records(d0, recs), r), "O(flows + records)"),
         ("window", cpu(f_window, r), "O(flows + records)"),
+        ("window, older anchor", cpu(f_window_older, r), "O(flows + records)  (not in the intervals)"),
         ("rates", cpu(lambda: flow_rates(d0, 1.0), r), "O(flows)  (in top rows)"),
         ("top rows", cpu(f_top, r), "O(flows)"),
         ("top matrix", cpu(lambda: matrix_view(fresh(), 1.0), r), "O(flows) + O(nodes^2)"),
