@@ -8,7 +8,7 @@ import numpy as np
 
 from skewscope.core import layout as L
 from skewscope.core.jit import load_u64, njit, prefetch, prefetch_span, store_u64
-from skewscope.core.snapshot import _KEY_PREFIX, _copy_bytes, flow_key_matrix, match_rows
+from skewscope.core.snapshot import _KEY_PREFIX, _copy_bytes, bswap64, flow_key_matrix, key_word, match_rows
 
 
 def counter_blocks(names) -> tuple:
@@ -248,15 +248,6 @@ def order_words(flows: np.ndarray, pool=None) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _bswap64(v):
-    """v with its bytes reversed (LLVM makes this one bswap)."""
-    return (((v & np.uint64(0xFF)) << np.uint64(56)) | ((v & np.uint64(0xFF00)) << np.uint64(40))
-            | ((v & np.uint64(0xFF0000)) << np.uint64(24)) | ((v & np.uint64(0xFF000000)) << np.uint64(8))
-            | ((v >> np.uint64(8)) & np.uint64(0xFF000000)) | ((v >> np.uint64(24)) & np.uint64(0xFF0000))
-            | ((v >> np.uint64(40)) & np.uint64(0xFF00)) | (v >> np.uint64(56)))
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _kcmp(a, i, b, j, last):
     for c in range(a.shape[1]):
         x, y = a[i, c], b[j, c]
@@ -264,7 +255,7 @@ def _kcmp(a, i, b, j, last):
             x &= last
             y &= last
         if x != y:
-            return -1 if _bswap64(x) < _bswap64(y) else 1
+            return -1 if bswap64(x) < bswap64(y) else 1
     return 0
 
 
@@ -309,6 +300,15 @@ WORDS_DTYPE = np.dtype((np.uint64, L.FLOW_KEY_DTYPE.itemsize // 8))
 _PK_OFF, _TS_OFF = L.FLOW_DTYPE.fields["packets"][1], L.FLOW_DTYPE.fields["first_ts"][1]
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _wcmp(a, i, b, j):
+    """-1, 0, 1 as row i of the words a is below, equal to or above row j of b."""
+    for w in range(a.shape[1]):
+        if a[i, w] != b[j, w]:
+            return -1 if a[i, w] < b[j, w] else 1
+    return 0
+
+
 @njit(cache=True, nogil=True)
 def _interval_join(craw, praw, rs, nkey, pw, words, j, keep, sub):
     """order_words of cur (craw) into words, sorted_join of them to prev's words pw into j,
@@ -326,40 +326,18 @@ def _interval_join(craw, praw, rs, nkey, pw, words, j, keep, sub):
             prefetch_span(praw, (p + _KEY_PREFETCH_ROWS) * rs + _PK_OFF, _TS_OFF + 8 - _PK_OFF)
         b = i * rs
         for w in range(nw):
-            v = np.uint64(0)
-            left = nkey - 8 * w
-            if left >= 8:
-                v = load_u64(craw, b + 8 * w)
-            elif left > 0:
-                v = load_u64(craw, b + 8 * w) & ((np.uint64(1) << np.uint64(8 * left)) - np.uint64(1))
-            words[i, w] = _bswap64(v)
-        if i:
-            for w in range(nw):
-                if words[i - 1, w] != words[i, w]:
-                    if words[i - 1, w] > words[i, w]:
-                        return -1
-                    break
-                if w == nw - 1:
-                    return -1
+            words[i, w] = bswap64(key_word(craw, b, nkey, w))
+        if i and _wcmp(words, i - 1, words, i) >= 0:
+            return -1
         # the merge: the first row of prev not below row i
         c = -1
         while p < m:
-            c = 0
-            for w in range(nw):
-                if pw[p, w] != words[i, w]:
-                    c = -1 if pw[p, w] < words[i, w] else 1
-                    break
+            c = _wcmp(pw, p, words, i)
             if c >= 0:
                 break
             p += 1
-            if p < m:
-                for w in range(nw):
-                    if pw[p - 1, w] != pw[p, w]:
-                        if pw[p - 1, w] > pw[p, w]:
-                            return -1
-                        break
-                    if w == nw - 1:
-                        return -1
+            if p < m and _wcmp(pw, p - 1, pw, p) >= 0:
+                return -1
         r = p if p < m and c == 0 else -1
         j[i] = r
         cpk = load_u64(craw, b + _PK_OFF)
@@ -375,13 +353,8 @@ def _interval_join(craw, praw, rs, nkey, pw, words, j, keep, sub):
             sub[k] = s
             k += 1
     for r in range(max(p, 0) + 1, m):
-        for w in range(nw):
-            if pw[r - 1, w] != pw[r, w]:
-                if pw[r - 1, w] > pw[r, w]:
-                    return -1
-                break
-            if w == nw - 1:
-                return -1
+        if _wcmp(pw, r - 1, pw, r) >= 0:
+            return -1
     return k
 
 

@@ -362,18 +362,35 @@ def _match_rows_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True, inline="always")
+def key_word(raw, b, nkey, w):
+    """Word w of the key at raw[b:] as a little-endian u64, the bytes from nkey on (padding
+    after the key's last field) read as zero (raw: 1-D uint8)."""
+    left = nkey - 8 * w
+    if left >= 8:
+        return load_u64(raw, b + 8 * w)
+    if left > 0:
+        return load_u64(raw, b + 8 * w) & ((np.uint64(1) << np.uint64(8 * left)) - np.uint64(1))
+    return np.uint64(0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def bswap64(v):
+    """v with its bytes reversed (LLVM makes this one bswap): a little-endian loaded word in
+    its bytes' lexicographic order."""
+    return (((v & np.uint64(0xFF)) << np.uint64(56)) | ((v & np.uint64(0xFF00)) << np.uint64(40))
+            | ((v & np.uint64(0xFF0000)) << np.uint64(24)) | ((v & np.uint64(0xFF000000)) << np.uint64(8))
+            | ((v >> np.uint64(8)) & np.uint64(0xFF000000)) | ((v >> np.uint64(24)) & np.uint64(0xFF0000))
+            | ((v >> np.uint64(40)) & np.uint64(0xFF00)) | (v >> np.uint64(56)))
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _key_hash(raw, b, nkey):
     """The 40-byte key at raw[b:] with bytes from nkey on read as zero: its five
     little-endian words (as flow_key_words) and a 64-bit hash of them."""
     h = np.uint64(0)
     w0 = w1 = w2 = w3 = w4 = np.uint64(0)
     for w in range(5):
-        left = nkey - 8 * w
-        v = np.uint64(0)
-        if left >= 8:
-            v = load_u64(raw, b + 8 * w)
-        elif left > 0:
-            v = load_u64(raw, b + 8 * w) & ((np.uint64(1) << np.uint64(8 * left)) - np.uint64(1))
+        v = key_word(raw, b, nkey, w)
         if w == 0:
             w0 = v
         elif w == 1:
@@ -444,17 +461,7 @@ def _be_words(raw, b, nkey, out, i):
     """out[i] = the 40-byte key at raw[b:] (bytes from nkey on read as zero) as big-endian
     u64 words: comparing them word by word compares the key bytes."""
     for w in range(5):
-        left = nkey - 8 * w
-        v = np.uint64(0)
-        if left >= 8:
-            v = load_u64(raw, b + 8 * w)
-        elif left > 0:
-            v = load_u64(raw, b + 8 * w) & ((np.uint64(1) << np.uint64(8 * left)) - np.uint64(1))
-        r = np.uint64(0)
-        for _ in range(8):
-            r = (r << np.uint64(8)) | (v & np.uint64(0xFF))
-            v >>= np.uint64(8)
-        out[i, w] = r
+        out[i, w] = bswap64(key_word(raw, b, nkey, w))
 
 
 @njit(cache=True, nogil=True)
