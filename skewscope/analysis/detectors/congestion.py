@@ -23,6 +23,8 @@ def congestion(inp, em):
         starts = np.cumsum([0] + [len(g[2]) for g in groups[:-1]])
         ce_g = np.add.reduceat(cg["ce"][flat], starts)
         ect_g = np.add.reduceat(cg["ecn_capable"][flat], starts)
+        part = ctx.partner[flat]
+        cnp_g = np.add.reduceat(np.where(part >= 0, cg["cnp"][np.maximum(part, 0)], 0.0), starts)
         keep = np.nonzero(ce_g >= t["min_ce"])[0].tolist()
     else:
         keep = []
@@ -35,8 +37,7 @@ def congestion(inp, em):
             continue
         # (a few flows per group, hundreds of groups: a set, not np.unique's sort per group)
         peers = sorted(set((ctx.nodes.src if role == "into" else ctx.nodes.dst)[fl].tolist()))
-        part = ctx.partner[fl]
-        cnp = float(cg["cnp"][part[part >= 0]].sum())
+        cnp = float(cnp_g[k])                 # the CNPs back on the groups' partner flows
         # when: CE marks and CNPs carry no time (flow-table counters); the marked flows'
         # slowdown does (their message rates against the other data flows')
         onset = slowdown_onset(ctx, fl) if ctx.__dict__.get("_fstat") is not None else None

@@ -18,6 +18,27 @@ def _requests(ctx, f) -> float:
     return float((op[:, L.OPC_SEND] + op[:, L.OPC_WRITE] + op[:, L.OPC_READ_REQ] + op[:, L.OPC_ATOMIC]).sum())
 
 
+def _request_col(ctx, f) -> np.ndarray:
+    """Request packets of each of flows f (_requests' columns; only those rows: the
+    op matrix's strided columns over every flow cost 6 ms at 1,048,576 flows)."""
+    op = ctx.cols["op"][f]
+    return op[:, L.OPC_SEND] + op[:, L.OPC_WRITE] + op[:, L.OPC_READ_REQ] + op[:, L.OPC_ATOMIC]
+
+
+def _flat(groups):
+    """by_pair's groups' flows end to end and where each group starts."""
+    if not groups:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    sizes = [len(g[2]) for g in groups]
+    flat = np.fromiter((i for g in groups for i in g[2]), np.int64, sum(sizes))
+    return flat, np.cumsum([0] + sizes[:-1])
+
+
+def _sums(col, starts) -> np.ndarray:
+    """Per-group sums of col (groups from _flat; none: empty)."""
+    return np.add.reduceat(col, starts) if len(starts) else col[:0]
+
+
 def impact_severity(events: float, share: float, t: dict) -> str:
     """A loss-type symptom's severity by what it costs: `critical` when its share of the
     link's requests is >= t["critical"]; `warning` when it is measurable: >= t["warning"] of
@@ -41,16 +62,29 @@ def loss(inp, em):
     ips = ctx.nodes.ips
     fl = ctx.flows
     raw_retx = ctx.cols["retransmissions"]
+    # every pair's sums at once: the summed columns are counts (x the integer sampling
+    # factor), so np.add.reduceat's sums are exact and equal to each pair's own .sum()
     t = th["packet_loss"]
-    for s, d, f in by_pair(ctx, np.nonzero(cg["psn_gaps"] >= max(1, t["min_gaps"]))[0]):
-        gaps = float(cg["psn_gaps"][f].sum())
-        skipped = float(cg["psn_skipped"][f].sum())
-        lr, sk = cg["loss_rate"][f], cg["psn_skipped"][f]
-        req = float(sum((sk[lr > 0] / lr[lr > 0]).tolist()))
+    groups = by_pair(ctx, np.nonzero(cg["psn_gaps"] >= max(1, t["min_gaps"]))[0])
+    flat, starts = _flat(groups)
+    part = ctx.partner[flat]
+    lr = cg["loss_rate"][flat]
+    # (the requests behind the skipped packets: skipped / loss rate of the flows that lost,
+    # summed in flow order as before; a 0.0 term for the others leaves a sum unchanged)
+    q = np.zeros(len(flat))
+    q[lr > 0] = cg["psn_skipped"][flat][lr > 0] / lr[lr > 0]
+    q = q.tolist()
+    gaps_g, skipped_g, retx_g = (_sums(cg[k][flat], starts) for k in ("psn_gaps", "psn_skipped", "retransmissions"))
+    nreq_g = _sums(_request_col(ctx, flat), starts)
+    raw_g = _sums(ctx.cols["psn_skipped"][flat] + raw_retx[flat], starts)
+    naks_g = _sums(np.where(part >= 0, cg["nak_seq"][np.maximum(part, 0)], 0.0), starts)
+    bounds = starts.tolist() + [len(flat)]
+    for k, (s, d, f) in enumerate(groups):
+        gaps, skipped = float(gaps_g[k]), float(skipped_g[k])
+        req = float(sum(q[bounds[k]:bounds[k + 1]]))
         rate = skipped / req if req > 0 else 0.0
         # what the loss cost: the packets missing and resent (go-back-N) / the link's requests
-        nreq = _requests(ctx, f)
-        cost = (float(ctx.cols["psn_skipped"][f].sum()) + float(raw_retx[f].sum())) / max(1.0, nreq)
+        cost = float(raw_g[k]) / max(1.0, float(nreq_g[k]))
         if rate >= t["critical"]:
             severity = "critical"
         else:
@@ -58,8 +92,7 @@ def loss(inp, em):
                                                     "warning_events": t["warning_events"]})
             if severity == "info" and gaps >= t["warning_events"]:
                 severity = "warning"                     # repeated loss events: a lossy path
-        part = ctx.partner[f]
-        naks = float(cg["nak_seq"][part[part >= 0]].sum())
+        naks = float(naks_g[k])
         em.add("packet_loss", severity, [s, d],
                f"packet loss on {ips[s]} -> {ips[d]} (QP {qp_list(ctx, f)}): {int(gaps)} PSN gap(s), {int(skipped)} packets "
                f"missing ({pct(rate)}), go-back-N resends follow; RoCE needs a lossless fabric: check PFC/buffer "
@@ -67,26 +100,30 @@ def loss(inp, em):
                + (f" (one loss event, its resends {_share(cost)} of the link's packets: no measurable cost)"
                   if severity == "info" else ""),
                {"psn_gaps": gaps, "psn_skipped": skipped, "loss_rate": rate,
-                "retransmissions": float(cg["retransmissions"][f].sum()), "naks_psn_sequence": naks,
+                "retransmissions": float(retx_g[k]), "naks_psn_sequence": naks,
                 "flows": len(f), "resent_share": cost}, flows=f, onset=resend_onset(ctx, f, int(gaps)))
     t = th["retransmissions"]
-    for s, d, f in by_pair(ctx, np.nonzero(cg["retransmissions"] >= max(1, t["min_packets"]))[0]):
-        retx = float(cg["retransmissions"][f].sum())
-        with_gap = bool((cg["psn_gaps"][f] > 0).all())
-        share = float(raw_retx[f].sum()) / max(1.0, _requests(ctx, f))
-        severity = "info" if with_gap else impact_severity(float(raw_retx[f].sum()), share, t)
+    groups = by_pair(ctx, np.nonzero(cg["retransmissions"] >= max(1, t["min_packets"]))[0])
+    flat, starts = _flat(groups)
+    retx_g, gaps_g = _sums(cg["retransmissions"][flat], starts), _sums(cg["psn_gaps"][flat], starts)
+    raw_g, nreq_g = _sums(raw_retx[flat], starts), _sums(_request_col(ctx, flat), starts)
+    nogap_g = _sums((cg["psn_gaps"][flat] <= 0).astype(np.int64), starts)
+    for k, (s, d, f) in enumerate(groups):
+        retx = float(retx_g[k])
+        with_gap = bool(nogap_g[k] == 0)
+        share = float(raw_g[k]) / max(1.0, float(nreq_g[k]))
+        severity = "info" if with_gap else impact_severity(float(raw_g[k]), share, t)
         em.add("retransmissions", severity, [s, d],
                f"{int(retx)} retransmitted packets on {ips[s]} -> {ips[d]} (QP {qp_list(ctx, f)})"
                + (" (go-back-N recovery of the loss above)" if with_gap else
                   ": losses after this observation point or ACK timeouts; check the receiver side of the path"
                   + (f" ({_share(share)} of its packets: no measurable cost)" if severity == "info" else
                      f" ({_share(share)} of its packets resent)")),
-               {"retransmissions": retx, "psn_gaps": float(cg["psn_gaps"][f].sum()), "flows": len(f),
+               {"retransmissions": retx, "psn_gaps": float(gaps_g[k]), "flows": len(f),
                 "retransmitted_share": share}, flows=f,
-               onset=resend_onset(ctx, f, int(cg["psn_gaps"][f].sum()) or int(retx)))
+               onset=resend_onset(ctx, f, int(gaps_g[k]) or int(retx)))
     t = th["nak_errors"]
     tot = cg["nak_seq"] + cg["nak_rnr"] + cg["nak_other"]
-    raw_naks = ctx.cols["nak_seq"] + ctx.cols["nak_rnr"] + ctx.cols["nak_other"]
     for s, d, f in by_pair(ctx, np.nonzero(tot >= max(1, t["min_naks"]))[0]):
         # NAKs travel responder -> requester: the data flows are the partners
         f = np.asarray(f)
@@ -94,7 +131,7 @@ def loss(inp, em):
         data_flows = part[part >= 0].tolist()
         gaps = len(data_flows) > 0 and bool((cg["psn_gaps"][data_flows] > 0).all())
         seq, rnr, oth = (float(cg[k][f].sum()) for k in ("nak_seq", "nak_rnr", "nak_other"))
-        n_raw = float(raw_naks[f].sum())
+        n_raw = float(sum(ctx.cols[k][f].sum() for k in ("nak_seq", "nak_rnr", "nak_other")))
         # each NAK stops the requester (a resend from the NAKed PSN, an RNR timer): its share
         # of the requests NAKed (those of the data flows, or of the node pair's when unpaired)
         req = _requests(ctx, data_flows) if data_flows else _requests(ctx, np.nonzero(
