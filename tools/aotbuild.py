@@ -101,7 +101,8 @@ def _live_workload(snap, path: str) -> None:
     """The live path's per-interval kernels (top, export, watch): the interval delta of two
     reads of a flow table sorted by key (the loader's) and of two unsorted ones (the hash
     join), its rates, the window following its anchor, the interval's records matched to its
-    flows (sorted: a merge; unsorted: a hash table), and the exporter reading a capture once."""
+    flows (sorted: a merge; unsorted: a hash table), the exporter fed read after read (its
+    window merge) and reading a capture once."""
     from skewscope.core import layout as L
     from skewscope.core.rates import flow_rates, follow_join, order_words, words_sorted
     from skewscope.core.snapshot import events_from_records
@@ -121,6 +122,15 @@ def _live_workload(snap, path: str) -> None:
     if words_sorted(pw):
         follow_join(np.arange(len(prev)), j, pw, words)
     flow_delta(prev[::-1].copy(), cur)
+    # the exporter's steady state: read after read into one Accumulator (its window merge)
+    from skewscope.outputs.exporter import Accumulator
+    acc = Accumulator(timing_nodes=0)
+    ev = events_from_records(d, recs)
+    for k in range(3):
+        e = ev.copy()
+        e["start_ts"] += np.uint64(k * 1_000_000_000)
+        e["end_ts"] += np.uint64(k * 1_000_000_000)
+        acc.add(d, e, cum_flows=cur)
     with contextlib.redirect_stdout(io.StringIO()):
         cli.main(["export", "--from", path, "--once"], standalone_mode=False)
 
