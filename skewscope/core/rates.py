@@ -57,6 +57,7 @@ def kept_rows(j: np.ndarray, cur: np.ndarray, prev: np.ndarray):
 
 @njit(cache=True, nogil=True, inline="always")
 def _cmp(a, i, b, j):
+    """-1, 0, 1 as row i of the words a is below, equal to or above row j of b."""
     for k in range(a.shape[1]):
         if a[i, k] != b[j, k]:
             return -1 if a[i, k] < b[j, k] else 1
@@ -300,15 +301,6 @@ WORDS_DTYPE = np.dtype((np.uint64, L.FLOW_KEY_DTYPE.itemsize // 8))
 _PK_OFF, _TS_OFF = L.FLOW_DTYPE.fields["packets"][1], L.FLOW_DTYPE.fields["first_ts"][1]
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _wcmp(a, i, b, j):
-    """-1, 0, 1 as row i of the words a is below, equal to or above row j of b."""
-    for w in range(a.shape[1]):
-        if a[i, w] != b[j, w]:
-            return -1 if a[i, w] < b[j, w] else 1
-    return 0
-
-
 @njit(cache=True, nogil=True)
 def _interval_join(craw, praw, rs, nkey, pw, words, j, keep, sub):
     """order_words of cur (craw) into words, sorted_join of them to prev's words pw into j,
@@ -327,16 +319,16 @@ def _interval_join(craw, praw, rs, nkey, pw, words, j, keep, sub):
         b = i * rs
         for w in range(nw):
             words[i, w] = bswap64(key_word(craw, b, nkey, w))
-        if i and _wcmp(words, i - 1, words, i) >= 0:
+        if i and _cmp(words, i - 1, words, i) >= 0:
             return -1
         # the merge: the first row of prev not below row i
         c = -1
         while p < m:
-            c = _wcmp(pw, p, words, i)
+            c = _cmp(pw, p, words, i)
             if c >= 0:
                 break
             p += 1
-            if p < m and _wcmp(pw, p - 1, pw, p) >= 0:
+            if p < m and _cmp(pw, p - 1, pw, p) >= 0:
                 return -1
         r = p if p < m and c == 0 else -1
         j[i] = r
@@ -353,7 +345,7 @@ def _interval_join(craw, praw, rs, nkey, pw, words, j, keep, sub):
             sub[k] = s
             k += 1
     for r in range(max(p, 0) + 1, m):
-        if _wcmp(pw, r - 1, pw, r) >= 0:
+        if _cmp(pw, r - 1, pw, r) >= 0:
             return -1
     return k
 
