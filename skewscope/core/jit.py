@@ -32,9 +32,10 @@ behaviour (for comparison).
 all cache levels), for kernels that walk rows too far apart for the hardware prefetcher
 (the flow table's 850-byte rows: it stops at every 4 KiB page). A hint only: never
 faults, changes no result. `prefetch_span(a, start, nbytes)`: every cache line of
-a[start:start + nbytes] (the row kernels' look-ahead, inlined). `load_u64(a, i)` /
-`store_u64(a, i, v)`: the u64 at byte i of a uint8 array, any alignment (a flow row's
-counters sit at odd offsets: x86 loads them as they are).
+a[start:start + nbytes] (the row kernels' look-ahead, inlined). `unaligned(bits, order,
+store)`: the one codegen of an integer read or written at any byte of a uint8 array, in one
+instruction; built on it, `load_u64(a, i)` / `store_u64(a, i, v)` (a flow row's counters sit
+at odd offsets) and the offline parser's field readers ld8, be16, be32, le32, le64, rd16, rd32.
 """
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ import sys
 
 from skewscope.core import aot as _aotmod
 
-__all__ = ["njit", "intrinsic", "prefetch", "prefetch_span", "load_u64", "store_u64", "Kernel", "arg_key",
-           "numba_loaded"]
+__all__ = ["njit", "intrinsic", "prefetch", "prefetch_span", "unaligned", "load_u64", "store_u64", "ld8", "be16",
+           "be32", "le32", "le64", "rd16", "rd32", "Kernel", "arg_key", "numba_loaded"]
 
 #: every Kernel, in definition order (the AOT build compiles from this registry)
 KERNELS: list["Kernel"] = []
@@ -266,37 +267,85 @@ def prefetch_span(raw, start, nbytes):
         o += 64
 
 
-def _u64_pointer(context, builder, aryty, ary, idx):
-    from llvmlite import ir  # heavy: typing runs only under numba
-    from numba.core import cgutils  # heavy: as above
-    a = context.make_array(aryty)(context, builder, ary)
-    p = cgutils.get_item_pointer(context, builder, aryty, a, [idx], wraparound=False)
-    return builder.bitcast(p, ir.IntType(64).as_pointer())
+def unaligned(bits: int, order: str = "le", store: bool = False, result: str = "uint64") -> "Intrinsic":
+    """An intrinsic that reads (or, `store`, writes) the `bits`-bit unsigned integer at byte i
+    of a 1-D uint8 array in one instruction at any alignment (x86 loads unaligned words as
+    they are; numba would read the bytes one by one, each with a negative-index wraparound,
+    a compare and a cmov). No bounds check, no wraparound: the callers' offsets are never
+    negative and their bytes are there.
+
+    load: f(a, i) -> the value zero-extended to `result` (a numba integer type name);
+    order "le" / "be" / "arg" (f(a, i, big): big-endian when the bool big is true).
+    store: f(a, i, v) -> None, v cast to uint64 and its low `bits` written in `order`."""
+    if store and order == "arg":
+        raise ValueError("a store's byte order is fixed")
+
+    def codegen(context, builder, sig, args):
+        from llvmlite import ir  # heavy: codegen runs only under numba
+        from numba.core import cgutils, types  # heavy: as above
+        aryty = sig.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        off = context.cast(builder, args[1], sig.args[1], types.intp)
+        ity = ir.IntType(bits)
+        ptr = builder.bitcast(cgutils.get_item_pointer(context, builder, aryty, ary, [off], wraparound=False),
+                              ity.as_pointer())
+        if store:
+            v = context.cast(builder, args[2], sig.args[2], types.uint64)
+            v = builder.trunc(v, ity) if bits < 64 else v
+            builder.store(builder.bswap(v) if order == "be" and bits > 8 else v, ptr, align=1)
+            return context.get_dummy_value()
+        v = builder.load(ptr, align=1)
+        if bits > 8 and order == "be":
+            v = builder.bswap(v)
+        elif bits > 8 and order == "arg":
+            big = context.cast(builder, args[2], sig.args[2], types.boolean)
+            v = builder.select(big, builder.bswap(v), v)
+        return builder.zext(v, ir.IntType(64)) if bits < 64 else v
+
+    if store or order == "arg":
+        def typer(typingctx, arr, idx, third):
+            from numba.core import types  # heavy: typing runs only under numba
+            return (types.void if store else getattr(types, result))(arr, idx, third), codegen
+    else:
+        def typer(typingctx, arr, idx):
+            from numba.core import types  # heavy: typing runs only under numba
+            return getattr(types, result)(arr, idx), codegen
+    typer.__name__ = typer.__qualname__ = f"{'store' if store else 'load'}{bits}{order}"
+    return intrinsic(typer)
 
 
-@intrinsic
-def load_u64(typingctx, arr, idx):
-    """load_u64(a, i): the little-endian u64 at byte i of a 1-D uint8 array (no alignment, no
-    bounds check: the caller's offsets are inside the row)."""
-    from numba.core import types  # heavy: typing runs only under numba
+#: load_u64(a, i) / store_u64(a, i, v): a flow row's counters (u64 at odd offsets)
+load_u64 = unaligned(64)
+store_u64 = unaligned(64, store=True)
+#: the offline parser's field readers (int64, its integers): ld8 (b[o]), be16/be32 (network
+#: order), le32/le64, rd16/rd32 (a capture's own byte order: big-endian when `big`)
+ld8 = unaligned(8, result="int64")
+be32 = unaligned(32, "be", result="int64")
+le32 = unaligned(32, result="int64")
+_be16 = unaligned(16, "be", result="int64")
+_le64 = unaligned(64, result="int64")
+_rd16 = unaligned(16, "arg", result="int64")
+_rd32 = unaligned(32, "arg", result="int64")
 
-    def codegen(context, builder, signature, args):
-        v = builder.load(_u64_pointer(context, builder, signature.args[0], args[0], args[1]))
-        v.align = 1
-        return v
 
-    return types.uint64(arr, idx), codegen
+# be16, le64, rd16, rd32 stay numba functions around their intrinsic (compiled apart, then
+# inlined by LLVM), as they were before the intrinsics: calling the intrinsic directly gives
+# the parser's kernels other register allocation (machine code not measured)
+@njit(cache=True)
+def be16(b, o):
+    return _be16(b, o)
 
 
-@intrinsic
-def store_u64(typingctx, arr, idx, val):
-    """store_u64(a, i, v): write u64 v at byte i of a 1-D uint8 array (as load_u64)."""
-    from numba.core import types  # heavy: typing runs only under numba
+@njit(cache=True)
+def le64(b, o):
+    return _le64(b, o)
 
-    def codegen(context, builder, signature, args):
-        v = context.cast(builder, args[2], signature.args[2], types.uint64)
-        st = builder.store(v, _u64_pointer(context, builder, signature.args[0], args[0], args[1]))
-        st.align = 1
-        return context.get_dummy_value()
 
-    return types.void(arr, idx, val), codegen
+@njit(cache=True)
+def rd16(b, o, big):
+    return _rd16(b, o, big)
+
+
+@njit(cache=True)
+def rd32(b, o, big):
+    return _rd32(b, o, big)

@@ -3,8 +3,9 @@
 numba keys a kernel's on-disk cache by the source of the kernel's own module, but `scan`
 (kernel/scanner.py) inlines the kernels of kernel/parse.py and kernel/accounting.py: an edit
 there must drop the whole package's cache, or the next run would load code compiled from the
-old parser. offline/__init__ fingerprints every kernel/*.py and layout.py's constants. Run here
-on a copy of the package (its own __pycache__), so the real cache is never touched.
+old parser. offline/__init__ fingerprints every kernel/*.py, core/jit.py (the byte readers) and
+layout.py's constants. Run here on a copy of the package (its own __pycache__), so the real
+cache is never touched.
 """
 from __future__ import annotations
 
@@ -51,5 +52,15 @@ def test_an_edit_to_any_kernel_module_drops_every_module_cache(tmp_path, monkeyp
 def test_a_layout_change_drops_the_cache(tmp_path, monkeypatch):
     pkg, cached = _copy(tmp_path, monkeypatch)
     monkeypatch.setattr(offline.L, "MSG_SLOTS", offline.L.MSG_SLOTS + 1)
+    offline._purge_stale_numba_cache()
+    assert not any(p.exists() for p in cached)
+
+
+def test_an_edit_to_core_jit_drops_the_cache(tmp_path, monkeypatch):
+    """The parser's byte readers (be16, rd32, ...) are core/jit.py's: their code is inlined too."""
+    pkg, cached = _copy(tmp_path, monkeypatch)
+    jit_copy = tmp_path / "jit.py"
+    jit_copy.write_text(Path(offline.jit.__file__).read_text() + "\n# edited\n")
+    monkeypatch.setattr(offline.jit, "__file__", str(jit_copy))
     offline._purge_stale_numba_cache()
     assert not any(p.exists() for p in cached)

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from skewscope.core import jit
 from skewscope.core import layout as L
 from skewscope.core.errors import PcapError  # noqa: F401 (re-exported: __all__)
 from skewscope.core.snapshot import Snapshot
@@ -62,8 +63,9 @@ from skewscope.sources.offline.tables import PACKET_DTYPE, _Full
 def _purge_stale_numba_cache() -> None:
     """numba's on-disk cache of a kernel is keyed by the source of the kernel's own module,
     but `scan` inlines kernels of the package's other modules and the compiled code freezes
-    layout.py's constants. Drop the package's cache when any of its modules or the layout
-    changed since it was built (called before the first kernel call loads anything)."""
+    layout.py's constants and core/jit.py's byte readers. Drop the package's cache when any of
+    its modules, jit.py or the layout changed since it was built (called before the first
+    kernel call loads anything)."""
     fp = hashlib.sha256()
     for k in sorted(dir(L)):
         if k.isupper():
@@ -74,7 +76,7 @@ def _purge_stale_numba_cache() -> None:
                 v = sorted(v)
             fp.update(f"{k}={v!r};".encode())
     pkg = Path(K.__file__).resolve().parent
-    for src in sorted(pkg.glob("*.py")):
+    for src in sorted(pkg.glob("*.py")) + [Path(jit.__file__)]:
         fp.update(src.name.encode() + b"\0" + src.read_bytes())
     digest = fp.hexdigest()[:16]
     cache = pkg / "__pycache__"   # numba's default place: next to the source

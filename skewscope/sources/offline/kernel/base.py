@@ -1,12 +1,13 @@
 """What every offline kernel module shares: the constants frozen into the compiled code
 (from skewscope/core/layout.py only, the mirror of ebpf/skewscope.h), the indices of the
-scalar state and of the per-packet dissection rows, `borrow`, and the byte readers."""
+scalar state and of the per-packet dissection rows, and `borrow` (the byte readers, ld8,
+be16, ...: core/jit.py's `unaligned`)."""
 from __future__ import annotations
 
 import numpy as np
 
 from skewscope.core import layout as L
-from skewscope.core.jit import intrinsic, njit
+from skewscope.core.jit import intrinsic
 
 
 @intrinsic
@@ -119,95 +120,3 @@ ST_N = 24
 PK_TS, PK_CAT, PK_OPCODE, PK_QP, PK_PSN, PK_RETH, PK_PAYLOAD, PK_WIRE, PK_SYND, PK_FB, \
     PK_SPORT, PK_TCLASS, PK_IPVER, PK_ROCE, PK_W0, PK_W1, PK_W2, PK_W3 = range(18)
 PK_N = 18
-
-
-# ---- byte helpers ----------------------------------------------------------------------
-def _load_codegen(bits, order):
-    """The codegen of a load of a `bits`-bit unsigned integer from b[o:o + bits // 8] in one
-    (unaligned) instruction, zero-extended to int64: order "le" / "be" / "arg" (the third
-    argument, a bool: big-endian when true). Without it, numba reads such a field byte by
-    byte, each read with its own negative-index wraparound (a compare and a cmov): the
-    offsets here are never negative, and every caller has checked the bytes are there."""
-    from llvmlite import ir  # heavy: codegen runs only under numba
-    from numba.core import cgutils, types  # heavy: as above
-
-    def codegen(context, builder, sig, args):
-        aryty = sig.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        off = context.cast(builder, args[1], sig.args[1], types.intp)
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [off], wraparound=False)
-        ity = ir.IntType(bits)
-        v = builder.load(builder.bitcast(ptr, ity.as_pointer()), align=1)
-        if bits > 8:
-            if order == "be":
-                v = builder.bswap(v)
-            elif order == "arg":
-                big = context.cast(builder, args[2], sig.args[2], types.boolean)
-                v = builder.select(big, builder.bswap(v), v)
-        return builder.zext(v, ir.IntType(64)) if bits < 64 else v
-    return codegen
-
-
-@intrinsic
-def ld8(typingctx, b, o):
-    """b[o] as int64 (no wraparound: o >= 0)."""
-    from numba.core import types  # heavy: typing runs only under numba
-    return types.int64(b, o), _load_codegen(8, "le")
-
-
-@intrinsic
-def _be16(typingctx, b, o):
-    from numba.core import types  # heavy: typing runs only under numba
-    return types.int64(b, o), _load_codegen(16, "be")
-
-
-@intrinsic
-def be32(typingctx, b, o):
-    """The big-endian uint32 at b[o:o + 4] as int64."""
-    from numba.core import types  # heavy: typing runs only under numba
-    return types.int64(b, o), _load_codegen(32, "be")
-
-
-@intrinsic
-def le32(typingctx, b, o):
-    """The little-endian uint32 at b[o:o + 4] as int64."""
-    from numba.core import types  # heavy: typing runs only under numba
-    return types.int64(b, o), _load_codegen(32, "le")
-
-
-@intrinsic
-def _le64(typingctx, b, o):
-    from numba.core import types  # heavy: typing runs only under numba
-    return types.int64(b, o), _load_codegen(64, "le")
-
-
-@intrinsic
-def _rd32(typingctx, b, o, big):
-    from numba.core import types  # heavy: typing runs only under numba
-    return types.int64(b, o, big), _load_codegen(32, "arg")
-
-
-@intrinsic
-def _rd16(typingctx, b, o, big):
-    from numba.core import types  # heavy: typing runs only under numba
-    return types.int64(b, o, big), _load_codegen(16, "arg")
-
-
-@njit(cache=True)
-def be16(b, o):
-    return _be16(b, o)
-
-
-@njit(cache=True)
-def le64(b, o):
-    return _le64(b, o)
-
-
-@njit(cache=True)
-def rd32(b, o, big):
-    return _rd32(b, o, big)
-
-
-@njit(cache=True)
-def rd16(b, o, big):
-    return _rd16(b, o, big)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from skewscope.core.jit import njit
+from skewscope.core.jit import be16, be32, ld8, le32, le64, njit
 from skewscope.sources.offline.kernel.accounting import account, key_hash
 from skewscope.sources.offline.kernel.base import (
     ETH_P_MACCTL,
@@ -62,11 +62,6 @@ from skewscope.sources.offline.kernel.base import (
     ST_PKCAP,
     ST_PKN,
     VXLAN_UDP_PORT,
-    be16,
-    be32,
-    ld8,
-    le32,
-    le64,
 )
 
 

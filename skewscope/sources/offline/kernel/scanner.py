@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from skewscope.core.jit import njit
+from skewscope.core.jit import be16, njit, rd16, rd32
 from skewscope.sources.offline.kernel.accounting import account, key_hash, needs_grow, probe
 from skewscope.sources.offline.kernel.base import (
     G_ACCOUNTED,
@@ -30,10 +30,7 @@ from skewscope.sources.offline.kernel.base import (
     ST_STOP_IF,
     ST_UNKNOWN_BLOCKS,
     ST_UNKNOWN_TYPE,
-    be16,
     borrow,
-    rd16,
-    rd32,
 )
 from skewscope.sources.offline.kernel.parse import parse_frame, process
 
