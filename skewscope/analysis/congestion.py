@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.analysis.context import context
-from skewscope.analysis.flows import CONG_POOL, pooled
+from skewscope.analysis.flows import CONG_POOL
 from skewscope.analysis.matrix import link_rates
 from skewscope.core import layout as L
 from skewscope.core.jit import njit
@@ -60,7 +60,7 @@ def congestion_table(snap, active_time) -> dict:
     fl = ctx.cols
     n = len(ctx.flows)
     nc = len(CONG_DTYPE.names)
-    tab = pooled(CONG_POOL, nc * n).reshape(nc, n)    # (the kernel writes every element)
+    tab = CONG_POOL.take(nc * n).reshape(nc, n)    # (the kernel writes every element)
     if n:
         part = ctx.partner
         busy = ctx.fstat["busy_ns"] if active_time else np.zeros(0)

@@ -38,8 +38,6 @@ Definitions (docs/metrics.md "Flows"):
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from skewscope.analysis.hashing import _mix
@@ -169,11 +167,11 @@ def flow_columns(flows) -> dict:
     """name -> contiguous array for the flow table's scalar fields (+ "op" (n, 8),
     "addr" (4, n) address halves, and "max_slot": the highest non-empty message-size slot
     for flows whose mean message is <= 1 KiB, the mean's slot above, -1 without
-    messages), in one pass. The columns are views of one pooled buffer (`pooled`)."""
+    messages), in one pass. The columns are views of one buffer of COLUMNS_POOL."""
     n = len(flows)
     nu = len(COL_U64)
     # (the kernel writes every element: no zero-fill)
-    buf = pooled(COLUMNS_POOL, (nu + 2 + L.N_OPCLASS + 4 + 4) * n)
+    buf = COLUMNS_POOL.take((nu + 2 + L.N_OPCLASS + 4 + 4) * n)
     u = buf[:nu * n].reshape(nu, n)
     o = nu * n
     ts = buf[o:o + 2 * n].reshape(2, n)
@@ -199,14 +197,6 @@ def flow_columns(flows) -> dict:
 #: (core/pool.py: a buffer is written again only once no array refers to it)
 COLUMNS_POOL = ArrayPool(np.uint64, limit=4)
 CONG_POOL = ArrayPool(np.float64, limit=4)
-_POOL_LOCK = threading.Lock()
-
-
-def pooled(pool: ArrayPool, n: int) -> np.ndarray:
-    """pool.take(n) (contents undefined), safe from the analysis runner's thread and the
-    screen's at once."""
-    with _POOL_LOCK:
-        return pool.take(n)
 
 
 # ---- nodes ---------------------------------------------------------------------------

@@ -6,11 +6,15 @@ writing into memory the process already has costs none. `ArrayPool.take(n)` hand
 array of n rows whose memory is a buffer the pool keeps; a buffer is written again only
 when nothing refers to it any more: no array handed out from it, nor any view of one (numpy
 points every view's `base` at the array that owns the memory, so the owner's reference
-count is exact: the pool's own reference and nothing else means unused).
+count is exact: the pool's own reference and nothing else means unused). take() holds the
+pool's lock: the live loop's analysis runner thread and the screen's take from one pool, and
+a buffer found unused by two threads at once would be handed out twice (uncontended, the lock
+costs nothing next to a take).
 """
 from __future__ import annotations
 
 import sys
+import threading
 
 import numpy as np
 
@@ -34,6 +38,7 @@ class ArrayPool:
         self.rows = None if rows is None else max(int(rows), 1)
         self.limit = int(limit)
         self._bufs: list[np.ndarray] = []
+        self._lock = threading.Lock()
         self.reused = 0
         self.allocated = 0
 
@@ -43,8 +48,13 @@ class ArrayPool:
         return sys.getrefcount(self._bufs[i]) <= 2
 
     def take(self, n: int) -> np.ndarray:
-        """An array of n rows (contents undefined: the caller writes every byte)."""
+        """An array of n rows (contents undefined: the caller writes every byte); safe from
+        several threads at once."""
         n = int(n)
+        with self._lock:
+            return self._take(n)
+
+    def _take(self, n: int) -> np.ndarray:
         pick = None
         for i in range(len(self._bufs)):
             cap = len(self._bufs[i])
@@ -65,4 +75,5 @@ class ArrayPool:
 
     def clear(self) -> None:
         """Forget every buffer (the ones still in use live on with their arrays)."""
-        self._bufs = []
+        with self._lock:
+            self._bufs = []
