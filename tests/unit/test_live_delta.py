@@ -9,7 +9,8 @@ import pytest
 
 from skewscope.core import layout as L
 from skewscope.core import snapshot as S
-from skewscope.core.rates import counter_blocks, delta_rows, flow_rates, order_words, sorted_join
+from skewscope.core.rates import (counter_blocks, delta_rows, flow_rates, kept_cols, kept_rows, order_words, row_columns,
+                                  sorted_join)
 from skewscope.sources import live
 from skewscope.sources.live import COUNTER_FIELDS, flow_delta
 
@@ -340,11 +341,15 @@ def test_window_events_are_the_records_read_since_its_anchor():
     assert {n for n, _ in seen} >= {1, 2} and any(early for _, early in seen)
 
 
-@pytest.mark.parametrize("seed", [8, 9])
-def test_window_follows_its_anchor_to_the_reference_delta(seed):
+@pytest.mark.parametrize("seed,cols", [(8, False), (9, False), (8, True), (9, True)])
+def test_window_follows_its_anchor_to_the_reference_delta(seed, cols, monkeypatch):
     """The window's delta against its anchor, from the anchors' joins carried read after read
     (Interval.join): the per-flow reference of that anchor and the latest read, with flows
-    evicted and back in between (looked up in the anchor) and new ones."""
+    evicted and back in between (looked up in the anchor) and new ones. cols: the reads carry
+    their packets/first_ts columns (Interval.cols, filled by interval_delta) and the window's
+    kept test reads them instead of the rows."""
+    calls = []
+    monkeypatch.setattr(live, "kept_cols", lambda *a: calls.append(1) or kept_cols(*a))
     rng = np.random.default_rng(seed)
     w = live.Window(4.0)
     cur = _table(rng, 300)
@@ -356,9 +361,12 @@ def test_window_follows_its_anchor_to_the_reference_delta(seed):
         t = (i + 1) * 1_000_000_000
         if i:
             cur, gone = _next(rng, cur, gone, t)
-        d, j, words = live.interval_delta(prev, cur, t - 1_000_000_000, pw)
+        c = np.full((len(cur), 2), 7, np.uint64) if cols else None
+        d, j, words = live.interval_delta(prev, cur, t - 1_000_000_000, pw, cols=c)
+        if cols:
+            assert (c[:, 0] == cur["packets"]).all() and (c[:, 1] == cur["first_ts"]).all()
         iv = live.Interval(i, 0.0, 1.0, i + 1.0, _snap(d, t, t - 1_000_000_000), _snap(cur, t, 0),
-                           np.zeros(0, L.MSG_REC_DTYPE), join=j, words=words)
+                           np.zeros(0, L.MSG_REC_DTYPE), join=j, words=words, cols=c)
         w.add(iv)
         t0, anchor = w._anchors[0][0], w._anchors[0][1]
         followed += w._anchors[0][4] is not None and len(anchor) > 0 and t0 < t
@@ -366,6 +374,7 @@ def test_window_follows_its_anchor_to_the_reference_delta(seed):
         assert got.tobytes() == _reference_delta(anchor, cur, t0).tobytes()
         prev, pw = cur, words
     assert followed >= 4
+    assert (len(calls) >= 4) if cols else not calls
     # a read the window did not see: the next one joins the whole table again, same result
     cur, gone = _next(rng, cur, gone, 11_000_000_000)
     skip = live.Interval(10, 0.0, 1.0, 11.0, _snap(cur[:0], 11_000_000_000, 0), _snap(cur, 11_000_000_000, 0),
@@ -510,3 +519,34 @@ def test_flows_from_raw_is_the_fieldwise_conversion_sorted_by_key(n):
     for name in L.FLOW_DTYPE.names:
         want[name] = (k if name in L.FLOW_KEY_DTYPE.names else v)[name][order]
     assert S.flows_from_raw(keys, vals).tobytes() == want.tobytes()
+
+
+def test_kept_cols_is_the_per_flow_kept_test():
+    """kept_cols over the tables' packets/first_ts columns: the rows with packets since prev
+    and whether each subtracts its match, as a per-flow loop decides them (matched, packets
+    not down, first_ts unchanged: cur - prev; else from zero; kept when above the base),
+    and the same as kept_rows reading the rows."""
+    rng = np.random.default_rng(31)
+    prev = _table(rng, 400)
+    cur = prev[rng.permutation(400)[:350]].copy()
+    j = np.array([int(np.nonzero(prev["dest_qp"] == q)[0][0]) for q in cur["dest_qp"]], np.int64)
+    j[rng.random(350) < 0.1] = -1                                     # new flows
+    grow = rng.integers(0, 3, 350).astype(np.uint64)                  # some without packets
+    cur["packets"] = np.where(j >= 0, prev["packets"][j], 0) + grow
+    down = rng.random(350) < 0.05                                     # re-created, fewer packets
+    cur["packets"][down] = rng.integers(0, 5, down.sum())
+    newer = rng.random(350) < 0.05                                    # re-created, newer first packet
+    cur["first_ts"][newer] += 1
+    want_k, want_s = [], []
+    for i in range(350):
+        r = int(j[i])
+        s = r >= 0 and int(cur["packets"][i]) >= int(prev["packets"][r]) and \
+            int(cur["first_ts"][i]) == int(prev["first_ts"][r])
+        if int(cur["packets"][i]) > (int(prev["packets"][r]) if s else 0):
+            want_k.append(i)
+            want_s.append(s)
+    keep, sub = kept_cols(j, row_columns(cur), row_columns(prev))
+    assert keep.tolist() == want_k and sub.tolist() == want_s
+    assert 0 < sum(want_s) < len(want_s) < 350
+    k2, s2 = kept_rows(j, cur, prev)
+    assert k2.tolist() == want_k and s2.tolist() == want_s
