@@ -340,20 +340,23 @@ _NO_COLS = np.zeros((0, 2), dtype=np.uint64)
 
 
 @njit(cache=True, nogil=True)
-def _interval_join(craw, praw, rs, nkey, pw, words, j, keep, sub, cols):
+def _interval_join(craw, praw, rs, nkey, pw, words, j, keep, sub, cols, pcols):
     """order_words of cur (craw) into words, sorted_join of them to prev's words pw into j,
     and _kept's rows into keep/sub, in one pass over cur's first bytes (key .. first_ts;
     three passes read them three times), and when cols has rows cur's packets and first_ts
-    into it (the window's kept test: sources/live.py Window). Returns how many rows are kept, or -1 when pw or
-    cur's words are not strictly increasing (then the caller joins by hash): each pair of
-    adjacent pw rows is checked once, as the merge steps over it, or after it."""
+    into it (row_columns). prev's packets and first_ts from pcols when it has rows (the
+    previous read's cols: 16 bytes a row), else from its rows (praw). Returns how many rows
+    are kept, or -1 when pw or cur's words are not strictly increasing (then the caller
+    joins by hash): each pair of adjacent pw rows is checked once, as the merge steps over
+    it, or after it."""
     n, m, nw = words.shape[0], pw.shape[0], words.shape[1]
+    own = pcols.shape[0] == m
     p = 0
     k = 0
     for i in range(n):
         if i + _KEY_PREFETCH_ROWS < n:
             prefetch_span(craw, (i + _KEY_PREFETCH_ROWS) * rs, _TS_OFF + 8)
-        if p + _KEY_PREFETCH_ROWS < m:
+        if not own and p + _KEY_PREFETCH_ROWS < m:
             prefetch_span(praw, (p + _KEY_PREFETCH_ROWS) * rs + _PK_OFF, _TS_OFF + 8 - _PK_OFF)
         b = i * rs
         for w in range(nw):
@@ -379,8 +382,11 @@ def _interval_join(craw, praw, rs, nkey, pw, words, j, keep, sub, cols):
         s = False
         base = np.uint64(0)
         if r >= 0:
-            ppk = load_u64(praw, r * rs + _PK_OFF)
-            s = cpk >= ppk and cts == load_u64(praw, r * rs + _TS_OFF)
+            if own:
+                ppk, pts = pcols[r, 0], pcols[r, 1]
+            else:
+                ppk, pts = load_u64(praw, r * rs + _PK_OFF), load_u64(praw, r * rs + _TS_OFF)
+            s = cpk >= ppk and cts == pts
             if s:
                 base = ppk
         if cpk > base:
@@ -393,14 +399,16 @@ def _interval_join(craw, praw, rs, nkey, pw, words, j, keep, sub, cols):
     return k
 
 
-def interval_join(prev: np.ndarray, cur: np.ndarray, prev_words: np.ndarray, pool=None, cols=None):
+def interval_join(prev: np.ndarray, cur: np.ndarray, prev_words: np.ndarray, pool=None, cols=None,
+                  prev_cols=None):
     """(cur's order_words, join_flows(prev, cur), kept_rows' keep and sub) of two loader reads
     (C-contiguous FLOW_DTYPE tables sorted by key; prev_words: prev's order_words) in one
     pass; None when they are not both strictly increasing or not such tables (then the
     three separately: join_flows falls back to a hash join). pool: as order_words'.
     cols: a (len(cur), 2) uint64 array filled in the same pass with cur's packets and
     first_ts (row_columns: a later kept test against an older read reads 16 bytes a row,
-    not two cache lines of 850-byte rows)."""
+    not two cache lines of 850-byte rows); prev_cols: prev's, read instead of prev's rows
+    (the session keeps each read's for the next: a fifth of the pass at 1,048,576 flows)."""
     nw = WORDS_DTYPE.shape[0]
     if not (cur.dtype == prev.dtype == L.FLOW_DTYPE and cur.flags.c_contiguous and prev.flags.c_contiguous
             and _KEY_PREFIX and len(prev) and len(cur) and prev_words.shape == (len(prev), nw)
@@ -409,11 +417,13 @@ def interval_join(prev: np.ndarray, cur: np.ndarray, prev_words: np.ndarray, poo
     n = len(cur)
     words = np.empty((n, nw), dtype=np.uint64) if pool is None else pool.take(n)
     j, keep, sub = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.bool_)
-    if cols is not None and cols.shape != (n, 2):
-        raise ValueError(f"interval_join: cols of shape {cols.shape}, not ({n}, 2)")
+    for c, rows in ((cols, n), (prev_cols, len(prev))):
+        if c is not None and (c.shape != (rows, 2) or c.dtype != np.uint64):
+            raise ValueError(f"interval_join: columns of shape {c.shape} ({c.dtype}), not ({rows}, 2) uint64")
     k = _interval_join(cur.view(np.uint8).reshape(-1), prev.view(np.uint8).reshape(-1), cur.dtype.itemsize,
                        _KEY_PREFIX, np.ascontiguousarray(prev_words), words, j, keep, sub,
-                       _NO_COLS if cols is None else cols)
+                       _NO_COLS if cols is None else cols,
+                       _NO_COLS if prev_cols is None else np.ascontiguousarray(prev_cols))
     return None if k < 0 else (words, j, keep[:k], sub[:k])
 
 

@@ -197,16 +197,18 @@ def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0, j: n
 
 
 def interval_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0,
-                   prev_words: np.ndarray | None = None, pool=None, word_pool=None, cols=None):
+                   prev_words: np.ndarray | None = None, pool=None, word_pool=None, cols=None, prev_cols=None):
     """flow_delta(prev, cur) of a live read, and what the next read and the window reuse:
     (delta, cur's rows joined to prev's or None, cur's order_words). prev_words: the
     previous read's words (its interval_delta's third value); pool: as flow_delta's;
     word_pool: an ArrayPool of core.rates.WORDS_DTYPE for the words. Two reads sorted by
     key (the loader's) are joined in the pass that makes the words (interval_join).
     cols: a (len(cur), 2) uint64 array filled with core.rates.row_columns(cur) (the window's
-    kept test against its anchor reads them: Interval.cols)."""
+    kept test against its anchor reads them: Interval.cols; the next read's prev_cols);
+    prev_cols: prev's (read instead of prev's rows)."""
     if prev is not None and prev_words is not None:
-        got = interval_join(prev, cur, prev_words, pool=word_pool, cols=cols)
+        pc = prev_cols if prev_cols is not None and len(prev_cols) == len(prev) else None
+        got = interval_join(prev, cur, prev_words, pool=word_pool, cols=cols, prev_cols=pc)
         if got is not None:
             words, j, keep, sub = got
             return delta_rows(cur, prev, j[keep], keep, sub, _COUNTER_BLOCKS, since_ns=since_ns, pool=pool), j, words
@@ -278,6 +280,7 @@ class LiveSession:
         self._lock = threading.Lock()
         self._prev_flows = None
         self._prev_words = None
+        self._prev_cols = None          # the previous read's packets/first_ts (core.rates.row_columns)
         # the interval deltas' tables: written into buffers earlier intervals no longer use
         self._pool = ArrayPool(L.FLOW_DTYPE)
         self._word_pool = ArrayPool(WORDS_DTYPE)
@@ -494,7 +497,8 @@ class LiveSession:
         cum = self.dp.snapshot(self.meta(now), records=np.zeros(0, L.MSG_REC_DTYPE))
         cols = self._col_pool.take(len(cum.flows))
         dflows, join, words = interval_delta(self._prev_flows, cum.flows, self._prev_mono, self._prev_words,
-                                             pool=self._pool, word_pool=self._word_pool, cols=cols)
+                                             pool=self._pool, word_pool=self._word_pool, cols=cols,
+                                             prev_cols=self._prev_cols)
         dglob = globals_delta(self._prev_glob, cum.globals)
         dmeta = dict(cum.meta)
         dmeta.update(self.meta(now, self._prev_mono))
@@ -504,6 +508,7 @@ class LiveSession:
                       elapsed=(now - self.t0_mono_ns) / 1e9, delta=delta, cum=cum, records=recs, join=join,
                       words=words, cols=cols)
         self._prev_flows, self._prev_words, self._prev_glob, self._prev_mono = cum.flows, words, cum.globals, now
+        self._prev_cols = cols
         self._prev_evicted = int(cum.meta.get("flows_evicted", 0))
         self._index += 1
         return iv

@@ -258,12 +258,14 @@ def _snap(flows, t, first):
                       {"first_ts": first, "last_ts": t})
 
 
-@pytest.mark.parametrize("seed", [17, 18])
-def test_interval_delta_one_pass_join_is_the_separate_passes(seed):
+@pytest.mark.parametrize("seed,cols", [(17, False), (18, False), (17, True), (18, True)])
+def test_interval_delta_one_pass_join_is_the_separate_passes(seed, cols):
     """interval_delta's one pass over two key-sorted reads (interval_join: words, join and
     kept rows together), its tables from pools read after read: the per-flow reference delta,
     order_words and join_flows of the same reads; earlier results still held stay as they
-    were; reads out of key order take the hash join, same answer."""
+    were; reads out of key order take the hash join, same answer. cols: each read's
+    packets/first_ts columns filled in the pass and read as the next read's prev_cols
+    (instead of prev's rows: a wrong column would change the kept rows)."""
     from skewscope.core.pool import ArrayPool
     from skewscope.core.rates import WORDS_DTYPE, interval_join, join_flows
     rng = np.random.default_rng(seed)
@@ -272,11 +274,21 @@ def test_interval_delta_one_pass_join_is_the_separate_passes(seed):
     gone = cur[:0]
     pool, wpool = ArrayPool(L.FLOW_DTYPE), ArrayPool(WORDS_DTYPE)
     prev, pw, held = cur, order_words(cur), []
+    pc = row_columns(prev) if cols else None
     for i in range(6):
         t = (i + 2) * 1_000_000_000
         cur, gone = _next(rng, cur, gone, t)
         assert interval_join(prev, cur, pw) is not None
-        d, j, words = live.interval_delta(prev, cur, t - 1_000_000_000, pw, pool=pool, word_pool=wpool)
+        c = np.zeros((len(cur), 2), np.uint64) if cols else None
+        d, j, words = live.interval_delta(prev, cur, t - 1_000_000_000, pw, pool=pool, word_pool=wpool, cols=c,
+                                          prev_cols=pc)
+        if cols:
+            assert (c == np.stack([cur["packets"], cur["first_ts"]], axis=1)).all()
+            bad = pc.copy()
+            bad[:, 1] += 1                     # every prev first_ts moved: all counted from zero
+            d2 = live.interval_delta(prev, cur, t - 1_000_000_000, pw, prev_cols=bad)[0]
+            assert d2.tobytes() == _reference_delta(prev[:0], cur, t - 1_000_000_000).tobytes() != d.tobytes()
+            pc = c
         want = _reference_delta(prev, cur, t - 1_000_000_000)
         assert d.tobytes() == want.tobytes()
         assert (words == order_words(cur)).all() and (j == S.match_rows(pw, words)).all()

@@ -18,9 +18,10 @@ for the map read.
 Rows (CPU time of this process, median of --rounds; the first round untimed):
 
   delta                sources.live.interval_delta(prev, cur, prev_words, pools): the interval's
-                       counters as read_interval computes them (the previous read's key words kept
-                       from its own interval: only the new read's are computed; the table written
-                       into the session's pool, whose earlier results are let go)
+                       counters as read_interval computes them (the previous read's key words and
+                       packets/first_ts columns kept from its own interval: only the new read's
+                       are computed; the table written into the session's pool, whose earlier
+                       results are let go)
   records -> events    core.snapshot.events_from_records(delta flows, records)
   window               sources.live.Window.add + Window.snapshot (the analysis window's delta
                        against its anchor, offered to the runner each read; the reads carry their
@@ -396,7 +397,7 @@ def run(n_flows, a, rows):
     r = a.rounds
     comp = [
         ("delta", cpu(lambda: interval_delta(prev, cur, 20 * NS, prev_words, pool=dpool, word_pool=kpool,
-                                             cols=cpool.take(len(cur))), r),
+                                             cols=cpool.take(len(cur)), prev_cols=iv0.cols), r),
          "O(flows)"),
         ("records -> events", cpu(lambda: events_from_records(d0, recs), r), "O(flows + records)"),
         ("window", cpu(f_window, r), "O(flows + records)"),
