@@ -562,3 +562,54 @@ def test_kept_cols_is_the_per_flow_kept_test():
     assert 0 < sum(want_s) < len(want_s) < 350
     k2, s2 = kept_rows(j, cur, prev)
     assert k2.tolist() == want_k and s2.tolist() == want_s
+
+
+def test_the_shared_window_table_is_only_read():
+    """A window anchored at the read before shares the read's delta table and events with the
+    Interval (not copied). They are not marked read-only (numpy writeable=False): a read-only
+    array is another numba type (core/jit.arg_key), so every kernel given it would miss the
+    precompiled module and compile under numba. What the live commands run on the two instead
+    -- top's rows and matrix, live_metrics, the exporter's Accumulator, the window snapshot
+    again, the full analysis -- leaves both byte for byte as they were."""
+    from skewscope.analysis import analyze, live_metrics
+    from skewscope.outputs.exporter import Accumulator
+    from skewscope.outputs.topmatrix import matrix_view
+    from skewscope.outputs.topview import ViewState, build_model
+    rng = np.random.default_rng(41)
+    w = live.Window(2.0)
+    cur = _table(rng, 300)
+    cur["src"][:, 10:12] = 0xFF                          # IPv4-mapped addresses, as the loader's
+    cur = cur[S._key_order(S.flow_key_matrix(cur))]
+    prev = pw = None
+    gone = cur[:0]
+    acc = Accumulator(timing_nodes=0)
+    shared = 0
+    for i in range(4):
+        t = (i + 1) * 1_000_000_000
+        if i:
+            cur, gone = _next(rng, cur, gone, t)
+        d, j, words = live.interval_delta(prev, cur, t - 1_000_000_000, pw)
+        r = np.zeros(40, L.MSG_REC_DTYPE)
+        pick = rng.integers(0, len(cur), len(r))
+        for name in ("src", "dst", "dest_qp", "ipver", "roce"):
+            r["key"][name] = cur[name][pick]
+        r["start_ts"] = np.sort(t - rng.integers(0, 999_999_999, len(r)))
+        r["end_ts"] = r["start_ts"] + 5000
+        r["bytes"], r["opclass"] = 65536, L.OPC_WRITE
+        ds = S.Snapshot(d, S.events_from_records(d, r), np.zeros(L.G_N, np.uint64),
+                        {"first_ts": t - 1_000_000_000, "last_ts": t, "duration_s": 1.0, "source": "live",
+                         "clock": "monotonic", "sample_n": 1})
+        iv = live.Interval(i, 0.0, 1.0, i + 1.0, ds, _snap(cur, t, 0), r, join=j, words=words)
+        w.add(iv)
+        ws = w.snapshot(iv)
+        before = (d.tobytes(), ds.events.tobytes())
+        build_model(ds, 1.0, ViewState(), iface="x", cum=iv.cum, limit=20)
+        matrix_view(ws, 1.0)
+        live_metrics(ws)
+        acc.add(d, ds.events, cum_flows=cur)
+        analyze(ws)
+        assert w.snapshot(iv).flows.tobytes() == before[0]
+        assert (d.tobytes(), ds.events.tobytes()) == before
+        shared += ws.flows is d and ws.events is ds.events
+        prev, pw = cur, words
+    assert shared >= 2
