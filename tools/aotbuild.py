@@ -101,10 +101,11 @@ def _live_workload(snap, path: str) -> None:
     """The live path's per-interval kernels (top, export, watch): the interval delta of two
     reads of a flow table sorted by key (the loader's) and of two unsorted ones (the hash
     join), its rates, the window following its anchor, the interval's records matched to its
-    flows (sorted: a merge; unsorted: a hash table), the exporter fed read after read (its
+    flows (sorted: a merge; unsorted: a hash table), the window's kept test against an older
+    anchor from the reads' packets/first_ts columns, the exporter fed read after read (its
     window merge) and reading a capture once."""
     from skewscope.core import layout as L
-    from skewscope.core.rates import flow_rates, follow_join, order_words, words_sorted
+    from skewscope.core.rates import flow_rates, follow_join, kept_cols, order_words, row_columns, words_sorted
     from skewscope.core.snapshot import events_from_records
     from skewscope.sources.live import flow_delta, interval_delta
     cur = snap.flows[np.lexsort(order_words(snap.flows).T[::-1])]
@@ -113,14 +114,17 @@ def _live_workload(snap, path: str) -> None:
         prev[f] //= 2
     flow_rates(flow_delta(prev, cur, since_ns=1), 1.0)
     pw = order_words(prev)
-    d, j, words = interval_delta(prev, cur, 1, pw)
+    cols = np.empty((len(cur), 2), np.uint64)
+    d, j, words = interval_delta(prev, cur, 1, pw, cols=cols)
     recs = np.zeros(min(len(cur), 64), L.MSG_REC_DTYPE)
     for f in ("src", "dst", "dest_qp", "ipver", "roce"):
         recs["key"][f] = cur[f][:len(recs)]
     events_from_records(d, recs)
     events_from_records(cur[::-1].copy(), recs)
     if words_sorted(pw):
-        follow_join(np.arange(len(prev)), j, pw, words)
+        jf = follow_join(np.arange(len(prev)), j, pw, words)
+        # the window against an older anchor: the kept test from the reads' columns
+        flow_delta(prev, cur, since_ns=1, j=jf, kept=kept_cols(jf, cols, row_columns(prev)))
     flow_delta(prev[::-1].copy(), cur)
     # the exporter's steady state: read after read into one Accumulator (its window merge)
     from skewscope.outputs.exporter import Accumulator

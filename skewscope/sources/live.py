@@ -44,8 +44,8 @@ from skewscope.core.errors import EXIT_BUSY, EXIT_NO_IFACE, EXIT_USAGE, Dataplan
 from skewscope.core.pool import ArrayPool
 from skewscope.core.signals import Terminated as _dp_Terminated
 from skewscope.core.signals import exit_on_signals
-from skewscope.core.rates import (WORDS_DTYPE, counter_blocks, delta_rows, follow_join, interval_join, join_flows,
-                                  kept_rows, order_words, words_sorted)
+from skewscope.core.rates import (COLS_DTYPE, WORDS_DTYPE, counter_blocks, delta_rows, follow_join, interval_join,
+                                  join_flows, kept_cols, kept_rows, order_words, words_sorted)
 from skewscope.core.snapshot import Snapshot, events_from_records, take_rows
 
 # counters that are differences between two reads (everything else in FLOW_DTYPE is a key
@@ -171,14 +171,15 @@ def find_leftover(ifname: str) -> Leftover | None:
 
 # ---- snapshots: deltas and rates ----------------------------------------------------------
 def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0, j: np.ndarray | None = None,
-               pool=None) -> np.ndarray:
+               pool=None, kept=None) -> np.ndarray:
     """Per-flow counters accumulated between two reads of the flow table. Flows without
     packets in between are omitted. A flow evicted and re-created in between (its counters
     went down, or its first_ts changed) counts from zero. first_ts is clamped to `since_ns` (the earlier read's
     time): the first packet of a flow that was already active is not known exactly.
     `j`: for each row of cur, prev's row with its key or -1 (core.rates.join_flows), when the
     caller has it. `pool`: a core.pool.ArrayPool of FLOW_DTYPE the result's rows are
-    written into (a caller that computes a delta every interval: LiveSession, Window)."""
+    written into (a caller that computes a delta every interval: LiveSession, Window).
+    `kept`: kept_rows(j, cur, prev) when the caller has it (with j; core.rates.kept_cols)."""
     if prev is None or len(prev) == 0:
         d = take_rows(cur, cur["packets"] > 0)
         if since_ns:
@@ -187,26 +188,33 @@ def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0, j: n
     # decide from the narrow columns which rows the interval keeps, then copy only those
     # (a row is 850 bytes: at 1,048,576 flows a whole-table copy is 0.5-1.5 s on its own)
     prev, cur = np.ascontiguousarray(prev), np.ascontiguousarray(cur)
-    j = join_flows(prev, cur) if j is None else j
+    if j is None:
+        j, kept = join_flows(prev, cur), None
     # evicted and re-created in between: its counters went down, or (when the new entry
     # already passed the old count) its first packet is newer than the old entry's
-    keep, sub = kept_rows(j, cur, prev)
+    keep, sub = kept_rows(j, cur, prev) if kept is None else kept
     return delta_rows(cur, prev, j[keep], keep, sub, _COUNTER_BLOCKS, since_ns=since_ns, pool=pool)
 
 
 def interval_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0,
-                   prev_words: np.ndarray | None = None, pool=None, word_pool=None):
+                   prev_words: np.ndarray | None = None, pool=None, word_pool=None, cols=None, prev_cols=None):
     """flow_delta(prev, cur) of a live read, and what the next read and the window reuse:
     (delta, cur's rows joined to prev's or None, cur's order_words). prev_words: the
     previous read's words (its interval_delta's third value); pool: as flow_delta's;
     word_pool: an ArrayPool of core.rates.WORDS_DTYPE for the words. Two reads sorted by
-    key (the loader's) are joined in the pass that makes the words (interval_join)."""
+    key (the loader's) are joined in the pass that makes the words (interval_join).
+    cols: a (len(cur), 2) uint64 array filled with core.rates.row_columns(cur) (the window's
+    kept test against its anchor reads them: Interval.cols; the next read's prev_cols);
+    prev_cols: prev's (read instead of prev's rows)."""
     if prev is not None and prev_words is not None:
-        got = interval_join(prev, cur, prev_words, pool=word_pool)
+        pc = prev_cols if prev_cols is not None and len(prev_cols) == len(prev) else None
+        got = interval_join(prev, cur, prev_words, pool=word_pool, cols=cols, prev_cols=pc)
         if got is not None:
             words, j, keep, sub = got
             return delta_rows(cur, prev, j[keep], keep, sub, _COUNTER_BLOCKS, since_ns=since_ns, pool=pool), j, words
     words = order_words(cur, pool=word_pool)
+    if cols is not None:
+        cols[:, 0], cols[:, 1] = cur["packets"], cur["first_ts"]
     j = join_flows(prev, cur, prev_words, words) if prev is not None and len(prev) and len(cur) else None
     return flow_delta(prev, cur, since_ns, j=j, pool=pool), j, words
 
@@ -234,6 +242,9 @@ class Interval:
     # and cum.flows' core.rates.order_words: the window follows its anchors with them
     join: np.ndarray | None = None
     words: np.ndarray | None = None
+    # cum.flows' packets and first_ts ((n, 2) uint64, core.rates.row_columns) or None: the
+    # window's kept test against an older anchor
+    cols: np.ndarray | None = None
 
 
 class LiveSession:
@@ -269,9 +280,11 @@ class LiveSession:
         self._lock = threading.Lock()
         self._prev_flows = None
         self._prev_words = None
+        self._prev_cols = None          # the previous read's packets/first_ts (core.rates.row_columns)
         # the interval deltas' tables: written into buffers earlier intervals no longer use
         self._pool = ArrayPool(L.FLOW_DTYPE)
         self._word_pool = ArrayPool(WORDS_DTYPE)
+        self._col_pool = ArrayPool(COLS_DTYPE)
         self._prev_glob = None
         self._prev_mono = 0
         self._prev_evicted = 0
@@ -482,8 +495,10 @@ class LiveSession:
         recs = self.take_records()
         now = time.monotonic_ns()
         cum = self.dp.snapshot(self.meta(now), records=np.zeros(0, L.MSG_REC_DTYPE))
+        cols = self._col_pool.take(len(cum.flows))
         dflows, join, words = interval_delta(self._prev_flows, cum.flows, self._prev_mono, self._prev_words,
-                                             pool=self._pool, word_pool=self._word_pool)
+                                             pool=self._pool, word_pool=self._word_pool, cols=cols,
+                                             prev_cols=self._prev_cols)
         dglob = globals_delta(self._prev_glob, cum.globals)
         dmeta = dict(cum.meta)
         dmeta.update(self.meta(now, self._prev_mono))
@@ -491,8 +506,9 @@ class LiveSession:
         delta = Snapshot(flows=dflows, events=events_from_records(dflows, recs), globals=dglob, meta=dmeta)
         iv = Interval(index=self._index, wall=time.time(), dt=(now - self._prev_mono) / 1e9,
                       elapsed=(now - self.t0_mono_ns) / 1e9, delta=delta, cum=cum, records=recs, join=join,
-                      words=words)
+                      words=words, cols=cols)
         self._prev_flows, self._prev_words, self._prev_glob, self._prev_mono = cum.flows, words, cum.globals, now
+        self._prev_cols = cols
         self._prev_evicted = int(cum.meta.get("flows_evicted", 0))
         self._index += 1
         return iv
@@ -544,7 +560,8 @@ class Window:
     def __init__(self, seconds: float, max_events: int = 500_000, pool: ArrayPool | None = None):
         self.seconds = float(seconds)
         self.max_events = int(max_events)
-        # [mono_ns, flows, globals, order_words if strictly increasing else None, latest read's join or None]
+        # [mono_ns, flows, globals, order_words if strictly increasing else None, latest read's join or None,
+        #  the flows' row_columns or None]
         self._anchors: list[list] = []
         self._ev: list[np.ndarray] = []          # raw records (MSG_REC_DTYPE) and their read time
         self._ev_t: list[int] = []
@@ -571,12 +588,13 @@ class Window:
         if not self._anchors:
             # the attach itself is the first anchor: empty tables
             t0 = int(iv.delta.meta.get("first_ts", now))
-            self._anchors.append([t0, np.zeros(0, L.FLOW_DTYPE), np.zeros(L.G_N, np.uint64), None, None])
+            self._anchors.append([t0, np.zeros(0, L.FLOW_DTYPE), np.zeros(L.G_N, np.uint64), None, None, None])
         self._follow(iv)
         if now - self._anchors[-1][0] >= self.seconds / 2 * 1e9:
             f = iv.cum.flows
             w = iv.words if iv.words is not None and len(iv.words) == len(f) and words_sorted(iv.words) else None
-            self._anchors.append([now, f, iv.cum.globals, w, np.arange(len(f)) if w is not None else None])
+            c = iv.cols if iv.cols is not None and len(iv.cols) == len(f) else None
+            self._anchors.append([now, f, iv.cum.globals, w, np.arange(len(f)) if w is not None else None, c])
             if len(self._anchors) > 2:
                 self._anchors.pop(0)
         if len(iv.records):
@@ -595,14 +613,20 @@ class Window:
             self._ev_t.pop(0)
 
     def snapshot(self, iv: Interval) -> Snapshot:
-        t0, f0, g0, _, j0 = self._anchors[0]
+        t0, f0, g0, _, j0, c0 = self._anchors[0]
         latest = self._last is not None and self._last[1] is iv.cum.flows
         # the anchor is the read before iv and iv's delta starts at it (a read interval of half
         # the window or more): that delta is this one, already made (shared, not copied)
         own = latest and iv.join is not None and len(f0) and f0 is self._before \
             and int(iv.delta.meta.get("first_ts", -1)) == t0
-        flows = iv.delta.flows if own else flow_delta(f0, iv.cum.flows, since_ns=t0, j=j0 if latest else None,
-                                                      pool=self._pool)
+        if own:
+            flows = iv.delta.flows
+        else:
+            j0 = j0 if latest else None
+            # the kept test from both reads' packets/first_ts columns when they have them
+            kept = kept_cols(j0, iv.cols, c0) if j0 is not None and c0 is not None and iv.cols is not None \
+                and len(iv.cols) == len(iv.cum.flows) == len(j0) and len(f0) else None
+            flows = flow_delta(f0, iv.cum.flows, since_ns=t0, j=j0, pool=self._pool, kept=kept)
         glob = globals_delta(g0, iv.cum.globals)
         # the batches as they are when one holds them all and none started before t0 (the
         # records are only read: no copy of a whole interval's records)

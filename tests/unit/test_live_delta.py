@@ -9,7 +9,8 @@ import pytest
 
 from skewscope.core import layout as L
 from skewscope.core import snapshot as S
-from skewscope.core.rates import counter_blocks, delta_rows, flow_rates, order_words, sorted_join
+from skewscope.core.rates import (counter_blocks, delta_rows, flow_rates, kept_cols, kept_rows, order_words, row_columns,
+                                  sorted_join)
 from skewscope.sources import live
 from skewscope.sources.live import COUNTER_FIELDS, flow_delta
 
@@ -257,12 +258,14 @@ def _snap(flows, t, first):
                       {"first_ts": first, "last_ts": t})
 
 
-@pytest.mark.parametrize("seed", [17, 18])
-def test_interval_delta_one_pass_join_is_the_separate_passes(seed):
+@pytest.mark.parametrize("seed,cols", [(17, False), (18, False), (17, True), (18, True)])
+def test_interval_delta_one_pass_join_is_the_separate_passes(seed, cols):
     """interval_delta's one pass over two key-sorted reads (interval_join: words, join and
     kept rows together), its tables from pools read after read: the per-flow reference delta,
     order_words and join_flows of the same reads; earlier results still held stay as they
-    were; reads out of key order take the hash join, same answer."""
+    were; reads out of key order take the hash join, same answer. cols: each read's
+    packets/first_ts columns filled in the pass and read as the next read's prev_cols
+    (instead of prev's rows: a wrong column would change the kept rows)."""
     from skewscope.core.pool import ArrayPool
     from skewscope.core.rates import WORDS_DTYPE, interval_join, join_flows
     rng = np.random.default_rng(seed)
@@ -271,11 +274,21 @@ def test_interval_delta_one_pass_join_is_the_separate_passes(seed):
     gone = cur[:0]
     pool, wpool = ArrayPool(L.FLOW_DTYPE), ArrayPool(WORDS_DTYPE)
     prev, pw, held = cur, order_words(cur), []
+    pc = row_columns(prev) if cols else None
     for i in range(6):
         t = (i + 2) * 1_000_000_000
         cur, gone = _next(rng, cur, gone, t)
         assert interval_join(prev, cur, pw) is not None
-        d, j, words = live.interval_delta(prev, cur, t - 1_000_000_000, pw, pool=pool, word_pool=wpool)
+        c = np.zeros((len(cur), 2), np.uint64) if cols else None
+        d, j, words = live.interval_delta(prev, cur, t - 1_000_000_000, pw, pool=pool, word_pool=wpool, cols=c,
+                                          prev_cols=pc)
+        if cols:
+            assert (c == np.stack([cur["packets"], cur["first_ts"]], axis=1)).all()
+            bad = pc.copy()
+            bad[:, 1] += 1                     # every prev first_ts moved: all counted from zero
+            d2 = live.interval_delta(prev, cur, t - 1_000_000_000, pw, prev_cols=bad)[0]
+            assert d2.tobytes() == _reference_delta(prev[:0], cur, t - 1_000_000_000).tobytes() != d.tobytes()
+            pc = c
         want = _reference_delta(prev, cur, t - 1_000_000_000)
         assert d.tobytes() == want.tobytes()
         assert (words == order_words(cur)).all() and (j == S.match_rows(pw, words)).all()
@@ -340,11 +353,15 @@ def test_window_events_are_the_records_read_since_its_anchor():
     assert {n for n, _ in seen} >= {1, 2} and any(early for _, early in seen)
 
 
-@pytest.mark.parametrize("seed", [8, 9])
-def test_window_follows_its_anchor_to_the_reference_delta(seed):
+@pytest.mark.parametrize("seed,cols", [(8, False), (9, False), (8, True), (9, True)])
+def test_window_follows_its_anchor_to_the_reference_delta(seed, cols, monkeypatch):
     """The window's delta against its anchor, from the anchors' joins carried read after read
     (Interval.join): the per-flow reference of that anchor and the latest read, with flows
-    evicted and back in between (looked up in the anchor) and new ones."""
+    evicted and back in between (looked up in the anchor) and new ones. cols: the reads carry
+    their packets/first_ts columns (Interval.cols, filled by interval_delta) and the window's
+    kept test reads them instead of the rows."""
+    calls = []
+    monkeypatch.setattr(live, "kept_cols", lambda *a: calls.append(1) or kept_cols(*a))
     rng = np.random.default_rng(seed)
     w = live.Window(4.0)
     cur = _table(rng, 300)
@@ -356,9 +373,12 @@ def test_window_follows_its_anchor_to_the_reference_delta(seed):
         t = (i + 1) * 1_000_000_000
         if i:
             cur, gone = _next(rng, cur, gone, t)
-        d, j, words = live.interval_delta(prev, cur, t - 1_000_000_000, pw)
+        c = np.full((len(cur), 2), 7, np.uint64) if cols else None
+        d, j, words = live.interval_delta(prev, cur, t - 1_000_000_000, pw, cols=c)
+        if cols:
+            assert (c[:, 0] == cur["packets"]).all() and (c[:, 1] == cur["first_ts"]).all()
         iv = live.Interval(i, 0.0, 1.0, i + 1.0, _snap(d, t, t - 1_000_000_000), _snap(cur, t, 0),
-                           np.zeros(0, L.MSG_REC_DTYPE), join=j, words=words)
+                           np.zeros(0, L.MSG_REC_DTYPE), join=j, words=words, cols=c)
         w.add(iv)
         t0, anchor = w._anchors[0][0], w._anchors[0][1]
         followed += w._anchors[0][4] is not None and len(anchor) > 0 and t0 < t
@@ -366,6 +386,7 @@ def test_window_follows_its_anchor_to_the_reference_delta(seed):
         assert got.tobytes() == _reference_delta(anchor, cur, t0).tobytes()
         prev, pw = cur, words
     assert followed >= 4
+    assert (len(calls) >= 4) if cols else not calls
     # a read the window did not see: the next one joins the whole table again, same result
     cur, gone = _next(rng, cur, gone, 11_000_000_000)
     skip = live.Interval(10, 0.0, 1.0, 11.0, _snap(cur[:0], 11_000_000_000, 0), _snap(cur, 11_000_000_000, 0),
@@ -510,3 +531,85 @@ def test_flows_from_raw_is_the_fieldwise_conversion_sorted_by_key(n):
     for name in L.FLOW_DTYPE.names:
         want[name] = (k if name in L.FLOW_KEY_DTYPE.names else v)[name][order]
     assert S.flows_from_raw(keys, vals).tobytes() == want.tobytes()
+
+
+def test_kept_cols_is_the_per_flow_kept_test():
+    """kept_cols over the tables' packets/first_ts columns: the rows with packets since prev
+    and whether each subtracts its match, as a per-flow loop decides them (matched, packets
+    not down, first_ts unchanged: cur - prev; else from zero; kept when above the base),
+    and the same as kept_rows reading the rows."""
+    rng = np.random.default_rng(31)
+    prev = _table(rng, 400)
+    cur = prev[rng.permutation(400)[:350]].copy()
+    j = np.array([int(np.nonzero(prev["dest_qp"] == q)[0][0]) for q in cur["dest_qp"]], np.int64)
+    j[rng.random(350) < 0.1] = -1                                     # new flows
+    grow = rng.integers(0, 3, 350).astype(np.uint64)                  # some without packets
+    cur["packets"] = np.where(j >= 0, prev["packets"][j], 0) + grow
+    down = rng.random(350) < 0.05                                     # re-created, fewer packets
+    cur["packets"][down] = rng.integers(0, 5, down.sum())
+    newer = rng.random(350) < 0.05                                    # re-created, newer first packet
+    cur["first_ts"][newer] += 1
+    want_k, want_s = [], []
+    for i in range(350):
+        r = int(j[i])
+        s = r >= 0 and int(cur["packets"][i]) >= int(prev["packets"][r]) and \
+            int(cur["first_ts"][i]) == int(prev["first_ts"][r])
+        if int(cur["packets"][i]) > (int(prev["packets"][r]) if s else 0):
+            want_k.append(i)
+            want_s.append(s)
+    keep, sub = kept_cols(j, row_columns(cur), row_columns(prev))
+    assert keep.tolist() == want_k and sub.tolist() == want_s
+    assert 0 < sum(want_s) < len(want_s) < 350
+    k2, s2 = kept_rows(j, cur, prev)
+    assert k2.tolist() == want_k and s2.tolist() == want_s
+
+
+def test_the_shared_window_table_is_only_read():
+    """A window anchored at the read before shares the read's delta table and events with the
+    Interval (not copied). They are not marked read-only (numpy writeable=False): a read-only
+    array is another numba type (core/jit.arg_key), so every kernel given it would miss the
+    precompiled module and compile under numba. What the live commands run on the two instead
+    -- top's rows and matrix, live_metrics, the exporter's Accumulator, the window snapshot
+    again, the full analysis -- leaves both byte for byte as they were."""
+    from skewscope.analysis import analyze, live_metrics
+    from skewscope.outputs.exporter import Accumulator
+    from skewscope.outputs.topmatrix import matrix_view
+    from skewscope.outputs.topview import ViewState, build_model
+    rng = np.random.default_rng(41)
+    w = live.Window(2.0)
+    cur = _table(rng, 300)
+    cur["src"][:, 10:12] = 0xFF                          # IPv4-mapped addresses, as the loader's
+    cur = cur[S._key_order(S.flow_key_matrix(cur))]
+    prev = pw = None
+    gone = cur[:0]
+    acc = Accumulator(timing_nodes=0)
+    shared = 0
+    for i in range(4):
+        t = (i + 1) * 1_000_000_000
+        if i:
+            cur, gone = _next(rng, cur, gone, t)
+        d, j, words = live.interval_delta(prev, cur, t - 1_000_000_000, pw)
+        r = np.zeros(40, L.MSG_REC_DTYPE)
+        pick = rng.integers(0, len(cur), len(r))
+        for name in ("src", "dst", "dest_qp", "ipver", "roce"):
+            r["key"][name] = cur[name][pick]
+        r["start_ts"] = np.sort(t - rng.integers(0, 999_999_999, len(r)))
+        r["end_ts"] = r["start_ts"] + 5000
+        r["bytes"], r["opclass"] = 65536, L.OPC_WRITE
+        ds = S.Snapshot(d, S.events_from_records(d, r), np.zeros(L.G_N, np.uint64),
+                        {"first_ts": t - 1_000_000_000, "last_ts": t, "duration_s": 1.0, "source": "live",
+                         "clock": "monotonic", "sample_n": 1})
+        iv = live.Interval(i, 0.0, 1.0, i + 1.0, ds, _snap(cur, t, 0), r, join=j, words=words)
+        w.add(iv)
+        ws = w.snapshot(iv)
+        before = (d.tobytes(), ds.events.tobytes())
+        build_model(ds, 1.0, ViewState(), iface="x", cum=iv.cum, limit=20)
+        matrix_view(ws, 1.0)
+        live_metrics(ws)
+        acc.add(d, ds.events, cum_flows=cur)
+        analyze(ws)
+        assert w.snapshot(iv).flows.tobytes() == before[0]
+        assert (d.tobytes(), ds.events.tobytes()) == before
+        shared += ws.flows is d and ws.events is ds.events
+        prev, pw = cur, words
+    assert shared >= 2

@@ -18,9 +18,10 @@ for the map read.
 Rows (CPU time of this process, median of --rounds; the first round untimed):
 
   delta                sources.live.interval_delta(prev, cur, prev_words, pools): the interval's
-                       counters as read_interval computes them (the previous read's key words kept
-                       from its own interval: only the new read's are computed; the table written
-                       into the session's pool, whose earlier results are let go)
+                       counters as read_interval computes them (the previous read's key words and
+                       packets/first_ts columns kept from its own interval: only the new read's
+                       are computed; the table written into the session's pool, whose earlier
+                       results are let go)
   records -> events    core.snapshot.events_from_records(delta flows, records)
   window               sources.live.Window.add + Window.snapshot (the analysis window's delta
                        against its anchor, offered to the runner each read; the reads carry their
@@ -29,9 +30,10 @@ Rows (CPU time of this process, median of --rounds; the first round untimed):
                        is the previous read (reads of half the window or more apart): the
                        read's own delta and events are the window's
   window, older anchor the same when the read's delta does not start at the anchor (the live
-                       loop's usual case: a 10 s window, 1 s reads): a delta_rows pass against
-                       the anchor over the followed join, and the records' events (not added to
-                       the intervals)
+                       loop's usual case: a 10 s window, 1 s reads): the kept test from the two
+                       reads' packets/first_ts columns (Interval.cols), a delta_rows pass against
+                       the anchor over the followed join, and the records' events (printed as
+                       the top/export intervals "with an older anchor")
   rates                core.rates.flow_rates(delta): top's per-flow columns (part of top rows:
                        build_model computes them; not added to the top interval again)
   top rows             outputs.topview.build_model + plain_lines (sorted rows, totals, 20 shown)
@@ -315,7 +317,7 @@ def run(n_flows, a, rows):
     from skewscope.outputs.topmatrix import matrix_view
     from skewscope.outputs.topview import ViewState, build_model, plain_lines
     from skewscope.core.pool import ArrayPool
-    from skewscope.core.rates import WORDS_DTYPE, flow_rates
+    from skewscope.core.rates import COLS_DTYPE, WORDS_DTYPE, flow_rates, row_columns
     from skewscope.core.snapshot import events_from_records
     from skewscope.core.rates import order_words
     from skewscope.sources.live import Interval, Window, interval_delta
@@ -328,12 +330,14 @@ def run(n_flows, a, rows):
     print(f"\n{n_flows:,} flows ({int((kind == 0).sum()):,} data, {int(act.sum()):,} active in the interval), "
           f"{a.records:,} records; built in {time.perf_counter() - t_build:.1f} s")
     prev_words = order_words(prev)         # the session kept them from the previous interval
-    d0, j0, words = interval_delta(prev, cur, 20 * NS, prev_words)
+    cols = np.empty((len(cur), 2), np.uint64)     # cur's packets/first_ts, filled by the delta's pass
+    d0, j0, words = interval_delta(prev, cur, 20 * NS, prev_words, cols=cols)
     ev0 = events_from_records(d0, recs)
     delta = snapshot(d0, ev0, 20 * NS, t1, n_flows)
     cum = snapshot(cur, np.zeros(0, L.EVENT_DTYPE), 0, t1, n_flows)
     cum0 = snapshot(prev, np.zeros(0, L.EVENT_DTYPE), 0, 20 * NS, n_flows)
-    iv0 = Interval(0, 0.0, 20.0, 20.0, cum0, cum0, np.zeros(0, L.MSG_REC_DTYPE), words=prev_words)
+    iv0 = Interval(0, 0.0, 20.0, 20.0, cum0, cum0, np.zeros(0, L.MSG_REC_DTYPE), words=prev_words,
+                   cols=row_columns(prev))
     iv = Interval(1, 1.0, 1.0, 21.0, delta, cum, recs)
     state = ViewState()
 
@@ -341,10 +345,11 @@ def run(n_flows, a, rows):
         return Snapshot(delta.flows, delta.events, delta.globals, dict(delta.meta))
 
     ivw = Interval(1, 26.0, 6.0, 26.0, delta, snapshot(cur, np.zeros(0, L.EVENT_DTYPE), 0, 26 * NS, n_flows), recs,
-                   join=j0, words=words)
+                   join=j0, words=words, cols=cols)
 
     # the session's pools (delta tables, key words) and the window's, as they are read after read
     dpool, kpool, wpool = ArrayPool(L.FLOW_DTYPE), ArrayPool(WORDS_DTYPE), ArrayPool(L.FLOW_DTYPE)
+    cpool = ArrayPool(COLS_DTYPE)
 
     def f_window():
         # the steady state: the window's older anchor is the previous read (5 s before)
@@ -356,7 +361,7 @@ def run(n_flows, a, rows):
     # the same reads, the interval's delta (as if) from a read before the anchor: made again
     dmeta = dict(delta.meta, first_ts=15 * NS)
     ivo = Interval(1, 26.0, 6.0, 26.0, Snapshot(delta.flows, delta.events, delta.globals, dmeta), ivw.cum, recs,
-                   join=j0, words=words)
+                   join=j0, words=words, cols=cols)
 
     def f_window_older():
         w = Window(10.0, pool=wpool)
@@ -391,7 +396,8 @@ def run(n_flows, a, rows):
 
     r = a.rounds
     comp = [
-        ("delta", cpu(lambda: interval_delta(prev, cur, 20 * NS, prev_words, pool=dpool, word_pool=kpool), r),
+        ("delta", cpu(lambda: interval_delta(prev, cur, 20 * NS, prev_words, pool=dpool, word_pool=kpool,
+                                             cols=cpool.take(len(cur)), prev_cols=iv0.cols), r),
          "O(flows)"),
         ("records -> events", cpu(lambda: events_from_records(d0, recs), r), "O(flows + records)"),
         ("window", cpu(f_window, r), "O(flows + records)"),
@@ -411,8 +417,12 @@ def run(n_flows, a, rows):
         print(f"{name:22s} {c * 1e3:7.1f} ms  {grows}")
     print(f"{'top interval':22s} {top_total * 1e3:7.1f} ms  delta + events + window + rows + live detectors")
     print(f"{'export interval':22s} {exp_total * 1e3:7.1f} ms  delta + events + window + exporter")
+    older = dict((name, c) for name, c, _ in comp)
+    older = older["window, older anchor"] - older["window"]
+    print(f"{'  with an older anchor':22s} {(top_total + older) * 1e3:7.1f} ms  top interval; export interval "
+          f"{(exp_total + older) * 1e3:.1f} ms (the window's own delta against its anchor)")
     print(f"{'numpy baseline':22s} {t_np * 1e3:7.1f} ms  ({t_np / top_total:.1f}x the top interval's CPU)")
-    line = {"flows": n_flows, "top": top_total, "export": exp_total, "numpy": t_np}
+    line = {"flows": n_flows, "top": top_total, "export": exp_total, "numpy": t_np, "older": older}
     if a.map:
         try:
             look, raw, got, look0, raw0 = map_read(cur, r)
@@ -439,11 +449,13 @@ def main():
     rows = []
     for n in (int(x) for x in a.flows.split(",")):
         run(n, a, rows)
-    print(f"\nflows        top interval   export interval   numpy baseline   map read + flows_from_raw")
+    print(f"\nflows        top interval   export interval   numpy baseline   map read + flows_from_raw"
+          f"   (older anchor: top, export)")
     for x in rows:
         mr = f"{x['map'] * 1e3:8.1f} + {x['raw'] * 1e3:.1f} ms" if "map" in x else "-"
         print(f"{x['flows']:>9,}   {x['top'] * 1e3:9.1f} ms   {x['export'] * 1e3:12.1f} ms   "
-              f"{x['numpy'] * 1e3:11.1f} ms   {mr}")
+              f"{x['numpy'] * 1e3:11.1f} ms   {mr}   ({(x['top'] + x['older']) * 1e3:.1f}, "
+              f"{(x['export'] + x['older']) * 1e3:.1f} ms)")
     print(f"load average at the end: {open('/proc/loadavg').read().split()[0]}")
 
 
