@@ -211,9 +211,10 @@ class _Run(_PcapWalk, _PcapngWalk):
         front = self.acc.block()
         try:
             end, front_status, n = K.scan_rows(b.buf, start, mid, *walk_args, self.g_parse, self.st, front, 0, _OPTAB)
+            # accounted while the back part is still being parsed (its rows come first in any case)
+            self.acc.put(front, int(n))
         finally:
             pos, status, n_back = self.par.result()
-        self.acc.put(front, int(n))
         recs = int(self.st[K.ST_RECORDS]) - rec0
         if recs:
             self.cut_bytes = int((end - start) / recs * pipeline.ROWS * 0.9)

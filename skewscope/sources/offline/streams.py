@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import queue
 import stat
 import threading
 import zlib
@@ -229,10 +230,12 @@ class _MapBuffer:
     While the scanner works on one window (numba, without the GIL) a helper thread maps the
     next one and unmaps the previous one: wiring and unwiring the pages is kernel work,
     0.13 s per 1.5 GB here, that then runs on another CPU instead of between two scans. The
-    next window starts PREFETCH_BACK bytes (at most a quarter window) before the current one
-    ends, where the scanner stops at the first record it cannot see whole; a refill that it
-    does not cover (a record longer than that) maps its window in place, as without the
-    helper."""
+    helper is one thread for the whole file, handed its work through a queue: starting a
+    thread per window made each refill wait until the new thread ran, ~1 ms when the parse
+    threads hold both CPUs. The next window starts PREFETCH_BACK bytes (at most a quarter
+    window) before the current one ends, where the scanner stops at the first record it
+    cannot see whole; a refill that it does not cover (a record longer than that) maps its
+    window in place, as without the helper."""
 
     PREFETCH_BACK = 1 << 20
 
@@ -246,27 +249,46 @@ class _MapBuffer:
         self.pos = self.fill = self.base = 0
         self.eof = self.size == 0
         self.error: _Stop | None = None
-        self._helper: threading.Thread | None = None
-        self._next: tuple[int, int, mmap.mmap | None] | None = None   # (offset, length, map)
+        self._helper: threading.Thread | None = None   # started by the first prefetch
+        self._todo: queue.SimpleQueue = queue.SimpleQueue()   # (offset, length, old map) or None: stop
+        self._done: queue.SimpleQueue = queue.SimpleQueue()   # (offset, length, map) or None: map in place
+        self._pending = False   # a prefetch handed to the helper and not yet taken
 
     def _map(self, offset: int, length: int) -> mmap.mmap:
         return mmap.mmap(self.fd, length, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
                          prot=mmap.PROT_READ, offset=offset)
 
-    def _work(self, offset: int, length: int, old: mmap.mmap | None) -> None:
+    def _work(self, offset: int, length: int, old: mmap.mmap | None) -> tuple[int, int, mmap.mmap] | None:
         if old is not None:
             _close_map(old)
         try:
-            self._next = (offset, length, self._map(offset, length))
+            return offset, length, self._map(offset, length)
         except (OSError, ValueError, OverflowError):
-            self._next = None   # the refill maps in place (and reports what went wrong)
+            return None   # the refill maps in place (and reports what went wrong)
+
+    def _serve(self) -> None:
+        while True:
+            item = self._todo.get()
+            if item is None:
+                return
+            try:
+                out = self._work(*item)
+            except Exception:   # never leave the refill waiting: it maps in place (and raises there)
+                out = None
+            self._done.put(out)
+
+    def _prefetch(self, offset: int, length: int, old: mmap.mmap | None) -> None:
+        if self._helper is None:
+            self._helper = threading.Thread(target=self._serve, name="skewscope-map", daemon=True)
+            self._helper.start()
+        self._todo.put((offset, length, old))
+        self._pending = True
 
     def _join(self) -> tuple[int, int, mmap.mmap | None] | None:
-        if self._helper is not None:
-            self._helper.join()
-            self._helper = None
-        nxt, self._next = self._next, None
-        return nxt
+        if not self._pending:
+            return None
+        self._pending = False
+        return self._done.get()
 
     def _unmap(self) -> None:
         self.buf = np.zeros(0, np.uint8)
@@ -302,8 +324,7 @@ class _MapBuffer:
             off -= off % mmap.PAGESIZE
             if off > aligned:
                 n = min(self.win, self.size - off)
-                self._helper = threading.Thread(target=self._work, args=(off, n, old), daemon=True)
-                self._helper.start()
+                self._prefetch(off, n, old)
                 old = None
         if old is not None:
             _close_map(old)
@@ -323,6 +344,10 @@ class _MapBuffer:
         nxt = self._join()
         if nxt is not None:
             _close_map(nxt[2])
+        if self._helper is not None:
+            self._todo.put(None)
+            self._helper.join()
+            self._helper = None
         self._unmap()
 
 
@@ -331,3 +356,4 @@ def _close_map(mm: mmap.mmap) -> None:
         mm.close()
     except BufferError:   # an array still refers to the window: the GC will unmap it
         pass
+
