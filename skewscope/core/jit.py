@@ -121,7 +121,7 @@ def _fresh_cache(module: str) -> None:
             return
         paths = getattr(sys.modules.get(top), "__path__", None)
         if paths:
-            _refresh(top, Path(list(paths)[0]).resolve())
+            _refresh(top, Path(os.path.abspath(list(paths)[0])))  # as numba names it: not resolved
         _fresh.add(top)
 
 
@@ -132,7 +132,7 @@ def _refresh(top: str, root: Path) -> None:
     offline scanner's parser. So package `top` (at root) keeps a stamp in numba's cache
     directory: a hash of the (path, mtime_ns, size) of every .py under it, and the digest of
     `_kernel_sources`. While the stats are unchanged nothing else is read (~1 ms); when they
-    moved the digest is recomputed (~0.25 s), and when it differs (or there is no stamp) every
+    moved the digest is recomputed (~0.3 s), and when it differs (or there is no stamp) every
     cached kernel of the package is dropped wherever numba may keep it (`_cache_dirs`); then
     the stamp is rewritten, atomically. Concurrent processes: a file already gone or a
     directory not writable is skipped; at worst a kernel is compiled again."""
@@ -216,11 +216,11 @@ def _drop_cached(src_dirs) -> None:
 
 
 def _kernel_sources(root: Path, top: str) -> dict:
-    """{path relative to root: bytes} of the files package `top`'s compiled kernels can depend on: its modules that
-    import core/jit.py (they define kernels or intrinsics; jit.py itself in skewscope) and,
-    transitively, every module of the package their module-level imports bind (constants,
-    dtypes and callee kernels are frozen in from there): the rule tools/aotbuild.py applies to
-    the AOT module's kernels."""
+    """{path relative to root: bytes} of the files package `top`'s compiled kernels can depend
+    on: its modules that import core/jit.py (they define kernels or intrinsics; jit.py itself
+    in skewscope) and, transitively, every module of the package their module-level imports
+    bind (constants, dtypes and callee kernels are frozen in from there): the rule
+    tools/aotbuild.py applies to the AOT module's kernels."""
     jit_mod = __name__
     files = {}  # module name -> (relative path, bytes)
     for rel, _, _ in _source_stats(root)[0]:
@@ -240,7 +240,7 @@ def _kernel_sources(root: Path, top: str) -> dict:
         try:
             tree = ast.parse(src)
         except (SyntaxError, ValueError):
-            return set()
+            return frozenset()
         base = mod.split(".") if rel.endswith("__init__.py") else mod.split(".")[:-1]
         out = set()
         todo = [tree]
