@@ -23,9 +23,9 @@ Bad input: a file that is not a capture, or of an unsupported link type, raises 
 a killed tcpdump, a corrupt record length, a broken gzip stream) is read up to the damage,
 with the reason in meta["warnings"] (read_frames: FrameReader.warnings).
 
-Modules, one job each: this one the API (parse_file, dissect, read_frames / FrameReader)
-and the numba cache's staleness check; streams.py the bytes (gzip, pipes, mmap windows, read
-buffers); formats.py the pcap/pcapng magic and link types; run.py one pass over a file
+Modules, one job each: this one the API (parse_file, dissect, read_frames / FrameReader);
+streams.py the bytes (gzip, pipes, mmap windows, read buffers); formats.py the pcap/pcapng
+magic and link types; run.py one pass over a file
 (open, format header, warnings, the Snapshot); pcap.py and pcapng.py its record walks;
 pipeline.py the accounting on a second thread (opt-in; same result, exactly);
 tables.py the kernel's state arrays and the events; frames.py the frame batches;
@@ -33,15 +33,11 @@ kernel/ the numba kernels (base, accounting, parse, scanner).
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 
-from skewscope.core import jit
-from skewscope.core import layout as L
 from skewscope.core.errors import PcapError  # noqa: F401 (re-exported: __all__)
 from skewscope.core.snapshot import Snapshot
 from skewscope.sources.offline import kernel as K
@@ -59,43 +55,6 @@ from skewscope.sources.offline.frames import FRAME_BATCH, FrameBatch
 from skewscope.sources.offline.run import _Run
 from skewscope.sources.offline.tables import PACKET_DTYPE, _Full
 
-
-def _purge_stale_numba_cache() -> None:
-    """numba's on-disk cache of a kernel is keyed by the source of the kernel's own module,
-    but `scan` inlines kernels of the package's other modules and the compiled code freezes
-    layout.py's constants and core/jit.py's byte readers. Drop the package's cache when any of
-    its modules, jit.py or the layout changed since it was built (called before the first
-    kernel call loads anything)."""
-    fp = hashlib.sha256()
-    for k in sorted(dir(L)):
-        if k.isupper():
-            v = getattr(L, k)
-            if isinstance(v, np.ndarray):
-                v = v.tobytes().hex()
-            elif isinstance(v, (set, frozenset)):
-                v = sorted(v)
-            fp.update(f"{k}={v!r};".encode())
-    pkg = Path(K.__file__).resolve().parent
-    for src in sorted(pkg.glob("*.py")) + [Path(jit.__file__)]:
-        fp.update(src.name.encode() + b"\0" + src.read_bytes())
-    digest = fp.hexdigest()[:16]
-    cache = pkg / "__pycache__"   # numba's default place: next to the source
-    stamp = cache / "kernel.fingerprint"
-    try:
-        if stamp.read_text() == digest:
-            return
-    except OSError:
-        pass
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        for p in cache.glob("*.nb[ic]"):
-            p.unlink()
-        stamp.write_text(digest)
-    except OSError:
-        pass  # unwritable cache: numba will not write there either
-
-
-_purge_stale_numba_cache()
 
 __all__ = ["parse_file", "dissect", "read_frames", "FrameReader", "FrameBatch", "PcapError", "DEFAULT_CHUNK"]
 
