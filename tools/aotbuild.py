@@ -51,29 +51,11 @@ def _module_file(mod: str):
 
 
 def _bound_imports(mod: str, path: Path) -> set[str]:
-    """The skewscope modules whose objects `mod`'s module-level imports bind into its globals
-    (the only names a kernel can see): `import a.b as x` -> a.b; `from a import b` -> a.b when
-    that is a module, else a. Imports inside functions bind nothing a kernel sees."""
-    is_pkg = path.name == "__init__.py"
-    out = set()
-
-    def walk(node):
-        for ch in ast.iter_child_nodes(node):
-            if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                continue
-            if isinstance(ch, ast.Import):
-                out.update(a.name for a in ch.names)
-            elif isinstance(ch, ast.ImportFrom):
-                m = ch.module or ""
-                if ch.level:
-                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                    m = ".".join(base[:len(base) - (ch.level - 1)] + ([ch.module] if ch.module else []))
-                for a in ch.names:
-                    sub = f"{m}.{a.name}"
-                    out.add(sub if _module_file(sub) is not None else m)
-            walk(ch)
-    walk(ast.parse(path.read_text()))
-    return {m for m in out if _module_file(m) is not None}
+    """The skewscope modules `mod`'s module-level imports bind (core.jit.bound_imports: the
+    numba cache's check applies the same rule)."""
+    def known(m):
+        return _module_file(m) is not None
+    return {m for m in jit.bound_imports(mod, path.read_text(), path.name == "__init__.py", known) if known(m)}
 
 
 def source_files(kernel_modules) -> list[str]:

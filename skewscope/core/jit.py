@@ -215,6 +215,36 @@ def _drop_cached(src_dirs) -> None:
                         pass  # gone already (another process) or not ours to remove
 
 
+def bound_imports(mod: str, src, is_pkg: bool, known) -> frozenset:
+    """The modules whose objects `mod`'s module-level imports bind into its globals (the only
+    names a kernel can see): `import a.b as x` -> a.b; `from a import b` -> a.b when
+    known(a.b) (it is a module), else a. Imports inside functions bind nothing a kernel sees.
+    src: the module's source; is_pkg: it is a package's __init__. Shared by the numba cache's
+    check (_kernel_sources) and the AOT build's source list (tools/aotbuild.py)."""
+    try:
+        tree = ast.parse(src)
+    except (SyntaxError, ValueError):
+        return frozenset()
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    out = set()
+    todo = [tree]
+    while todo:
+        for ch in ast.iter_child_nodes(todo.pop()):
+            if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(ch, ast.Import):
+                out.update(a.name for a in ch.names)
+            elif isinstance(ch, ast.ImportFrom):
+                m = ch.module or ""
+                if ch.level:
+                    m = ".".join(base[:len(base) - (ch.level - 1)] + ([ch.module] if ch.module else []))
+                for a in ch.names:
+                    sub = f"{m}.{a.name}"
+                    out.add(sub if known(sub) else m)
+            todo.append(ch)
+    return frozenset(out)
+
+
 def _kernel_sources(root: Path, top: str) -> dict:
     """{path relative to root: bytes} of the files package `top`'s compiled kernels can depend
     on: its modules that import core/jit.py (they define kernels or intrinsics; jit.py itself
@@ -234,31 +264,8 @@ def _kernel_sources(root: Path, top: str) -> dict:
 
     @functools.cache
     def bound(mod):
-        """Names of the modules `mod`'s module-level imports bind (imports in functions bind
-        nothing a kernel sees); jit_mod included whatever package it is in."""
         rel, src = files[mod]
-        try:
-            tree = ast.parse(src)
-        except (SyntaxError, ValueError):
-            return frozenset()
-        base = mod.split(".") if rel.endswith("__init__.py") else mod.split(".")[:-1]
-        out = set()
-        todo = [tree]
-        while todo:
-            for ch in ast.iter_child_nodes(todo.pop()):
-                if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                    continue
-                if isinstance(ch, ast.Import):
-                    out.update(a.name for a in ch.names)
-                elif isinstance(ch, ast.ImportFrom):
-                    m = ch.module or ""
-                    if ch.level:
-                        m = ".".join(base[:len(base) - (ch.level - 1)] + ([ch.module] if ch.module else []))
-                    for a in ch.names:
-                        sub = f"{m}.{a.name}"
-                        out.add(sub if sub in files or sub == jit_mod else m)
-                todo.append(ch)
-        return frozenset(out)
+        return bound_imports(mod, src, rel.endswith("__init__.py"), lambda m: m in files or m == jit_mod)
 
     todo = [m for m, (_, src) in files.items() if m == jit_mod or (b"jit" in src and jit_mod in bound(m))]
     seen = set()
