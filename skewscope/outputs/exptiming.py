@@ -116,7 +116,22 @@ def _key_words(t: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 #: the flows context of the window's pieces shares: what depends on the flow table alone
-_FLOWS_ONLY = ("cols", "nodes", "partner_sport")
+_FLOWS_ONLY = ("cols", "nodes", "pairs", "partner_sport")
+#: ... and the roles and what follows from them when no flow mixes RDMA READ requests with
+#: SENDs/WRITEs (flows.flow_roles reads the records of those flows only, the rest of it the
+#: table): one roles pass per read, not one per piece
+_ROLES = ("roles", "data", "partner", "read_flow")
+
+
+def _flows_only(ctx) -> dict:
+    """The entries of ctx the next piece of the same flow table may reuse."""
+    d = ctx.__dict__
+    keys = _FLOWS_ONLY
+    if "cols" in d:
+        op = d["cols"]["op"]
+        if not ((op[:, L.OPC_READ_REQ] > 0) & ((op[:, L.OPC_SEND] > 0) | (op[:, L.OPC_WRITE] > 0))).any():
+            keys = keys + _ROLES
+    return {k: d[k] for k in keys if k in d}
 
 
 def _merge_by_start(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -251,8 +266,8 @@ class WindowedTiming:
 
     def _export(self, final: bool) -> None:
         snap = Snapshot(self.flows, self.events, np.zeros(L.G_N, np.uint64), {})
-        # the pieces of one read share its flow table: columns, nodes and sport partners
-        # made once per read, not once per piece (roles depend on the piece's records)
+        # the pieces of one read share its flow table: columns, nodes, pairs, sport partners
+        # (and roles, when they do not read the records: _flows_only) made once per read
         ctx = context(snap)
         if self._shared is not None:
             ctx.__dict__.update(self._shared)
@@ -261,7 +276,7 @@ class WindowedTiming:
         except NodeViewError:
             return
         finally:
-            self._shared = {k: ctx.__dict__[k] for k in _FLOWS_ONLY if k in ctx.__dict__}
+            self._shared = _flows_only(ctx)
         out = []
         for nt in res:
             gs = []

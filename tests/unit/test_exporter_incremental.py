@@ -339,9 +339,47 @@ def test_window_pieces_share_the_flows_context_without_changing_the_timing(tmp_p
 
     shared, pieces = run()
     monkeypatch.setattr(exptiming, "_FLOWS_ONLY", ())
+    monkeypatch.setattr(exptiming, "_ROLES", ())
     fresh, _ = run()
     assert shared == fresh and pieces > 3 * 3
     assert any(name == M.NODE_STEPS.name and float(v) > 0 for name, _, v in shared)
+
+
+def test_window_pieces_share_roles_only_when_they_do_not_read_the_records(tmp_path):
+    """_flows_only hands the next piece the roles (and partners, READ response flows) only
+    when flow_roles does not read the records: then they are those flow_roles makes afresh
+    from the same flow table with any other records (none, or the other half); a flow that
+    mixes READ requests with WRITEs keeps them per piece."""
+    from skewscope import gen as skewgen
+    from skewscope.analysis import flows as FL
+    from skewscope.analysis.context import context
+    from skewscope.outputs.exptiming import _flows_only
+    from skewscope.sources.offline import parse_file
+    cap = skewgen.generate("tp-decode-slow-shard", seed=0)
+    p = tmp_path / "v.pcap"
+    cap.write_pcap(str(p), snaplen=128)
+    snap = parse_file(str(p))
+    ev = snap.events
+    half = len(ev) // 2
+    g = np.zeros(L.G_N, np.uint64)
+    ctx = context(Snapshot(snap.flows, ev[:half], g, {}))
+    ctx.data, ctx.read_flow            # computed as a piece's per_node_timing would
+    kept = _flows_only(ctx)
+    assert {"cols", "nodes", "pairs", "partner_sport", "roles", "data", "partner", "read_flow"} <= set(kept)
+    for other in (ev[half:], ev[:0]):
+        fresh = Snapshot(snap.flows, other, g, {})
+        roles = FL.flow_roles(fresh)
+        assert np.array_equal(kept["roles"], roles) and (roles == FL.ROLE_DATA).any()
+        assert np.array_equal(kept["data"], roles == FL.ROLE_DATA)
+        fc = context(fresh)
+        assert np.array_equal(kept["partner"], fc.partner) and np.array_equal(kept["read_flow"], fc.read_flow)
+    mixed = snap.flows.copy()
+    i = int(np.nonzero(kept["data"])[0][0])
+    mixed["op"][i, L.OPC_READ_REQ] = 1
+    mixed["op"][i, L.OPC_WRITE] = max(1, int(mixed["op"][i, L.OPC_WRITE]))
+    ctx = context(Snapshot(mixed, ev[:half], g, {}))
+    ctx.read_flow
+    assert set(_flows_only(ctx)) == {"cols", "nodes", "pairs", "partner_sport"}
 
 
 def test_joined_class_and_peer_counts_equal_a_plain_count():
