@@ -66,14 +66,22 @@ def value_texts(values) -> list:
     """prometheus_client's text of each value (floatToGoString), for an array: repr (one C
     pass) where the two agree -- finite values under 10^6 in magnitude: floatToGoString is
     repr there (it rewrites only positive values whose repr has over 6 digits before the
-    point, and non-finite ones) --, floatToGoString for the others. Integer arrays (uint64
-    counters) as float64, the float() of each integer."""
+    point, and non-finite ones) --, its rewrite of whole numbers from the integer's digits,
+    floatToGoString for the others. Integer arrays (uint64 counters) as float64, the float()
+    of each integer."""
     x = np.asarray(values).astype(np.float64)
     out = list(map(repr, x.tolist()))
-    odd = np.nonzero(~(np.abs(x) < 1e6))[0]
-    if len(odd):
-        for i, v in zip(odd.tolist(), x[odd].tolist()):
-            out[i] = floatToGoString(v)
+    big = ~(np.abs(x) < 1e6)
+    if not big.any():
+        return out
+    # whole numbers in [1e6, 1e16) (the byte and packet counters): repr is their digits and
+    # ".0", which floatToGoString writes as d.ddd (trailing zeros dropped) e+<digits - 1>
+    whole = (x >= 1e6) & (x < 1e16) & (x == np.floor(x))
+    w = np.nonzero(whole)[0]
+    for i, d in zip(w.tolist(), map(str, x[w].astype(np.int64).tolist())):
+        out[i] = f"{(d[0] + '.' + d[1:]).rstrip('0.')}e+{len(d) - 1:02d}"
+    for i, v in zip(np.nonzero(big & ~whole)[0].tolist(), x[big & ~whole].tolist()):
+        out[i] = floatToGoString(v)
     return out
 
 

@@ -122,15 +122,19 @@ def test_exporter_families_on_real_captures_equal_generate_latest(tmp_path):
 
 
 def test_value_texts_equal_float_to_go_string():
-    """expose.value_texts (repr in one pass where it agrees) = prometheus_client's
-    floatToGoString of each value, at and around its rewrite bounds, for floats and for
+    """expose.value_texts (repr in one pass where it agrees, whole numbers from their digits)
+    = prometheus_client's floatToGoString of each value, at and around its rewrite bounds
+    and whole numbers of every length and trailing zeros, for floats and for
     uint64 counters (formatted from the Python int, as add_metric's samples are)."""
     from prometheus_client.utils import floatToGoString
     rng = np.random.default_rng(5)
     edge = [0.0, -0.0, 1.0, 999999.0, 999999.9999999999, 1e6, 1e6 - 1e-9, 1000000.5, 1234567.0, 9999999.0,
             1e15, 1e16 - 2, 1e16, 1.5e16, 1e22, 1e-4, 9.99e-5, 1e-5, 1.5e-300, 5e-324, -1e6, -1234567.0, -1e22,
             float("nan"), float("inf"), float("-inf"), 2.0 ** 53, 2.0 ** 53 + 2, 2.0 ** 64]
-    floats = np.array(edge + list(rng.normal(0, 1e7, 2000)) + list(10.0 ** rng.uniform(-12, 20, 2000)))
+    # whole numbers from 1e6 up (written from their digits): trailing zeros, every length
+    whole = [10.0 ** k for k in range(6, 17)] + [1234000000000.0, 1.2e9, 1000000000000010.0, 9999999999999998.0]
+    whole += list(np.floor(10.0 ** rng.uniform(6, 16.2, 2000))) + list(rng.integers(1, 10 ** 6, 500) * 10.0 ** 7)
+    floats = np.array(edge + whole + list(rng.normal(0, 1e7, 2000)) + list(10.0 ** rng.uniform(-12, 20, 2000)))
     assert X.value_texts(floats) == [floatToGoString(v) for v in floats.tolist()]
     ints = np.concatenate([rng.integers(0, 1 << 63, 2000, dtype=np.uint64) * np.uint64(2) + np.uint64(1),
                            rng.integers(0, 1 << 54, 2000, dtype=np.uint64), np.arange(999990, 1000010, dtype=np.uint64),
