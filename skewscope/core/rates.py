@@ -55,24 +55,6 @@ def kept_rows(j: np.ndarray, cur: np.ndarray, prev: np.ndarray):
                  prev["first_ts"])
 
 
-@njit(cache=True, nogil=True)
-def _kept_cols(j, ccols, pcols):
-    """_kept over (packets, first_ts) columns: ccols (n, 2) of cur, pcols (m, 2) of prev."""
-    n = j.shape[0]
-    keep = np.empty(n, dtype=np.int64)
-    sub = np.empty(n, dtype=np.bool_)
-    k = 0
-    for i in range(n):
-        r = j[i]
-        cpk = ccols[i, 0]
-        s = r >= 0 and cpk >= pcols[r, 0] and ccols[i, 1] == pcols[r, 1]
-        if cpk > (pcols[r, 0] if s else 0):
-            keep[k] = i
-            sub[k] = s
-            k += 1
-    return keep[:k], sub[:k]
-
-
 def row_columns(flows: np.ndarray) -> np.ndarray:
     """A flow table's packets and first_ts as an (n, 2) uint64 array: what kept_cols reads
     (interval_join fills it for a live read in its pass over the rows)."""
@@ -85,9 +67,9 @@ def kept_cols(j: np.ndarray, cur_cols: np.ndarray, prev_cols: np.ndarray):
     """kept_rows(j, cur, prev) from the tables' row_columns (cur_cols, prev_cols): the same
     rows and flags, reading 16 bytes a row instead of the rows (the analysis window's
     delta against an anchor several reads old: its kept test was a sixth of its work)."""
-    return _kept_cols(np.ascontiguousarray(j, dtype=np.int64), np.ascontiguousarray(cur_cols, dtype=np.uint64),
-                      np.ascontiguousarray(prev_cols, dtype=np.uint64) if len(prev_cols) else
-                      np.zeros((1, 2), np.uint64))
+    c = np.ascontiguousarray(cur_cols, dtype=np.uint64)
+    p = np.ascontiguousarray(prev_cols, dtype=np.uint64) if len(prev_cols) else np.zeros((1, 2), np.uint64)
+    return _kept(np.ascontiguousarray(j, dtype=np.int64), c[:, 0], c[:, 1], p[:, 0], p[:, 1])
 
 
 @njit(cache=True, nogil=True, inline="always")
