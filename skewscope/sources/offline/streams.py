@@ -356,4 +356,3 @@ def _close_map(mm: mmap.mmap) -> None:
         mm.close()
     except BufferError:   # an array still refers to the window: the GC will unmap it
         pass
-
