@@ -55,10 +55,10 @@ def kept_rows(j: np.ndarray, cur: np.ndarray, prev: np.ndarray):
                  prev["first_ts"])
 
 
-def row_columns(flows: np.ndarray) -> np.ndarray:
-    """A flow table's packets and first_ts as an (n, 2) uint64 array: what kept_cols reads
-    (interval_join fills it for a live read in its pass over the rows)."""
-    out = np.empty((len(flows), 2), dtype=np.uint64)
+def row_columns(flows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """A flow table's packets and first_ts as an (n, 2) uint64 array (into `out` when given):
+    what kept_cols reads (interval_join fills it for a live read in its pass over the rows)."""
+    out = np.empty((len(flows), 2), dtype=np.uint64) if out is None else out
     out[:, 0], out[:, 1] = flows["packets"], flows["first_ts"]
     return out
 

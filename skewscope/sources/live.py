@@ -45,7 +45,8 @@ from skewscope.core.pool import ArrayPool
 from skewscope.core.signals import Terminated as _dp_Terminated
 from skewscope.core.signals import exit_on_signals
 from skewscope.core.rates import (COLS_DTYPE, WORDS_DTYPE, counter_blocks, delta_rows, follow_join, interval_join,
-                                  join_flows, kept_cols, kept_rows, order_words, words_sorted)
+                                  join_flows, kept_cols, kept_rows, order_words, row_columns,
+                                  words_sorted)
 from skewscope.core.snapshot import Snapshot, events_from_records, take_rows
 
 # counters that are differences between two reads (everything else in FLOW_DTYPE is a key
@@ -214,7 +215,7 @@ def interval_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0,
             return delta_rows(cur, prev, j[keep], keep, sub, _COUNTER_BLOCKS, since_ns=since_ns, pool=pool), j, words
     words = order_words(cur, pool=word_pool)
     if cols is not None:
-        cols[:, 0], cols[:, 1] = cur["packets"], cur["first_ts"]
+        row_columns(cur, out=cols)
     j = join_flows(prev, cur, prev_words, words) if prev is not None and len(prev) and len(cur) else None
     return flow_delta(prev, cur, since_ns, j=j, pool=pool), j, words
 
