@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from skewscope.analysis.context import context
-from skewscope.analysis.hashing import build_u64
+from skewscope.analysis.hashing import count_u64
 from skewscope.core import layout as L
 
 KINDS = ("all_to_all", "ring_allreduce", "tree_allreduce", "p2p", "kv_transfer", "unknown")
@@ -105,19 +105,16 @@ def size_hints(ctx, flows: np.ndarray) -> dict:
     """NCCL hints from the exact message sizes of a set of data flows."""
     if len(flows) == 0 or len(ctx.events) == 0:
         return {"top_sizes": [], "protocol": None, "large": False, "p2p_chunks": False}
-    ok = ctx.data_events(flows)
-    sizes = ctx.events["bytes"][ok].astype(np.int64)
-    if len(sizes) == 0:
+    u, c = count_u64(ctx.events["bytes"], ctx.data_events(flows))
+    if len(u) == 0:
         return {"top_sizes": [], "protocol": None, "large": False, "p2p_chunks": False}
-    _, _, ids, first = build_u64(sizes.astype(np.uint64))
-    u = sizes[first]
-    c = np.bincount(ids, minlength=len(first))
+    u = u.astype(np.int64)
     o = np.argsort(u, kind="stable")
     u, c = u[o], c[o]
     wb = (u * c).astype(np.float64)
     top = np.argsort(-c, kind="stable")[:4]
     modal_b = int(u[np.argmax(wb)])          # bytes-weighted mode
-    n = len(sizes)
+    n = int(c.sum())
     chunk_share = float(c[np.isin(u, P2P_CHUNKS)].sum()) / n
     cls = np.array([_size_class(int(x)) for x in u])
     tot = max(1.0, float(wb.sum()))

@@ -149,8 +149,8 @@ class Context:
         pkt = self.fstat["pkt_ns"] if nf else np.zeros(1)
         data = self.data if nf else np.zeros(1, dtype=np.bool_)
         f, op = self._records
-        return _event_columns(f, op, np.ascontiguousarray(ev["start_ts"]), np.ascontiguousarray(ev["end_ts"]),
-                              np.ascontiguousarray(ev["bytes"]), np.ascontiguousarray(pkt, dtype=np.float64),
+        # the record table's fields as they lie (strided views): read once, not copied first
+        return _event_columns(f, op, ev["start_ts"], ev["end_ts"], ev["bytes"], np.ascontiguousarray(pkt, dtype=np.float64),
                               np.ascontiguousarray(data), nf)
 
     @property
@@ -184,9 +184,7 @@ class Context:
         """ev_data restricted to the records of `flows` (flow rows): a new bool array."""
         fm = np.zeros(len(self.flows), dtype=bool)
         fm[np.asarray(flows, dtype=np.int64)] = True
-        ok = self.ev_data.copy()
-        ok[ok] &= fm[self.ev_flow[ok]]
-        return ok
+        return _of_flows(self.ev_data, self.ev_flow, fm)
 
     # ---- node pairs --------------------------------------------------------------------
     @cached_property
@@ -231,6 +229,17 @@ def _data_pairs(pid, keys, data):
         if data[i]:
             out[i] = rank[pid[i]]
     return out, uk
+
+
+@njit(cache=True, nogil=True)
+def _of_flows(ev_data, ev_flow, fm):
+    """ev_data & fm[ev_flow] in one pass (fm: a mask over the flow rows)."""
+    n = ev_data.shape[0]
+    out = np.zeros(n, dtype=np.bool_)
+    for i in range(n):
+        if ev_data[i]:
+            out[i] = fm[ev_flow[i]]
+    return out
 
 
 #: a SEND record below this size on a data flow whose largest data record is at least

@@ -331,170 +331,140 @@ def _csr_by_flow(ev_flow, nflows):
 
 
 @njit(cache=True, nogil=True)
-def _gather4(order, a, b, c, d):
-    n = order.shape[0]
-    oa = np.empty(n, dtype=a.dtype)
-    ob = np.empty(n, dtype=b.dtype)
-    oc = np.empty(n, dtype=c.dtype)
-    od = np.empty(n, dtype=d.dtype)
-    for i in range(n):
-        k = order[i]
-        oa[i] = a[k]
-        ob[i] = b[k]
-        oc[i] = c[k]
-        od[i] = d[k]
-    return oa, ob, oc, od
-
-
-@njit(cache=True, nogil=True)
 def _npk(b, mtu):
     k = (b + mtu - 1) // mtu
     return k if k >= 1 else 1
 
 
 @njit(cache=True, nogil=True)
-def _flow_stats_kernel(order, off, ev_op, ev_start, ev_end, ev_bytes, req_pkts, mtus, out_i, out_f):
-    """out_i[f] = n_rec, n_data, n_multi, mtu, stall_n; out_f[f] = rec_bytes, data_bytes,
-    multi_bytes, wire_ns, pkt_ns, rate_bps, busy_ns, first_start, last_end, stall_ns,
-    stall_max_ns, rate_med_bps."""
-    nflows = off.shape[0] - 1
+def _flow_stats_kernel(ev_flow, ev_op, ev_start, ev_end, ev_bytes, req_pkts, mtus, out_i, out_f):
+    """out_i[f] = n_rec, n_data, n_multi, mtu, stall_n, n_flat; out_f[f] = rec_bytes,
+    data_bytes, multi_bytes, wire_ns, pkt_ns, rate_bps, busy_ns, first_start, last_end,
+    stall_ns, stall_max_ns, rate_med_bps. Three passes over the records in their order with
+    per-flow sums (each flow's records in that order, as a grouping by flow would visit
+    them): the columns read where they lie (a record table's strided fields), nothing
+    gathered; only the per-message rates (for each flow's median) are put in flow order."""
+    nflows = out_i.shape[0]
     nm = mtus.shape[0]
-    pk = np.zeros(nm, dtype=np.int64)
-    maxlen = 0
+    n = ev_flow.shape[0]
+    pk = np.zeros((nflows, nm), dtype=np.int64)
+    n01 = np.zeros(nflows + 1, dtype=np.int64)      # SEND/WRITE records per flow, then offsets
+    first = np.full(nflows, np.inf)
+    last = np.full(nflows, -np.inf)
+    for i in range(n):
+        f = np.int64(ev_flow[i])
+        if f < 0 or f >= nflows:
+            continue
+        by = np.int64(ev_bytes[i])
+        out_i[f, 0] += 1
+        out_f[f, 0] += by
+        s = float(ev_start[i])
+        t = float(ev_end[i])
+        if s < first[f]:
+            first[f] = s
+        if t > last[f]:
+            last[f] = t
+        op = ev_op[i]
+        if op == 0 or op == 1:  # SEND / WRITE
+            out_i[f, 1] += 1
+            out_f[f, 1] += by
+            n01[f + 1] += 1
+            for c in range(nm):
+                pk[f, c] += _npk(by, mtus[c])
+        elif op == 3:           # an RDMA READ's data (its request's record, on this flow)
+            out_i[f, 1] += 1
+            out_f[f, 1] += by
+    mtu = np.empty(nflows, dtype=np.int64)
     for f in range(nflows):
-        if off[f + 1] - off[f] > maxlen:
-            maxlen = off[f + 1] - off[f]
-    rbuf = np.empty(maxlen, dtype=np.float64)
-    for f in range(nflows):
-        a = off[f]
-        b = off[f + 1]
-        n_rec = b - a
-        rec_bytes = 0.0
-        n_data = 0
-        data_bytes = 0.0
-        for c in range(nm):
-            pk[c] = 0
-        first = np.inf
-        last = -np.inf
-        for k in range(a, b):
-            e = order[k]
-            by = np.int64(ev_bytes[e])
-            rec_bytes += by
-            s = float(ev_start[e])
-            t = float(ev_end[e])
-            if s < first:
-                first = s
-            if t > last:
-                last = t
-            op = ev_op[e]
-            if op == 0 or op == 1:  # SEND / WRITE
-                n_data += 1
-                data_bytes += by
-                for c in range(nm):
-                    pk[c] += _npk(by, mtus[c])
-            elif op == 3:           # an RDMA READ's data (its request's record, on this flow)
-                n_data += 1
-                data_bytes += by
+        n01[f + 1] += n01[f]
         # IB MTU: the candidate whose packet count is closest to the observed one (ties: larger)
-        mtu = mtus[nm - 1]
-        if n_data > 0 and req_pkts[f] > 0:
+        m = mtus[nm - 1]
+        if out_i[f, 1] > 0 and req_pkts[f] > 0:
             best = -1
             for c in range(nm - 1, -1, -1):
-                d = abs(pk[c] - req_pkts[f])
+                d = abs(pk[f, c] - req_pkts[f])
                 if best < 0 or d < best:
                     best = d
-                    mtu = mtus[c]
-        n_multi = 0
-        n_flat = 0
-        multi_bytes = 0.0
-        wire = 0.0
-        span = 0.0
-        gaps = 0.0
-        nr = 0
-        for k in range(a, b):
-            e = order[k]
-            op = ev_op[e]
-            if op != 0 and op != 1:
-                continue
-            by = np.int64(ev_bytes[e])
-            npk = _npk(by, mtu)
-            d = float(ev_end[e]) - float(ev_start[e])
-            if npk >= 2 and d <= 0:
-                n_flat += 1
-            if npk >= 2 and d > 0:
-                n_multi += 1
-                multi_bytes += by
-                w = d * npk / (npk - 1)
-                wire += w
-                span += d
-                gaps += npk - 1
-                rbuf[nr] = by / w
-                nr += 1
-        pkt = span / gaps if gaps > 0 else 0.0
-        rate = multi_bytes * 8e9 / wire if wire > 0 else np.nan
-        # busy: union of [start, end + pkt]
-        busy = 0.0
-        cs = -1.0
-        ce = -1.0
-        for k in range(a, b):
-            e = order[k]
-            s = float(ev_start[e])
-            t = float(ev_end[e]) + pkt
-            if cs < 0:
-                cs = s
-                ce = t
-            elif s > ce:
-                busy += ce - cs
-                cs = s
-                ce = t
-            elif t > ce:
-                ce = t
-        if cs >= 0:
-            busy += ce - cs
-        # stalls against the median per-message rate
-        stall_n = 0
-        stall = 0.0
-        stall_max = 0.0
-        med = np.nan
-        if nr >= 1:
-            med = np.median(rbuf[:nr])
-        if nr >= 3:
-            if med > 0:
-                for k in range(a, b):
-                    e = order[k]
-                    op = ev_op[e]
-                    if op != 0 and op != 1:
-                        continue
-                    by = np.int64(ev_bytes[e])
-                    npk = _npk(by, mtu)
-                    d = float(ev_end[e]) - float(ev_start[e])
-                    if npk < 2 or d <= 0:
-                        continue
-                    w = d * npk / (npk - 1)
-                    exp = by / med
-                    if w >= STRETCH * exp:
-                        stall_n += 1
-                        stall += w - exp
-                        if w - exp > stall_max:
-                            stall_max = w - exp
-        out_i[f, 0] = n_rec
-        out_i[f, 1] = n_data
-        out_i[f, 2] = n_multi
-        out_i[f, 3] = mtu
-        out_i[f, 4] = stall_n
-        out_i[f, 5] = n_flat
-        out_f[f, 0] = rec_bytes
-        out_f[f, 1] = data_bytes
-        out_f[f, 2] = multi_bytes
-        out_f[f, 3] = wire
-        out_f[f, 4] = pkt
-        out_f[f, 5] = rate
-        out_f[f, 6] = busy
-        out_f[f, 7] = first if n_rec > 0 else np.nan
-        out_f[f, 8] = last if n_rec > 0 else np.nan
-        out_f[f, 9] = stall
-        out_f[f, 10] = stall_max
-        out_f[f, 11] = med * 8e9 if nr >= 1 else np.nan
+                    m = mtus[c]
+        mtu[f] = m
+    rbuf = np.empty(n01[nflows], dtype=np.float64)
+    nr = np.zeros(nflows, dtype=np.int64)
+    span = np.zeros(nflows)
+    gaps = np.zeros(nflows)
+    for i in range(n):
+        f = np.int64(ev_flow[i])
+        if f < 0 or f >= nflows:
+            continue
+        op = ev_op[i]
+        if op != 0 and op != 1:
+            continue
+        by = np.int64(ev_bytes[i])
+        npk = _npk(by, mtu[f])
+        d = float(ev_end[i]) - float(ev_start[i])
+        if npk >= 2 and d <= 0:
+            out_i[f, 5] += 1
+        if npk >= 2 and d > 0:
+            out_i[f, 2] += 1
+            out_f[f, 2] += by
+            w = d * npk / (npk - 1)
+            out_f[f, 3] += w
+            span[f] += d
+            gaps[f] += npk - 1
+            rbuf[n01[f] + nr[f]] = by / w
+            nr[f] += 1
+    med = np.full(nflows, np.nan)
+    pkt = np.empty(nflows)
+    for f in range(nflows):
+        pkt[f] = span[f] / gaps[f] if gaps[f] > 0 else 0.0
+        if nr[f] >= 1:
+            med[f] = np.median(rbuf[n01[f]:n01[f] + nr[f]])
+    # busy: union of [start, end + pkt]; stalls against the median per-message rate
+    cs = np.full(nflows, -1.0)
+    ce = np.full(nflows, -1.0)
+    busy = np.zeros(nflows)
+    for i in range(n):
+        f = np.int64(ev_flow[i])
+        if f < 0 or f >= nflows:
+            continue
+        s = float(ev_start[i])
+        t = float(ev_end[i]) + pkt[f]
+        if cs[f] < 0:
+            cs[f] = s
+            ce[f] = t
+        elif s > ce[f]:
+            busy[f] += ce[f] - cs[f]
+            cs[f] = s
+            ce[f] = t
+        elif t > ce[f]:
+            ce[f] = t
+        if nr[f] < 3 or not med[f] > 0:
+            continue
+        op = ev_op[i]
+        if op != 0 and op != 1:
+            continue
+        by = np.int64(ev_bytes[i])
+        npk = _npk(by, mtu[f])
+        d = float(ev_end[i]) - float(ev_start[i])
+        if npk < 2 or d <= 0:
+            continue
+        w = d * npk / (npk - 1)
+        exp = by / med[f]
+        if w >= STRETCH * exp:
+            out_i[f, 4] += 1
+            out_f[f, 9] += w - exp
+            if w - exp > out_f[f, 10]:
+                out_f[f, 10] = w - exp
+    for f in range(nflows):
+        if cs[f] >= 0:
+            busy[f] += ce[f] - cs[f]
+        wire = out_f[f, 3]
+        out_i[f, 3] = mtu[f]
+        out_f[f, 4] = pkt[f]
+        out_f[f, 5] = out_f[f, 2] * 8e9 / wire if wire > 0 else np.nan
+        out_f[f, 6] = busy[f]
+        out_f[f, 7] = first[f] if out_i[f, 0] > 0 else np.nan
+        out_f[f, 8] = last[f] if out_i[f, 0] > 0 else np.nan
+        out_f[f, 11] = med[f] * 8e9 if nr[f] >= 1 else np.nan
 
 
 def flow_event_stats(snap, cols: dict | None = None, ev_flow: np.ndarray | None = None,
@@ -514,12 +484,10 @@ def flow_event_stats(snap, cols: dict | None = None, ev_flow: np.ndarray | None 
     oi = np.zeros((nf, 6), dtype=np.int64)
     of = np.zeros((nf, 12), dtype=np.float64)
     if nf:
-        # gather the records into flow order once: the kernel then reads sequentially
-        op_f, st_f, en_f, by_f = _gather4(order, np.ascontiguousarray(ev["opclass"] if ev_op is None else ev_op),
-                                          np.ascontiguousarray(ev["start_ts"]), np.ascontiguousarray(ev["end_ts"]),
-                                          np.ascontiguousarray(ev["bytes"]))
-        ident = np.arange(len(order), dtype=np.int64)
-        _flow_stats_kernel(ident, off, op_f, st_f, en_f, by_f, req, MTU_CANDIDATES, oi, of)
+        # the record table's fields as they lie (strided views): the kernel reads each once
+        # per pass, in record order
+        _flow_stats_kernel(evf, ev["opclass"] if ev_op is None else ev_op, ev["start_ts"], ev["end_ts"],
+                           ev["bytes"], req, MTU_CANDIDATES, oi, of)
     st = np.zeros(nf, dtype=FSTAT_DTYPE)
     for k, name in enumerate(("n_rec", "n_data", "n_multi", "mtu", "stall_n", "n_flat")):
         st[name] = oi[:, k]

@@ -1,14 +1,11 @@
-"""Open-addressing hash tables in numba: unique/inverse of 64- and 128-bit keys in O(n)
-(np.unique sorts: O(n log n) and several passes), used for node and node-pair indices."""
+"""Open-addressing hash tables in numba: unique/inverse of 128-bit keys (node indices) and
+the distinct values of 64-bit keys with their counts (message sizes) in O(n) (np.unique
+sorts: O(n log n) and several passes)."""
 from __future__ import annotations
 
 import numpy as np
 
-from skewscope.core.jit import njit, prefetch
-
-_EMPTY = np.int64(-1)
-#: build_u64/lookup_u64 prefetch the slot of the key this many keys ahead
-PROBE_AHEAD = 8
+from skewscope.core.jit import njit
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -84,81 +81,52 @@ def unique_u128(hi, lo):
     return ids, first[:k]
 
 
+#: first table size of count_u64: a capture's message records have a few distinct sizes
+#: (a table sized for every record -- 2 x 8 MiB at 317,440 -- costs more in page faults than
+#: the count); the table doubles when half full
+_COUNT_START = 256
+
+
 @njit(cache=True, nogil=True)
-def build_u64(keys):
-    """Table over keys: (slot key, slot id, ids per key, first occurrence per id)."""
+def count_u64(keys, mask):
+    """The distinct values of keys[mask] in order of first appearance and how often each
+    occurs: (values uint64[k], counts int64[k]) -- np.unique(return_counts=True) without its
+    sort, in one pass over the keys where they lie (a record table's strided field)."""
     n = keys.shape[0]
-    cap = _cap(n)
-    mask = np.uint64(cap - 1)
+    cap = _COUNT_START
     slot_id = np.full(cap, -1, dtype=np.int64)
-    slot_key = np.zeros(cap, dtype=np.uint64)
-    ids = np.empty(n, dtype=np.int64)
-    first = np.empty(n, dtype=np.int64)
-    # the slots are random accesses into tables bigger than L2 (2 x 4 MiB at 262,144 keys):
-    # hash every key first and prefetch PROBE_AHEAD keys ahead, so the misses overlap
-    h = np.empty(n, dtype=np.int64)
-    for i in range(n):
-        h[i] = np.int64(_mix(keys[i]) & mask)
+    vals = np.empty(cap // 2, dtype=np.uint64)
+    cnt = np.zeros(cap // 2, dtype=np.int64)
     k = 0
     for i in range(n):
-        if i + PROBE_AHEAD < n:
-            prefetch(slot_id, h[i + PROBE_AHEAD])
-            prefetch(slot_key, h[i + PROBE_AHEAD])
-        x = keys[i]
-        j = h[i]
+        if not mask[i]:
+            continue
+        x = np.uint64(keys[i])
+        j = np.int64(_mix(x) & np.uint64(cap - 1))
         while True:
             sid = slot_id[j]
             if sid < 0:
                 slot_id[j] = k
-                slot_key[j] = x
-                ids[i] = k
-                first[k] = i
+                vals[k] = x
+                cnt[k] = 1
                 k += 1
                 break
-            if slot_key[j] == x:
-                ids[i] = sid
+            if vals[sid] == x:
+                cnt[sid] += 1
                 break
             j = (j + 1) & (cap - 1)
-    return slot_key, slot_id, ids, first[:k]
-
-
-@njit(cache=True, nogil=True)
-def lookup_u64(slot_key, slot_id, q):
-    """id of each query key in a build_u64 table, -1 when absent."""
-    cap = slot_id.shape[0]
-    mask = np.uint64(cap - 1)
-    out = np.empty(q.shape[0], dtype=np.int64)
-    n = q.shape[0]
-    h = np.empty(n, dtype=np.int64)
-    for i in range(n):
-        h[i] = np.int64(_mix(q[i]) & mask)
-    for i in range(n):
-        if i + PROBE_AHEAD < n:
-            prefetch(slot_id, h[i + PROBE_AHEAD])
-            prefetch(slot_key, h[i + PROBE_AHEAD])
-        x = q[i]
-        j = h[i]
-        r = -1
-        while True:
-            sid = slot_id[j]
-            if sid < 0:
-                break
-            if slot_key[j] == x:
-                r = sid
-                break
-            j = (j + 1) & (cap - 1)
-        out[i] = r
-    return out
-
-
-def sorted_unique_u64(keys):
-    """(unique keys sorted, inverse) like np.unique(return_inverse=True), in O(n + k log k)."""
-    keys = np.ascontiguousarray(keys, dtype=np.uint64)
-    if len(keys) == 0:
-        return keys, np.zeros(0, np.int64)
-    _, _, ids, first = build_u64(keys)
-    uk = keys[first]
-    order = np.argsort(uk, kind="stable")
-    rank = np.empty(len(uk), dtype=np.int64)
-    rank[order] = np.arange(len(uk))
-    return uk[order], rank[ids]
+        if 2 * k >= cap:                     # grow: re-insert the k values into a table twice as big
+            cap *= 2
+            slot_id = np.full(cap, -1, dtype=np.int64)
+            v2 = np.empty(cap // 2, dtype=np.uint64)
+            c2 = np.zeros(cap // 2, dtype=np.int64)
+            v2[:k] = vals[:k]
+            c2[:k] = cnt[:k]
+            vals = v2
+            cnt = c2
+            for q in range(k):
+                j = np.int64(_mix(vals[q]) & np.uint64(cap - 1))
+                while slot_id[j] >= 0:
+                    j = (j + 1) & (cap - 1)
+                slot_id[j] = q
+    return vals[:k].copy(), cnt[:k].copy()

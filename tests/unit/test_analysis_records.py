@@ -1,0 +1,161 @@
+"""The per-record passes of the analysis against independent numpy references on random
+record tables: flows.flow_event_stats (per-flow sums in record order, each flow's records
+taken with np.nonzero, np.median for the rates), hashing.count_u64 (np.unique with counts)
+and Context.data_events. Edge cases: no records, one record, ties, starts out of order
+within a flow, flow rows out of range, READ data (opclass 3) and other opclasses, zero
+bytes, packets at one timestamp."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from skewscope.analysis import context
+from skewscope.analysis.flows import FSTAT_DTYPE, MTU_CANDIDATES, STRETCH, flow_event_stats
+from skewscope.analysis.hashing import count_u64
+from skewscope.core import layout as L
+from skewscope.core.snapshot import Snapshot
+
+
+def _records(rng, n, nf, unsorted=False):
+    ev = np.zeros(n, dtype=L.EVENT_DTYPE)
+    ev["flow"] = rng.integers(-1, nf + 1, n) if nf else -1       # -1 and nf: out of range
+    ev["opclass"] = rng.choice([0, 1, 1, 1, 2, 3, 4], n)
+    # few distinct sizes (ties), multi-packet and single-packet ones, 0 bytes
+    ev["bytes"] = rng.choice([0, 100, 256, 4096, 4097, 65536, 1 << 20, 3 * 1000], n)
+    st = np.sort(rng.integers(0, 10**7, n)) if not unsorted else rng.integers(0, 10**7, n)
+    dur = rng.choice([0, 0, 500, 2000, 40000], n)                 # 0: packets at one timestamp
+    ev["start_ts"] = st
+    ev["end_ts"] = st + dur
+    return ev
+
+
+def _flows(rng, nf, ev):
+    fl = np.zeros(nf, dtype=L.FLOW_DTYPE)
+    for f in range(nf):
+        own = ev[ev["flow"] == f]
+        dat = own[(own["opclass"] == 0) | (own["opclass"] == 1)]
+        pk = np.maximum(1, -(-dat["bytes"].astype(np.int64) // int(rng.choice(MTU_CANDIDATES))))
+        fl["op"][f, L.OPC_WRITE] = int(pk.sum()) if rng.random() < 0.9 else 0
+    return fl
+
+
+def _npk(b, mtu):
+    return max(1, -(-int(b) // int(mtu)))
+
+
+def _reference(ev, nf, req):
+    """Each flow's records in record order (np.nonzero), the flows.py definitions."""
+    out = np.zeros(nf, dtype=FSTAT_DTYPE)
+    for f in range(nf):
+        r = ev[np.nonzero(ev["flow"] == f)[0]]
+        o = out[f:f + 1]
+        by = [int(x) for x in r["bytes"]]
+        s = [float(x) for x in r["start_ts"]]
+        t = [float(x) for x in r["end_ts"]]
+        op = [int(x) for x in r["opclass"]]
+        rec = dat_b = 0.0
+        for b in by:
+            rec += b
+        sw = [i for i in range(len(r)) if op[i] in (0, 1)]
+        data = [i for i in range(len(r)) if op[i] in (0, 1, 3)]
+        for i in data:
+            dat_b += by[i]
+        mtu = int(MTU_CANDIDATES[-1])
+        if data and req[f] > 0:
+            cnt = {int(m): sum(_npk(by[i], m) for i in sw) for m in MTU_CANDIDATES}
+            mtu = min(reversed(list(cnt)), key=lambda m: abs(cnt[m] - int(req[f])))
+        multi = [i for i in sw if _npk(by[i], mtu) >= 2 and t[i] - s[i] > 0]
+        flat = [i for i in sw if _npk(by[i], mtu) >= 2 and t[i] - s[i] <= 0]
+        mb = wire = span = gaps = 0.0
+        rates = []
+        for i in multi:
+            k = _npk(by[i], mtu)
+            d = t[i] - s[i]
+            w = d * k / (k - 1)
+            mb += by[i]
+            wire += w
+            span += d
+            gaps += k - 1
+            rates.append(by[i] / w)
+        pkt = span / gaps if gaps > 0 else 0.0
+        busy, cs, ce = 0.0, -1.0, -1.0
+        for i in range(len(r)):
+            a, b = s[i], t[i] + pkt
+            if cs < 0:
+                cs, ce = a, b
+            elif a > ce:
+                busy += ce - cs
+                cs, ce = a, b
+            elif b > ce:
+                ce = b
+        if cs >= 0:
+            busy += ce - cs
+        med = float(np.median(rates)) if rates else np.nan
+        stall_n, stall, smax = 0, 0.0, 0.0
+        if len(rates) >= 3 and med > 0:
+            for i in multi:
+                k = _npk(by[i], mtu)
+                w = (t[i] - s[i]) * k / (k - 1)
+                exp = by[i] / med
+                if w >= STRETCH * exp:
+                    stall_n += 1
+                    stall += w - exp
+                    smax = max(smax, w - exp)
+        o["n_rec"], o["rec_bytes"], o["n_data"], o["data_bytes"] = len(r), rec, len(data), dat_b
+        o["n_multi"], o["multi_bytes"], o["wire_ns"], o["mtu"], o["pkt_ns"] = len(multi), mb, wire, mtu, pkt
+        o["rate_bps"] = mb * 8e9 / wire if wire > 0 else np.nan
+        o["busy_ns"] = busy
+        o["first_start"] = min(s) if len(r) else np.nan
+        o["last_end"] = max(t) if len(r) else np.nan
+        o["stall_n"], o["stall_ns"], o["stall_max_ns"], o["n_flat"] = stall_n, stall, smax, len(flat)
+        o["rate_med_bps"] = med * 8e9 if rates else np.nan
+    return out
+
+
+@pytest.mark.parametrize("seed,n,nf,unsorted", [(0, 0, 4, False), (1, 1, 1, False), (2, 1, 3, False),
+                                                 (3, 40, 1, False), (4, 500, 7, False), (5, 500, 7, True),
+                                                 (6, 3000, 40, False), (7, 30, 0, False)])
+def test_flow_event_stats_equal_reference(seed, n, nf, unsorted):
+    rng = np.random.default_rng(seed)
+    ev = _records(rng, n, nf, unsorted)
+    fl = _flows(rng, nf, ev)
+    snap = Snapshot(fl, ev, np.zeros(L.G_N, np.uint64), {})
+    st, order, off = flow_event_stats(snap)
+    req = (fl["op"][:, L.OPC_SEND] + fl["op"][:, L.OPC_WRITE]).astype(np.int64)
+    ref = _reference(ev, nf, req)
+    for name in FSTAT_DTYPE.names:                       # bit for bit, NaN where NaN
+        np.testing.assert_array_equal(st[name], ref[name], err_msg=name)
+    # the grouping by flow: each flow's records in record order
+    for f in range(nf):
+        np.testing.assert_array_equal(order[off[f]:off[f + 1]], np.nonzero(ev["flow"] == f)[0])
+
+
+@pytest.mark.parametrize("seed,n", [(0, 0), (1, 1), (2, 7), (3, 5000), (4, 100000)])
+def test_count_u64_equals_unique(seed, n):
+    rng = np.random.default_rng(seed)
+    ev = np.zeros(n, dtype=L.EVENT_DTYPE)
+    # many distinct values (the table grows), ties, values above 2**63
+    ev["bytes"] = rng.choice(np.concatenate([rng.integers(0, 1 << 62, 3000, dtype=np.uint64) * 2,
+                                             np.array([0, 1, 1 << 63, (1 << 64) - 1], dtype=np.uint64)]), n)
+    for mask in (np.ones(n, bool), np.zeros(n, bool), rng.random(n) < 0.3):
+        v, c = count_u64(ev["bytes"], mask)                # the strided field as it lies
+        u, uc = np.unique(ev["bytes"][mask], return_counts=True)
+        o = np.argsort(v)
+        np.testing.assert_array_equal(v[o], u)
+        np.testing.assert_array_equal(c[o], uc)
+        # order of first appearance
+        first = [int(np.nonzero(mask & (ev["bytes"] == x))[0][0]) for x in v]
+        assert first == sorted(first)
+
+
+def test_data_events_equal_numpy():
+    rng = np.random.default_rng(9)
+    nf = 12
+    ev = _records(rng, 4000, nf)
+    fl = _flows(rng, nf, ev)
+    ctx = context(Snapshot(fl, ev, np.zeros(L.G_N, np.uint64), {}))
+    for flows in ([], [0], [3, 3, 5], list(range(nf))):
+        fm = np.zeros(nf, bool)
+        fm[flows] = True
+        want = ctx.ev_data & (ctx.ev_flow >= 0) & fm[np.clip(ctx.ev_flow, 0, nf - 1)]
+        np.testing.assert_array_equal(ctx.data_events(flows), want)
