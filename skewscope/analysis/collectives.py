@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from skewscope.analysis.context import context
-from skewscope.analysis.hashing import count_u64
 from skewscope.core import layout as L
 
 KINDS = ("all_to_all", "ring_allreduce", "tree_allreduce", "p2p", "kv_transfer", "unknown")
@@ -105,12 +104,9 @@ def size_hints(ctx, flows: np.ndarray) -> dict:
     """NCCL hints from the exact message sizes of a set of data flows."""
     if len(flows) == 0 or len(ctx.events) == 0:
         return {"top_sizes": [], "protocol": None, "large": False, "p2p_chunks": False}
-    u, c = count_u64(ctx.events["bytes"], ctx.data_events(flows))
+    u, c = ctx.data_sizes(flows)
     if len(u) == 0:
         return {"top_sizes": [], "protocol": None, "large": False, "p2p_chunks": False}
-    u = u.astype(np.int64)
-    o = np.argsort(u, kind="stable")
-    u, c = u[o], c[o]
     wb = (u * c).astype(np.float64)
     top = np.argsort(-c, kind="stable")[:4]
     modal_b = int(u[np.argmax(wb)])          # bytes-weighted mode

@@ -12,6 +12,7 @@ from functools import cached_property
 import numpy as np
 
 from skewscope.analysis import flows as FL
+from skewscope.analysis.hashing import count_u64
 from skewscope.analysis.intervals import keyed_busy
 from skewscope.core import layout as L
 from skewscope.core.jit import njit
@@ -27,6 +28,7 @@ class Context:
         self.snap = _twin(snap)
         self.flows = snap.flows
         self.events = snap.events
+        self._sizes = {}
 
     # ---- basics ---------------------------------------------------------------------
     @cached_property
@@ -185,6 +187,20 @@ class Context:
         fm = np.zeros(len(self.flows), dtype=bool)
         fm[np.asarray(flows, dtype=np.int64)] = True
         return _of_flows(self.ev_data, self.ev_flow, fm)
+
+    def data_sizes(self, flows) -> tuple[np.ndarray, np.ndarray]:
+        """The sizes of the data records of `flows` (flow rows): (the distinct sizes sorted,
+        int64; how many records have each), counted once per set of flows (a group's size
+        hints, its prefill split and its decode test read the same counts)."""
+        flows = np.asarray(flows, dtype=np.int64)
+        key = flows.tobytes()
+        hit = self._sizes.get(key)
+        if hit is None:
+            v, c = count_u64(self.events["bytes"], self.data_events(flows))
+            v = v.astype(np.int64)
+            o = np.argsort(v, kind="stable")
+            hit = self._sizes[key] = (v[o], c[o])
+        return hit
 
     # ---- node pairs --------------------------------------------------------------------
     @cached_property

@@ -39,6 +39,7 @@ import numpy as np
 
 from skewscope.analysis.context import context
 from skewscope.analysis.intervals import merge_sorted
+from skewscope.analysis.stats import counted_median
 from skewscope.analysis.timing import MIN_GAP_NS, group_timing, split_bursts
 
 KiB = 1024
@@ -46,18 +47,15 @@ KiB = 1024
 
 def prefill_split(ctx, flows):
     """(is_prefill per event or None, threshold bytes)."""
-    ok = ctx.data_events(flows)
-    by = ctx.events["bytes"]
-    sizes = by[ok]
-    if len(sizes) < 8:
+    u, c = ctx.data_sizes(flows)
+    n = int(c.sum())
+    if n < 8:
         return None, None
-    med = float(np.median(sizes))
-    thr = max(64 * KiB, 8 * med)
-    big = ok & (by >= thr)
-    nbig = int(big.sum())
-    if nbig == 0 or nbig == int(ok.sum()):
+    thr = max(64 * KiB, 8 * counted_median(u, c))
+    nbig = int(c[u >= thr].sum())
+    if nbig == 0 or nbig == n:
         return None, None
-    return big, thr
+    return ctx.data_events(flows) & (ctx.events["bytes"] >= thr), thr
 
 
 def ring_allreduces_per_iteration(ctx, g, sel, iterations: int) -> float:
@@ -83,11 +81,14 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
     big, thr = prefill_split(ctx, g.flows)
     dmask = None if big is None else ~big
     # decode collectives are small (LL-sized messages); larger ones are training steps
+    u, c = ctx.data_sizes(g.flows)
+    if big is not None:
+        u, c = u[u < thr], c[u < thr]
+    if not c.sum() or counted_median(u, c) > float(th["max_message_bytes"]):
+        return None
     sel = ctx.data_events(g.flows)
     if dmask is not None:
         sel &= dmask
-    if not sel.any() or float(np.median(ctx.events["bytes"][sel])) > float(th["max_message_bytes"]):
-        return None
     tm, tinfo = group_timing(ctx, fm, members=g.members, ev_mask=dmask, level="collective")
     bs, be = tinfo["bursts_start"], tinfo["bursts_end"]
     # iterations (tokens, or prefill cycles) above the collective level, when there are any

@@ -156,6 +156,20 @@ def weighted_median(v, w):
     return v[o[n - 1]]
 
 
+def counted_median(values, counts) -> float:
+    """np.median of the multiset where values[i] (sorted, distinct integers) occurs counts[i]
+    times, from the counts (no array of every element): the middle element, or the mean of
+    the two middle ones as np.median takes it ((float(a) + float(b)) / 2); NaN when empty."""
+    n = int(counts.sum())
+    if n == 0:
+        return np.nan
+    cum = np.cumsum(counts)
+    hi = float(values[np.searchsorted(cum, n // 2, side="right")])      # element n // 2
+    if n % 2:
+        return hi
+    return (float(values[np.searchsorted(cum, n // 2 - 1, side="right")]) + hi) / 2
+
+
 def robust_ratio_to_median(x) -> np.ndarray:
     """x / median(x) (NaN where x is NaN or the median is 0/undefined)."""
     x = np.asarray(x, dtype=np.float64)

@@ -1,7 +1,8 @@
 """The per-record passes of the analysis against independent numpy references on random
 record tables: flows.flow_event_stats (per-flow sums in record order, each flow's records
 taken with np.nonzero, np.median for the rates), hashing.count_u64 (np.unique with counts)
-and Context.data_events. Edge cases: no records, one record, ties, starts out of order
+Context.data_events, stats.counted_median (np.median) and inference.prefill_split (its
+definition over the records). Edge cases: no records, one record, ties, starts out of order
 within a flow, flow rows out of range, READ data (opclass 3) and other opclasses, zero
 bytes, packets at one timestamp."""
 from __future__ import annotations
@@ -12,6 +13,8 @@ import pytest
 from skewscope.analysis import context
 from skewscope.analysis.flows import FSTAT_DTYPE, MTU_CANDIDATES, STRETCH, flow_event_stats
 from skewscope.analysis.hashing import count_u64
+from skewscope.analysis.inference import prefill_split
+from skewscope.analysis.stats import counted_median
 from skewscope.core import layout as L
 from skewscope.core.snapshot import Snapshot
 
@@ -159,3 +162,45 @@ def test_data_events_equal_numpy():
         fm[flows] = True
         want = ctx.ev_data & (ctx.ev_flow >= 0) & fm[np.clip(ctx.ev_flow, 0, nf - 1)]
         np.testing.assert_array_equal(ctx.data_events(flows), want)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_counted_median_equals_np_median(seed):
+    rng = np.random.default_rng(seed)
+    for n in (1, 2, 3, 4, 7, 100, 1001):
+        for dtype in (np.uint64, np.int64):
+            pool = rng.integers(0, 1 << 62, 5) if seed % 2 else np.array([1, 2, 3, 4096, 65536])
+            x = rng.choice(pool, n).astype(dtype)                  # ties; large values round in float
+            u, c = np.unique(x, return_counts=True)
+            assert counted_median(u, c) == np.median(x)
+    assert np.isnan(counted_median(np.zeros(0, np.int64), np.zeros(0, np.int64)))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_prefill_split_equals_numpy(seed):
+    """The prefill split from the counted sizes against its definition over the records."""
+    rng = np.random.default_rng(seed)
+    nf = 6
+    ev = _records(rng, [5, 2000, 2000, 9][seed], nf)
+    if seed == 2:
+        ev["bytes"] = rng.choice([4096, 8192], len(ev))          # no message 8 x the median
+    fl = _flows(rng, nf, ev)
+    fl["op"][:, L.OPC_WRITE] += 1
+    fl["messages"] = 1
+    fl["msg_bytes"] = 1 << 20
+    ctx = context(Snapshot(fl, ev, np.zeros(L.G_N, np.uint64), {}))
+    for flows in ([0, 1, 2, 3, 4, 5], [1, 4], [2]):
+        ok = ctx.data_events(flows)
+        by = ev["bytes"]
+        want = (None, None)
+        if ok.sum() >= 8:
+            thr = max(65536, 8 * float(np.median(by[ok])))
+            big = ok & (by >= thr)
+            if 0 < big.sum() < ok.sum():
+                want = (big, thr)
+        big, thr = prefill_split(ctx, flows)
+        assert thr == want[1]
+        if big is None:
+            assert want[0] is None
+        else:
+            np.testing.assert_array_equal(big, want[0])
