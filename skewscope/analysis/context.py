@@ -188,6 +188,13 @@ class Context:
         fm[np.asarray(flows, dtype=np.int64)] = True
         return _of_flows(self.ev_data, self.ev_flow, fm)
 
+    def data_mask(self, flow_mask=None) -> np.ndarray:
+        """ev_data restricted to the records of the flows where flow_mask (a bool per flow
+        row) holds, all of them when None: a new bool array."""
+        if flow_mask is None:
+            return self.ev_data.copy()
+        return _of_flows(self.ev_data, self.ev_flow, np.ascontiguousarray(flow_mask, dtype=np.bool_))
+
     def data_sizes(self, flows) -> tuple[np.ndarray, np.ndarray]:
         """The sizes of the data records of `flows` (flow rows): (the distinct sizes sorted,
         int64; how many records have each), counted once per set of flows (a group's size

@@ -196,9 +196,7 @@ def incast_degree(snap, flow_mask=None):
     if n == 0 or len(ps) == 0 or len(ctx.events) == 0:
         return z
     f = ctx.ev_flow
-    ok = ctx.ev_data.copy()
-    if flow_mask is not None:
-        ok[ok] &= flow_mask[f[ok]]
+    ok = ctx.data_mask(flow_mask)
     key = np.where(ok, pid[np.maximum(f, 0)], -1)
     # per pair busy intervals; gaps under 1 us do not end a sender's activity
     off, ivs, ive, _ = keyed_intervals(key, ctx.ev_start, ctx.ev_end, len(ps), 1000.0)

@@ -316,11 +316,7 @@ def _abs(ctx, t) -> np.ndarray:
 
 
 def _events_of(ctx, flows):
-    m = np.zeros(len(ctx.flows), dtype=bool)
-    m[flows] = True
-    ok = ctx.ev_data.copy()
-    ok[ok] &= m[ctx.ev_flow[ok]]
-    idx = np.nonzero(ok)[0]
+    idx = np.nonzero(ctx.data_events(flows))[0]
     st, en = _times(ctx)
     return st[idx], en[idx], ctx.ev_flow[idx]
 

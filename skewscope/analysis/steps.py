@@ -46,6 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.analysis.context import context
+from skewscope.analysis.flows import csr_by_key
 from skewscope.analysis.intervals import natural_break
 from skewscope.core.jit import njit
 
@@ -99,9 +100,8 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
     groups = []
     for side in (src_m, dst_m):
         key = np.where((it_all >= 0) & (side >= 0), it_all * nm + side, nk)
-        o = np.argsort(key, kind="stable")
-        bounds_ = np.searchsorted(key[o], np.arange(nk + 1))
-        groups.append((o, bounds_))
+        o, off = csr_by_key(key, nk + 1)                           # a stable sort by key, O(n)
+        groups.append((o, off[:nk + 1]))
     (so, sb), (ro, rb) = groups
     lag_cols, start_cols, it_of_col, bound_cols, wait_cols, step_cols, cost_cols = [], [], [], [], [], [], []
     span = [np.inf, -np.inf]
@@ -325,9 +325,26 @@ def _dep_distance(S, E, dmax: int = 64) -> int:
     previous drain), for >= 90 % of the (iteration, member, column) entries: the columns a
     step spans (channels sending side by side start together). S, E: (iterations, members,
     columns)."""
-    k = S.shape[2]
+    return int(_dep_first(S, E, dmax))
+
+
+@njit(cache=True, nogil=True)
+def _dep_first(S, E, dmax):
+    """_dep_distance's search in one pass per candidate d without the (iterations, members,
+    columns) temporaries of the numpy form: the same comparisons, the same share (count /
+    entries, as numpy's mean of them); 1 when none."""
+    na, nm, k = S.shape
     for d in range(1, min(k, dmax + 1)):
-        if float(np.mean(S[:, :, d:] >= 0.5 * (S[:, :, :-d] + E[:, :, :-d]))) >= 0.9:
+        n = na * nm * (k - d)
+        if n == 0:
+            continue
+        c = 0
+        for a in range(na):
+            for m in range(nm):
+                for j in range(k - d):
+                    if S[a, m, j + d] >= 0.5 * (S[a, m, j] + E[a, m, j]):
+                        c += 1
+        if c / n >= 0.9:
             return d
     return 1
 
@@ -431,7 +448,9 @@ def member_summary(steps: dict, m: int, cols=None) -> dict:
     mine = (last == m) & sel
     with_last = int((((last >= 0) | steps["waited"]) & sel).sum())
     lag = steps["lag_ns"][m, mine]
-    its = np.isin(steps["iterations"], np.unique(steps["col_iteration"][sel]))
+    # the iterations of the selected columns ("iterations" holds every column's, sorted)
+    its = np.zeros(len(steps["iterations"]), dtype=bool)
+    its[np.searchsorted(steps["iterations"], steps["col_iteration"][sel])] = True
     lost = steps["lost_ns"][its, m]
     return {"last_steps": int(mine.sum()), "steps_with_last": with_last,
             "last_share": float(mine.sum()) / with_last if with_last else 0.0,
@@ -495,6 +514,18 @@ def _passes(s: dict, th: dict, bar: float) -> bool:
     return s["last_steps"] >= th["min_steps"] and s["last_share"] >= th["last_share"] and s["lag_ns"] >= bar
 
 
+def _steps_per_iteration(steps: dict) -> float:
+    """The median step columns per iteration (0 for a whole-capture matrix), worked out
+    once per matrix (slow_segment asks for every member)."""
+    spi = steps.get("_spi")
+    if spi is None:
+        col_it = steps["col_iteration"]
+        spi = float(np.median(np.bincount(col_it - col_it.min()))) if len(col_it) and not steps.get(
+            "whole_capture") else 0.0
+        steps["_spi"] = spi
+    return spi
+
+
 def slow_segment(steps: dict, th: dict, m: int, min_lag_ns: float | None = None):
     """The member's slow stretch: (member_summary over it, since_ns, until_ns or None), or
     None. A change point on the member's per-step series: z = it is the step's last member by
@@ -520,7 +551,7 @@ def slow_segment(steps: dict, th: dict, m: int, min_lag_ns: float | None = None)
     W = np.nonzero(waited)[0]
     z = ((last == m) & (lag[m] >= bar)).astype(np.float64)
     col_it = steps["col_iteration"]
-    spi = float(np.median(np.bincount(col_it - col_it.min()))) if len(col_it) and not steps.get("whole_capture") else 0.0
+    spi = _steps_per_iteration(steps)
     side_min = max(4.0, float(th["min_steps"]) // 2, 0.5 * spi)
 
     def healthy(cols):

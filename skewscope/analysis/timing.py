@@ -38,10 +38,7 @@ ACF_MIN = 0.3
 
 def activity(ctx, flow_mask=None, ev_mask=None):
     """Merged busy intervals (start, end, records) of the data messages of the selected flows."""
-    ok = ctx.ev_data.copy()
-    f = ctx.ev_flow
-    if flow_mask is not None:
-        ok[ok] &= flow_mask[f[ok]]
+    ok = ctx.data_mask(flow_mask)
     if ev_mask is not None:
         ok &= ev_mask
     s = ctx.ev_start[ok]
@@ -189,10 +186,7 @@ def fit_period(starts):
 
 def acf_period(ctx, flow_mask=None, max_bins=65536, min_bin_ns=1000.0, min_lag_ns=0.0):
     """Period (ns) from the autocorrelation of bytes per time bin; None if no peak >= ACF_MIN."""
-    ok = ctx.ev_data.copy()
-    f = ctx.ev_flow
-    if flow_mask is not None:
-        ok[ok] &= flow_mask[f[ok]]
+    ok = ctx.data_mask(flow_mask)
     t = ctx.ev_start[ok]
     te = ctx.ev_end[ok]
     if len(t) < 8:
@@ -289,9 +283,7 @@ def group_timing(snap, flow_mask=None, members=None, ev_mask=None, level="iterat
                    period_cv=cv, period_source=src)
     if out["period_s"] is None and len(bs) <= 1 and len(s) >= 8:
         # no idle gap separates iterations: periodic rate modulation, if any
-        ok = ctx.ev_data.copy()
-        if flow_mask is not None:
-            ok[ok] &= flow_mask[ctx.ev_flow[ok]]
+        ok = ctx.data_mask(flow_mask)
         md = float(np.median(ctx.ev_end[ok] - ctx.ev_start[ok])) if ok.any() else 0.0
         p = acf_period(ctx, flow_mask, min_lag_ns=4.0 * md)
         if p:
@@ -310,10 +302,8 @@ def group_timing(snap, flow_mask=None, members=None, ev_mask=None, level="iterat
     # phase offsets per member, as a sender and as a receiver
     lags = rlags = None
     if members is not None and len(bs) >= 1:
-        ok = ctx.ev_data.copy()
+        ok = ctx.data_mask(flow_mask)
         f = ctx.ev_flow
-        if flow_mask is not None:
-            ok[ok] &= flow_mask[f[ok]]
         if ev_mask is not None:
             ok &= ev_mask
         ff = f[ok]

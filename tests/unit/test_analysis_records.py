@@ -1,11 +1,14 @@
 """The per-record passes of the analysis against independent numpy references on random
-record tables: flows.flow_event_stats (per-flow sums in record order, each flow's records
-taken with np.nonzero, np.median for the rates), hashing.count_u64 (np.unique with counts)
-Context.data_events, stats.counted_median (np.median) and inference.prefill_split (its
-definition over the records). Edge cases: no records, one record, ties, starts out of order
-within a flow, flow rows out of range, READ data (opclass 3) and other opclasses, zero
-bytes, packets at one timestamp."""
+inputs: flows.flow_event_stats (per-flow sums in record order, each flow's records taken
+with np.nonzero, np.median for the rates), hashing.count_u64 (np.unique with counts),
+Context.data_events, stats.counted_median (np.median), inference.prefill_split (its
+definition over the records), steps.member_summary (np.isin) and steps._dep_distance (its
+numpy form). Edge cases: no records, one record, ties, starts out of order within a flow,
+flow rows out of range, READ data (opclass 3) and other opclasses, zero bytes, packets at
+one timestamp."""
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -15,6 +18,7 @@ from skewscope.analysis.flows import FSTAT_DTYPE, MTU_CANDIDATES, STRETCH, flow_
 from skewscope.analysis.hashing import count_u64
 from skewscope.analysis.inference import prefill_split
 from skewscope.analysis.stats import counted_median
+from skewscope.analysis.steps import _dep_distance, member_summary
 from skewscope.core import layout as L
 from skewscope.core.snapshot import Snapshot
 
@@ -204,3 +208,47 @@ def test_prefill_split_equals_numpy(seed):
             assert want[0] is None
         else:
             np.testing.assert_array_equal(big, want[0])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_member_summary_equals_numpy(seed):
+    """member_summary's iterations of the selected columns against np.isin / np.unique."""
+    rng = np.random.default_rng(seed)
+    nm, ncol = 4, [1, 5, 60, 200, 33][seed]
+    col_it = np.sort(rng.integers(0, 9, ncol)) if seed % 2 else rng.integers(0, 9, ncol)   # unsorted too
+    iters = np.unique(col_it)
+    steps = {"last": rng.integers(-1, nm, ncol), "waited": rng.random(ncol) < 0.5,
+             "lag_ns": rng.random((nm, ncol)) * 1e4, "col_iteration": col_it, "iterations": iters,
+             "lost_ns": rng.random((len(iters), nm)), "gates": rng.integers(-1, nm, len(iters))}
+    for cols in (None, rng.random(ncol) < 0.4, np.zeros(ncol, bool)):
+        for m in range(nm):
+            sel = np.ones(ncol, bool) if cols is None else cols
+            its = np.isin(iters, np.unique(col_it[sel]))
+            mine = (steps["last"] == m) & sel
+            got = member_summary(steps, m, cols)
+            lost = steps["lost_ns"][its, m]
+            assert got["lost_per_iteration_ns"] == (float(np.median(lost)) if len(lost) else 0.0)
+            assert got["steps_per_iteration"] == float(mine.sum()) / max(1, int(its.sum()))
+            assert got["gated"] == int((steps["gates"][its] == m).sum())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dep_distance_equals_numpy(seed):
+    """steps._dep_distance against its numpy form (the share of the comparisons by np.mean)."""
+    rng = np.random.default_rng(seed)
+    na, nm, k = [(1, 2, 1), (1, 2, 2), (3, 4, 8), (5, 3, 40), (2, 8, 70), (0, 2, 5)][seed]
+    # d channels side by side: each column starts after the one d back is past its midpoint
+    d0 = 1 + seed % 4
+    S = np.cumsum(rng.random((na, nm, k)) * 10, axis=2)
+    S[:, :, d0:] = np.maximum(S[:, :, d0:], S[:, :, :-d0] + 6 * rng.random((na, nm, k - d0)))
+    E = S + rng.random((na, nm, k)) * 12
+
+    def ref(S, E, dmax=64):
+        for d in range(1, min(S.shape[2], dmax + 1)):
+            with warnings.catch_warnings(), np.errstate(invalid="ignore"):
+                warnings.simplefilter("ignore", RuntimeWarning)      # no iterations: NaN
+                if float(np.mean(S[:, :, d:] >= 0.5 * (S[:, :, :-d] + E[:, :, :-d]))) >= 0.9:
+                    return d
+        return 1
+    for dmax in (64, 2):
+        assert _dep_distance(S, E, dmax) == ref(S, E, dmax)
