@@ -88,6 +88,27 @@ def test_delta_rows_is_take_rows_then_fieldwise_subtraction():
     assert got.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("blocks", [((38, 5), (94, 20), (258, 74)), ((38, 1),), ((40, 3), (94, 4), (300, 9)),
+                                    ((0, 7), (94, 2), (834, 2)), ((2, 106),)])
+def test_delta_rows_runs_of_any_length_are_the_bytewise_subtraction(blocks):
+    """delta_rows' counter runs (four words a vector, the rest one by one; the bytes between
+    runs copied): any run lengths and offsets, rows at every alignment, counters that wrap
+    below zero -- the rows' bytes as numpy subtracts their little-endian words."""
+    rng = np.random.default_rng(sum(o + w for o, w in blocks))
+    p, c = (rng.integers(0, 256, (300, 850), dtype=np.uint8).view(L.FLOW_DTYPE).reshape(300) for _ in range(2))
+    keep = np.sort(rng.choice(300, 200, replace=False))
+    rows = rng.integers(0, 300, 200)
+    use = rng.random(200) < 0.7
+    want = c.view(np.uint8).reshape(300, 850)[keep].copy()
+    pb = p.view(np.uint8).reshape(300, 850)[rows]
+    for off, nw in blocks:
+        w = want[use, off:off + 8 * nw].copy().view("<u8") - pb[use, off:off + 8 * nw].copy().view("<u8")
+        want[use, off:off + 8 * nw] = w.view(np.uint8)
+    got = delta_rows(c, p, rows, keep, use, blocks)
+    assert got.view(np.uint8).reshape(200, 850).tobytes() == want.tobytes()
+    assert (c["packets"][keep[use]] < p["packets"][rows[use]]).any()      # some words wrapped
+
+
 def test_delta_rows_clamps_first_ts_and_writes_into_unused_pool_buffers():
     """delta_rows(since_ns=, pool=): the same rows with first_ts raised to since_ns; a result
     still referred to is never written again, one let go is (the pool's buffer comes back)."""
