@@ -8,7 +8,8 @@ import numpy as np
 
 from skewscope.core import layout as L
 from skewscope.core.jit import intrinsic, load_u64, njit, prefetch, prefetch_span, store_u64
-from skewscope.core.snapshot import _KEY_PREFIX, _copy_bytes, bswap64, flow_key_matrix, key_word, match_rows
+from skewscope.core.snapshot import (_KEY_PREFIX, _copy_bytes, _key_order, bswap64, flow_key_matrix, key_word,
+                                     match_rows)
 
 
 def counter_blocks(names) -> tuple:
@@ -522,3 +523,50 @@ def follow_join(jprev: np.ndarray, j: np.ndarray, ka: np.ndarray, kc: np.ndarray
     analysis window's delta against its anchor without a second join of the whole table."""
     return _follow(np.ascontiguousarray(jprev, dtype=np.int64), np.ascontiguousarray(j, dtype=np.int64),
                    np.ascontiguousarray(ka, dtype=np.uint64), np.ascontiguousarray(kc, dtype=np.uint64))
+
+
+@njit(cache=True, nogil=True)
+def _record_rows(words, keep, rraw, rrs, order, out):
+    """The records (rraw: rows of rrs bytes, their 40 key bytes first) in key order (order)
+    merged with the rows words[keep[i]]; out[record] = i or -1. False, out unfinished, at the
+    first of those rows not above the one before it."""
+    m, n, nw = order.shape[0], keep.shape[0], words.shape[1]
+    rw = np.empty((m, nw), dtype=np.uint64)
+    for q in range(m):
+        for w in range(nw):
+            rw[q, w] = bswap64(key_word(rraw, q * rrs, 8 * nw, w))
+        out[q] = -1
+    q = 0
+    for i in range(n):
+        r = keep[i]
+        if i and _cmp(words, keep[i - 1], words, r) >= 0:
+            return False
+        while q < m:
+            c = _cmp(rw, order[q], words, r)
+            if c > 0:
+                break
+            if c == 0:
+                out[order[q]] = i
+            q += 1
+    return True
+
+
+def record_rows(words: np.ndarray, keep: np.ndarray, recs: np.ndarray):
+    """core.snapshot.record_flows(table, recs) of a table whose rows are a read's rows keep
+    (the window's delta: cur[keep] less its anchor) from the read's order_words (words)
+    instead of the table's rows: a merge over 40 bytes a row where they lie together, not one
+    cache line of each 850-byte row (its key bytes turned into words again). None when the
+    rows words[keep] are not strictly increasing (then record_flows: its hash join) or the
+    records are not MSG_REC_DTYPE."""
+    n = len(recs)
+    if recs.dtype != L.MSG_REC_DTYPE or recs.dtype.fields["key"][1] != 0 or words.shape[1:] != WORDS_DTYPE.shape:
+        return None
+    recs = np.ascontiguousarray(recs)
+    rraw = recs.view(np.uint8).reshape(-1)
+    out = np.empty(n, dtype=np.int64)
+    if not n:
+        return out
+    order = _key_order(rraw.reshape(n, -1)[:, :8 * WORDS_DTYPE.shape[0]])
+    ok = _record_rows(np.ascontiguousarray(words, dtype=np.uint64), np.ascontiguousarray(keep, dtype=np.int64), rraw,
+                      recs.dtype.itemsize, order, out)
+    return out if ok else None
