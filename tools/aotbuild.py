@@ -87,7 +87,8 @@ def _live_workload(snap, path: str) -> None:
     anchor from the reads' packets/first_ts columns, the exporter fed read after read (its
     window merge) and reading a capture once."""
     from skewscope.core import layout as L
-    from skewscope.core.rates import flow_rates, follow_join, kept_cols, order_words, row_columns, words_sorted
+    from skewscope.core.rates import (flow_rates, follow_join, kept_cols, order_words, record_rows, row_columns,
+                                      words_sorted)
     from skewscope.core.snapshot import events_from_records
     from skewscope.sources.live import flow_delta, interval_delta
     cur = snap.flows[np.lexsort(order_words(snap.flows).T[::-1])]
@@ -105,8 +106,11 @@ def _live_workload(snap, path: str) -> None:
     events_from_records(cur[::-1].copy(), recs)
     if words_sorted(pw):
         jf = follow_join(np.arange(len(prev)), j, pw, words)
-        # the window against an older anchor: the kept test from the reads' columns
-        flow_delta(prev, cur, since_ns=1, j=jf, kept=kept_cols(jf, cols, row_columns(prev)))
+        # the window against an older anchor: the kept test from the reads' columns, its
+        # records matched on the read's key words
+        kept = kept_cols(jf, cols, row_columns(prev))
+        flow_delta(prev, cur, since_ns=1, j=jf, kept=kept)
+        record_rows(words, kept[0], recs)
     flow_delta(prev[::-1].copy(), cur)
     # the exporter's steady state: read after read into one Accumulator (its window merge)
     from skewscope.outputs.exporter import Accumulator

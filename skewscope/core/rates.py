@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.core import layout as L
-from skewscope.core.jit import load_u64, njit, prefetch, prefetch_span, store_u64
-from skewscope.core.snapshot import _KEY_PREFIX, _copy_bytes, bswap64, flow_key_matrix, key_word, match_rows
+from skewscope.core.jit import intrinsic, load_u64, njit, prefetch, prefetch_span, store_u64
+from skewscope.core.snapshot import (_KEY_PREFIX, _copy_bytes, _key_order, bswap64, flow_key_matrix, key_word,
+                                     match_rows)
 
 
 def counter_blocks(names) -> tuple:
@@ -33,24 +34,29 @@ _PREFETCH_ROWS = 4
 
 @njit(cache=True, nogil=True)
 def _kept(j, cur_pk, cur_first, prev_pk, prev_first):
-    """Rows of cur with packets in the interval, and whether each subtracts its match."""
+    """Rows of cur with packets in the interval, and whether each subtracts its match. Every
+    row is written and the count advanced by the test (no branch on it: half the rows of a
+    half-active table kept at random mispredicted one branch in two)."""
     n = j.shape[0]
     keep = np.empty(n, dtype=np.int64)
     sub = np.empty(n, dtype=np.bool_)
     k = 0
     for i in range(n):
         r = j[i]
-        s = r >= 0 and cur_pk[i] >= prev_pk[r] and cur_first[i] == prev_first[r]
-        if cur_pk[i] > (prev_pk[r] if s else 0):
-            keep[k] = i
-            sub[k] = s
-            k += 1
+        q = max(r, 0)                   # prev has a row 0 (the callers' guard): read, then unused
+        s = (r >= 0) & (cur_pk[i] >= prev_pk[q]) & (cur_first[i] == prev_first[q])
+        keep[k] = i
+        sub[k] = s
+        k += cur_pk[i] > (prev_pk[q] if s else np.uint64(0))
     return keep[:k], sub[:k]
 
 
 def kept_rows(j: np.ndarray, cur: np.ndarray, prev: np.ndarray):
     """(rows of cur with packets since prev, whether each is cur - prev[j]: matched and not
     re-created -- packets did not go down, first_ts unchanged -- else counted from zero)."""
+    if not len(prev):                   # nothing to match (_kept reads a row of prev)
+        keep = np.flatnonzero(cur["packets"] > 0)
+        return keep, np.zeros(len(keep), dtype=np.bool_)
     return _kept(np.ascontiguousarray(j, dtype=np.int64), cur["packets"], cur["first_ts"], prev["packets"],
                  prev["first_ts"])
 
@@ -110,29 +116,80 @@ def sorted_join(a: np.ndarray, b: np.ndarray):
     return out if ok else None
 
 
+@intrinsic
+def _sub_words(typingctx, dst, di, a, ai, b, bi, n):
+    """_sub_words(d, i, a, j, b, k, n): the n u64 words at d[i:] = those at a[j:] minus those at
+    b[k:] (1-D uint8 arrays, any alignment, no bounds check), four words a vector (the row
+    kernel's counter runs: numba's word loop, one word at a time, was most of the subtraction)."""
+    from llvmlite import ir  # heavy: typing runs only under numba
+    from numba.core import cgutils, types  # heavy: as above
+
+    def codegen(context, builder, signature, args):
+        ptr = []
+        for k in (0, 2, 4):
+            aty = signature.args[k]
+            ary = context.make_array(aty)(context, builder, args[k])
+            ptr.append(cgutils.get_item_pointer(context, builder, aty, ary, [args[k + 1]], wraparound=False))
+        i64 = ir.IntType(64)
+        n = context.cast(builder, args[6], signature.args[6], types.int64)
+        quads = builder.udiv(n, i64(4))
+
+        def at(base, off, ty):
+            return builder.bitcast(builder.gep(base, [off]), ty.as_pointer())
+
+        for ty, count, first, step in ((ir.VectorType(i64, 4), quads, None, 32), (i64, None, quads, 8)):
+            count = builder.sub(n, builder.mul(quads, i64(4))) if count is None else count
+            with cgutils.for_range(builder, count) as loop:
+                off = builder.mul(loop.index, i64(step))
+                if first is not None:
+                    off = builder.add(off, builder.mul(first, i64(32)))
+                d, x, y = (at(p, off, ty) for p in ptr)
+                builder.store(builder.sub(builder.load(x, align=1), builder.load(y, align=1)), d, align=1)
+        return context.get_dummy_value()
+
+    return types.void(dst, di, a, ai, b, bi, n), codegen
+
+
 @njit(cache=True, nogil=True)
-def _delta_rows(craw, praw, rs, keep, rows, use, runs, ts_off, since, oraw):
+def _delta_rows(craw, praw, rs, keep, rows, use, runs, gaps, ts_off, since, oraw):
     """Row k of out (oraw: rows of rs bytes) = cur's row keep[k] (craw), with the counter
     words of runs ((byte offset, words) rows) minus prev's row rows[k] (praw) where use[k],
-    and the u64 at ts_off raised to since (ts_off < 0: none): one pass, each output row
-    written once (a memcpy, then its counters in place while they are in L1)."""
+    and the u64 at ts_off raised to since (ts_off < 0: none): one pass, each output byte
+    written once -- a row that subtracts is its gaps' bytes ((byte offset, bytes) rows: the
+    rest of the row) copied and its runs' differences written, a row that does not one
+    memcpy (a copy then the counters again in place re-read each word just stored)."""
     n = keep.shape[0]
     for k in range(n):
         if k + _PREFETCH_ROWS < n:
             prefetch_span(craw, keep[k + _PREFETCH_ROWS] * rs, rs)
             if use[k + _PREFETCH_ROWS]:
                 prefetch_span(praw, rows[k + _PREFETCH_ROWS] * rs, rs)
-        ob = k * rs
-        _copy_bytes(oraw, ob, craw, keep[k] * rs, rs)
+        ob, cb = k * rs, keep[k] * rs
         if use[k]:
             pb = rows[k] * rs
+            for g in range(gaps.shape[0]):
+                _copy_bytes(oraw, ob + gaps[g, 0], craw, cb + gaps[g, 0], gaps[g, 1])
             for r in range(runs.shape[0]):
                 o = runs[r, 0]
-                for _ in range(runs[r, 1]):
-                    store_u64(oraw, ob + o, load_u64(oraw, ob + o) - load_u64(praw, pb + o))
-                    o += 8
+                _sub_words(oraw, ob + o, craw, cb + o, praw, pb + o, runs[r, 1])
+        else:
+            _copy_bytes(oraw, ob, craw, cb, rs)
         if ts_off >= 0 and load_u64(oraw, ob + ts_off) < since:
             store_u64(oraw, ob + ts_off, since)
+
+
+def _gaps(blocks: tuple, size: int) -> np.ndarray:
+    """The bytes of a row of `size` outside the counter runs `blocks`: (byte offset, bytes) rows."""
+    out, pos = [], 0
+    for off, nw in sorted(blocks):
+        if off < pos:
+            raise ValueError(f"delta_rows: counter runs overlap at byte {off}")
+        if off > pos:
+            out.append((pos, off - pos))
+        pos = off + 8 * nw
+    if pos < size:
+        out.append((pos, size - pos))
+    return np.array(out, dtype=np.int64).reshape(-1, 2)
 
 
 def delta_rows(cur: np.ndarray, prev: np.ndarray, rows: np.ndarray, keep: np.ndarray, use: np.ndarray,
@@ -155,8 +212,8 @@ def delta_rows(cur: np.ndarray, prev: np.ndarray, rows: np.ndarray, keep: np.nda
     ts_off = cur.dtype.fields["first_ts"][1] if since > 0 else -1
     _delta_rows(cur.view(np.uint8).reshape(-1), prev.view(np.uint8).reshape(-1) if len(prev) else np.zeros(8, np.uint8),
                 cur.dtype.itemsize, keep, np.ascontiguousarray(rows, dtype=np.int64),
-                np.ascontiguousarray(use, dtype=np.bool_), np.array(blocks, dtype=np.int64).reshape(-1, 2), ts_off,
-                np.uint64(since), out.view(np.uint8).reshape(-1))
+                np.ascontiguousarray(use, dtype=np.bool_), np.array(blocks, dtype=np.int64).reshape(-1, 2),
+                _gaps(blocks, cur.dtype.itemsize), ts_off, np.uint64(since), out.view(np.uint8).reshape(-1))
     return out
 
 
@@ -371,10 +428,9 @@ def _interval_join(craw, praw, rs, nkey, pw, words, j, keep, sub, cols, pcols):
             s = cpk >= ppk and cts == pts
             if s:
                 base = ppk
-        if cpk > base:
-            keep[k] = i
-            sub[k] = s
-            k += 1
+        keep[k] = i                     # written always, counted when kept (_kept: no branch)
+        sub[k] = s
+        k += cpk > base
     for r in range(max(p, 0) + 1, m):
         if _cmp(pw, r - 1, pw, r) >= 0:
             return -1
@@ -467,3 +523,52 @@ def follow_join(jprev: np.ndarray, j: np.ndarray, ka: np.ndarray, kc: np.ndarray
     analysis window's delta against its anchor without a second join of the whole table."""
     return _follow(np.ascontiguousarray(jprev, dtype=np.int64), np.ascontiguousarray(j, dtype=np.int64),
                    np.ascontiguousarray(ka, dtype=np.uint64), np.ascontiguousarray(kc, dtype=np.uint64))
+
+
+@njit(cache=True, nogil=True)
+def _record_rows(words, keep, rraw, rrs, order, out):
+    """The records (rraw: rows of rrs bytes, their 40 key bytes first) in key order (order)
+    merged with the rows words[keep[i]]; out[record] = i or -1. False, out unfinished, at the
+    first of those rows not above the one before it. The records' words are laid out in key
+    order (the merge reads them in sequence, not through order: a third faster)."""
+    m, n, nw = order.shape[0], keep.shape[0], words.shape[1]
+    rw = np.empty((m, nw), dtype=np.uint64)
+    for q in range(m):
+        b = order[q] * rrs
+        for w in range(nw):
+            rw[q, w] = bswap64(key_word(rraw, b, 8 * nw, w))
+        out[q] = -1
+    q = 0
+    for i in range(n):
+        r = keep[i]
+        if i and _cmp(words, keep[i - 1], words, r) >= 0:
+            return False
+        while q < m:
+            c = _cmp(rw, q, words, r)
+            if c > 0:
+                break
+            if c == 0:
+                out[order[q]] = i
+            q += 1
+    return True
+
+
+def record_rows(words: np.ndarray, keep: np.ndarray, recs: np.ndarray):
+    """core.snapshot.record_flows(table, recs) of a table whose rows are a read's rows keep
+    (the window's delta: cur[keep] less its anchor) from the read's order_words (words)
+    instead of the table's rows: a merge over 40 bytes a row where they lie together, not one
+    cache line of each 850-byte row (its key bytes turned into words again). None when the
+    rows words[keep] are not strictly increasing (then record_flows: its hash join) or the
+    records are not MSG_REC_DTYPE."""
+    n = len(recs)
+    if recs.dtype != L.MSG_REC_DTYPE or recs.dtype.fields["key"][1] != 0 or words.shape[1:] != WORDS_DTYPE.shape:
+        return None
+    recs = np.ascontiguousarray(recs)
+    rraw = recs.view(np.uint8).reshape(-1)
+    out = np.empty(n, dtype=np.int64)
+    if not n:
+        return out
+    order = _key_order(rraw.reshape(n, -1)[:, :8 * WORDS_DTYPE.shape[0]])
+    ok = _record_rows(np.ascontiguousarray(words, dtype=np.uint64), np.ascontiguousarray(keep, dtype=np.int64), rraw,
+                      recs.dtype.itemsize, order, out)
+    return out if ok else None

@@ -45,7 +45,7 @@ from skewscope.core.pool import ArrayPool
 from skewscope.core.signals import Terminated as _dp_Terminated
 from skewscope.core.signals import exit_on_signals
 from skewscope.core.rates import (COLS_DTYPE, WORDS_DTYPE, counter_blocks, delta_rows, follow_join, interval_join,
-                                  join_flows, kept_cols, kept_rows, order_words, row_columns,
+                                  join_flows, kept_cols, kept_rows, order_words, record_rows, row_columns,
                                   words_sorted)
 from skewscope.core.snapshot import Snapshot, events_from_records, take_rows
 
@@ -181,11 +181,17 @@ def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0, j: n
     caller has it. `pool`: a core.pool.ArrayPool of FLOW_DTYPE the result's rows are
     written into (a caller that computes a delta every interval: LiveSession, Window).
     `kept`: kept_rows(j, cur, prev) when the caller has it (with j; core.rates.kept_cols)."""
+    return _flow_delta(prev, cur, since_ns, j, pool, kept)[0]
+
+
+def _flow_delta(prev, cur, since_ns, j, pool, kept):
+    """(flow_delta(...), the rows of cur it holds)."""
     if prev is None or len(prev) == 0:
-        d = take_rows(cur, cur["packets"] > 0)
+        keep = np.flatnonzero(cur["packets"] > 0)
+        d = take_rows(cur, keep)
         if since_ns:
             d["first_ts"] = np.maximum(d["first_ts"], np.uint64(since_ns))
-        return d
+        return d, keep
     # decide from the narrow columns which rows the interval keeps, then copy only those
     # (a row is 850 bytes: at 1,048,576 flows a whole-table copy is 0.5-1.5 s on its own)
     prev, cur = np.ascontiguousarray(prev), np.ascontiguousarray(cur)
@@ -194,7 +200,7 @@ def flow_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0, j: n
     # evicted and re-created in between: its counters went down, or (when the new entry
     # already passed the old count) its first packet is newer than the old entry's
     keep, sub = kept_rows(j, cur, prev) if kept is None else kept
-    return delta_rows(cur, prev, j[keep], keep, sub, _COUNTER_BLOCKS, since_ns=since_ns, pool=pool)
+    return delta_rows(cur, prev, j[keep], keep, sub, _COUNTER_BLOCKS, since_ns=since_ns, pool=pool), keep
 
 
 def interval_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0,
@@ -218,6 +224,19 @@ def interval_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0,
         row_columns(cur, out=cols)
     j = join_flows(prev, cur, prev_words, words) if prev is not None and len(prev) and len(cur) else None
     return flow_delta(prev, cur, since_ns, j=j, pool=pool), j, words
+
+
+def _events(recs: np.ndarray, flow: np.ndarray) -> np.ndarray:
+    """core.snapshot.events_from_records(flows, recs) given each record's row of flows (flow):
+    its fields, then the stable sort by start_ts when they are not in order."""
+    ev = np.zeros(len(recs), dtype=L.EVENT_DTYPE)
+    for name in ("opclass", "start_ts", "end_ts", "bytes"):
+        ev[name] = recs[name]
+    ev["flow"] = flow
+    st = ev["start_ts"]
+    if len(st) > 1 and np.any(st[1:] < st[:-1]):
+        ev = ev[np.argsort(st, kind="stable")]
+    return ev
 
 
 def globals_delta(prev: np.ndarray | None, cur: np.ndarray) -> np.ndarray:
@@ -621,13 +640,13 @@ class Window:
         own = latest and iv.join is not None and len(f0) and f0 is self._before \
             and int(iv.delta.meta.get("first_ts", -1)) == t0
         if own:
-            flows = iv.delta.flows
+            flows, keep = iv.delta.flows, None
         else:
             j0 = j0 if latest else None
             # the kept test from both reads' packets/first_ts columns when they have them
             kept = kept_cols(j0, iv.cols, c0) if j0 is not None and c0 is not None and iv.cols is not None \
                 and len(iv.cols) == len(iv.cum.flows) == len(j0) and len(f0) else None
-            flows = flow_delta(f0, iv.cum.flows, since_ns=t0, j=j0, pool=self._pool, kept=kept)
+            flows, keep = _flow_delta(f0, iv.cum.flows, t0, j0, self._pool, kept)
         glob = globals_delta(g0, iv.cum.globals)
         # the batches as they are when one holds them all and none started before t0 (the
         # records are only read: no copy of a whole interval's records)
@@ -642,7 +661,11 @@ class Window:
             elif not late.all():
                 recs = recs[late]
         if events is None:
-            events = events_from_records(flows, recs)
+            # the window's rows are the read's rows keep: the records merged with the read's key
+            # words there (record_rows), else with the window's rows
+            rows = record_rows(iv.words, keep, recs) if keep is not None and len(recs) and iv.words is not None \
+                and len(iv.words) == len(iv.cum.flows) else None
+            events = events_from_records(flows, recs) if rows is None else _events(recs, rows)
         meta = dict(iv.cum.meta)
         now = int(iv.cum.meta["last_ts"])
         meta.update({"first_ts": t0, "last_ts": now, "duration_s": max(1e-9, (now - t0) / 1e9),

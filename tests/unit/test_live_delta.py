@@ -9,8 +9,8 @@ import pytest
 
 from skewscope.core import layout as L
 from skewscope.core import snapshot as S
-from skewscope.core.rates import (counter_blocks, delta_rows, flow_rates, kept_cols, kept_rows, order_words, row_columns,
-                                  sorted_join)
+from skewscope.core.rates import (counter_blocks, delta_rows, flow_rates, kept_cols, kept_rows, order_words,
+                                  record_rows, row_columns, sorted_join)
 from skewscope.sources import live
 from skewscope.sources.live import COUNTER_FIELDS, flow_delta
 
@@ -86,6 +86,27 @@ def test_delta_rows_is_take_rows_then_fieldwise_subtraction():
     got = delta_rows(c, p, rows, keep, use, counter_blocks(COUNTER_FIELDS))
     assert use.any() and not use.all()
     assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("blocks", [((38, 5), (94, 20), (258, 74)), ((38, 1),), ((40, 3), (94, 4), (300, 9)),
+                                    ((0, 7), (94, 2), (834, 2)), ((2, 106),)])
+def test_delta_rows_runs_of_any_length_are_the_bytewise_subtraction(blocks):
+    """delta_rows' counter runs (four words a vector, the rest one by one; the bytes between
+    runs copied): any run lengths and offsets, rows at every alignment, counters that wrap
+    below zero -- the rows' bytes as numpy subtracts their little-endian words."""
+    rng = np.random.default_rng(sum(o + w for o, w in blocks))
+    p, c = (rng.integers(0, 256, (300, 850), dtype=np.uint8).view(L.FLOW_DTYPE).reshape(300) for _ in range(2))
+    keep = np.sort(rng.choice(300, 200, replace=False))
+    rows = rng.integers(0, 300, 200)
+    use = rng.random(200) < 0.7
+    want = c.view(np.uint8).reshape(300, 850)[keep].copy()
+    pb = p.view(np.uint8).reshape(300, 850)[rows]
+    for off, nw in blocks:
+        w = want[use, off:off + 8 * nw].copy().view("<u8") - pb[use, off:off + 8 * nw].copy().view("<u8")
+        want[use, off:off + 8 * nw] = w.view(np.uint8)
+    got = delta_rows(c, p, rows, keep, use, blocks)
+    assert got.view(np.uint8).reshape(200, 850).tobytes() == want.tobytes()
+    assert (c["packets"][keep[use]] < p["packets"][rows[use]]).any()      # some words wrapped
 
 
 def test_delta_rows_clamps_first_ts_and_writes_into_unused_pool_buffers():
@@ -166,6 +187,45 @@ def test_record_flows_is_a_dict_lookup_of_the_key_bytes(seed):
                                  S._key_order(rk), out)
     assert (out == want).all() and (S.record_flows(fs, r) == want).all()
     assert (want >= 0).sum() > 3000 and (want < 0).sum() > 500
+
+
+@pytest.mark.parametrize("seed", [22, 23])
+def test_record_rows_are_the_dict_lookup_in_the_rows_kept(seed):
+    """record_rows(words, keep, recs): each record's row of the table fs[keep] (a window: a
+    read's rows kept) from fs's order_words -- a dict of that table's key bytes; unknown
+    flows, flows of fs not kept, and records whose pad bytes are set: -1. Rows not strictly
+    increasing (a duplicate key, or out of order): None (the caller's record_flows)."""
+    rng = np.random.default_rng(seed)
+    f = _table(rng, 3000)
+    f["dest_qp"] = rng.integers(0, 64, 3000)
+    f["src"][:, rng.integers(0, 16, 3000)] ^= 1
+    f["ipver"] = rng.choice([4, 6], 3000)
+    _, first = np.unique(S.flow_key_matrix(f), axis=0, return_index=True)
+    fs = f[np.sort(first)]
+    fs = fs[S._key_order(S.flow_key_matrix(fs))]
+    keep = np.sort(rng.choice(len(fs), len(fs) // 2, replace=False))
+    keep[0], keep[-1] = 0, len(fs) - 1                           # the first and last rows kept
+    ref = {k: i for i, k in enumerate(_key_bytes(fs[keep]))}
+    r = np.zeros(5000, L.MSG_REC_DTYPE)
+    pick = rng.integers(0, len(fs), 5000)
+    pick[[1, 2, 4, 5]] = [0, len(fs) - 1, keep[1], keep[1]]        # both ends, one flow twice
+    for name in ("src", "dst", "dest_qp", "ipver", "roce"):
+        r["key"][name] = fs[name][pick]
+    r["key"]["dest_qp"][::7] += 64
+    r["key"]["_pad"][3::11, 1] = 1
+    rk = np.ascontiguousarray(r["key"]).view(np.uint8).reshape(5000, -1)[:, :40]
+    want = np.array([ref.get(bytes(k), -1) for k in rk], np.int64)
+    w = order_words(fs)
+    got = record_rows(w, keep, r)
+    assert (got == want).all() and (got == S.record_flows(fs[keep], r)).all()
+    assert (want >= 0).sum() > 1500 and ((want < 0) & np.isin(pick, keep, invert=True)).sum() > 1000
+    assert got[[1, 2, 4, 5]].tolist() == [0, len(keep) - 1, 1, 1]
+    assert record_rows(w, keep, r[:0]).shape == (0,) and (record_rows(w, keep[:0], r) == -1).all()
+    assert record_rows(w, keep[[0, 2, 1]], r) is None                # out of order
+    assert record_rows(w, keep[[5, 5, 6]], r) is None                # a row twice: not strictly increasing
+    dup = w.copy()
+    dup[keep[-1]] = dup[keep[-2]]                                    # equal keys at the end, after every record
+    assert record_rows(dup, keep, r[:100]) is None
 
 
 def _rec_words(r):
@@ -312,10 +372,13 @@ def test_interval_delta_one_pass_join_is_the_separate_passes(seed, cols):
     assert (j == join_flows(shuf, cur)).all()
 
 
-def test_window_events_are_the_records_read_since_its_anchor():
+def test_window_events_are_the_records_read_since_its_anchor(monkeypatch):
     """The window's events: the record batches read since its older anchor, the records that
     started at or after it, in start order, each on the window's row with its key (a dict of
-    key bytes) -- one batch or several, all late or some early."""
+    key bytes) -- one batch or several, all late or some early; matched on the read's key
+    words (record_rows) when the read has them, and events_from_records' bytes."""
+    merged = []
+    monkeypatch.setattr(live, "record_rows", lambda *a: merged.append(record_rows(*a)) or merged[-1])
     rng = np.random.default_rng(19)
     w = live.Window(4.0)
     cur = _table(rng, 200)
@@ -347,10 +410,12 @@ def test_window_events_are_the_records_read_since_its_anchor():
         flow = [rows.get(bytes(k), -1) for k in keys]
         assert ws.events["start_ts"].tolist() == want["start_ts"].tolist()
         assert ws.events["bytes"].tolist() == want["bytes"].tolist() and ws.events["flow"].tolist() == flow
+        assert ws.events.tobytes() == S.events_from_records(ws.flows, want).tobytes()
         seen.add((sum(tb >= t0 for tb, _ in batches), bool(len(want)) and len(want) < sum(
             (b["start_ts"] >= 0).sum() for tb, b in batches if tb >= t0)))
         prev, pw = cur, words
     assert {n for n, _ in seen} >= {1, 2} and any(early for _, early in seen)
+    assert sum(m is not None for m in merged) >= 5
 
 
 @pytest.mark.parametrize("seed,cols", [(8, False), (9, False), (8, True), (9, True)])

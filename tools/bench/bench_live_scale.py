@@ -372,6 +372,7 @@ def run(n_flows, a, rows):
     shared, made = f_window(), f_window_older()   # the two cases measured, the same table
     assert shared.flows is delta.flows and made.flows is not delta.flows
     assert made.flows.tobytes() == shared.flows.tobytes()
+    assert made.events.tobytes() == shared.events.tobytes()   # matched on the read's key words: the same events
     del shared, made
 
     def f_top():
