@@ -51,7 +51,8 @@ def exit_now(code) -> None:
     that is not a number (sys.exit prints it), a thread the interpreter would wait for, a
     profiler or tracer that reports at exit (cProfile, coverage), `python -i`, or a failed flush
     (a closed pipe: the interpreter reports it as before). cli.main calls it for report and
-    diagnose (cli.FAST_EXIT) run as the process's own command line."""
+    diagnose (cli.FAST_EXIT) run as the process's own command line (no args): code that must
+    run after such a main() registers with atexit; an in-process caller passes args (CliRunner)."""
     if not (code is None or isinstance(code, int)) or sys.flags.interactive:
         return
     if sys.getprofile() is not None or sys.gettrace() is not None:

@@ -75,12 +75,13 @@ def test_module_is_current_after_setup():
 def _report(path, env_extra, cmd="report"):
     """((exit code, JSON document without timings or the error lines), numba loaded?) of
     `skewscope <cmd> --json path`."""
-    code = ("import sys, runpy\n"
+    # the process's own command line ends report/diagnose without returning (cli.common.exit_now):
+    # what numba loaded is read by an atexit callback, the last line on stderr
+    code = ("import atexit, sys, runpy\n"
+            "atexit.register(lambda: print('NUMBA' if 'numba' in sys.modules or 'llvmlite' in sys.modules "
+            "else 'NONUMBA', file=sys.stderr))\n"
             f"sys.argv = ['skewscope', {cmd!r}, '--json', {str(path)!r}]\n"
-            "try:\n    runpy.run_module('skewscope', run_name='__main__')\n"
-            "except SystemExit as e:\n    code = e.code\nelse:\n    code = 0\n"
-            "print('NUMBA' if 'numba' in sys.modules or 'llvmlite' in sys.modules else 'NONUMBA', file=sys.stderr)\n"
-            "sys.exit(code)\n")
+            "runpy.run_module('skewscope', run_name='__main__')\n")
     env = dict(os.environ, **env_extra)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     lines = r.stderr.strip().splitlines()
