@@ -13,11 +13,7 @@
 #     skewscope because ebpf/ uses only UAPI headers (struct ethhdr/iphdr/ipv6hdr/udphdr and
 #     the bpf helper ABI), which are stable across kernel versions.
 #  3. .venv/ from the system Python 3.11 (/usr/bin/python3), with a .pth that exposes only
-#     the system 'bcc' package (not the rest of dist-packages), then `pip install -e .[test,html]`
-#     in setuptools' editable_mode=compat: the checkout goes on sys.path through a plain path
-#     .pth. The default mode installs an import-hook finder module that every interpreter start
-#     imports (pathlib, fnmatch, urllib.parse, importlib.util: ~5-10 ms of every command, before
-#     any of skewscope; docs/startup.md). A setuptools without the mode gets the default.
+#     the system 'bcc' package (not the rest of dist-packages), then `pip install -e .[test,html]`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -78,13 +74,10 @@ else
   echo "setup: python3-bpfcc installed but 'import bcc' fails in /usr/bin/python3" >&2; exit 3
 fi
 if ! .venv/bin/python -c 'import skewscope, numba, numpy, pyroute2, click, rich, pytest, scapy, prometheus_client, matplotlib' >/dev/null 2>&1 \
-   || [ pyproject.toml -nt .venv/.skewscope-installed ] || [ tools/setup.sh -nt .venv/.skewscope-installed ]; then
+   || [ pyproject.toml -nt .venv/.skewscope-installed ]; then
   log "installing Python dependencies into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
-  if ! .venv/bin/python -m pip install -q -e '.[test,html]' --config-settings editable_mode=compat; then
-    log "setuptools refused editable_mode=compat: the default editable install (an import-hook finder)"
-    .venv/bin/python -m pip install -q -e '.[test,html]'
-  fi
+  .venv/bin/python -m pip install -q -e '.[test,html]'
   touch .venv/.skewscope-installed
 else
   log "Python dependencies present"

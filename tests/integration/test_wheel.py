@@ -4,8 +4,8 @@
    setuptools and wheel), plus one .pth line naming the site-packages of the interpreter
    running this test (numpy, numba, click, rich, prometheus_client, pyroute2: offline, no
    downloads). That directory holds no `skewscope` package (checked): the project's venv
-   has skewscope only as an editable install, a .pth file (the checkout's path) that a .pth
-   line does not process.
+   has skewscope only as an editable finder, activated by a .pth file that a .pth line
+   does not process.
 2. The wheel: `pip wheel --no-deps --no-build-isolation --no-index` with the venv's pip
    and setuptools, from a copy of the checkout's pyproject.toml, README.md, skewscope/ and
    ebpf/ (setuptools' build/ stays out of the shared checkout); `pip install --no-deps
