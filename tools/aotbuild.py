@@ -33,7 +33,8 @@ from numba.pycc import CC  # noqa: E402
 from skewscope import analysis  # noqa: E402
 from skewscope.cli import main as cli  # noqa: E402
 from skewscope.core import aot, jit  # noqa: E402
-from skewscope.core.aot import FORMAT, MANIFEST, MODNAME, PKG, environment, sources_digest, status  # noqa: E402
+from skewscope.core.aot import (  # noqa: E402
+    FORMAT, MANIFEST, MODNAME, PKG, environment, sources_digest, sources_stats, status)
 from skewscope.gen.presets import PRESETS  # noqa: E402
 from skewscope.sources.offline import parse_file  # noqa: E402
 from skewscope.sources.offline import pipeline as offline_pipeline  # noqa: E402
@@ -224,6 +225,7 @@ def build(quick: bool = False, verbose: bool = True) -> Path:
     finally:
         jit._recorder = None
     files = source_files({name.split(":")[0] for name in seen})
+    stats = sources_stats(files)    # before the digest: a file edited in between is hashed at run time
     digest = sources_digest(files)
 
     def _compile_extra(typingctx, targetctx, func, args, return_type, flags, **kw):
@@ -266,7 +268,7 @@ def build(quick: bool = False, verbose: bool = True) -> Path:
         if len(built) != 1:
             raise RuntimeError(f"pycc produced {built}")
         man = {"format": FORMAT, **environment(), "numba": numba.__version__, "digest": digest, "files": files,
-               "build_id": build_id, "kernels": out}
+               "stats": stats, "build_id": build_id, "kernels": out}
         for old in PKG.glob(MODNAME + ".*.so"):
             if old.name != built[0]:
                 old.unlink()

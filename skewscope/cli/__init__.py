@@ -22,7 +22,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import click
 
 from skewscope import __version__
-from skewscope.cli.common import pause_gc, startup_done
+from skewscope.cli.common import exit_now, pause_gc, startup_done
 from skewscope.core.errors import EXIT_INTERRUPTED, EXIT_NOT_RUN, EXIT_USAGE
 
 EPILOG = """\b
@@ -42,6 +42,8 @@ class _Group(click.Group):
     for a ClickException); Ctrl-C outside a command's own handling exits 130. Commands come
     from COMMANDS, each imported on first use."""
 
+    _ran = None     # the command this group resolved (resolve_command): FAST_EXIT's test
+
     def list_commands(self, ctx):
         return sorted(set(COMMANDS) | set(self.commands))
 
@@ -53,11 +55,22 @@ class _Group(click.Group):
             self.add_command(getattr(importlib.import_module(f"skewscope.cli.{mod}"), attr), name)
         return self.commands.get(name)
 
+    def resolve_command(self, ctx, args):
+        name, cmd, rest = super().resolve_command(ctx, args)
+        self._ran = name
+        return name, cmd, rest
+
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        if args is None:        # the process's own command line: no collector during its start-up
+        own = args is None      # the process's own command line: no collector during its start-up
+        if own:
             pause_gc()
+        self._ran = None
         try:
             return self._main(args, prog_name, complete_var, standalone_mode, **extra)
+        except SystemExit as e:
+            if own and self._ran in FAST_EXIT:
+                exit_now(e.code)    # returns when the interpreter's own exit is needed
+            raise
         finally:
             startup_done()
 
@@ -107,6 +120,10 @@ def main():
 #: the commands that end their own start-up (cli.common.startup_done, once their heavy imports
 #: are done: the first result is mostly start-up); every other command runs with the collector on
 OWN_STARTUP = frozenset({"report", "diagnose"})
+#: the commands whose process ends without the interpreter's teardown (cli.common.exit_now): they
+#: write their outputs whole before they return, start no thread that outlives them, and the
+#: little they leave (an attachment's detach, bcc's cleanup) is an atexit callback
+FAST_EXIT = frozenset({"report", "diagnose"})
 
 #: the one list of commands: name -> (module of this package, its click command)
 COMMANDS = {

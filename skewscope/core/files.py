@@ -9,7 +9,6 @@ generator's pcap and truth files, the test fabric's state file.
 from __future__ import annotations
 
 import os
-import tempfile
 
 
 def _umask() -> int:
@@ -26,6 +25,7 @@ class AtomicFile:
         self.path = os.fspath(path)
         self._fsync = fsync
         d = os.path.dirname(os.path.abspath(self.path))
+        import tempfile  # only when a file is written (1 ms: random, shutil): not by report --json
         self.fd, self.tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=d)
         self.fh = os.fdopen(self.fd, "w" if text else "wb", **({"encoding": "utf-8"} if text else {}))
         self.done = False

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 import inspect
 import os
 import sys
@@ -55,6 +54,7 @@ import threading
 from pathlib import Path
 
 from skewscope.core import aot as _aotmod
+from skewscope.core.digest import blake2b
 
 __all__ = ["njit", "intrinsic", "prefetch", "prefetch_span", "unaligned", "load_u64", "store_u64", "ld8", "be16",
            "be32", "le32", "le64", "rd16", "rd32", "Kernel", "arg_key", "numba_loaded"]
@@ -137,7 +137,7 @@ def _refresh(top: str, root: Path) -> None:
     the stamp is rewritten, atomically. Concurrent processes: a file already gone or a
     directory not writable is skipped; at worst a kernel is compiled again."""
     stats, dirs = _source_stats(root)
-    key = hashlib.blake2b(repr(stats).encode(), digest_size=16).hexdigest()
+    key = blake2b(repr(stats).encode(), digest_size=16).hexdigest()
     stamp = _cache_dirs(root)[0] / f"{top}.kernels.stamp"
     try:
         old = stamp.read_text().split()
@@ -145,7 +145,7 @@ def _refresh(top: str, root: Path) -> None:
         old = []
     if old[:1] == [key]:
         return
-    h = hashlib.blake2b(digest_size=16)
+    h = blake2b(digest_size=16)
     for rel, src in sorted(_kernel_sources(root, top).items()):
         h.update(rel.encode() + b"\0" + src + b"\0")
     digest = h.hexdigest()

@@ -19,7 +19,6 @@ import io
 import ipaddress
 import json
 import os
-import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,6 +71,7 @@ class Snapshot:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Snapshot":
+        import zipfile  # only .snap files (np.load imports it too): not loaded by a report on a capture
         try:
             with np.load(path, allow_pickle=False) as z:
                 names = set(z.files)
@@ -95,6 +95,7 @@ class Snapshot:
 
 
 def _write_npz(fh, members: dict) -> None:
+    import zipfile  # only .snap files: not loaded by a report on a capture
     with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
         for name, arr in members.items():
             bio = io.BytesIO()

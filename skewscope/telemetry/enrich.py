@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from typing import TYPE_CHECKING
 
-from skewscope.core.inventory import Inventory
+if TYPE_CHECKING:   # the annotations only: without --inventory a command never loads the inventory's module
+    from skewscope.core.inventory import Inventory
 
-#: IPv4 dotted quads and IPv6 tokens in a message (validated by ipaddress before use)
-_ADDR = re.compile(r"(?<![\w.:])(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7})(?![\w.])")
+#: IPv4 dotted quads and IPv6 tokens in a message (validated by ipaddress before use); compiled on
+#: first use (re's cache): only an inventory names addresses
+_ADDR = r"(?<![\w.:])(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7})(?![\w.])"
 
 
 def _ips_of(doc: dict) -> set[str]:
@@ -52,7 +55,7 @@ def name_text(text: str, inv: Inventory) -> str:
         if m.string[:m.start()].endswith(f"{name} (") and m.string[m.end():m.end() + 1] == ")":
             return tok          # named already
         return f"{name} ({tok})"
-    return _ADDR.sub(sub, text)
+    return re.sub(_ADDR, sub, text)
 
 
 def entry_dict(e) -> dict:

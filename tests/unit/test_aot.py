@@ -75,12 +75,13 @@ def test_module_is_current_after_setup():
 def _report(path, env_extra, cmd="report"):
     """((exit code, JSON document without timings or the error lines), numba loaded?) of
     `skewscope <cmd> --json path`."""
-    code = ("import sys, runpy\n"
+    # the process's own command line ends report/diagnose without returning (cli.common.exit_now):
+    # what numba loaded is read by an atexit callback, the last line on stderr
+    code = ("import atexit, sys, runpy\n"
+            "atexit.register(lambda: print('NUMBA' if 'numba' in sys.modules or 'llvmlite' in sys.modules "
+            "else 'NONUMBA', file=sys.stderr))\n"
             f"sys.argv = ['skewscope', {cmd!r}, '--json', {str(path)!r}]\n"
-            "try:\n    runpy.run_module('skewscope', run_name='__main__')\n"
-            "except SystemExit as e:\n    code = e.code\nelse:\n    code = 0\n"
-            "print('NUMBA' if 'numba' in sys.modules or 'llvmlite' in sys.modules else 'NONUMBA', file=sys.stderr)\n"
-            "sys.exit(code)\n")
+            "runpy.run_module('skewscope', run_name='__main__')\n")
     env = dict(os.environ, **env_extra)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     lines = r.stderr.strip().splitlines()
@@ -174,7 +175,8 @@ def test_stale_or_mismatched_module_is_not_used(monkeypatch, tmp_path):
     assert aot.status()[0], aot.status()[1]
     name = "skewscope.analysis.stats:grouped_weighted_median"
     assert aot.functions_for(name)
-    monkeypatch.setattr(aot, "sources_digest", lambda files: "0" * 32)
+    monkeypatch.setattr(aot, "sources_stats", lambda files: [])      # a file moved since the build ...
+    monkeypatch.setattr(aot, "sources_digest", lambda files: "0" * 32)   # ... and its bytes changed
     monkeypatch.setattr(aot, "_state", None)
     assert aot.functions_for(name) == {}
     assert "stale" in aot.status()[1]
@@ -192,6 +194,49 @@ def test_stale_or_mismatched_module_is_not_used(monkeypatch, tmp_path):
     monkeypatch.setattr(aot, "MANIFEST", aot.PKG / "_aot.pkl")
     monkeypatch.setattr(aot, "_state", None)
     assert aot.functions_for(name) == {} and "disabled" in aot.status()[1]
+    monkeypatch.undo()
+    monkeypatch.setattr(aot, "_state", None)
+    assert aot.status()[0]
+
+
+def _with_manifest(monkeypatch, tmp_path, **change):
+    """aot's state from a copy of the built manifest with `change` applied (None: key removed)."""
+    man = pickle.loads(aot.MANIFEST.read_bytes())
+    for k, v in change.items():
+        if v is None:
+            man.pop(k, None)
+        else:
+            man[k] = v
+    other = tmp_path / "_aot.pkl"
+    other.write_bytes(pickle.dumps(man))
+    monkeypatch.setattr(aot, "MANIFEST", other)
+    monkeypatch.setattr(aot, "_state", None)
+    return man
+
+
+def test_unchanged_stats_skip_the_digest_and_moved_ones_fall_back_to_it(monkeypatch, tmp_path):
+    """The check reads no file while every file's (mtime_ns, size) is the build's; when one
+    moved (an edit, a checkout), or the manifest has no stats, the digest of the bytes decides."""
+    assert aot.status()[0], aot.status()[1]
+    man = pickle.loads(aot.MANIFEST.read_bytes())
+    files = man["files"]
+    now = [(os.stat(aot.PKG / f).st_mtime_ns, os.stat(aot.PKG / f).st_size) for f in files]
+    moved = [(m + 1, n) for m, n in now[:1]] + now[1:]
+
+    def no_read(files):
+        raise AssertionError("the files were read although their stats are the build's")
+    with monkeypatch.context() as mp:      # the stats as now, a digest of other bytes: current, nothing read
+        mp.setattr(aot, "sources_digest", no_read)
+        _with_manifest(mp, tmp_path, stats=now, digest="0" * 32)
+        assert aot.status()[0], aot.status()[1]
+    _with_manifest(monkeypatch, tmp_path, stats=moved)             # moved, same bytes: current
+    assert aot.status()[0], aot.status()[1]
+    _with_manifest(monkeypatch, tmp_path, stats=None)              # a manifest without stats: the digest
+    assert aot.status()[0], aot.status()[1]
+    _with_manifest(monkeypatch, tmp_path, stats=moved, digest="0" * 32)   # moved, other bytes: stale
+    assert not aot.status()[0] and "stale" in aot.status()[1]
+    missing = [None] + now[1:]      # a file gone: its stats are None, never the build's
+    assert aot.sources_stats(["no/such/file.py"] + files[1:]) == missing
     monkeypatch.undo()
     monkeypatch.setattr(aot, "_state", None)
     assert aot.status()[0]

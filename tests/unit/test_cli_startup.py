@@ -81,3 +81,54 @@ def test_an_in_process_caller_keeps_its_collector():
         assert r.exit_code == 0 and not gc.isenabled()      # a caller's own "off" stays off
     finally:
         gc.enable()
+
+
+#: the child for the exit: the real entry point and an atexit callback that writes a line; the
+#: interpreter's teardown shows in `python -v`'s "# cleanup" lines. argv[1] "thread": a
+#: non-daemon thread still running when the command returns
+EXIT_CHILD = """
+import atexit, sys, threading, time
+import skewscope.cli as cli
+atexit.register(lambda: print("atexit", file=sys.stderr, flush=True))
+if sys.argv[1] == "thread":
+    threading.Thread(target=time.sleep, args=(1.0,)).start()
+sys.argv[1:2] = []
+cli.main(prog_name="skewscope")
+"""
+
+
+def exit_child(mode, *args):
+    """(exit code, stdout, ["atexit"] if the callback ran + ["teardown"] if the interpreter tore down)."""
+    p = subprocess.run([sys.executable, "-v", "-c", EXIT_CHILD, mode, *args], capture_output=True, text=True,
+                       timeout=120)
+    err = p.stderr.splitlines()
+    return (p.returncode, p.stdout, ["atexit"] * ("atexit" in err)
+            + ["teardown"] * any(ln.startswith("# cleanup") for ln in err))
+
+
+@pytest.mark.skipif(not REAL.exists(), reason="../shared/data/real not present")
+@pytest.mark.parametrize("cmd", ["report", "diagnose"])
+def test_report_and_diagnose_end_without_the_teardown(cmd):
+    """Run as the process's command line they end after flushing and the atexit callbacks,
+    without the interpreter's teardown: the whole document, the exit code of an in-process
+    run (diagnose: the findings' severity), the atexit line, no teardown."""
+    path = REAL / "softroce_ring__mirror.pcap.gz"
+    rc, out, lines = exit_child("own", cmd, "--json", str(path))
+    r = CliRunner().invoke(main, [cmd, "--json", str(path)])
+    assert (rc, _timeless(out)) == (r.exit_code, _timeless(r.stdout))
+    assert lines == ["atexit"], lines
+    if cmd == "diagnose":
+        assert rc == json.loads(out)["exit_code"] == 2   # critical findings: exit 2
+
+
+def test_the_interpreter_exits_as_usual_otherwise(tmp_path):
+    """Another command, a thread still running: the interpreter's own exit (teardown); the
+    exit codes are the same either way (a usage error ends fast, with click's 2)."""
+    rc, out, lines = exit_child("own", "gen", "--list-presets")
+    assert rc == 0 and "ring-healthy" in out and lines == ["atexit", "teardown"]
+    rc, out, lines = exit_child("thread", "report", "--json", str(tmp_path / "none.pcap"))
+    assert rc == 3 and lines == ["atexit", "teardown"]         # no such file: exit 3, after the thread
+    rc, out, lines = exit_child("own", "report", "--json", str(tmp_path / "none.pcap"))
+    assert rc == 3 and lines == ["atexit"]
+    rc, out, lines = exit_child("own", "report", "--no-such-option")
+    assert rc == 2 and lines == ["atexit"]

@@ -35,13 +35,13 @@ its incident, analysis.incidents; null for a context finding).
 from __future__ import annotations
 
 import copy
-import hashlib
 import ipaddress
 import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from skewscope.core.digest import sha256
 from skewscope.core.errors import EXIT_NOT_RUN, SkewscopeError
 
 SEVERITIES = ("info", "warning", "critical")
@@ -145,7 +145,7 @@ def finding_id(f: dict) -> str:
     The event id of outputs.events and the id of the incident a finding leads (analysis.incidents)."""
     k = str(f.get("kind"))
     canon = json.dumps([k, finding_key(f)], separators=(",", ":"))
-    return f"{k}:{hashlib.sha256(canon.encode()).hexdigest()[:16]}"
+    return f"{k}:{sha256(canon.encode()).hexdigest()[:16]}"
 
 
 #: the event keys the kinds use (docs/feedback.md "Key entities")
