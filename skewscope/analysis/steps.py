@@ -48,6 +48,7 @@ import numpy as np
 from skewscope.analysis.context import context
 from skewscope.analysis.flows import csr_by_key
 from skewscope.analysis.intervals import natural_break
+from skewscope.analysis.stats import median, unique
 from skewscope.core.jit import njit
 
 #: a step lag below 1 us is the capture's timestamp resolution / one packet time, not a delay
@@ -119,7 +120,7 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
         # the iterations are the bursts merged across the gaps below the natural break of
         # the gaps between them (the compute between tokens / iterations); without one that
         # merges at least half of them, the whole capture
-        per_flow = float(np.median(kk[aligned])) / max(1.0, _flows_per_member(ctx, flows, members))
+        per_flow = float(median(kk[aligned])) / max(1.0, _flows_per_member(ctx, flows, members))
         if per_flow <= 1.0 or _opened_by_one(st, en, so, sb, ni, nm, aligned):
             gaps = np.diff(its)
             thr = natural_break(gaps, 3.0, 1000.0)
@@ -204,7 +205,7 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
         bound[:, 0] = True
         if k > 2:
             least = rold.min(axis=1)
-            typical = np.median(_center(rold)[:, 1:], axis=1)
+            typical = median(_center(rold)[:, 1:], axis=1)
             cand = np.zeros((na, k), dtype=bool)
             cand[:, 1:] = least[:, 1:] > np.maximum(BOUNDARY_FACTOR * typical, typical + STEP_FLOOR_NS)[:, None]
             redo = cand[:, 1:].any(axis=1)
@@ -251,7 +252,7 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
         jitter = _spread(lag.ravel())
         start_jitter = _spread(lag[:, bounds].ravel())
     bar = max(STEP_FLOOR_NS, GATE_JITTER * max(jitter, start_jitter))
-    iters = np.unique(col_it)
+    iters = unique(col_it)
     lost = np.zeros((len(iters), nm))
     has = last >= 0
     if has.any():
@@ -390,7 +391,7 @@ def _flows_per_member(ctx, flows, members) -> float:
     """The median number of data flows a member sends on in the group (channels x QPs)."""
     f = np.asarray(flows, dtype=np.int64)
     src = ctx.nodes.src[f]
-    return float(np.median([int((src == m).sum()) for m in members])) if len(f) else 1.0
+    return float(median([int((src == m).sum()) for m in members])) if len(f) else 1.0
 
 
 #: at most this many consecutive bursts merge into one iteration (_merge_bursts)
@@ -425,7 +426,7 @@ def _merge_bursts(cs, cr) -> np.ndarray:
 def _center(raw):
     """A step's reference wait over the members (axis 1): their median; with two members the
     earlier one (a median of two is their midpoint: the late member would show half its lag)."""
-    return raw.min(axis=1) if raw.shape[1] == 2 else np.median(raw, axis=1)
+    return raw.min(axis=1) if raw.shape[1] == 2 else median(raw, axis=1)
 
 
 def _spread(x) -> float:
@@ -433,7 +434,7 @@ def _spread(x) -> float:
     x = np.asarray(x, dtype=np.float64)
     if not len(x):
         return 0.0
-    return 1.4826 * float(np.median(np.abs(x - np.median(x))))
+    return 1.4826 * float(median(np.abs(x - median(x))))
 
 
 def member_summary(steps: dict, m: int, cols=None) -> dict:
@@ -454,8 +455,8 @@ def member_summary(steps: dict, m: int, cols=None) -> dict:
     lost = steps["lost_ns"][its, m]
     return {"last_steps": int(mine.sum()), "steps_with_last": with_last,
             "last_share": float(mine.sum()) / with_last if with_last else 0.0,
-            "lag_ns": float(np.median(lag)) if len(lag) else 0.0,
-            "lost_per_iteration_ns": float(np.median(lost)) if len(lost) else 0.0,
+            "lag_ns": float(median(lag)) if len(lag) else 0.0,
+            "lost_per_iteration_ns": float(median(lost)) if len(lost) else 0.0,
             "steps_per_iteration": float(mine.sum()) / max(1, int(its.sum())),
             "gated": int((steps["gates"][its] == m).sum())}
 
@@ -520,7 +521,7 @@ def _steps_per_iteration(steps: dict) -> float:
     spi = steps.get("_spi")
     if spi is None:
         col_it = steps["col_iteration"]
-        spi = float(np.median(np.bincount(col_it - col_it.min()))) if len(col_it) and not steps.get(
+        spi = float(median(np.bincount(col_it - col_it.min()))) if len(col_it) and not steps.get(
             "whole_capture") else 0.0
         steps["_spi"] = spi
     return spi
@@ -569,7 +570,7 @@ def slow_segment(steps: dict, th: dict, m: int, min_lag_ns: float | None = None)
         sel[a:b + 1] = True
         s = member_summary(steps, m, sel)
         hit = (last == m) & sel & (lag[m] >= bar)
-        its_in = np.unique(col_it[hit])
+        its_in = unique(col_it[hit])
         if _passes(s, th, bar) and (not (h0 or h1) or len(its_in) >= MIN_EPISODE_ITERATIONS
                                     or not _gated_elsewhere(steps, its_in)):
             s["began"] = bool(h0)
@@ -637,7 +638,7 @@ def hierarchy_level(starts, count=None) -> dict:
     d = d[d > 0]
     if not len(d):
         return out
-    p = float(np.median(d))
+    p = float(median(d))
     dd = d[(d >= 0.5 * p) & (d <= 1.5 * p)]
     out["period_s"] = p / 1e9
     out["jitter_s"] = float(np.std(dd)) / 1e9 if len(dd) >= 2 else None
@@ -679,7 +680,7 @@ def group_steps(snap, g, r: dict, tinfo: dict) -> dict | None:
         d = np.diff(t)[inner]
         step_level = {"period_s": None, "jitter_s": None, "count": steps["steps"]}
         if len(d):
-            p = float(np.median(d))
+            p = float(median(d))
             dd = d[(d >= 0.5 * p) & (d <= 1.5 * p)]
             step_level.update(period_s=p / 1e9, jitter_s=float(np.std(dd)) / 1e9 if len(dd) >= 2 else None)
         # the collectives: the steps that start one (every member waited), when there are
@@ -692,7 +693,7 @@ def group_steps(snap, g, r: dict, tinfo: dict) -> dict | None:
         gated = gates[gates >= 0]
         r["gates"] = {"per_iteration": [None if x < 0 else ips[g.members[int(x)]] for x in gates],
                       "share": {ips[g.members[int(m)]]: float((gated == m).sum()) / len(gates)
-                                for m in np.unique(gated)},
+                                for m in unique(gated)},
                       "step_jitter_s": steps["jitter_ns"] / 1e9}
     r["hierarchy"] = {"step": step_level, "collective": coll or dict(it_level), "iteration": it_level}
     return steps
