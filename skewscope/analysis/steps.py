@@ -88,8 +88,8 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
     idx = np.nonzero(ok)[0]
     if len(idx) < 2 * nm:
         return None
-    st = ctx.ev_start[idx].astype(np.float64)
-    en = ctx.ev_end[idx].astype(np.float64)
+    st = ctx.ev_start[idx].astype(np.float64, copy=False)        # a gather: already a copy
+    en = ctx.ev_end[idx].astype(np.float64, copy=False)
     pos = np.full(max(1, ctx.nodes.n), -1, dtype=np.int64)
     pos[np.asarray(members, dtype=np.int64)] = np.arange(nm)
     src_m = pos[ctx.nodes.src[ctx.ev_flow[idx]]]
@@ -445,13 +445,17 @@ def member_summary(steps: dict, m: int, cols=None) -> dict:
     to count (a segment of the capture: onset), default all; the iterations are then those
     the segment's steps belong to."""
     last = steps["last"]
-    sel = np.ones(len(last), dtype=bool) if cols is None else np.asarray(cols, dtype=bool)
-    mine = (last == m) & sel
-    with_last = int((((last >= 0) | steps["waited"]) & sel).sum())
+    if cols is None:
+        with_last, its = _all_columns(steps)[:2]
+        mine = last == m
+    else:
+        sel = np.asarray(cols, dtype=bool)
+        mine = (last == m) & sel
+        with_last = int((((last >= 0) | steps["waited"]) & sel).sum())
+        # the iterations of the selected columns ("iterations" holds every column's, sorted)
+        its = np.zeros(len(steps["iterations"]), dtype=bool)
+        its[np.searchsorted(steps["iterations"], steps["col_iteration"][sel])] = True
     lag = steps["lag_ns"][m, mine]
-    # the iterations of the selected columns ("iterations" holds every column's, sorted)
-    its = np.zeros(len(steps["iterations"]), dtype=bool)
-    its[np.searchsorted(steps["iterations"], steps["col_iteration"][sel])] = True
     lost = steps["lost_ns"][its, m]
     return {"last_steps": int(mine.sum()), "steps_with_last": with_last,
             "last_share": float(mine.sum()) / with_last if with_last else 0.0,
@@ -468,6 +472,19 @@ HEALTHY_SHARE = 0.25
 #: iterations (tokens) -- one late iteration is a rotating straggler's gate, not an episode --
 #: unless no other iteration has a gate (the ring was healthy but for it)
 MIN_EPISODE_ITERATIONS = 2
+
+
+def _all_columns(steps: dict):
+    """The member-independent part of member_summary over every column (waited steps, the
+    iterations' mask) and slow_segment's waited columns, once per matrix (persistent asks
+    for every member): (with_last, its, waited, W)."""
+    got = steps.get("_all_columns")
+    if got is None:
+        waited = (steps["last"] >= 0) | steps["waited"]
+        its = np.zeros(len(steps["iterations"]), dtype=bool)
+        its[np.searchsorted(steps["iterations"], steps["col_iteration"])] = True
+        got = steps["_all_columns"] = (int(waited.sum()), its, waited, np.nonzero(waited)[0])
+    return got
 
 
 def member_jitter(steps: dict, m: int, min_steps: int = 8) -> float:
@@ -548,8 +565,7 @@ def slow_segment(steps: dict, th: dict, m: int, min_lag_ns: float | None = None)
     floor = th["min_lag_s"] * 1e9 if min_lag_ns is None else min_lag_ns
     jit = member_jitter(steps, m, th["min_steps"])
     bar = max(floor, th["lag_jitter"] * jit)
-    waited = (last >= 0) | steps["waited"]
-    W = np.nonzero(waited)[0]
+    waited, W = _all_columns(steps)[2:]
     z = ((last == m) & (lag[m] >= bar)).astype(np.float64)
     col_it = steps["col_iteration"]
     spi = _steps_per_iteration(steps)

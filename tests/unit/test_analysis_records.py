@@ -212,7 +212,8 @@ def test_prefill_split_equals_numpy(seed):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_member_summary_equals_numpy(seed):
-    """member_summary's iterations of the selected columns against np.isin / np.unique."""
+    """member_summary against its definition (iterations of the selected columns by np.isin /
+    np.unique; every column: its per-matrix part kept in the steps dict, asked for each member)."""
     rng = np.random.default_rng(seed)
     nm, ncol = 4, [1, 5, 60, 200, 33][seed]
     col_it = np.sort(rng.integers(0, 9, ncol)) if seed % 2 else rng.integers(0, 9, ncol)   # unsorted too
@@ -230,6 +231,11 @@ def test_member_summary_equals_numpy(seed):
             assert got["lost_per_iteration_ns"] == (float(np.median(lost)) if len(lost) else 0.0)
             assert got["steps_per_iteration"] == float(mine.sum()) / max(1, int(its.sum()))
             assert got["gated"] == int((steps["gates"][its] == m).sum())
+            with_last = int((((steps["last"] >= 0) | steps["waited"]) & sel).sum())
+            lag = steps["lag_ns"][m, mine]
+            assert (got["last_steps"], got["steps_with_last"]) == (int(mine.sum()), with_last)
+            assert got["last_share"] == (float(mine.sum()) / with_last if with_last else 0.0)
+            assert got["lag_ns"] == (float(np.median(lag)) if len(lag) else 0.0)
 
 
 @pytest.mark.parametrize("seed", range(6))
