@@ -18,7 +18,7 @@ from skewscope.analysis.flows import FSTAT_DTYPE, MTU_CANDIDATES, STRETCH, flow_
 from skewscope.analysis.hashing import count_u64
 from skewscope.analysis.inference import prefill_split
 from skewscope.analysis.stats import counted_median
-from skewscope.analysis.steps import _dep_distance, member_summary
+from skewscope.analysis.steps import _best_segment, _dep_distance, member_summary
 from skewscope.core import layout as L
 from skewscope.core.snapshot import Snapshot
 
@@ -258,3 +258,28 @@ def test_dep_distance_equals_numpy(seed):
         return 1
     for dmax in (64, 2):
         assert _dep_distance(S, E, dmax) == ref(S, E, dmax)
+
+
+def _best_segment_numpy(z, p):
+    """The maximum-subarray segment by numpy prefix sums (the form _best_segment had)."""
+    c = np.concatenate([[0.0], np.cumsum(np.asarray(z, dtype=np.float64) - p)])
+    lo = np.minimum.accumulate(c[:-1])
+    gain = c[1:] - lo
+    b = int(np.argmax(gain))
+    if gain[b] <= 0:
+        return None
+    return int(np.argmax(c[:b + 1] == lo[b])), b
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_best_segment_equals_numpy(seed):
+    """steps._best_segment (one-pass kernel) against the numpy prefix-sum form, ties included."""
+    rng = np.random.default_rng(seed)
+    for n in (1, 2, 3, 7, 50, 333, 4000):
+        for share in (0.05, 0.3, 0.5, 0.9):
+            z = (rng.random(n) < share).astype(np.float64)
+            for p in (0.0, 0.25, 0.5, 0.75, 1.0, 1 / 3):
+                assert _best_segment(z, p) == _best_segment_numpy(z, p), (n, share, p)
+    for z in (np.zeros(5), np.ones(5), np.array([1.0, 0.0, 1.0, 0.0, 1.0])):
+        assert _best_segment(z, 0.5) == _best_segment_numpy(z, 0.5)
+    assert _best_segment(np.zeros(0), 0.5) is None
