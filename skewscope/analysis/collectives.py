@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from skewscope.analysis.context import context
+from skewscope.analysis.stats import median, percentile, unique
 from skewscope.core import layout as L
 
 KINDS = ("all_to_all", "ring_allreduce", "tree_allreduce", "p2p", "kv_transfer", "unknown")
@@ -156,7 +157,7 @@ def exchange(ctx, flows: np.ndarray, a: int) -> tuple[float, float, int]:
         g = g[g >= 1000.0]
         if not len(g):
             continue
-        tol = PAIR_TOL * float(np.percentile(g, 75))
+        tol = PAIR_TOL * float(percentile(g, 75))
         i = np.searchsorted(oe, s, side="left") - 1       # the other's last end before s
         d = np.where(i >= 0, s - oe[np.maximum(i, 0)], np.inf)
         answered = max(answered, float(np.mean(d <= tol)))
@@ -480,10 +481,10 @@ def _layers(ctx, flows) -> list[np.ndarray]:
     spread = ss[ends] - ss[starts]
     if not (spread >= 3).any():
         return [flows]
-    u = np.unique(slot)
+    u = unique(slot)
     cuts = u[1:][np.diff(u) >= 3]
     lay = np.searchsorted(cuts, slot, side="right")
-    return [flows[lay == k] for k in np.unique(lay)]
+    return [flows[lay == k] for k in unique(lay)]
 
 
 def _decompose(ctx, flows) -> list[Group]:
@@ -494,7 +495,7 @@ def _decompose(ctx, flows) -> list[Group]:
         inside = np.array([int(ctx.nodes.src[f]) in cs and int(ctx.nodes.dst[f]) in cs for f in rest])
         fin = rest[inside]
         slot = _modal_slot(ctx, fin)
-        med = np.median(slot)
+        med = median(slot)
         keep = np.abs(slot - med) < 3
         g = match_pattern(ctx, fin[keep])
         if g.kind == "all_to_all":

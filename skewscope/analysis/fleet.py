@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.analysis.flows import CTS_MAX_BYTES  # noqa: F401 (re-exported: the exporter's class bounds)
+from skewscope.analysis.stats import nanmedian, unique
 
 BULK_MIN_MESSAGE = 160 * 1024
 
@@ -66,7 +67,7 @@ class Pairs:
     @classmethod
     def of(cls, n: int, src, dst) -> "Pairs":
         """The pattern of (src, dst) index pairs given in any order, with repeats."""
-        key = np.unique(np.asarray(src, dtype=np.int64) * int(n) + np.asarray(dst, dtype=np.int64))
+        key = unique(np.asarray(src, dtype=np.int64) * int(n) + np.asarray(dst, dtype=np.int64))
         return cls(n, key // max(int(n), 1), key % max(int(n), 1))
 
     def __len__(self) -> int:
@@ -201,7 +202,7 @@ def destination_preference(pairs: Pairs, m) -> np.ndarray:
         col = pairs.column(int(j))
         col = col[ok[col]]
         if len(col) and np.isfinite(r[col]).any():
-            out[j] = float(np.nanmedian(r[col]))
+            out[j] = float(nanmedian(r[col]))
     return out
 
 

@@ -18,7 +18,8 @@ import numpy as np
 from skewscope.analysis.context import context
 from skewscope.analysis.intervals import break_candidates, keyed_busy, keyed_intervals, merge_sorted, natural_break
 from skewscope.analysis.matrix import bits_per_s, incast_degree, pair_sums
-from skewscope.analysis.stats import _to_dict, grouped_weighted_median, skew_array, skew_rows, skew_stats
+from skewscope.analysis.stats import (_to_dict, grouped_weighted_median, median, nanmedian, skew_array, skew_rows,
+                                      skew_stats, unique)
 from skewscope.analysis.timing import MIN_GAP_NS, first_start_per_key
 
 GROUP_LINK_DTYPE = np.dtype([
@@ -59,7 +60,7 @@ def group_links(snap, flows) -> tuple[np.ndarray, np.ndarray]:
     ok = np.isfinite(r)
     # reference: the median link; with only two links (a ring segment seen from one host)
     # the faster one, so that the slow link is not compared with itself
-    med = (float(np.median(r[ok])) if ok.sum() != 2 else float(np.max(r[ok]))) if ok.any() else np.nan
+    med = (float(median(r[ok])) if ok.sum() != 2 else float(np.max(r[ok]))) if ok.any() else np.nan
     out["rate_ratio"] = r / med if med and np.isfinite(med) and med > 0 else np.nan
     fpid = np.full(len(ctx.flows), -1, dtype=np.int64)
     fpid[flows] = pid
@@ -112,7 +113,7 @@ def _per_burst_pair_first(ctx, flows, pid, bs):
     with np.errstate(all="ignore"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            return np.nanmedian(fs, axis=0)
+            return nanmedian(fs, axis=0)
 
 
 # ---- ring -------------------------------------------------------------------------------
@@ -325,7 +326,7 @@ def alltoall_metrics(snap, g, tinfo) -> dict:
              "hot_destination": ips[mem[int(col[10])]] if np.isfinite(col[10]) and col[1] > 0 else None,
              "hot_source": ips[mem[int(row[10])]] if np.isfinite(row[10]) and row[1] > 0 else None,
              "per_source_dest_max_over_mean_max": max(ps_mom) if ps_mom else None,
-             "per_source_dest_max_over_mean_median": float(np.median(ps_mom)) if ps_mom else None}
+             "per_source_dest_max_over_mean_median": float(median(ps_mom)) if ps_mom else None}
         per_phase.append(d)
         if share >= 0.1 and col[5] == col[5] and (best is None or col[5] > per_phase[best]["dest_skew"]["max_over_mean"]):
             best = k
@@ -441,7 +442,7 @@ def pipeline_metrics(snap, g, tinfo, period_s) -> dict:
             continue
         tb = np.searchsorted(bs, ts, side="right") - 1
         fr, gp = [], []
-        for bi in np.unique(tb):
+        for bi in unique(tb):
             sel = tb == bi
             s_, e_ = ts[sel], te[sel]
             span = float(e_[-1] - s_[0])
@@ -483,7 +484,7 @@ def pipeline_metrics(snap, g, tinfo, period_s) -> dict:
                     ref = max(ref, arr)
             if np.isfinite(ref):
                 vals.append(os_[m] - ref)
-        return float(np.median(vals)) if vals else np.nan
+        return float(median(vals)) if vals else np.nan
 
     fwd = []
     bwd = []
@@ -503,7 +504,7 @@ def pipeline_metrics(snap, g, tinfo, period_s) -> dict:
             # each stage against the median of the other stages (same direction)
             r = np.full(S, np.nan)
             for i in np.nonzero(ok)[0]:
-                r[i] = arr[i] / float(np.median(arr[ok & (np.arange(S) != i)]))
+                r[i] = arr[i] / float(median(arr[ok & (np.arange(S) != i)]))
             ratio = np.where(np.isfinite(r) & ((~np.isfinite(ratio)) | (r > ratio)), r, ratio)
     out["stage_compute_fwd_s"] = {ips[s]: None if not np.isfinite(v) else float(v) / 1e9 for s, v in zip(stages, fwd)}
     out["stage_compute_bwd_s"] = {ips[s]: None if not np.isfinite(v) else float(v) / 1e9 for s, v in zip(stages, bwd)}
@@ -515,7 +516,7 @@ def pipeline_metrics(snap, g, tinfo, period_s) -> dict:
     else:
         out["bubble_fraction"] = None
     mb = [len(transfers[i][0]) / max(1, len(bs)) for i in transfers]
-    M = float(np.median(mb)) if mb else 0
+    M = float(median(mb)) if mb else 0
     out["microbatches_per_iteration"] = M
     out["fill_drain_bubble"] = round((S - 1) / (M + S - 1), 4) if M > 0 and S > 1 else None
     if np.isfinite(ratio).any():
@@ -550,7 +551,7 @@ def node_throughput(snap, flows, members):
         thr = bits_per_s(by, busy)
         t = thr[np.asarray(members, dtype=np.int64)]
         okm = np.isfinite(t)
-        med = float(np.median(t[okm])) if okm.any() else np.nan
+        med = float(median(t[okm])) if okm.any() else np.nan
         res[name] = t
         res[name + "_ratio"] = t / med if med and np.isfinite(med) and med > 0 else np.full(len(t), np.nan)
     return res

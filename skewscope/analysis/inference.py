@@ -39,7 +39,7 @@ import numpy as np
 
 from skewscope.analysis.context import context
 from skewscope.analysis.intervals import merge_sorted
-from skewscope.analysis.stats import counted_median
+from skewscope.analysis.stats import counted_median, median, percentile, unique
 from skewscope.analysis.timing import MIN_GAP_NS, group_timing, split_bursts
 
 KiB = 1024
@@ -67,7 +67,7 @@ def ring_allreduces_per_iteration(ctx, g, sel, iterations: int) -> float:
     if not len(f):
         return 0.0
     links = len(set(zip(ctx.nodes.src[f].tolist(), ctx.nodes.dst[f].tolist())))
-    flows = len(np.unique(f))
+    flows = len(unique(f))
     steps = 2 * max(1, len(g.members) - 1)
     return float(len(f)) / max(1, flows) / steps / max(1, iterations) if links else 0.0
 
@@ -129,20 +129,20 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
         d = d_all
     if len(d) < 2:
         return None
-    p50 = float(np.median(d))
+    p50 = float(median(d))
     if p50 <= 0 or p50 > float(th["max_interval_s"]) * 1e9:
         return None
     # a decode rhythm idles between collectives (compute); back-to-back bursts are the steps
     # of one big collective, not decode
-    if float(np.median(be - bs)) > float(th["max_duty"]) * p50:
+    if float(median(be - bs)) > float(th["max_duty"]) * p50:
         return None
-    p99 = float(np.percentile(d, 99))
+    p99 = float(percentile(d, 99))
     out = {"workload": "decode", "collectives": int(len(bs)), "collective_source": src,
            "collectives_per_s": 1e9 / p50,
            "collective_interval_p50_s": p50 / 1e9, "collective_interval_p99_s": p99 / 1e9,
            "collective_interval_max_s": float(d.max()) / 1e9,
-           "collective_busy_p50_s": float(np.median(be - bs)) / 1e9,
-           "collective_busy_p99_s": float(np.percentile(be - bs, 99)) / 1e9,
+           "collective_busy_p50_s": float(median(be - bs)) / 1e9,
+           "collective_busy_p99_s": float(percentile(be - bs, 99)) / 1e9,
            "decode_jitter_ratio": p99 / p50}
     cpt = th.get("collectives_per_token") or 0
     tok_src = None
@@ -164,10 +164,10 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
     if tok_src == "iterations" and len(its) >= 3:
         ite = ti_it["bursts_end"]
         itl = np.diff(its)
-        out["itl_p50_s"] = float(np.percentile(itl, 50)) / 1e9
-        out["itl_p99_s"] = float(np.percentile(itl, 99)) / 1e9
+        out["itl_p50_s"] = float(percentile(itl, 50)) / 1e9
+        out["itl_p99_s"] = float(percentile(itl, 99)) / 1e9
         out["itl_max_s"] = float(itl.max()) / 1e9
-        out["token_comm_share"] = float(np.median(np.minimum(1.0, (ite[:-1] - its[:-1]) / itl)))
+        out["token_comm_share"] = float(median(np.minimum(1.0, (ite[:-1] - its[:-1]) / itl)))
     # prefill interference
     if big is not None:
         pb = big
@@ -194,7 +194,7 @@ def decode_metrics(snap, g, th: dict) -> dict | None:
         # cadence without the interfered intervals
         clean = np.delete(d, hit) if hit else d
         if len(clean):
-            out["collective_interval_p99_clean_s"] = float(np.percentile(clean, 99)) / 1e9
+            out["collective_interval_p99_clean_s"] = float(percentile(clean, 99)) / 1e9
     lags = tinfo.get("start_lag_ns")
     ips = ctx.nodes.ips
     if lags is not None:

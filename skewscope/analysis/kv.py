@@ -19,6 +19,7 @@ import numpy as np
 
 from skewscope.analysis.context import context
 from skewscope.analysis.intervals import break_candidates
+from skewscope.analysis.stats import median, percentile
 
 #: a link's rate = this percentile of its messages' rates (bytes x 8 / wire time): the
 #: rate the link reaches when its messages do not share the decode node's downlink
@@ -30,7 +31,7 @@ MIN_BREAK_NS = 2_000.0
 
 
 def _pct(a, q):
-    return float(np.percentile(a, q)) if len(a) else None
+    return float(percentile(a, q)) if len(a) else None
 
 
 def kv_metrics(snap, g) -> dict:
@@ -90,15 +91,15 @@ def kv_metrics(snap, g) -> dict:
         b = float(by[sel].sum())
         tsel = (t_src == s) & (t_dst == d)
         links.append({"src": ips[s], "dst": ips[d], "transfers": int(tsel.sum()), "messages": int(sel.sum()),
-                      "bytes": b * sc, "rate_bps": float(np.percentile(by[sel] * 8 / (w / 1e9), RATE_PCT)),
+                      "bytes": b * sc, "rate_bps": float(percentile(by[sel] * 8 / (w / 1e9), RATE_PCT)),
                       "throughput_bps": b * 8 / (wire / 1e9), "wire_s": wire / 1e9,
                       "transfer_time_p50_s": _pct(t_dur[tsel] / 1e9, 50)})
     rates = np.array([x["rate_bps"] for x in links])
-    med = float(np.median(rates)) if len(rates) else None
+    med = float(median(rates)) if len(rates) else None
     for x in links:
         x["rate_ratio"] = round(x["rate_bps"] / med, 4) if med else None
         peers = [y["rate_bps"] for y in links if y["dst"] == x["dst"] and y is not x]
-        pm = float(np.median(peers)) if peers else 0.0
+        pm = float(median(peers)) if peers else 0.0
         # zero-byte messages only (an all-to-all's empty pairs send one 0-byte write): no rate
         x["rate_ratio_same_decode"] = round(x["rate_bps"] / pm, 4) if pm > 0 else None
     dur_all = t_dur / 1e9

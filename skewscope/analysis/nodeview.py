@@ -60,6 +60,7 @@ from skewscope.analysis.collectives import background_flows
 from skewscope.analysis.context import context
 from skewscope.analysis.fleet import BULK_MIN_MESSAGE
 from skewscope.analysis.intervals import break_candidates, merge_sorted
+from skewscope.analysis.stats import median, percentile, unique
 from skewscope.analysis.timing import BREAK_RATIO, MIN_GAP_NS, bursts_and_period, split_bursts
 from skewscope.core.errors import EXIT_USAGE, SkewscopeError
 from skewscope.core.jit import njit
@@ -161,8 +162,8 @@ def summary(x) -> dict:
     x = x[np.isfinite(x)]
     if not len(x):
         return {"count": 0, "p50": None, "p99": None, "max": None, "mean": None}
-    return {"count": int(len(x)), "p50": float(np.percentile(x, 50)) / 1e9,
-            "p99": float(np.percentile(x, 99)) / 1e9, "max": float(x.max()) / 1e9,
+    return {"count": int(len(x)), "p50": float(percentile(x, 50)) / 1e9,
+            "p99": float(percentile(x, 99)) / 1e9, "max": float(x.max()) / 1e9,
             "mean": float(x.mean()) / 1e9}
 
 
@@ -349,7 +350,7 @@ def _ring(ctx, node, send_f, recv_f, up, down):
         lane_parts.append((ss, se, si, rs, re_, ri, off, wait, step, al))
         waits.append(wait[np.isfinite(wait)])
     w_all = np.concatenate(waits) if waits else np.zeros(0)
-    med = float(np.median(w_all)) if len(w_all) else 0.0
+    med = float(median(w_all)) if len(w_all) else 0.0
     bar = max(BOUNDARY_FACTOR * med, med + BOUNDARY_FLOOR_NS)
     period = collective_period(lane_parts)
     n_coll = 0
@@ -455,7 +456,7 @@ def collective_period(lane_parts) -> int | None:
         j = np.arange(len(ss)) - start_idx
         _, cnt = np.unique(si, return_counts=True)
         k = int(np.bincount(cnt).argmax())
-        full = np.isin(si, np.unique(si)[cnt == k]) & al & (j > 0)
+        full = np.isin(si, unique(si)[cnt == k]) & al & (j > 0)
         js.append(j[full])
         ws.append(wait[full])
     if not js:
@@ -472,8 +473,8 @@ def collective_period(lane_parts) -> int | None:
         if not b.any() or b.all():
             continue
         other = w[~b]
-        c = float(np.median(w[b]) - np.median(other))
-        spread = 1.4826 * float(np.median(np.abs(other - np.median(other))))
+        c = float(median(w[b]) - median(other))
+        spread = 1.4826 * float(median(np.abs(other - median(other))))
         bar = max(BOUNDARY_FLOOR_NS, BOUNDARY_FACTOR * spread)
         ok = c >= bar
         scores.append((m, c, ok))
@@ -547,7 +548,7 @@ def _kv(ctx, node, flows):
     down = sorted({int(x) for x in ctx.nodes.dst[flows]} - {node})
     durs, starts = [], []
     peer = np.where(ctx.nodes.src[f_all] == node, ctx.nodes.dst[f_all], ctx.nodes.src[f_all])
-    for p in np.unique(peer):
+    for p in unique(peer):
         k = peer == p
         a, b, _ = merge_sorted(np.ascontiguousarray(s_all[k]), np.ascontiguousarray(e_all[k]), 0.0)
         bs, be, _ = split_bursts(a, b, level="collective") if len(a) else (np.zeros(0), np.zeros(0), 0)

@@ -32,6 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from skewscope.analysis.intervals import keyed_intervals
+from skewscope.analysis.stats import median, unique
 
 #: observations inside the stretch, and in each part of the series outside it, at least
 MIN_SEG = 3
@@ -130,7 +131,7 @@ def _coarsen(t, te, y, max_points):
     if n <= max_points:
         return t, te, y
     edges = np.linspace(0, n, max_points + 1).astype(np.int64)
-    edges = np.unique(edges)
+    edges = unique(edges)
     cnt = np.diff(edges)
     ys = np.add.reduceat(y, edges[:-1]) / cnt
     return t[edges[:-1]], te[edges[1:] - 1], ys
@@ -186,7 +187,7 @@ def series_onset(t, y, worse: int = 1, thr: float | None = None, t_end=None, min
         return whole
     inside = np.zeros(n, dtype=bool)
     inside[a:b] = True
-    mi, mo = float(np.median(yc[inside])), float(np.median(yc[~inside]))
+    mi, mo = float(median(yc[inside])), float(median(yc[~inside]))
     if thr is not None:
         if not (mi >= thr if worse > 0 else mi <= thr) or (mo >= thr if worse > 0 else mo <= thr):
             return whole
@@ -255,7 +256,7 @@ def flow_events(ctx, flows) -> np.ndarray:
     """Indices of the data records of `flows` (flow rows), in time order, through the records'
     grouping by flow (analysis.flows.flow_event_stats): O(their records), not a pass over
     all of them (a capture with hundreds of lossy links asks once per link)."""
-    r = np.unique(np.asarray(flows, dtype=np.int64))
+    r = unique(np.asarray(flows, dtype=np.int64))
     if not len(r) or not len(ctx.events):
         return np.zeros(0, dtype=np.int64)
     _, order, off = ctx._fstat
@@ -325,7 +326,7 @@ def rate_ratio_series(ctx, flows, ref_flows, edges=None):
     ia = np.clip(np.searchsorted(edges, sa, side="right") - 1, 0, k - 1)
     ib = np.clip(np.searchsorted(edges, sb, side="right") - 1, 0, k - 1)
     ma, mb = _bin_median(ia, ra, k), _bin_median(ib, rb, k)
-    mb = np.where(np.isfinite(mb), mb, float(np.median(rb)))
+    mb = np.where(np.isfinite(mb), mb, float(median(rb)))
     first = np.full(k, np.inf)
     last = np.full(k, -np.inf)
     np.minimum.at(first, ia, sa)
@@ -411,7 +412,7 @@ def slowdown_onset(ctx, flows, ref_flows=None, thr: float | None = None) -> Onse
         np.minimum.at(first, ix, st)
         np.maximum.at(last, ix, en)
         sel = np.isfinite(mine)
-        t0, t1, y = first[sel], last[sel], mine[sel] / float(np.median(rate))
+        t0, t1, y = first[sel], last[sel], mine[sel] / float(median(rate))
     if not len(y):
         return None
     return series_onset(t0, y, worse=-1, thr=thr, t_end=t1)
@@ -448,8 +449,8 @@ def resend_onset(ctx, flows, events: int) -> Onset | None:
     st, en, sx = st[ok], en[ok], sx[ok]
     if len(sx) < 3:
         return None
-    med = float(np.median(sx))
-    bar = med + max(STRETCH_Z * 1.4826 * float(np.median(np.abs(sx - med))), STRETCH_FLOOR)
+    med = float(median(sx))
+    bar = med + max(STRETCH_Z * 1.4826 * float(median(np.abs(sx - med))), STRETCH_FLOOR)
     cand = np.flatnonzero(sx >= bar)
     if not len(cand):
         return None

@@ -48,6 +48,7 @@ import numpy as np
 from skewscope.analysis.context import context
 from skewscope.analysis.flows import csr_by_key
 from skewscope.analysis.intervals import natural_break
+from skewscope.analysis.stats import median, unique
 from skewscope.core.jit import njit
 
 #: a step lag below 1 us is the capture's timestamp resolution / one packet time, not a delay
@@ -87,8 +88,8 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
     idx = np.nonzero(ok)[0]
     if len(idx) < 2 * nm:
         return None
-    st = ctx.ev_start[idx].astype(np.float64)
-    en = ctx.ev_end[idx].astype(np.float64)
+    st = ctx.ev_start[idx].astype(np.float64, copy=False)        # a gather: already a copy
+    en = ctx.ev_end[idx].astype(np.float64, copy=False)
     pos = np.full(max(1, ctx.nodes.n), -1, dtype=np.int64)
     pos[np.asarray(members, dtype=np.int64)] = np.arange(nm)
     src_m = pos[ctx.nodes.src[ctx.ev_flow[idx]]]
@@ -119,7 +120,7 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
         # the iterations are the bursts merged across the gaps below the natural break of
         # the gaps between them (the compute between tokens / iterations); without one that
         # merges at least half of them, the whole capture
-        per_flow = float(np.median(kk[aligned])) / max(1.0, _flows_per_member(ctx, flows, members))
+        per_flow = float(median(kk[aligned])) / max(1.0, _flows_per_member(ctx, flows, members))
         if per_flow <= 1.0 or _opened_by_one(st, en, so, sb, ni, nm, aligned):
             gaps = np.diff(its)
             thr = natural_break(gaps, 3.0, 1000.0)
@@ -204,7 +205,7 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
         bound[:, 0] = True
         if k > 2:
             least = rold.min(axis=1)
-            typical = np.median(_center(rold)[:, 1:], axis=1)
+            typical = median(_center(rold)[:, 1:], axis=1)
             cand = np.zeros((na, k), dtype=bool)
             cand[:, 1:] = least[:, 1:] > np.maximum(BOUNDARY_FACTOR * typical, typical + STEP_FLOOR_NS)[:, None]
             redo = cand[:, 1:].any(axis=1)
@@ -251,7 +252,7 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
         jitter = _spread(lag.ravel())
         start_jitter = _spread(lag[:, bounds].ravel())
     bar = max(STEP_FLOOR_NS, GATE_JITTER * max(jitter, start_jitter))
-    iters = np.unique(col_it)
+    iters = unique(col_it)
     lost = np.zeros((len(iters), nm))
     has = last >= 0
     if has.any():
@@ -390,7 +391,7 @@ def _flows_per_member(ctx, flows, members) -> float:
     """The median number of data flows a member sends on in the group (channels x QPs)."""
     f = np.asarray(flows, dtype=np.int64)
     src = ctx.nodes.src[f]
-    return float(np.median([int((src == m).sum()) for m in members])) if len(f) else 1.0
+    return float(median([int((src == m).sum()) for m in members])) if len(f) else 1.0
 
 
 #: at most this many consecutive bursts merge into one iteration (_merge_bursts)
@@ -425,7 +426,7 @@ def _merge_bursts(cs, cr) -> np.ndarray:
 def _center(raw):
     """A step's reference wait over the members (axis 1): their median; with two members the
     earlier one (a median of two is their midpoint: the late member would show half its lag)."""
-    return raw.min(axis=1) if raw.shape[1] == 2 else np.median(raw, axis=1)
+    return raw.min(axis=1) if raw.shape[1] == 2 else median(raw, axis=1)
 
 
 def _spread(x) -> float:
@@ -433,7 +434,7 @@ def _spread(x) -> float:
     x = np.asarray(x, dtype=np.float64)
     if not len(x):
         return 0.0
-    return 1.4826 * float(np.median(np.abs(x - np.median(x))))
+    return 1.4826 * float(median(np.abs(x - median(x))))
 
 
 def member_summary(steps: dict, m: int, cols=None) -> dict:
@@ -444,18 +445,22 @@ def member_summary(steps: dict, m: int, cols=None) -> dict:
     to count (a segment of the capture: onset), default all; the iterations are then those
     the segment's steps belong to."""
     last = steps["last"]
-    sel = np.ones(len(last), dtype=bool) if cols is None else np.asarray(cols, dtype=bool)
-    mine = (last == m) & sel
-    with_last = int((((last >= 0) | steps["waited"]) & sel).sum())
+    if cols is None:
+        with_last, its = _all_columns(steps)[:2]
+        mine = last == m
+    else:
+        sel = np.asarray(cols, dtype=bool)
+        mine = (last == m) & sel
+        with_last = int((((last >= 0) | steps["waited"]) & sel).sum())
+        # the iterations of the selected columns ("iterations" holds every column's, sorted)
+        its = np.zeros(len(steps["iterations"]), dtype=bool)
+        its[np.searchsorted(steps["iterations"], steps["col_iteration"][sel])] = True
     lag = steps["lag_ns"][m, mine]
-    # the iterations of the selected columns ("iterations" holds every column's, sorted)
-    its = np.zeros(len(steps["iterations"]), dtype=bool)
-    its[np.searchsorted(steps["iterations"], steps["col_iteration"][sel])] = True
     lost = steps["lost_ns"][its, m]
     return {"last_steps": int(mine.sum()), "steps_with_last": with_last,
             "last_share": float(mine.sum()) / with_last if with_last else 0.0,
-            "lag_ns": float(np.median(lag)) if len(lag) else 0.0,
-            "lost_per_iteration_ns": float(np.median(lost)) if len(lost) else 0.0,
+            "lag_ns": float(median(lag)) if len(lag) else 0.0,
+            "lost_per_iteration_ns": float(median(lost)) if len(lost) else 0.0,
             "steps_per_iteration": float(mine.sum()) / max(1, int(its.sum())),
             "gated": int((steps["gates"][its] == m).sum())}
 
@@ -467,6 +472,19 @@ HEALTHY_SHARE = 0.25
 #: iterations (tokens) -- one late iteration is a rotating straggler's gate, not an episode --
 #: unless no other iteration has a gate (the ring was healthy but for it)
 MIN_EPISODE_ITERATIONS = 2
+
+
+def _all_columns(steps: dict):
+    """The member-independent part of member_summary over every column (waited steps, the
+    iterations' mask) and slow_segment's waited columns, once per matrix (persistent asks
+    for every member): (with_last, its, waited, W)."""
+    got = steps.get("_all_columns")
+    if got is None:
+        waited = (steps["last"] >= 0) | steps["waited"]
+        its = np.zeros(len(steps["iterations"]), dtype=bool)
+        its[np.searchsorted(steps["iterations"], steps["col_iteration"])] = True
+        got = steps["_all_columns"] = (int(waited.sum()), its, waited, np.nonzero(waited)[0])
+    return got
 
 
 def member_jitter(steps: dict, m: int, min_steps: int = 8) -> float:
@@ -493,13 +511,35 @@ def _best_segment(z, p):
     no run scores > 0."""
     if not len(z):
         return None
-    c = np.concatenate([[0.0], np.cumsum(np.asarray(z, dtype=np.float64) - p)])
-    lo = np.minimum.accumulate(c[:-1])          # min prefix before each end
-    gain = c[1:] - lo
-    b = int(np.argmax(gain))
-    if gain[b] <= 0:
-        return None
-    a = int(np.argmax(c[:b + 1] == lo[b]))      # the first prefix reaching that minimum
+    a, b = _best_segment_kernel(np.ascontiguousarray(z, dtype=np.float64), float(p))
+    return None if a < 0 else (int(a), int(b))
+
+
+@njit(cache=True, nogil=True)
+def _best_segment_kernel(z, p):
+    """_best_segment in one pass (it runs for every member of a ring: ~10k steps each): the
+    prefix sums c (c[0] = 0, c[i + 1] = c[i] + (z[i] - p), np.cumsum's order), the best end b
+    (first largest c[b + 1] - min(c[:b + 1])) and the first prefix a reaching that minimum;
+    (-1, -1) when no run scores > 0."""
+    n = z.shape[0]
+    c = 0.0
+    lo = 0.0                       # min of c[0..i]
+    lo_at = 0                      # its first index
+    best = -np.inf
+    a = 0
+    b = 0
+    for i in range(n):
+        c = z[i] - p if i == 0 else c + (z[i] - p)
+        g = c - lo
+        if g > best:
+            best = g
+            b = i
+            a = lo_at
+        if c < lo:
+            lo = c
+            lo_at = i + 1
+    if best <= 0:
+        return -1, -1
     return a, b
 
 
@@ -520,7 +560,7 @@ def _steps_per_iteration(steps: dict) -> float:
     spi = steps.get("_spi")
     if spi is None:
         col_it = steps["col_iteration"]
-        spi = float(np.median(np.bincount(col_it - col_it.min()))) if len(col_it) and not steps.get(
+        spi = float(median(np.bincount(col_it - col_it.min()))) if len(col_it) and not steps.get(
             "whole_capture") else 0.0
         steps["_spi"] = spi
     return spi
@@ -547,8 +587,7 @@ def slow_segment(steps: dict, th: dict, m: int, min_lag_ns: float | None = None)
     floor = th["min_lag_s"] * 1e9 if min_lag_ns is None else min_lag_ns
     jit = member_jitter(steps, m, th["min_steps"])
     bar = max(floor, th["lag_jitter"] * jit)
-    waited = (last >= 0) | steps["waited"]
-    W = np.nonzero(waited)[0]
+    waited, W = _all_columns(steps)[2:]
     z = ((last == m) & (lag[m] >= bar)).astype(np.float64)
     col_it = steps["col_iteration"]
     spi = _steps_per_iteration(steps)
@@ -569,7 +608,7 @@ def slow_segment(steps: dict, th: dict, m: int, min_lag_ns: float | None = None)
         sel[a:b + 1] = True
         s = member_summary(steps, m, sel)
         hit = (last == m) & sel & (lag[m] >= bar)
-        its_in = np.unique(col_it[hit])
+        its_in = unique(col_it[hit])
         if _passes(s, th, bar) and (not (h0 or h1) or len(its_in) >= MIN_EPISODE_ITERATIONS
                                     or not _gated_elsewhere(steps, its_in)):
             s["began"] = bool(h0)
@@ -637,7 +676,7 @@ def hierarchy_level(starts, count=None) -> dict:
     d = d[d > 0]
     if not len(d):
         return out
-    p = float(np.median(d))
+    p = float(median(d))
     dd = d[(d >= 0.5 * p) & (d <= 1.5 * p)]
     out["period_s"] = p / 1e9
     out["jitter_s"] = float(np.std(dd)) / 1e9 if len(dd) >= 2 else None
@@ -679,7 +718,7 @@ def group_steps(snap, g, r: dict, tinfo: dict) -> dict | None:
         d = np.diff(t)[inner]
         step_level = {"period_s": None, "jitter_s": None, "count": steps["steps"]}
         if len(d):
-            p = float(np.median(d))
+            p = float(median(d))
             dd = d[(d >= 0.5 * p) & (d <= 1.5 * p)]
             step_level.update(period_s=p / 1e9, jitter_s=float(np.std(dd)) / 1e9 if len(dd) >= 2 else None)
         # the collectives: the steps that start one (every member waited), when there are
@@ -692,7 +731,7 @@ def group_steps(snap, g, r: dict, tinfo: dict) -> dict | None:
         gated = gates[gates >= 0]
         r["gates"] = {"per_iteration": [None if x < 0 else ips[g.members[int(x)]] for x in gates],
                       "share": {ips[g.members[int(m)]]: float((gated == m).sum()) / len(gates)
-                                for m in np.unique(gated)},
+                                for m in unique(gated)},
                       "step_jitter_s": steps["jitter_ns"] / 1e9}
     r["hierarchy"] = {"step": step_level, "collective": coll or dict(it_level), "iteration": it_level}
     return steps

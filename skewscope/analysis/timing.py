@@ -29,6 +29,7 @@ import numpy as np
 
 from skewscope.analysis.context import context
 from skewscope.analysis.intervals import break_candidates, merge_sorted
+from skewscope.analysis.stats import median, nanmedian, percentile
 from skewscope.core.jit import njit
 
 MIN_GAP_NS = 1000.0       # gaps below 1 us never separate bursts
@@ -143,7 +144,7 @@ def count_bursts(s, e, c, floor=MIN_GAP_NS):
             units = np.round((cum[edges[modal[1:]]] - cum[edges[modal[:-1]]]) / float(v))
             ok = units >= 1
             d = np.diff(bs[modal])[ok] / units[ok]
-            per = float(np.median(d)) if len(d) else 0.0
+            per = float(median(d)) if len(d) else 0.0
             # ... and they come at a steady rate (identical bursts at random times do not)
             steady = (d >= COUNT_STEADY[0] * per) & (d <= COUNT_STEADY[1] * per)
             if len(d) >= COUNT_MIN_BURSTS - 1 and per > 0 and float(np.mean(steady)) >= COUNT_STEADY_SHARE:
@@ -161,7 +162,7 @@ def fit_period(starts):
     if len(starts) < 2:
         return None, None, None, False
     d = np.diff(starts)
-    p0 = float(np.median(d))
+    p0 = float(median(d))
     if p0 <= 0:
         return None, None, None, False
     # index each start by the whole periods since the previous one (robust to drift and
@@ -177,7 +178,7 @@ def fit_period(starts):
     per = float(coef[1])
     res = starts - a @ coef
     frac = np.abs(res) / per if per > 0 else np.full(len(res), np.inf)
-    regular = bool(np.max(frac) <= 0.45 and np.median(frac) <= 0.15)
+    regular = bool(np.max(frac) <= 0.45 and median(frac) <= 0.15)
     jit = float(np.sqrt(np.sum(res ** 2) / max(1, len(res) - 2))) if len(res) > 2 else None
     dd = d[(d > 0.5 * p0) & (d < 1.5 * p0)]
     cv = float(np.std(dd) / np.mean(dd)) if len(dd) >= 2 else None
@@ -284,7 +285,7 @@ def group_timing(snap, flow_mask=None, members=None, ev_mask=None, level="iterat
     if out["period_s"] is None and len(bs) <= 1 and len(s) >= 8:
         # no idle gap separates iterations: periodic rate modulation, if any
         ok = ctx.data_mask(flow_mask)
-        md = float(np.median(ctx.ev_end[ok] - ctx.ev_start[ok])) if ok.any() else 0.0
+        md = float(median(ctx.ev_end[ok] - ctx.ev_start[ok])) if ok.any() else 0.0
         p = acf_period(ctx, flow_mask, min_lag_ns=4.0 * md)
         if p:
             out.update(period_s=p / 1e9, period_source="autocorrelation")
@@ -293,11 +294,11 @@ def group_timing(snap, flow_mask=None, members=None, ev_mask=None, level="iterat
         if out["period_s"] and len(bs) >= 2:
             span = out["period_s"] * 1e9 * len(bs)
         out["busy_fraction"] = min(1.0, busy_total / span) if span > 0 else None
-        out["burst_busy_s"] = float(np.median(be - bs)) / 1e9
+        out["burst_busy_s"] = float(median(be - bs)) / 1e9
     if len(bs) >= 3:
         d = np.diff(bs)
-        out["interval_p50_s"] = float(np.percentile(d, 50)) / 1e9
-        out["interval_p99_s"] = float(np.percentile(d, 99)) / 1e9
+        out["interval_p50_s"] = float(percentile(d, 50)) / 1e9
+        out["interval_p99_s"] = float(percentile(d, 99)) / 1e9
         out["interval_max_s"] = float(d.max()) / 1e9
     # phase offsets per member, as a sender and as a receiver
     lags = rlags = None
@@ -323,9 +324,9 @@ def group_timing(snap, flow_mask=None, members=None, ev_mask=None, level="iterat
                 warnings.simplefilter("ignore", RuntimeWarning)
                 # per burst: the typical member; of two, the earlier (their median is the
                 # midpoint, which would give the late one half its lag)
-                ref = np.nanmin(rel, axis=1) if nm == 2 else np.nanmedian(rel, axis=1)
+                ref = np.nanmin(rel, axis=1) if nm == 2 else nanmedian(rel, axis=1)
                 dev = rel - ref[:, None]
-                med = np.nanmedian(dev, axis=0)
+                med = nanmedian(dev, axis=0)
             res.append((med, dev))
         lags, dev_s = res[0]
         rlags, dev_r = res[1]

@@ -18,7 +18,7 @@ from skewscope.analysis.flows import FSTAT_DTYPE, MTU_CANDIDATES, STRETCH, flow_
 from skewscope.analysis.hashing import count_u64
 from skewscope.analysis.inference import prefill_split
 from skewscope.analysis.stats import counted_median
-from skewscope.analysis.steps import _dep_distance, member_summary
+from skewscope.analysis.steps import _best_segment, _dep_distance, member_summary
 from skewscope.core import layout as L
 from skewscope.core.snapshot import Snapshot
 
@@ -212,7 +212,8 @@ def test_prefill_split_equals_numpy(seed):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_member_summary_equals_numpy(seed):
-    """member_summary's iterations of the selected columns against np.isin / np.unique."""
+    """member_summary against its definition (iterations of the selected columns by np.isin /
+    np.unique; every column: its per-matrix part kept in the steps dict, asked for each member)."""
     rng = np.random.default_rng(seed)
     nm, ncol = 4, [1, 5, 60, 200, 33][seed]
     col_it = np.sort(rng.integers(0, 9, ncol)) if seed % 2 else rng.integers(0, 9, ncol)   # unsorted too
@@ -230,6 +231,11 @@ def test_member_summary_equals_numpy(seed):
             assert got["lost_per_iteration_ns"] == (float(np.median(lost)) if len(lost) else 0.0)
             assert got["steps_per_iteration"] == float(mine.sum()) / max(1, int(its.sum()))
             assert got["gated"] == int((steps["gates"][its] == m).sum())
+            with_last = int((((steps["last"] >= 0) | steps["waited"]) & sel).sum())
+            lag = steps["lag_ns"][m, mine]
+            assert (got["last_steps"], got["steps_with_last"]) == (int(mine.sum()), with_last)
+            assert got["last_share"] == (float(mine.sum()) / with_last if with_last else 0.0)
+            assert got["lag_ns"] == (float(np.median(lag)) if len(lag) else 0.0)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -252,3 +258,28 @@ def test_dep_distance_equals_numpy(seed):
         return 1
     for dmax in (64, 2):
         assert _dep_distance(S, E, dmax) == ref(S, E, dmax)
+
+
+def _best_segment_numpy(z, p):
+    """The maximum-subarray segment by numpy prefix sums (the form _best_segment had)."""
+    c = np.concatenate([[0.0], np.cumsum(np.asarray(z, dtype=np.float64) - p)])
+    lo = np.minimum.accumulate(c[:-1])
+    gain = c[1:] - lo
+    b = int(np.argmax(gain))
+    if gain[b] <= 0:
+        return None
+    return int(np.argmax(c[:b + 1] == lo[b])), b
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_best_segment_equals_numpy(seed):
+    """steps._best_segment (one-pass kernel) against the numpy prefix-sum form, ties included."""
+    rng = np.random.default_rng(seed)
+    for n in (1, 2, 3, 7, 50, 333, 4000):
+        for share in (0.05, 0.3, 0.5, 0.9):
+            z = (rng.random(n) < share).astype(np.float64)
+            for p in (0.0, 0.25, 0.5, 0.75, 1.0, 1 / 3):
+                assert _best_segment(z, p) == _best_segment_numpy(z, p), (n, share, p)
+    for z in (np.zeros(5), np.ones(5), np.array([1.0, 0.0, 1.0, 0.0, 1.0])):
+        assert _best_segment(z, 0.5) == _best_segment_numpy(z, 0.5)
+    assert _best_segment(np.zeros(0), 0.5) is None

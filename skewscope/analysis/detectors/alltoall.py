@@ -49,6 +49,7 @@ from skewscope.analysis.detectors.registry import KEY_BLAMED, Detector, Kind, Th
 from skewscope.analysis.group_metrics import node_throughput
 from skewscope.analysis.onset import series_onset
 from skewscope.analysis.significance import additive_contrast, binom_sf, t_sf, z_of
+from skewscope.analysis.stats import median, nanmedian
 
 _MIN_OBS = Threshold("min_observations", 3, "count",
                      "skewed (source, phase) observations naming the same hottest destination, at least")
@@ -273,15 +274,15 @@ def _window(cells, t, looks, hot, ratio, excess, dest, a, b, h):
     with np.errstate(invalid="ignore", divide="ignore"):
         share = np.where(tot > 0, cells_h[..., h] / tot, np.nan)
         colr = np.where(tot > 0, cells_h[..., h] / (tot / n), np.nan)[hot_cell]
-    pr = float(np.median(rv))
-    dm = pr if cells.get("hub") is not None or not len(colr) else float(np.nanmedian(colr))
+    pr = float(median(rv))
+    dm = pr if cells.get("hub") is not None or not len(colr) else float(nanmedian(colr))
     return {"_h": h, "first_iteration": a, "end_iteration": b,
             "observations": votes, "skewed_observations": sk,
             "z": _r(c["z"]), "z_votes": _r(c["z_votes"]), "z_magnitude": _r(c["z_magnitude"]),
             "contrast": _r(c["contrast"]), "sources": c["sources"],
             "iterations_voting": int((hw == h).any(axis=(1, 2)).sum()),
             "max_over_mean": dm, "per_source_max_over_mean": pr,
-            "share": float(np.nanmedian(share[hot_cell])) if hot_cell.any() else None,
+            "share": float(nanmedian(share[hot_cell])) if hot_cell.any() else None,
             "phases": int(hot_cell.sum()),
             "_excess": float(excess[a:b][hw == h].sum())}
 
@@ -341,11 +342,11 @@ def own_asymmetry(cells, t) -> dict | None:
             continue
         if best is None or v > best["observations"]:
             best = {"phase": k, "observations": v, "of": int(ok.sum()), "peers": int(hi.any(axis=0).sum()),
-                    "iterations": int(hi.any(axis=1).sum()), "recv_over_send": float(np.median(qk[hi])),
+                    "iterations": int(hi.any(axis=1).sum()), "recv_over_send": float(median(qk[hi])),
                     "_excess": float(np.nansum(np.where(hi, recv[:, k] - send[:, k], 0.0)))}
     if best is not None:
         others = [k for k in range(m.shape[1]) if k != best["phase"]]
-        rev = [float(np.nanmedian(1.0 / q[:, k])) for k in others if np.isfinite(q[:, k]).any()]
+        rev = [float(nanmedian(1.0 / q[:, k])) for k in others if np.isfinite(q[:, k]).any()]
         best["reverse"] = max(rev) if rev else None
     return best
 
@@ -396,7 +397,7 @@ def _one(em, inp, g, r, cells, gi):
     persistence = {ips[mem[h]]: round(sum(1 for i, x in enumerate(per_it) if x == h and act_it[i]) / n_it, 4)
                    for h in order}
     mine = [w for w in found if w["_h"] == h0]
-    mom = float(np.median([w["max_over_mean"] for w in mine]))
+    mom = float(median([w["max_over_mean"] for w in mine]))
     share = mine[0]["share"]
     drift = len(order) > 1
     hot_ips = [ips[mem[h]] for h in order]
@@ -435,7 +436,7 @@ def _one(em, inp, g, r, cells, gi):
                                                               f"{w['end_iteration'] - 1})" for w in wins)
              if drift else f"hottest in {pct(persistence[hot_ips[0]])} of {n_it} iteration(s)")
     cs = [w["contrast"] for w in mine if w["contrast"]]
-    ev["contrast"] = float(np.median(cs)) if cs else None
+    ev["contrast"] = float(median(cs)) if cs else None
     contrast = (f" ({ev['contrast']:.2f}x what {'it sends' if hub is not None else 'the same sources send'} "
                 f"each other destination)" if cs else "")
     if seen is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.analysis.detectors.registry import ONSET_FNS, Entities, Finding, Threshold
+from skewscope.analysis.stats import median
 
 #: the MAD floor of an outlier test (ns): a spread of start lags below 1 us is clock noise
 #: and would make a few-us lag look like many MADs
@@ -212,8 +213,8 @@ def mad_threshold(vals, i, k_mad, floor):
     others = others[np.isfinite(others)]
     if len(others) == 0:
         return floor
-    med = float(np.median(others))
-    mad = float(np.median(np.abs(others - med)))
+    med = float(median(others))
+    mad = float(median(np.abs(others - med)))
     return max(floor, med + k_mad * max(mad, MAD_FLOOR_NS))
 
 
@@ -312,4 +313,4 @@ def ce_explained(inp, flows) -> bool:
     if not len(flows):
         return False
     fl = np.asarray(flows, dtype=np.int64)
-    return bool(np.median(inp.congestion["ce_fraction"][fl]) >= inp.th["ecn_congestion"]["warning"])
+    return bool(median(inp.congestion["ce_fraction"][fl]) >= inp.th["ecn_congestion"]["warning"])

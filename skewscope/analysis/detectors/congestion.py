@@ -7,6 +7,7 @@ from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.common import group_by_node, pct, sev
 from skewscope.analysis.detectors.registry import KEY_BLAMED, Detector, Kind, Threshold
 from skewscope.analysis.onset import slowdown_onset
+from skewscope.analysis.stats import median
 
 
 def congestion(inp, em):
@@ -73,7 +74,7 @@ def congestion(inp, em):
                f"{rates.max():,.0f}/s per QP while it sends: DCQCN keeps cutting those senders' rates; relieve the "
                f"congestion towards {ips[n]} (see ecn_congestion) or tune DCQCN",
                {"cnp_packets": total, "max_cnp_rate_per_s": float(rates.max()),
-                "median_cnp_rate_per_s": float(np.median(rates)), "qps": len(qps)},
+                "median_cnp_rate_per_s": float(median(rates)), "qps": len(qps)},
                flows=data_flows + fl, qps=qps,
                onset=slowdown_onset(ctx, data_flows) if data_flows and ctx.__dict__.get("_fstat") is not None
                else None)

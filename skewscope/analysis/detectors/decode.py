@@ -26,6 +26,7 @@ from skewscope.analysis.collectives import Group, _one_way_ends
 from skewscope.analysis.intervals import natural_break
 from skewscope.analysis.kv import kv_metrics
 from skewscope.analysis.onset import Onset, episode
+from skewscope.analysis.stats import median, percentile, unique
 from skewscope.analysis.steps import persistent
 from skewscope.analysis.timing import BREAK_RATIO
 
@@ -87,7 +88,7 @@ def _bulk_into(inp, g) -> list:
 
 def _median_message(ctx, flows) -> float | None:
     ok = ctx.data_events(flows)
-    return float(np.median(ctx.events["bytes"][ok])) if ok.any() else None
+    return float(median(ctx.events["bytes"][ok])) if ok.any() else None
 
 
 def _one(em, ctx, g, dec, ev, th, gi, r, kv_cause=False):
@@ -109,7 +110,7 @@ def _one(em, ctx, g, dec, ev, th, gi, r, kv_cause=False):
         if seg is not None and seg[1]["role"] != "tp_decode":
             ratio = 0.0             # the node's own view: one collective per iteration, no decode cadence
         elif d is not None:
-            p50, p99 = float(np.median(d)) / 1e9, float(np.percentile(d, 99)) / 1e9
+            p50, p99 = float(median(d)) / 1e9, float(percentile(d, 99)) / 1e9
             ratio = p99 / p50 if p50 > 0 else 0.0
     em.add("decode_jitter", sev(ratio, t["warning"], t["critical"]), g.members,
            f"decode collectives every {us(p50 * 1e9)} (p50) but p99 "
@@ -240,7 +241,7 @@ def _stretch_by_steps(d, bnd, ov, t) -> dict | None:
     n_over = int(over.sum())
     if n_over < 2 or clean.sum() < n_min:
         return None
-    med_c, med_o = float(np.median(d[clean])), float(np.median(d[over]))
+    med_c, med_o = float(median(d[clean])), float(median(d[over]))
     ratio = med_o / med_c if med_c > 0 else 0.0
     if ratio < t["kv_ratio"]:
         return None
@@ -252,7 +253,7 @@ def _stretch_by_steps(d, bnd, ov, t) -> dict | None:
     for kind in (inner, bnd):
         r0 = d[kind & (ov <= 0)]
         if len(r0):
-            extra += float(np.maximum(d[kind & (ov > 0)] - np.median(r0), 0.0).sum())
+            extra += float(np.maximum(d[kind & (ov > 0)] - median(r0), 0.0).sum())
     return {"d": d, "over": over, "clean": clean, "ratio": ratio, "med_o": med_o, "med_c": med_c, "extra": extra}
 
 
@@ -272,10 +273,10 @@ def stretch_by_position(d, ov, t) -> dict | None:
         return None
     inner = pos != pos.max()
     ref = np.full(len(d), np.nan)
-    for q in np.unique(pos):
+    for q in unique(pos):
         c = d[(pos == q) & (ov <= 0)]
         if len(c):                                # a short capture may have one clean token
-            ref[pos == q] = float(np.median(c))
+            ref[pos == q] = float(median(c))
     known = np.isfinite(ref)
     over = inner & (ov >= 0.5 * d) & known
     clean = inner & (ov <= 0) & known
@@ -288,8 +289,8 @@ def stretch_by_position(d, ov, t) -> dict | None:
     if ratio < t["kv_ratio"] or _tail(int((over & long_).sum()), n_over, q) > t["kv_chance"]:
         return None
     touched = (ov > 0) & known
-    return {"d": d, "over": over, "clean": clean, "ratio": ratio, "med_o": float(np.median(d[over])),
-            "med_c": float(np.median(d[clean])), "extra": float(np.maximum(d[touched] - ref[touched], 0.0).sum()),
+    return {"d": d, "over": over, "clean": clean, "ratio": ratio, "med_o": float(median(d[over])),
+            "med_c": float(median(d[clean])), "extra": float(np.maximum(d[touched] - ref[touched], 0.0).sum()),
             "pos": pos}
 
 

@@ -31,7 +31,7 @@ from skewscope.analysis.fleet import (
     safe_div,
     upstream_cycles,
 )
-from skewscope.analysis.stats import robust_ratio_to_median, skew_rows, skew_stats
+from skewscope.analysis.stats import median, nanmedian, robust_ratio_to_median, skew_rows, skew_stats
 
 
 def _bound_below(bounds, x: float) -> float:
@@ -267,7 +267,7 @@ def alltoall_stragglers(inp, em, g):
     rate = member_send_rates(inp, g)
     if np.isfinite(rate).sum() < MIN_RING_LINKS:
         return
-    med = float(np.nanmedian(rate))
+    med = float(nanmedian(rate))
     if med <= 0:
         return
     ratio = rate / med
@@ -329,7 +329,7 @@ def rings(inp, em):
             # small messages: a link's rate only where its messages span several packets
             lr = np.where(_on_links(inp.pairs, ppm, links) >= MIN_PKTS_PER_MSG, lr, np.nan)
         score = robust_ratio_to_median(lr)
-        med = float(np.nanmedian(lr)) if np.isfinite(lr).any() else None
+        med = float(nanmedian(lr)) if np.isfinite(lr).any() else None
         metrics = {"link_rate_bps": [None if not np.isfinite(x) else float(x) for x in lr],
                    "median_rate_bps": med,
                    "straggler_score": [None if not np.isfinite(x) else float(x) for x in score]}
@@ -362,7 +362,7 @@ def incast(inp, em):
     inp.metrics["incast_degree"] = {ips[i]: float(degree[i]) for i in range(n) if np.isfinite(degree[i])}
     if not np.isfinite(degree).any():
         return
-    med = float(np.nanmedian(degree))
+    med = float(nanmedian(degree))
     for i in np.argsort(-np.nan_to_num(degree, nan=-1.0)):
         d = degree[i]
         if not np.isfinite(d) or d < t["min_senders"] or d < t["ratio"] * med:
@@ -537,9 +537,9 @@ def timing_fusion(inp, em):
         colls = {ip: v[0]["collectives"] if "collectives" in v[0] else v[1].get("collectives", 0.0)
                  for ip, v in views.items()}
         iters = [e["iterations"] for e in ents if e and e["iterations"] > 0]
-        n_it = float(np.median(iters)) if iters else 0.0
+        n_it = float(median(iters)) if iters else 0.0
         itl = [_mean(e["hist"].get("iteration")) for e in ents if e]
-        period = float(np.nanmedian(itl)) if np.isfinite(itl).any() else None
+        period = float(nanmedian(itl)) if np.isfinite(itl).any() else None
         blamed, why = None, None
         # own lag (nodeview: min(forward latency, -arrival offset of the upstream's same
         # step)): a member late on its own, under data-flow and barrier step timing alike
@@ -555,7 +555,7 @@ def timing_fusion(inp, em):
                            for i, h in enumerate(fw_h)])
         own_lag = None
         steps_mean = [_mean(e["hist"].get("step")) for e in ents if e and e["hist"].get("step") is not None]
-        step_med = float(np.nanmedian(steps_mean)) if np.isfinite(steps_mean).any() else 0.0
+        step_med = float(nanmedian(steps_mean)) if np.isfinite(steps_mean).any() else 0.0
         if np.isfinite(own_sum).sum() >= 2 and np.nanmax(own_sum) > 0:
             k = int(np.nanargmax(own_sum))
             rest = np.delete(np.nan_to_num(own_sum, nan=0.0), k)
@@ -662,7 +662,7 @@ def timing_document(inp) -> dict | None:
 
         def med(vals):
             v = [x for x in vals if x is not None and np.isfinite(x)]
-            return float(np.median(v)) if v else None
+            return float(median(v)) if v else None
 
         its = [e["hist"].get("iteration") for e in ents]
         itl_mean = med([_mean(h) for h in its])

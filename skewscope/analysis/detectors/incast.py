@@ -7,6 +7,7 @@ from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.common import us
 from skewscope.analysis.detectors.registry import KEY_BLAMED, Detector, Kind, Threshold
 from skewscope.analysis.onset import incast_onset
+from skewscope.analysis.stats import median
 
 #: flows into the destination at <= this x their rate elsewhere: severe throttling (critical)
 SEVERE_THROTTLE = 0.25
@@ -33,7 +34,7 @@ def incast(inp, em):
     recv = inc["active_ns"] > 0
     if recv.sum() < MIN_DESTINATIONS:
         return
-    med = float(np.median(mx[recv]))
+    med = float(median(mx[recv]))
     st = ctx.fstat
     data = np.nonzero(ctx.data)[0]
     rate = st["rate_med_bps"]
@@ -51,8 +52,8 @@ def incast(inp, em):
             into = data[mine & into_n & fin]
             other = data[mine & ~into_n & fin]
             if len(into) and len(other):
-                ratios.append(float(np.median(rate[into])) / max(1.0, float(np.median(rate[other]))))
-        throttle = float(np.median(ratios)) if ratios else None
+                ratios.append(float(median(rate[into])) / max(1.0, float(median(rate[other]))))
+        throttle = float(median(ratios)) if ratios else None
         back = set(ddst[dsrc == n].tolist())
         star = len(senders) >= t["min_senders"] and not (set(senders) & back)
         if throttle is not None and throttle > t["throttle"]:

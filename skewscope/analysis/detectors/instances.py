@@ -20,6 +20,7 @@ from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.common import impact_of, sev
 from skewscope.analysis.detectors.registry import KEY_MEMBERS, Detector, Kind, Threshold
 from skewscope.analysis.onset import series_onset
+from skewscope.analysis.stats import median
 
 #: instance_load_imbalance onset: a time bin spans this many of the compared instances'
 #: longest token interval (every instance has a token in most bins)
@@ -79,7 +80,7 @@ def instances(inp, em):
         mean = float(loads.mean())   # per_instance_load_ratio: each load / the mean (< 1: room for requests)
         for i, x in enumerate(xs):
             others = np.delete(loads, i)
-            med = float(np.median(others))
+            med = float(median(others))
             if med <= 0:
                 continue
             ratio = float(loads[i] / med)
@@ -90,11 +91,11 @@ def instances(inp, em):
             tps = [y["tokens_per_s"] for y in rest if y["tokens_per_s"]]
             msz = [y["message_size_bytes"] for y in rest if y["message_size_bytes"]]
             itl = [y["token_interval_s"] for y in rest if y["token_interval_s"]]
-            tps_ratio = x["tokens_per_s"] / float(np.median(tps)) if tps and x["tokens_per_s"] else None
-            msz_ratio = x["message_size_bytes"] / float(np.median(msz)) if msz and x["message_size_bytes"] else None
+            tps_ratio = x["tokens_per_s"] / float(median(tps)) if tps and x["tokens_per_s"] else None
+            msz_ratio = x["message_size_bytes"] / float(median(msz)) if msz and x["message_size_bytes"] else None
             lost = None
             if itl and x["token_interval_s"]:
-                lost = max(0.0, x["token_interval_s"] - float(np.median(itl)))
+                lost = max(0.0, x["token_interval_s"] - float(median(itl)))
             why = ("larger batches (its decode messages are "
                    f"{msz_ratio:.1f}x the others')" if msz_ratio and msz_ratio >= 1.25 else
                    f"more tokens/s ({tps_ratio:.2f}x)" if tps_ratio and tps_ratio >= 1.25 else "more traffic per token")
@@ -143,7 +144,7 @@ def _load_onset(ctx, flows_of, i, xs, warn):
     for j, (s_, b_) in enumerate(zip(st, by)):
         sel = (s_ >= t0) & (s_ < edges[-1])
         np.add.at(per[j], np.clip(np.searchsorted(edges, s_[sel], side="right") - 1, 0, k - 1), b_[sel])
-    ref = np.median(np.delete(per, i, axis=0), axis=0)
+    ref = median(np.delete(per, i, axis=0), axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
         y = np.where(ref > 0, per[i] / ref, np.nan)
     return series_onset(edges[:-1], y, worse=1, thr=warn, t_end=edges[1:])

@@ -10,6 +10,7 @@ from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.common import gbps, impact_of, pct, sev, us
 from skewscope.analysis.detectors.registry import KEY_BLAMED, KEY_LINK, Detector, Kind, Threshold
 from skewscope.analysis.onset import series_onset, slowdown_onset
+from skewscope.analysis.stats import median
 
 #: pd_imbalance onset: consecutive transfers are taken in chunks of at least this many
 #: (and at least one per decode node) for the share series
@@ -37,7 +38,7 @@ def _requests(ctx, r, kv) -> dict:
     size is what the median transfer carries)."""
     pd = r["per_decode"]
     tb = np.asarray(kv["t_bytes"] if kv else [], dtype=np.float64)
-    typical = float(np.median(tb)) if len(tb) else 0.0
+    typical = float(median(tb)) if len(tb) else 0.0
     if typical <= 0:
         return {ip: d["transfers"] for ip, d in pd.items()}
     per = np.maximum(1, np.rint(tb / typical)).astype(np.int64)
@@ -57,7 +58,7 @@ def _pd_onset(ctx, kv, ip, fair, thr):
     ts = np.asarray(kv["t_start_ns"], dtype=np.float64)[o]
     te = ts + np.asarray(kv["t_dur_ns"], dtype=np.float64)[o]
     tb = np.asarray(kv["t_bytes"], dtype=np.float64)[o]
-    typical = float(np.median(tb))
+    typical = float(median(tb))
     per = np.maximum(1, np.rint(tb / typical)) if typical > 0 else np.ones(len(tb))
     mine = (np.asarray(kv["t_dst"])[o] == node) * per
     k = max(PD_CHUNK, int(round(1 / fair)))
@@ -84,7 +85,7 @@ def _imbalance(em, ctx, g, r, t, gi, req, kv=None):
         others = [x["transfer_time_p50_s"] for k, x in pd.items() if k != ip and x["transfer_time_p50_s"] is not None]
         lost = None
         if others and d["transfer_time_p50_s"] is not None:
-            lost = max(0.0, d["transfer_time_p50_s"] - float(np.median(others)))
+            lost = max(0.0, d["transfer_time_p50_s"] - float(median(others)))
         em.add("pd_imbalance", sev(ratio, t["warning"], t["critical"]), [ip] + list(r["prefill_nodes"]),
                f"decode node {ip} receives {pct(d['share'])} of the KV-cache bytes ({req[ip]} requests in "
                f"{d['transfers']} transfers, "
@@ -96,7 +97,7 @@ def _imbalance(em, ctx, g, r, t, gi, req, kv=None):
                 "requests": req[ip], "requests_total": n,
                 "transfers": d["transfers"], "messages": d["messages"], "bytes": d["bytes"],
                 "transfer_time_p50_s": d["transfer_time_p50_s"], "transfer_time_p99_s": d["transfer_time_p99_s"],
-                "others_transfer_time_p50_s": float(np.median(others)) if others else None,
+                "others_transfer_time_p50_s": float(median(others)) if others else None,
                 "per_decode_share": {k: x["share"] for k, x in pd.items()}},
                flows=_flows(ctx, g, dst=ip), group=gi, impact=impact_of(lost, None),
                onset=_pd_onset(ctx, kv, ip, fair, fair * t["warning"]))

@@ -31,6 +31,7 @@ import numpy as np
 from skewscope.analysis.detectors import actions as A
 from skewscope.analysis.detectors.common import impact_of, pct, us
 from skewscope.analysis.detectors.registry import KEY_MEMBERS, Detector, Kind, Threshold
+from skewscope.analysis.stats import median, unique
 
 
 def segment_ends(ctx, g):
@@ -86,8 +87,8 @@ def _level(x) -> tuple[float, float]:
     """(median, 1.4826 x MAD) of the steps above the floor: a lag of the node's own is a
     level well above its spread; noise that crosses the floor now and then is spread like
     its tail."""
-    m = float(np.median(x))
-    return m, 1.4826 * float(np.median(np.abs(x - m)))
+    m = float(median(x))
+    return m, 1.4826 * float(median(np.abs(x - m)))
 
 
 def episode(t, hit, counted, min_n: int, share: float):
@@ -159,7 +160,7 @@ def own_view(inp, em):
         if ep is not None:
             # its lag in the late steps, per iteration (token) the slow stretch spans
             its = np.asarray(smp["_times"]["iterations"], dtype=np.int64)
-            n_it = len(np.unique(np.searchsorted(its, tt[late & inw], side="right"))) if len(its) else 1
+            n_it = len(unique(np.searchsorted(its, tt[late & inw], side="right"))) if len(its) else 1
             lanes = max(1, int(res.get("lanes") or 1))    # channels wait side by side
             lost = lag * n_late / lanes / max(1, n_it) / 1e9
             whole = period is None or int(res["iterations"] or 0) <= 1
@@ -184,8 +185,8 @@ def own_view(inp, em):
                       + (f" ({pct(share)} of the {us(period * 1e9)} {per})" if share is not None else ""))
                    + "; check that GPU/host (clocks, thermal throttling, a noisy neighbour, its NIC/PCIe)",
                    {"source": "own view", "lag_per_step_s": lag / 1e9, "late_steps": n_late, "steps": n_wait,
-                    "last_share": n_late / n_wait, "forward_latency_p50_s": float(np.median(fwd[inw])) / 1e9,
-                    "arrival_offset_p50_s": float(np.median(off[inw])) / 1e9, "lag_spread_s": jitter / 1e9,
+                    "last_share": n_late / n_wait, "forward_latency_p50_s": float(median(fwd[inw])) / 1e9,
+                    "arrival_offset_p50_s": float(median(off[inw])) / 1e9, "lag_spread_s": jitter / 1e9,
                     ("lost_in_capture_s" if whole else "lost_per_token_s" if decode else "lost_per_iteration_s"): lost,
                     "token_share": share,
                     "token_interval_s": period, "upstream": ips[up], "downstream": ips[down],
@@ -207,7 +208,7 @@ def own_view(inp, em):
                    f"cluster` over every DPU names it)",
                    {"source": "own view", "observed_late": ips[up], "arrival_offset_p50_s": lag / 1e9,
                     "late_steps": n_late, "steps": n_all, "role": res["role"],
-                    "forward_latency_p50_s": float(np.median(fwd)) / 1e9,
+                    "forward_latency_p50_s": float(median(fwd)) / 1e9,
                     "since_s": since / 1e9, "until_s": None if until is None else until / 1e9},
                    flows=[int(f) for f in rf], group=gi, **_when(em, since, until))
 

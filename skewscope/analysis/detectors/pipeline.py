@@ -8,6 +8,7 @@ from skewscope.analysis.detectors.common import pct, sev
 from skewscope.analysis.detectors.registry import KEY_BLAMED, Detector, Kind, Threshold
 from skewscope.analysis.intervals import break_candidates
 from skewscope.analysis.onset import flow_events, series_onset
+from skewscope.analysis.stats import median, unique
 
 #: gaps between a stage's messages below this (ns) are never between two transfers
 MIN_GAP_NS = 1000.0
@@ -30,7 +31,7 @@ def _onset(ctx, flows):
         return None
     dst = ctx.nodes.dst[ctx.ev_flow[idx]]
     ts, ys = [], []
-    for d in np.unique(dst):
+    for d in unique(dst):
         k = idx[dst == d]
         st, en = ctx.ev_start[k], ctx.ev_end[k]
         gap = st[1:] - np.maximum.accumulate(en)[:-1]
@@ -41,7 +42,7 @@ def _onset(ctx, flows):
         if len(big) < 2:
             continue
         ts.append(st[big + 1])
-        ys.append(gap[big] / float(np.median(gap[big])))
+        ys.append(gap[big] / float(median(gap[big])))
     if not ts:
         return None
     return series_onset(np.concatenate(ts), np.concatenate(ys), worse=1, first=float(ctx.ev_start[idx[0]]))

@@ -27,6 +27,7 @@ from skewscope.analysis.detectors.common import (
 )
 from skewscope.analysis.detectors.registry import KEY_BLAMED, KEY_LINK, KEY_RING, Detector, Kind, Threshold
 from skewscope.analysis.onset import Onset, episode, slowdown_onset
+from skewscope.analysis.stats import median, nanmedian
 from skewscope.analysis.steps import member_summary, persistent, start_lag_onset
 
 #: a member's rate is judged only when its links' messages have >= this many packets (median):
@@ -106,12 +107,12 @@ def _member_rates(inp, gi, g, r, ev):
                 sr[i] = ratio[o].min() if o.any() else np.nan
                 rr[i] = ratio[n_].min() if n_.any() else np.nan
                 away = (links["src"] != m) & (links["dst"] != m) & np.isfinite(rmed)
-                ref = float(np.median(rmed[away])) if away.any() else np.nan
+                ref = float(median(rmed[away])) if away.any() else np.nan
                 if ref > 0 and o.any() and n_.any():
                     sb[i] = float(rmed[o].min()) / ref
                     rb[i] = float(rmed[n_].min()) / ref
             rel = (links["src"] == m) | (links["dst"] == m)
-            reliable[i] = bool(rel.any()) and float(np.median(links["pkts_per_msg"][rel])) >= MIN_PKTS_PER_MSG
+            reliable[i] = bool(rel.any()) and float(median(links["pkts_per_msg"][rel])) >= MIN_PKTS_PER_MSG
     if g.pattern == "tree_node":
         return None                     # one tree node's links differ by role: nothing to compare
     hub = g.extra.get("hub") if g.pattern == "alltoall_star" else None
@@ -126,9 +127,9 @@ def _member_rates(inp, gi, g, r, ev):
             b = outo & (links["dst"] == m)
             ri = links["rate_med_bps"]
             if a.any() and np.isfinite(ri[into]).any():
-                sr[i] = float(ri[a][0]) / float(np.nanmedian(ri[into]))
+                sr[i] = float(ri[a][0]) / float(nanmedian(ri[into]))
             if b.any() and np.isfinite(ri[outo]).any():
-                rr[i] = float(ri[b][0]) / float(np.nanmedian(ri[outo]))
+                rr[i] = float(ri[b][0]) / float(nanmedian(ri[outo]))
     elif not ring:
         nt = ev.node_tp
         if nt is not None:
@@ -179,7 +180,7 @@ def _slow_both_ways(inp, em, G, blamed) -> set:
                 if np.isfinite(x)]
         em.add("slow_link", sev(worst, tl["warning"], tl["critical"], higher_is_worse=False), [m],
                f"{ips[m]}'s link is slow both ways: it sends at {sb[i]:.2f}x and receives at {rb[i]:.2f}x its "
-               f"peers' rate{(' (' + gbps(float(np.median(rate))) + ' per QP)') if rate else ''}: check its port "
+               f"peers' rate{(' (' + gbps(float(median(rate))) + ' per QP)') if rate else ''}: check its port "
                "speed, cable/optics, FEC errors and NIC link state",
                {"send_ratio": float(sb[i]), "recv_ratio": float(rb[i]), "mode": "slow"},
                flows=out_flows[m] + in_flows[m], group=gi,
@@ -253,7 +254,7 @@ def _slow_senders(inp, em, G, skip, both, blamed):
         # a start lag that is a sliver of the collective it delays costs the group that
         # sliver (a few us of launch skew in a multi-ms all-to-all): not a straggler (in a
         # ring the steps carry it: each step waits for the late member)
-        dur = float(np.median(np.asarray(ev.bursts[1]) - np.asarray(ev.bursts[0])))
+        dur = float(median(np.asarray(ev.bursts[1]) - np.asarray(ev.bursts[0])))
         lagged = {i: v for i, v in lagged.items() if v >= t["min_lag_share"] * dur}
     # one DPU's view (a ring segment): the members' step matrix needs the upstream's own
     # readiness, which is outside the view -- its own node's lag is judged by ownview.py
@@ -386,10 +387,10 @@ def pair_ratios(links, mem) -> tuple[np.ndarray, np.ndarray]:
             for out, M in ((ps, R), (pr, R.T)):
                 others = np.delete(M, i, axis=0)                 # the other senders (receivers)
                 ok = np.isfinite(others).sum(axis=0) >= 2
-                x = M[i] / np.nanmedian(others, axis=0)
+                x = M[i] / nanmedian(others, axis=0)
                 x = x[ok & np.isfinite(x)]
                 if len(x) >= 2:
-                    out[i] = float(np.median(x))
+                    out[i] = float(median(x))
     return ps, pr
 
 
@@ -445,7 +446,7 @@ def rotating(inp, em):
         per_gate = np.array([lost[k, x] for k, x in enumerate(gates) if ok[k]])
         dec = r.get("decode")
         period = (dec or {}).get("token_interval_s") or r.get("period_s")
-        loss = float(np.median(per_gate)) / 1e9
+        loss = float(median(per_gate)) / 1e9
         imp = impact_of(loss * len(gated) / n_it, period)
         unit = "token" if dec else "iteration"
         shares = {ips[g.members[x]]: float(cnt[x]) / n_it for x in order}
