@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.core.jit import be16, njit, rd16, rd32
-from skewscope.sources.offline.kernel.accounting import account, key_hash, needs_grow, probe
+from skewscope.sources.offline.kernel.accounting import account, has_room, key_hash, needs_grow, probe
 from skewscope.sources.offline.kernel.base import (
     G_ACCOUNTED,
     G_FRAMES,
@@ -472,10 +472,10 @@ CHUNK = 32
 @njit(cache=True, nogil=True)
 def account_rows(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, rows, i, n):
     """scan's second half: account rows[i:n] (scan_rows') in order. Returns the first row not
-    accounted: n, or earlier when a table must grow first (needs_grow). Each CHUNK of rows gets
-    its key hashes and candidate slots (probe) first (hs, cs); the lookup checks the
-    candidate's key, so a table changed meanwhile (an insert, an eviction) costs a probe,
-    never a wrong slot."""
+    accounted: n, or earlier when a table must grow first (needs_grow: asked per row only in a
+    chunk without room for all its rows, has_room). Each CHUNK of rows gets its key hashes and
+    candidate slots (probe) first (hs, cs); the lookup checks the candidate's key, so a table
+    changed meanwhile (an insert, an eviction) costs a probe, never a wrong slot."""
     g = borrow(g)
     st = borrow(st)
     hidx = borrow(hidx)
@@ -499,8 +499,9 @@ def account_rows(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, ro
             h = key_hash(r[R_W0], r[R_W1], r[R_W2], r[R_W3], r[R_W4])
             hs[k] = h
             cs[k] = probe(hidx, fhash, h, mask)
+        check = not has_room(st, m)
         for k in range(m):
-            if needs_grow(st):
+            if check and needs_grow(st):
                 return i
             r = rows[i]
             op_psn = r[R_OP_PSN]
