@@ -6,7 +6,7 @@ CLI as a user runs it, analysis and JSON included) and of the parser alone
 same capture, with the ratios and each CLI run's peak memory (max RSS).
 
     .venv/bin/python tools/bench/bench_offline.py [--preset ring-32] [--scale 5] [--repeat 3]
-                                                  [--workdir /tmp/skewscope-bench] [--keep]
+                                                  [--workdir /tmp/skewscope-bench] [--keep] [--accounting]
 
 Captures (generator, snaplen 128: the normal headers-only mirror-port capture): `ring-32`
 (2.1 M frames, 32-node ring all-reduce, 4 iterations, 302 MB) and the same scenario with
@@ -217,6 +217,34 @@ def skewscope_agg(snap) -> dict:
             for f in snap.flows}
 
 
+def accounting_ns(path: Path, rows: int = 1 << 16, reps: int = 20, repeat: int = 5) -> float:
+    """The pipelined parse's serial step alone, hot in cache: the first `rows` accounted frames
+    of `path` parsed once (scan_rows), then accounted `reps` times (pipeline.account_block)
+    into tables already holding their flows; thread CPU ns per row, best of `repeat`. Beside
+    the pipeline's own per-row cost it tells compute from the rows' crossing between cores."""
+    import numpy as np
+
+    from skewscope.sources.offline import kernel as K
+    from skewscope.sources.offline import pipeline
+    from skewscope.sources.offline.tables import _NO_IF, _OPTAB, _Tables
+    b = np.fromfile(path, np.uint8, count=64 << 20)
+    g, st = np.zeros(64, np.int64), np.zeros(K.ST_N, np.int64)
+    block = np.empty((rows, K.R_N), np.int64)
+    ts_mult = 1 if int.from_bytes(b[:4].tobytes(), "little") == 0xA1B23C4D else 1000
+    _, _, n = K.scan_rows(b, 24, len(b), K.FMT_PCAP, False, ts_mult, K.K_ETHERNET, _NO_IF, _NO_IF, _NO_IF, 0, g, st,
+                          block, 0, _OPTAB)
+    t = _Tables(65536)
+    pipeline.account_block(t, block, int(n))
+    out = float("inf")
+    for _ in range(repeat):
+        c = time.thread_time()
+        for _ in range(reps):
+            t.st[K.ST_EVN] = 0     # the message records stay within their first allocation
+            pipeline.account_block(t, block, int(n))
+        out = min(out, (time.thread_time() - c) / (reps * int(n)) * 1e9)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="ring-32")
@@ -226,10 +254,16 @@ def main() -> int:
     ap.add_argument("--workdir", default="/tmp/skewscope-bench")
     ap.add_argument("--no-tshark", action="store_true")
     ap.add_argument("--skip-cold", action="store_true", help="do not time the first-ever run (a fresh numba compile)")
+    ap.add_argument("--accounting", action="store_true",
+                    help="only the accounting's hot per-row cost on the base capture (accounting_ns), then exit")
     args = ap.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     base, big, gz, k = make_captures(work, args.preset, args.scale)
+    if args.accounting:
+        ns = accounting_ns(base)
+        print(f"accounting, hot: {ns:.2f} ns/row (65,536 rows of {base.name}; load {os.getloadavg()[0]:.2f})")
+        return 0
 
     from skewscope.sources import offline
     tiny = work / "tiny.pcap"

@@ -57,6 +57,16 @@ def wanted(size: int) -> bool:
     return cpus >= 2 and size >= PIPELINE_MIN_BYTES
 
 
+def account_block(t: _Tables, rows: np.ndarray, n: int) -> None:
+    """rows[:n] (scan_rows') accounted into t, in order, growing t between kernel calls."""
+    i = 0
+    while i < n:
+        i = int(K.account_rows(t.g, t.st, t.hidx, t.fhash, t.keys, t.S, t.lprev, t.lnext, t.finst, t.ikeys, t.ev,
+                               rows, i, n))
+        if i < n:
+            t.grow()
+
+
 class _Accountant:
     """The accounting thread: takes row blocks in order (put), accounts them into the tables
     (growing them between kernel calls), hands the blocks back for reuse (block). finish()
@@ -80,7 +90,6 @@ class _Accountant:
         self.todo.put((rows, n))
 
     def _work(self) -> None:
-        t = self.t
         while True:
             item = self.todo.get()
             if item is None:
@@ -88,12 +97,7 @@ class _Accountant:
             rows, n = item
             if self.exc is None:   # after a failure: only hand the blocks back (no deadlock)
                 try:
-                    i = 0
-                    while i < n:
-                        i = int(K.account_rows(t.g, t.st, t.hidx, t.fhash, t.keys, t.S, t.lprev, t.lnext, t.finst,
-                                               t.ikeys, t.ev, rows, i, n))
-                        if i < n:
-                            t.grow()
+                    account_block(self.t, rows, n)
                 except BaseException as e:  # re-raised in the reading thread by finish()
                     self.exc = e
             self.free.put(rows)

@@ -267,6 +267,15 @@ def needs_grow(st):
     return False
 
 
+@njit(cache=True)
+def has_room(st, m):
+    """True when the next m accounted packets cannot need a table to grow (needs_grow): each
+    adds one flow slot, flow instance and message record at most, and records no dissection
+    row (the pipelined accounting, whose parse keeps none)."""
+    return (st[ST_NUSED] + m <= st[ST_CAP] or st[ST_CAP] >= st[ST_MAXF]) and st[ST_INSTN] + m <= st[ST_INSTCAP] \
+        and (st[ST_EVN] + m <= st[ST_EVCAP] or st[ST_EVCAP] >= st[ST_EVMAX]) and st[ST_PKCAP] == 0
+
+
 # ---- accounting (C: account) -----------------------------------------------------------
 @njit(cache=True)
 def ss_slot(v, nslots):

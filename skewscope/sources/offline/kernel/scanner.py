@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.core.jit import be16, njit, rd16, rd32
-from skewscope.sources.offline.kernel.accounting import account, key_hash, needs_grow, probe
+from skewscope.sources.offline.kernel.accounting import account, has_room, key_hash, needs_grow, probe
 from skewscope.sources.offline.kernel.base import (
     G_ACCOUNTED,
     G_FRAMES,
@@ -463,19 +463,19 @@ def guess_record(b, pos, at, end, big, chain):
     return -1
 
 
-#: account_rows looks this many rows ahead: it hashes that row's key and probes the index
-#: for it then, so that the lookup's chain of dependent steps (hash, index, slot) is done
-#: when the row's turn comes
-AHEAD = 4
+#: account_rows finds the key hash and candidate slot (probe) of this many rows in a pass of
+#: their own before it accounts them: the lookups' chains of dependent loads (row, hash, index,
+#: slot) then overlap one another instead of stalling the accounting's
+CHUNK = 32
 
 
 @njit(cache=True, nogil=True)
 def account_rows(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, rows, i, n):
     """scan's second half: account rows[i:n] (scan_rows') in order. Returns the first row not
-    accounted: n, or earlier when a table must grow first (needs_grow). Each row's key hash
-    and candidate slot (probe) are found AHEAD rows early (rings hs, cs); the lookup checks the
-    candidate's key, so a table changed meanwhile (an insert, an eviction) costs a probe,
-    never a wrong slot."""
+    accounted: n, or earlier when a table must grow first (needs_grow: asked per row only in a
+    chunk without room for all its rows, has_room). Each CHUNK of rows gets its key hashes and
+    candidate slots (probe) first (hs, cs); the lookup checks the candidate's key, so a table
+    changed meanwhile (an insert, an eviction) costs a probe, never a wrong slot."""
     g = borrow(g)
     st = borrow(st)
     hidx = borrow(hidx)
@@ -490,26 +490,26 @@ def account_rows(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, ro
     rows = borrow(rows)
     m32 = np.int64(0xFFFFFFFF)
     mask = st[ST_HMASK]    # the index grows only between calls
-    hs = np.empty(8, np.int64)
-    cs = np.empty(8, np.int64)
-    for j in range(i, min(i + AHEAD, n)):
-        h = key_hash(rows[j, R_W0], rows[j, R_W1], rows[j, R_W2], rows[j, R_W3], rows[j, R_W4])
-        hs[j & 7] = h
-        cs[j & 7] = probe(hidx, fhash, h, mask)
+    hs = np.empty(CHUNK, np.int64)
+    cs = np.empty(CHUNK, np.int64)
     while i < n:
-        if needs_grow(st):
-            return i
-        j = i + AHEAD
-        if j < n:
-            h = key_hash(rows[j, R_W0], rows[j, R_W1], rows[j, R_W2], rows[j, R_W3], rows[j, R_W4])
-            hs[j & 7] = h
-            cs[j & 7] = probe(hidx, fhash, h, mask)
-        op_psn = rows[i, R_OP_PSN]
-        reth_pay = rows[i, R_RETH_PAY]
-        sm = rows[i, R_SMALL]
-        account(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev,
-                rows[i, R_W0], rows[i, R_W1], rows[i, R_W2], rows[i, R_W3], rows[i, R_W4], hs[i & 7], cs[i & 7],
-                rows[i, R_WIRE], reth_pay >> 32, op_psn & m32, op_psn >> 32, reth_pay & m32, (sm >> 40) & 0xFFFF,
-                sm & 0xFF, (sm >> 8) & 0xFF, (sm >> 32) & 1, (sm >> 16) & 0xFF, (sm >> 24) & 0xFF, rows[i, R_TS])
-        i += 1
+        m = min(CHUNK, n - i)
+        for k in range(m):
+            r = rows[i + k]
+            h = key_hash(r[R_W0], r[R_W1], r[R_W2], r[R_W3], r[R_W4])
+            hs[k] = h
+            cs[k] = probe(hidx, fhash, h, mask)
+        check = not has_room(st, m)
+        for k in range(m):
+            if check and needs_grow(st):
+                return i
+            r = rows[i]
+            op_psn = r[R_OP_PSN]
+            reth_pay = r[R_RETH_PAY]
+            sm = r[R_SMALL]
+            account(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev,
+                    r[R_W0], r[R_W1], r[R_W2], r[R_W3], r[R_W4], hs[k], cs[k],
+                    r[R_WIRE], reth_pay >> 32, op_psn & m32, op_psn >> 32, reth_pay & m32, (sm >> 40) & 0xFFFF,
+                    sm & 0xFF, (sm >> 8) & 0xFF, (sm >> 32) & 1, (sm >> 16) & 0xFF, (sm >> 24) & 0xFF, r[R_TS])
+            i += 1
     return i
