@@ -345,6 +345,15 @@ def _npk(b, mtu, shift):
     return k if k >= 1 else 1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _data_msg(ev_op, ev_start, ev_end, ev_bytes, i, mtu, shift):
+    """Record i as a data message (op 0 or 1) for the stats kernel's passes: (is data, bytes,
+    packets at the flow's MTU, end - start in ns)."""
+    op = ev_op[i]
+    by = np.int64(ev_bytes[i])
+    return op == 0 or op == 1, by, _npk(by, mtu, shift), float(ev_end[i]) - float(ev_start[i])
+
+
 @njit(cache=True, nogil=True)
 def _flow_stats_kernel(ev_flow, ev_op, ev_start, ev_end, ev_bytes, req_pkts, mtus, shifts, out_i, out_f):
     """out_i[f] = n_rec, n_data, n_multi, mtu, stall_n, n_flat; out_f[f] = rec_bytes,
@@ -406,12 +415,9 @@ def _flow_stats_kernel(ev_flow, ev_op, ev_start, ev_end, ev_bytes, req_pkts, mtu
         f = np.int64(ev_flow[i])
         if f < 0 or f >= nflows:
             continue
-        op = ev_op[i]
-        if op != 0 and op != 1:
+        data, by, npk, d = _data_msg(ev_op, ev_start, ev_end, ev_bytes, i, mtu[f], msh[f])
+        if not data:
             continue
-        by = np.int64(ev_bytes[i])
-        npk = _npk(by, mtu[f], msh[f])
-        d = float(ev_end[i]) - float(ev_start[i])
         if npk >= 2 and d <= 0:
             out_i[f, 5] += 1
         if npk >= 2 and d > 0:
@@ -450,13 +456,8 @@ def _flow_stats_kernel(ev_flow, ev_op, ev_start, ev_end, ev_bytes, req_pkts, mtu
             ce[f] = t
         if nr[f] < 3 or not med[f] > 0:
             continue
-        op = ev_op[i]
-        if op != 0 and op != 1:
-            continue
-        by = np.int64(ev_bytes[i])
-        npk = _npk(by, mtu[f], msh[f])
-        d = float(ev_end[i]) - float(ev_start[i])
-        if npk < 2 or d <= 0:
+        data, by, npk, d = _data_msg(ev_op, ev_start, ev_end, ev_bytes, i, mtu[f], msh[f])
+        if not data or npk < 2 or d <= 0:
             continue
         w = d * npk / (npk - 1)
         exp = by / med[f]
