@@ -32,7 +32,7 @@ from numba.pycc import CC  # noqa: E402
 
 from skewscope import analysis  # noqa: E402
 from skewscope.cli import main as cli  # noqa: E402
-from skewscope.core import aot, jit  # noqa: E402
+from skewscope.core import aot, jit, jitcache  # noqa: E402
 from skewscope.core.aot import (  # noqa: E402
     FORMAT, MANIFEST, MODNAME, PKG, environment, sources_digest, sources_stats, status)
 from skewscope.gen.presets import PRESETS  # noqa: E402
@@ -52,11 +52,11 @@ def _module_file(mod: str):
 
 
 def _bound_imports(mod: str, path: Path) -> set[str]:
-    """The skewscope modules `mod`'s module-level imports bind (core.jit.bound_imports: the
+    """The skewscope modules `mod`'s module-level imports bind (core.jitcache.bound_imports: the
     numba cache's check applies the same rule)."""
     def known(m):
         return _module_file(m) is not None
-    return {m for m in jit.bound_imports(mod, path.read_text(), path.name == "__init__.py", known) if known(m)}
+    return {m for m in jitcache.bound_imports(mod, path.read_text(), path.name == "__init__.py", known) if known(m)}
 
 
 def source_files(kernel_modules) -> list[str]:

@@ -60,7 +60,7 @@ def sources_digest(files) -> str:
 def sources_stats(files) -> list:
     """(mtime_ns, size) of each of the given files of skewscope/ (None when missing). The build
     records them beside the digest: while they are all unchanged the files are not read again
-    (~3 ms of every command's start), as numba's cache stamp does (core/jit.py _refresh); any
+    (~3 ms of every command's start), as numba's cache stamp does (core/jitcache.py _refresh); any
     edit, checkout or copy moves them and the digest decides."""
     out = []
     for rel in files:

@@ -1,4 +1,4 @@
-"""skewscope's numba cache is dropped when it could be stale, and only then (core/jit.py _refresh).
+"""skewscope's numba cache is dropped when it could be stale, and only then (core/jitcache.py _refresh).
 
 numba keys a kernel's on-disk cache by the source of the kernel's own module, but `scan`
 (sources/offline/kernel/scanner.py) inlines the kernels of kernel/parse.py and
@@ -19,7 +19,7 @@ import numba.core.caching as caching
 import numba.core.config as numba_config
 import pytest
 
-from skewscope.core import jit
+from skewscope.core import jit, jitcache
 
 PKG = Path(jit.__file__).resolve().parents[1]
 #: (source file, numba's cache file names for a kernel in it)
@@ -43,7 +43,7 @@ def _copy(tmp_path, monkeypatch, cache_dir=None):
     root = tmp_path / "skewscope"
     shutil.copytree(PKG, root, ignore=_not_source)
     monkeypatch.setattr(numba_config, "CACHE_DIR", str(cache_dir) if cache_dir else "")
-    jit._refresh("skewscope", root)
+    jitcache._refresh("skewscope", root)
     cached = []
     for src, names in CACHED:
         if cache_dir:
@@ -65,11 +65,11 @@ def _edit(path: Path, old: str, new: str):
 
 def test_unchanged_sources_keep_the_cache(tmp_path, monkeypatch):
     root, cached = _copy(tmp_path, monkeypatch)
-    jit._refresh("skewscope", root)
+    jitcache._refresh("skewscope", root)
     assert all(p.exists() for p in cached)
     # a file touched (git checkout, a copy) but not changed: its digest is taken again, same
     os.utime(root / "core/layout.py", ns=(1, 1))
-    jit._refresh("skewscope", root)
+    jitcache._refresh("skewscope", root)
     assert all(p.exists() for p in cached)
 
 
@@ -79,12 +79,12 @@ def test_an_edit_to_any_kernel_module_drops_every_module_cache(tmp_path, monkeyp
     root, cached = _copy(tmp_path, monkeypatch)
     (root / "sources/offline/kernel/parse.py").write_text((root / "sources/offline/kernel/parse.py").read_text()
                                                           + "\n# edited\n")
-    jit._refresh("skewscope", root)
+    jitcache._refresh("skewscope", root)
     assert not any(p.exists() for p in cached)
     assert (root / "__pycache__" / "skewscope.kernels.stamp").exists()
     # and the new stamp is kept: a later run keeps what numba caches from then on
     cached[0].write_bytes(b"compiled")
-    jit._refresh("skewscope", root)
+    jitcache._refresh("skewscope", root)
     assert cached[0].exists()
 
 
@@ -92,7 +92,7 @@ def test_a_layout_change_drops_the_cache(tmp_path, monkeypatch):
     """layout.py defines no kernel: it is reached through the kernel modules' imports."""
     root, cached = _copy(tmp_path, monkeypatch)
     _edit(root / "core/layout.py", "MSG_SLOTS = ", "MSG_SLOTS = 1 + ")
-    jit._refresh("skewscope", root)
+    jitcache._refresh("skewscope", root)
     assert not any(p.exists() for p in cached)
 
 
@@ -100,7 +100,7 @@ def test_an_edit_to_core_jit_drops_the_cache(tmp_path, monkeypatch):
     """The parser's byte readers (be16, rd32, ...) and load_u64/store_u64 are core/jit.py's."""
     root, cached = _copy(tmp_path, monkeypatch)
     (root / "core/jit.py").write_text((root / "core/jit.py").read_text() + "\n# edited\n")
-    jit._refresh("skewscope", root)
+    jitcache._refresh("skewscope", root)
     assert not any(p.exists() for p in cached)
 
 
@@ -108,7 +108,7 @@ def test_an_edit_no_kernel_can_see_keeps_the_cache(tmp_path, monkeypatch):
     """cli/ is below every kernel module in the import layers (docs/architecture.md)."""
     root, cached = _copy(tmp_path, monkeypatch)
     (root / "cli/__init__.py").write_text((root / "cli/__init__.py").read_text() + "\n# edited\n")
-    jit._refresh("skewscope", root)
+    jitcache._refresh("skewscope", root)
     assert all(p.exists() for p in cached)
 
 
@@ -117,15 +117,15 @@ def test_numba_cache_dir(tmp_path, monkeypatch):
     root, cached = _copy(tmp_path, monkeypatch, tmp_path / "nc")
     assert all(str(p).startswith(str(tmp_path / "nc")) for p in cached)
     assert not (root / "__pycache__" / "skewscope.kernels.stamp").exists()
-    jit._refresh("skewscope", root)
+    jitcache._refresh("skewscope", root)
     assert all(p.exists() for p in cached)
     _edit(root / "core/snapshot.py", "\n", "\n# edited\n")
-    jit._refresh("skewscope", root)
+    jitcache._refresh("skewscope", root)
     assert not any(p.exists() for p in cached)
 
 
 def test_the_files_kernels_depend_on():
-    files = jit._kernel_sources(PKG, "skewscope")
+    files = jitcache._kernel_sources(PKG, "skewscope")
     for f in ("core/jit.py", "core/layout.py", "core/snapshot.py", "core/rates.py", "sources/offline/kernel/base.py",
               "sources/offline/kernel/parse.py", "sources/offline/kernel/accounting.py",
               "sources/offline/kernel/scanner.py", "analysis/flows.py"):
@@ -142,4 +142,4 @@ def test_covers_the_aot_modules_files():
             aot_files = pickle.load(f)["files"]
     except FileNotFoundError:
         pytest.skip("no AOT module built")
-    assert set(aot_files) <= set(jit._kernel_sources(PKG, "skewscope"))
+    assert set(aot_files) <= set(jitcache._kernel_sources(PKG, "skewscope"))
