@@ -529,9 +529,10 @@ def record_flows(flows: np.ndarray, recs: np.ndarray) -> np.ndarray:
     return out
 
 
-def events_from_records(flows: np.ndarray, recs: np.ndarray) -> np.ndarray:
+def events_from_records(flows: np.ndarray | None, recs: np.ndarray, flow: np.ndarray | None = None) -> np.ndarray:
     """MSG_REC_DTYPE records -> EVENT_DTYPE sorted by start_ts, with flow = row in flows
-    (-1 when the flow is no longer in the table, e.g. evicted)."""
+    (-1 when the flow is no longer in the table, e.g. evicted); `flow`: those rows when the
+    caller has them (flows unused)."""
     n = len(recs)
     ev = np.zeros(n, dtype=L.EVENT_DTYPE)
     if n == 0:
@@ -540,7 +541,7 @@ def events_from_records(flows: np.ndarray, recs: np.ndarray) -> np.ndarray:
     ev["start_ts"] = recs["start_ts"]
     ev["end_ts"] = recs["end_ts"]
     ev["bytes"] = recs["bytes"]
-    ev["flow"] = record_flows(flows, recs)
+    ev["flow"] = record_flows(flows, recs) if flow is None else flow
     st = ev["start_ts"]
     if len(st) > 1 and np.any(st[1:] < st[:-1]):
         ev = ev[np.argsort(st, kind="stable")]

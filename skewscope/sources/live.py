@@ -226,19 +226,6 @@ def interval_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0,
     return flow_delta(prev, cur, since_ns, j=j, pool=pool), j, words
 
 
-def _events(recs: np.ndarray, flow: np.ndarray) -> np.ndarray:
-    """core.snapshot.events_from_records(flows, recs) given each record's row of flows (flow):
-    its fields, then the stable sort by start_ts when they are not in order."""
-    ev = np.zeros(len(recs), dtype=L.EVENT_DTYPE)
-    for name in ("opclass", "start_ts", "end_ts", "bytes"):
-        ev[name] = recs[name]
-    ev["flow"] = flow
-    st = ev["start_ts"]
-    if len(st) > 1 and np.any(st[1:] < st[:-1]):
-        ev = ev[np.argsort(st, kind="stable")]
-    return ev
-
-
 def globals_delta(prev: np.ndarray | None, cur: np.ndarray) -> np.ndarray:
     if prev is None:
         return cur.copy()
@@ -665,7 +652,7 @@ class Window:
             # words there (record_rows), else with the window's rows
             rows = record_rows(iv.words, keep, recs) if keep is not None and len(recs) and iv.words is not None \
                 and len(iv.words) == len(iv.cum.flows) else None
-            events = events_from_records(flows, recs) if rows is None else _events(recs, rows)
+            events = events_from_records(flows, recs, flow=rows)
         meta = dict(iv.cum.meta)
         now = int(iv.cum.meta["last_ts"])
         meta.update({"first_ts": t0, "last_ts": now, "duration_s": max(1e-9, (now - t0) / 1e9),
