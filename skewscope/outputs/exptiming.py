@@ -4,9 +4,13 @@ lag) and WindowedTiming (the live records of the last WINDOW_S seconds, exported
 group's role is fixed)."""
 from __future__ import annotations
 
+from collections import namedtuple
+from functools import cached_property
+
 import numpy as np
 
-from skewscope.analysis.context import context
+from skewscope.analysis import flows as FL
+from skewscope.analysis.context import Context
 from skewscope.analysis.nodeview import NodeViewError, per_node_timing
 from skewscope.core import layout as L
 from skewscope.core.rates import join_flows
@@ -148,6 +152,37 @@ def _merge_by_start(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
+#: what analysis.flows.flow_event_stats reads of a Snapshot (flows: its length only, when
+#: the caller gives the columns)
+_Records = namedtuple("_Records", "flows events")
+
+
+class _PieceContext(Context):
+    """The Context of one piece of a read: its per-flow record statistics (Context._fstat)
+    made by WindowedTiming._piece_fstat (those of the read's previous piece, the flows whose
+    records changed since made again), computed only when the analysis asks for them."""
+    window = None
+
+    @cached_property
+    def _fstat(self):
+        return self.window._piece_fstat(self)
+
+
+def _piece_context(snap, window) -> Context:
+    """A _PieceContext of snap, cached on it as analysis.context.context() caches its own."""
+    ctx = _PieceContext(snap)
+    ctx.window = window
+    snap._skewscope_ctx = ctx
+    return ctx
+
+
+def _same_flows(a, b) -> bool:
+    """Two READ response flow tables (Context.read_flow, None: not made) are the same."""
+    if a is None or b is None:
+        return a is b
+    return a is b or np.array_equal(a, b)
+
+
 class WindowedTiming:
     """The live exporter's per-node timing: analysis.nodeview over a sliding window of the
     node's recent message records (the last WINDOW_S seconds, at most WINDOW_RECORDS), so
@@ -170,6 +205,11 @@ class WindowedTiming:
         self._buf = self.flows
         self.keys = np.zeros((0, L.FLOW_KEY_DTYPE.itemsize // 8), np.uint64)   # flow_key_words(self.flows)
         self._shared = None       # within one add: the flows-only context of its pieces
+        # within one add: the last piece's per-flow record statistics (flow_event_stats: st,
+        # order, off; the READ response flows the records were reassigned by) and the flow
+        # rows of the records that came into or left the window since (_piece_fstat)
+        self._fst = None
+        self._moved: list = []
         self.events = np.zeros(0, L.EVENT_DTYPE)
         self.wm: dict = {}        # group -> samples before this time (ns) are exported
         self.role: dict = {}      # group -> its fixed role
@@ -183,6 +223,7 @@ class WindowedTiming:
         """cum_rows: each delta row's row in cum_flows (-1: none) when the caller joined them
         already (the Accumulator does: a second join of the whole table is not needed)."""
         self._shared = None
+        self._fst, self._moved = None, []
         if events is None or not len(events):
             self.flush()
             return
@@ -229,6 +270,7 @@ class WindowedTiming:
             self.flows = keep_rows(self.flows, used)
             self.keys = self.keys[used]
         self._shared = None
+        self._fst, self._moved = None, []
 
     def _grow(self, k: int) -> None:
         """self.flows k rows longer (rows undefined), in the window's own buffer while it
@@ -247,9 +289,13 @@ class WindowedTiming:
         live = [w for w in self.wm.values() if w >= cut]   # groups gone for a window: not kept
         if live:
             cut = min(cut, min(live) - self.window_ns // 2)
-        allev = allev[np.searchsorted(allev["start_ts"].astype(np.int64), cut, side="left"):]   # sorted: a suffix
-        capped = len(allev) > self.max_records
-        allev = allev[-self.max_records:]
+        lo = int(np.searchsorted(allev["start_ts"].astype(np.int64), cut, side="left"))   # sorted: a suffix
+        capped = len(allev) - lo > self.max_records
+        if self.max_records > 0:     # (allev[-0:]: all of it)
+            lo = max(lo, len(allev) - self.max_records)
+        # the flows whose records changed: the piece's and those of the records that leave
+        self._moved += [ev["flow"], allev["flow"][:lo]]
+        allev = allev[lo:]
         end = int(allev["end_ts"].max())
         lag = (end - int(allev["start_ts"][0])) // 2 if capped else self.window_ns // 2
         self.horizon = end - lag
@@ -267,8 +313,10 @@ class WindowedTiming:
     def _export(self, final: bool) -> None:
         snap = Snapshot(self.flows, self.events, np.zeros(L.G_N, np.uint64), {})
         # the pieces of one read share its flow table: columns, nodes, pairs, sport partners
-        # (and roles, when they do not read the records: _flows_only) made once per read
-        ctx = context(snap)
+        # (and roles, when they do not read the records: _flows_only) made once per read;
+        # the per-flow record statistics are made again only for the flows whose records
+        # changed (_piece_fstat)
+        ctx = _piece_context(snap, self)
         if self._shared is not None:
             ctx.__dict__.update(self._shared)
         try:
@@ -287,6 +335,43 @@ class WindowedTiming:
             if gs:
                 out.append({"node": nt["node"], "groups": gs})
         self.timing.add_results(out)
+
+    def _piece_fstat(self, ctx):
+        """Context._fstat of a piece (flow_event_stats over the whole window): a flow's
+        statistics are a function of its own records (in window order) and its flow-table
+        row alone, so within one add (one flow table) only the flows whose records came or
+        went since the previous piece's statistics are computed again, from their records;
+        the rest are kept. The first piece of a read, or READ response flows that changed
+        (records reassigned otherwise), compute them all."""
+        f, op = ctx._records
+        nf = len(ctx.flows)
+        rf = ctx.__dict__.get("read_flow")
+        prev, moved = self._fst, self._moved
+        self._moved = []
+        if prev is None or len(prev[0]) != nf or not _same_flows(prev[3], rf):
+            got = FL.flow_event_stats(ctx.snap, ctx.cols, f, op)
+            self._fst = got + (rf,)
+            return got
+        st = prev[0]
+        raw = np.concatenate(moved).astype(np.int64) if moved else np.zeros(0, np.int64)
+        raw = raw[(raw >= 0) & (raw < nf)]
+        mark = np.zeros(nf + 1, dtype=bool)
+        mark[raw] = True
+        if rf is not None and len(raw):
+            to = rf[raw]
+            mark[to[to >= 0]] = True      # an RDMA READ's record counts on its data's flow
+        aff = np.flatnonzero(mark[:nf])
+        if len(aff):
+            ff = np.asarray(f, dtype=np.int64)
+            sel = np.flatnonzero(mark[np.where((ff >= 0) & (ff < nf), ff, nf)])
+            at = np.full(nf, -1, dtype=np.int64)
+            at[aff] = np.arange(len(aff))
+            sub = FL.flow_event_stats(_Records(aff, ctx.events[sel]), {"op": ctx.cols["op"][aff]},
+                                      at[ff[sel]], np.asarray(op)[sel])[0]
+            st[aff] = sub        # in place: the previous piece's Context is gone
+        order, off = FL.csr_by_key(np.ascontiguousarray(f), nf)
+        self._fst = (st, order, off, rf)
+        return st, order, off
 
     def _new_part(self, ip, g, final):
         kind = "lane" if g["role"] in ("ring", "tp_decode") else g["role"]

@@ -426,3 +426,93 @@ def test_joined_class_and_peer_counts_equal_a_plain_count():
     assert peer_counts(keys, cum[::2]).tolist() == ([half.get(p, 0) for p in known]
                                                     + [sum(v for p, v in half.items() if p not in known)])
     assert peer_counts(keys[:0], cum).tolist() == [n] and peer_counts(keys, cum[:0]).tolist() == [0] * (len(keys) + 1)
+
+
+@pytest.mark.parametrize("preset", ["tp-decode-slow-shard", "mpi-ring-healthy"])
+def test_window_piece_stats_equal_a_full_recompute(tmp_path, monkeypatch, preset):
+    """The pieces of a read keep the previous piece's per-flow record statistics for the
+    flows whose records did not change (WindowedTiming._piece_fstat): at every piece they
+    are byte for byte analysis.flows.flow_event_stats over the whole window (the reference:
+    the same function on the piece's Snapshot, as a fresh Context computes it), RDMA READs
+    (mpi-ring: records reassigned to their data's flow) included; and the node's exported
+    series are those of a full recompute per piece."""
+    from skewscope import gen as skewgen
+    from skewscope.analysis import flows as FL
+    from skewscope.outputs import exptiming
+    from skewscope.sources.offline import parse_file
+    cap = skewgen.generate(preset, seed=0)
+    ip = (cap.truth.get("pathologies") or [{}])[0].get("entities", {}).get("ips", [None])[0]
+    p = tmp_path / "v.pcap"
+    if ip is None:                    # a healthy preset: its first node
+        from skewscope.analysis.context import context
+        cap.write_pcap(str(p), snaplen=128)
+        ip = context(parse_file(str(p))).nodes.ips[0]
+    cap.view(ip).write_pcap(str(p), snaplen=128)
+    snap = parse_file(str(p))
+    ev = snap.events
+    t = ev["start_ts"].astype(np.int64)
+    span = int(t.max() - t.min())
+    cuts = [int(t.min()) + span * k // 3 for k in range(4)]
+    cuts[-1] += 1
+    real = exptiming.WindowedTiming._piece_fstat
+    seen = {"kept": 0, "pieces": 0, "read": 0}
+
+    def checked(self, ctx):
+        kept = self._fst is not None
+        got = real(self, ctx)
+        f, op = ctx._records
+        want = FL.flow_event_stats(ctx.snap, FL.flow_columns(ctx.flows), f, op)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+        seen["pieces"] += 1
+        seen["kept"] += kept
+        seen["read"] += int((np.asarray(op) == L.OPC_READ_RESP).sum())
+        return got
+
+    def run(incremental):
+        if incremental:
+            monkeypatch.setattr(exptiming.WindowedTiming, "_piece_fstat", checked)
+        else:
+            monkeypatch.setattr(exptiming.WindowedTiming, "_piece_fstat",
+                                lambda self, ctx: (setattr(self, "_fst", None), real(self, ctx))[1])
+        acc = E.Accumulator(node_ip=ip, window_s=span / 8 / 1e9)
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            acc.add(snap.flows, ev[(t >= a) & (t < b)], cum_flows=snap.flows)
+        acc.add(snap.flows, ev[:0], cum_flows=snap.flows)
+        monkeypatch.setattr(exptiming.WindowedTiming, "_piece_fstat", real)
+        return [(s.name, k, repr(v)) for s, k, v in acc.timing.rows()]
+
+    inc = run(True)
+    assert seen["pieces"] > 5 and seen["kept"] >= seen["pieces"] // 2, seen
+    assert (seen["read"] > 0) == (preset == "mpi-ring-healthy")
+    assert inc == run(False) and any(not v.startswith("(") and int(v) > 0 for _, _, v in inc)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_window_piece_stats_follow_records_in_and_out(seed, monkeypatch):
+    """_piece_fstat on random reads in many pieces through a small window (records of
+    flows that no later record refers to leave it, flows come and go): at every piece, the
+    statistics are flow_event_stats' over the whole window, byte for byte."""
+    from skewscope.analysis import flows as FL
+    from skewscope.analysis.context import context
+    from skewscope.outputs import exptiming
+    rng = np.random.default_rng(seed)
+    w = exptiming.WindowedTiming(exptiming.TimingAccumulator(max_nodes=0), window_s=8.0, max_records=40)
+    real, seen = exptiming.per_node_timing, {"kept": 0, "pieces": 0}
+
+    def checked(snap, *a, **k):
+        ctx = context(snap)
+        seen["kept"] += w._fst is not None
+        seen["pieces"] += 1
+        got = ctx._fstat
+        want = FL.flow_event_stats(ctx.snap, FL.flow_columns(ctx.flows), *ctx._records)
+        for x, y in zip(got, want):
+            assert x.tobytes() == y.tobytes()
+        return real(snap, *a, **k)
+
+    monkeypatch.setattr(exptiming, "per_node_timing", checked)
+    for delta, ev, cum in _window_stream(rng, 10):
+        ev["bytes"] = rng.choice([64, 4096, 65536, 1 << 20], len(ev))
+        ev["opclass"] = rng.choice([L.OPC_WRITE, L.OPC_SEND, L.OPC_WRITE, 2], len(ev))
+        w.add(delta, ev, cum_flows=cum)
+    assert seen["kept"] > seen["pieces"] // 2
