@@ -368,7 +368,8 @@ class WindowedTiming:
             at[aff] = np.arange(len(aff))
             sub = FL.flow_event_stats(_Records(aff, ctx.events[sel]), {"op": ctx.cols["op"][aff]},
                                       at[ff[sel]], np.asarray(op)[sel])[0]
-            st[aff] = sub        # in place: the previous piece's Context is gone
+            v = np.dtype((np.void, st.dtype.itemsize))      # whole rows, not field by field
+            st.view(v)[aff] = sub.view(v)        # in place: the previous piece's Context is gone
         order, off = FL.csr_by_key(np.ascontiguousarray(f), nf)
         self._fst = (st, order, off, rf)
         return st, order, off
