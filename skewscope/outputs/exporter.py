@@ -39,7 +39,6 @@ import numpy as np
 from skewscope.analysis.context import context
 from skewscope.analysis.nodeview import NodeViewError, resolve_node
 from skewscope.core import layout as L
-from skewscope.core.pool import ArrayPool
 from skewscope.core.rates import join_flows
 from skewscope.core.snapshot import Snapshot, ip_str
 from skewscope.outputs.exptables import (
@@ -64,7 +63,6 @@ from skewscope.outputs.exptables import (
     peer_dst_src_rows,
     peer_rows,
     record_flows,
-    take_pooled,
 )
 from skewscope.outputs.exptiming import WINDOW_S, TimingAccumulator, WindowedTiming
 
@@ -142,7 +140,6 @@ class Accumulator:
         self.events_without_flow = 0
         self.cum_flows = np.zeros(0, L.FLOW_DTYPE)
         self.reads = 0
-        self._rows_pool = ArrayPool(L.FLOW_DTYPE)   # each read's rows of the referenced flows
 
     def _peer_index(self, flows: np.ndarray, cls: np.ndarray, idx: np.ndarray | None = None) -> np.ndarray:
         """Peer row per flow (-1 = overflow). New pairs become rows until max_peers. idx:
@@ -223,7 +220,7 @@ class Accumulator:
             ref, at = record_flows(events["flow"], len(delta))
             ev_ref = events.copy()
             ev_ref["flow"] = at
-            fst = message_timing(take_pooled(self._rows_pool, delta, ref), ev_ref)
+            fst = message_timing(delta, ev_ref, ref)
             timed = np.zeros((npeers, 2), dtype=np.float64)
             np.add.at(timed[:, 0], fp[ref], fst["multi_bytes"])
             np.add.at(timed[:, 1], fp[ref], fst["wire_ns"])

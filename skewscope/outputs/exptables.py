@@ -4,6 +4,8 @@ bounds, flow classes, peer/destination ids and per-peer busy time (outputs/expor
 accumulates them; outputs/expose.py renders them)."""
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 from prometheus_client.utils import floatToGoString
 
@@ -12,7 +14,7 @@ from skewscope.analysis.flows import flow_event_stats
 from skewscope.analysis.intervals import union_kernel
 from skewscope.core import layout as L
 from skewscope.core.jit import njit, prefetch
-from skewscope.core.snapshot import Snapshot, take_rows
+from skewscope.core.snapshot import Snapshot
 from skewscope.outputs import metrics as M
 
 DEFAULT_TOP_K = 10
@@ -445,17 +447,6 @@ def record_flows(flow: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     return ref, out
 
 
-def take_pooled(pool, table: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """take_rows(table, rows) into a buffer of `pool` (core.pool.ArrayPool): a per-read
-    gather into memory the process already has, not fresh pages every read."""
-    if not table.flags.c_contiguous or table.dtype != pool.dtype:
-        return take_rows(table, rows)
-    out = pool.take(len(rows))
-    v = np.dtype((np.void, table.dtype.itemsize))
-    np.take(table.view(v), rows, out=out.view(v), mode="clip")
-    return out
-
-
 def dst_ids(flows: np.ndarray, end: str = "dst") -> np.ndarray:
     """(n, 3) uint64 identity of each flow's destination (or source: end="src"), ipver."""
     k = np.zeros((len(flows), 24), dtype=np.uint8)
@@ -464,12 +455,24 @@ def dst_ids(flows: np.ndarray, end: str = "dst") -> np.ndarray:
     return _rows_u64(k)
 
 
-def message_timing(flows: np.ndarray, events: np.ndarray) -> np.ndarray:
+def message_timing(flows: np.ndarray, events: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
     """Per-flow message timing of one interval, by the analysis package's definitions
     (analysis.flows.flow_event_stats: multi-packet message bytes, their on-wire time,
-    packet time), so that the fleet's rate over active time is the single-node one."""
-    st, _, _ = flow_event_stats(Snapshot(flows, events, np.zeros(L.G_N, np.uint64), {}))
+    packet time), so that the fleet's rate over active time is the single-node one.
+    rows: the flows' rows the records' `flow` indexes (record flow k: flows[rows[k]]; the
+    result one row per entry of rows): of those rows only the opclass counters are read
+    (the stats' one flow column), not gathered whole."""
+    if rows is None:
+        st, _, _ = flow_event_stats(Snapshot(flows, events, np.zeros(L.G_N, np.uint64), {}))
+        return st
+    rows = np.asarray(rows, dtype=np.int64)
+    st, _, _ = flow_event_stats(_Rows(rows, events), {"op": flows["op"][rows]})
     return st
+
+
+#: what flow_event_stats reads of a Snapshot when given the flows' columns: the number of
+#: flows (len(flows)) and the records
+_Rows = namedtuple("_Rows", "flows events")
 
 
 def busy_ns_per_peer(events: np.ndarray, flow_peer: np.ndarray, npeers: int,
