@@ -190,16 +190,21 @@ class Accumulator:
         return idx
 
     def add(self, delta: np.ndarray, events: np.ndarray | None = None,
-            cum_flows: np.ndarray | None = None) -> None:
+            cum_flows: np.ndarray | None = None, cum_rows: np.ndarray | None = None) -> None:
         """delta: FLOW_DTYPE counters accumulated since the previous add; events: the
         message records of the same interval (`flow` indexes `delta`); cum_flows: the
-        cumulative flow table now (for the top-K flows and per-pair QP counts)."""
+        cumulative flow table now (for the top-K flows and per-pair QP counts); cum_rows:
+        each delta row's row in cum_flows when the caller has it (the live session's
+        Interval.delta_rows: join_flows(cum_flows, delta) without the join)."""
         self.reads += 1
         if cum_flows is not None:
             self.cum_flows = cum_flows
         # class from the cumulative table (stable), not from the interval's few messages
         j = None
-        if len(self.cum_flows) and len(delta):
+        if cum_flows is not None and cum_rows is not None and len(cum_rows) == len(delta) and len(delta):
+            j = np.ascontiguousarray(cum_rows, dtype=np.int64)
+            cls = joined_class(self.cum_flows, j, delta)
+        elif len(self.cum_flows) and len(delta):
             j = join_flows(self.cum_flows, delta)          # sorted by key both: one merge
             cls = joined_class(self.cum_flows, j, delta)
         else:

@@ -204,9 +204,12 @@ def _flow_delta(prev, cur, since_ns, j, pool, kept):
 
 
 def interval_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0,
-                   prev_words: np.ndarray | None = None, pool=None, word_pool=None, cols=None, prev_cols=None):
+                   prev_words: np.ndarray | None = None, pool=None, word_pool=None, cols=None, prev_cols=None,
+                   with_rows: bool = False):
     """flow_delta(prev, cur) of a live read, and what the next read and the window reuse:
-    (delta, cur's rows joined to prev's or None, cur's order_words). prev_words: the
+    (delta, cur's rows joined to prev's or None, cur's order_words), + with_rows: each
+    delta row's row in cur (what core.rates.join_flows(cur, delta) finds; None when this
+    path does not know it: the exporter joins then). prev_words: the
     previous read's words (its interval_delta's third value); pool: as flow_delta's;
     word_pool: an ArrayPool of core.rates.WORDS_DTYPE for the words. Two reads sorted by
     key (the loader's) are joined in the pass that makes the words (interval_join).
@@ -218,12 +221,14 @@ def interval_delta(prev: np.ndarray | None, cur: np.ndarray, since_ns: int = 0,
         got = interval_join(prev, cur, prev_words, pool=word_pool, cols=cols, prev_cols=pc)
         if got is not None:
             words, j, keep, sub = got
-            return delta_rows(cur, prev, j[keep], keep, sub, _COUNTER_BLOCKS, since_ns=since_ns, pool=pool), j, words
+            d = delta_rows(cur, prev, j[keep], keep, sub, _COUNTER_BLOCKS, since_ns=since_ns, pool=pool)
+            return (d, j, words, keep) if with_rows else (d, j, words)   # delta row k = cur[keep[k]]
     words = order_words(cur, pool=word_pool)
     if cols is not None:
         row_columns(cur, out=cols)
     j = join_flows(prev, cur, prev_words, words) if prev is not None and len(prev) and len(cur) else None
-    return flow_delta(prev, cur, since_ns, j=j, pool=pool), j, words
+    d = flow_delta(prev, cur, since_ns, j=j, pool=pool)
+    return (d, j, words, None) if with_rows else (d, j, words)
 
 
 def globals_delta(prev: np.ndarray | None, cur: np.ndarray) -> np.ndarray:
@@ -252,6 +257,9 @@ class Interval:
     # cum.flows' packets and first_ts ((n, 2) uint64, core.rates.row_columns) or None: the
     # window's kept test against an older anchor
     cols: np.ndarray | None = None
+    # for each row of delta.flows its row in cum.flows (None: not known): the exporter's
+    # class and window rows read them instead of joining the two tables again
+    delta_rows: np.ndarray | None = None
 
 
 class LiveSession:
@@ -503,9 +511,9 @@ class LiveSession:
         now = time.monotonic_ns()
         cum = self.dp.snapshot(self.meta(now), records=np.zeros(0, L.MSG_REC_DTYPE))
         cols = self._col_pool.take(len(cum.flows))
-        dflows, join, words = interval_delta(self._prev_flows, cum.flows, self._prev_mono, self._prev_words,
-                                             pool=self._pool, word_pool=self._word_pool, cols=cols,
-                                             prev_cols=self._prev_cols)
+        dflows, join, words, drows = interval_delta(self._prev_flows, cum.flows, self._prev_mono, self._prev_words,
+                                                    pool=self._pool, word_pool=self._word_pool, cols=cols,
+                                                    prev_cols=self._prev_cols, with_rows=True)
         dglob = globals_delta(self._prev_glob, cum.globals)
         dmeta = dict(cum.meta)
         dmeta.update(self.meta(now, self._prev_mono))
@@ -513,7 +521,7 @@ class LiveSession:
         delta = Snapshot(flows=dflows, events=events_from_records(dflows, recs), globals=dglob, meta=dmeta)
         iv = Interval(index=self._index, wall=time.time(), dt=(now - self._prev_mono) / 1e9,
                       elapsed=(now - self.t0_mono_ns) / 1e9, delta=delta, cum=cum, records=recs, join=join,
-                      words=words, cols=cols)
+                      words=words, cols=cols, delta_rows=drows)
         self._prev_flows, self._prev_words, self._prev_glob, self._prev_mono = cum.flows, words, cum.globals, now
         self._prev_cols = cols
         self._prev_evicted = int(cum.meta.get("flows_evicted", 0))

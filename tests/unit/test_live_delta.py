@@ -4,6 +4,8 @@ written here per flow in plain Python, on randomized tables with new, evicted an
 flows and rows in any order."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -678,3 +680,41 @@ def test_the_shared_window_table_is_only_read():
         shared += ws.flows is d and ws.events is ds.events
         prev, pw = cur, words
     assert shared >= 2
+
+
+@pytest.mark.parametrize("seed", [21, 22])
+def test_interval_delta_rows_are_the_join_and_the_exporter_state_is_the_same(seed):
+    """interval_delta(with_rows=True)'s fourth value, each delta row's row in the new read,
+    is core.rates.join_flows(cur, delta) (the exporter's own join: what it reads instead),
+    a read out of key order None; and an Accumulator fed those rows (live/export.py) ends in
+    the state of one that joins the tables itself, read after read, with records."""
+    from skewscope.core.rates import join_flows
+    from skewscope.outputs.exporter import Accumulator
+    rng = np.random.default_rng(seed)
+    cur = _table(rng, 400)
+    cur = cur[S._key_order(S.flow_key_matrix(cur))]
+    gone = cur[:0]
+    prev, pw = cur, order_words(cur)
+    a, b = Accumulator(max_peers=16), Accumulator(max_peers=16)
+    for i in range(5):
+        t = (i + 2) * 1_000_000_000
+        cur, gone = _next(rng, cur, gone, t)
+        d, j, words, rows = live.interval_delta(prev, cur, t - 1_000_000_000, pw, with_rows=True)
+        assert len(d) and (rows == join_flows(cur, d)).all()
+        n = 300
+        ev = np.zeros(n, L.EVENT_DTYPE)
+        ev["flow"] = rng.integers(-1, len(d), n)
+        ev["start_ts"] = t + np.sort(rng.integers(0, 900_000_000, n))
+        ev["end_ts"] = ev["start_ts"] + rng.integers(0, 50_000, n)
+        ev["bytes"] = rng.choice([64, 4096, 1 << 20], n)
+        ev["opclass"] = L.OPC_WRITE
+        a.add(d, ev, cum_flows=cur, cum_rows=rows)
+        b.add(d, ev, cum_flows=cur)
+        sa, sb = (x.state("n", np.zeros(L.G_N, np.uint64), {}, 5) for x in (a, b))
+        for f in dataclasses.fields(sa):
+            x, y = getattr(sa, f.name), getattr(sb, f.name)
+            assert (x.tobytes() == y.tobytes()) if isinstance(x, np.ndarray) else repr(x) == repr(y), f.name
+        assert sa.peer_timed.sum() > 0 and sa.peer_busy_ns.sum() > 0
+        prev, pw = cur, words
+    shuf = prev[rng.permutation(len(prev))]
+    assert live.interval_delta(shuf, cur, 5, order_words(shuf), with_rows=True)[3] is None

@@ -40,7 +40,9 @@ Rows (CPU time of this process, median of --rounds; the first round untimed):
   top matrix           outputs.topmatrix.matrix_view (key m: node x node bit/s)
   live detectors       analysis.live_metrics(delta): roles, partners, node matrix, link
                        counters, congestion table, the live=True detectors
-  exporter             outputs.exporter.Accumulator.add + state + one /metrics scrape (the server's registry)
+  exporter             outputs.exporter.Accumulator.add + state + one /metrics scrape (the server's registry);
+                       the read's delta rows in the cumulative table given as live/export.py gives them
+                       (Interval.delta_rows)
   numpy baseline       the same interval in plain numpy: delta by a lexsort key join, rates,
                        sorted rows, node index, node matrix, per-pair counters, per-flow CE/CNP
   map read (root)      BPF_MAP_LOOKUP_BATCH of a BPF_MAP_TYPE_LRU_HASH (the flows map's key and
@@ -331,7 +333,7 @@ def run(n_flows, a, rows):
           f"{a.records:,} records; built in {time.perf_counter() - t_build:.1f} s")
     prev_words = order_words(prev)         # the session kept them from the previous interval
     cols = np.empty((len(cur), 2), np.uint64)     # cur's packets/first_ts, filled by the delta's pass
-    d0, j0, words = interval_delta(prev, cur, 20 * NS, prev_words, cols=cols)
+    d0, j0, words, rows0 = interval_delta(prev, cur, 20 * NS, prev_words, cols=cols, with_rows=True)
     ev0 = events_from_records(d0, recs)
     delta = snapshot(d0, ev0, 20 * NS, t1, n_flows)
     cum = snapshot(cur, np.zeros(0, L.EVENT_DTYPE), 0, t1, n_flows)
@@ -391,7 +393,7 @@ def run(n_flows, a, rows):
         ev["start_ts"] += np.uint64(shift[0] * NS)
         ev["end_ts"] += np.uint64(shift[0] * NS)
         shift[0] += 1
-        acc.add(delta.flows, ev, cum_flows=cum.flows)
+        acc.add(delta.flows, ev, cum_flows=cum.flows, cum_rows=rows0)   # as live/export.py passes a read
         cur_state[0] = acc.state("bench", cum.globals, dict(cum.meta), 20, read_ts=1.0)
         return registry.exposition()          # one /metrics scrape of the server's registry
 
