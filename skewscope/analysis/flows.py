@@ -433,7 +433,13 @@ def _flow_stats_kernel(ev_flow, ev_op, ev_start, ev_end, ev_bytes, req_pkts, mtu
     pkt = np.empty(nflows)
     for f in range(nflows):
         pkt[f] = span[f] / gaps[f] if gaps[f] > 0 else 0.0
-        if nr[f] >= 1:
+        # np.median of one or two values without its copy of them (numba's: the value; the
+        # two values' sum / 2)
+        if nr[f] == 1:
+            med[f] = rbuf[n01[f]]
+        elif nr[f] == 2:
+            med[f] = (rbuf[n01[f]] + rbuf[n01[f] + 1]) / 2
+        elif nr[f] >= 3:
             med[f] = np.median(rbuf[n01[f]:n01[f] + nr[f]])
     # busy: union of [start, end + pkt]; stalls against the median per-message rate
     cs = np.full(nflows, -1.0)

@@ -121,7 +121,9 @@ def _reference(ev, nf, req):
 
 @pytest.mark.parametrize("seed,n,nf,unsorted", [(0, 0, 4, False), (1, 1, 1, False), (2, 1, 3, False),
                                                  (3, 40, 1, False), (4, 500, 7, False), (5, 500, 7, True),
-                                                 (6, 3000, 40, False), (7, 30, 0, False)])
+                                                 (6, 3000, 40, False), (7, 30, 0, False),
+                                                 # one to three records a flow (the median's short cuts)
+                                                 (8, 60, 30, False), (9, 90, 60, True), (10, 200, 90, False)])
 def test_flow_event_stats_equal_reference(seed, n, nf, unsorted):
     rng = np.random.default_rng(seed)
     ev = _records(rng, n, nf, unsorted)
