@@ -159,8 +159,8 @@ _Records = namedtuple("_Records", "flows events")
 
 class _PieceContext(Context):
     """The Context of one piece of a read: its per-flow record statistics (Context._fstat)
-    made by WindowedTiming._piece_fstat (those of the read's previous piece, the flows whose
-    records changed since made again), computed only when the analysis asks for them."""
+    made by WindowedTiming._piece_fstat (those made last, for the flows whose records or row
+    changed since made again), computed only when the analysis asks for them."""
     window = None
 
     @cached_property
@@ -177,10 +177,20 @@ def _piece_context(snap, window) -> Context:
 
 
 def _same_flows(a, b) -> bool:
-    """Two READ response flow tables (Context.read_flow, None: not made) are the same."""
+    """READ response flows a (Context.read_flow of the statistics kept; None: not made) are
+    those of b for a's rows (b may have rows appended since)."""
     if a is None or b is None:
         return a is b
-    return a is b or np.array_equal(a, b)
+    return a is b or (len(a) <= len(b) and np.array_equal(a, b[:len(a)]))
+
+
+def _extend(a: np.ndarray, n: int, fill) -> np.ndarray:
+    """a with rows up to n of `fill` (a itself when it has them)."""
+    if len(a) >= n:
+        return a
+    out = np.zeros(n, dtype=a.dtype) if fill == 0 else np.full(n, fill, dtype=a.dtype)
+    out[:len(a)] = a
+    return out
 
 
 class WindowedTiming:
@@ -205,9 +215,9 @@ class WindowedTiming:
         self._buf = self.flows
         self.keys = np.zeros((0, L.FLOW_KEY_DTYPE.itemsize // 8), np.uint64)   # flow_key_words(self.flows)
         self._shared = None       # within one add: the flows-only context of its pieces
-        # within one add: the last piece's per-flow record statistics (flow_event_stats: st,
-        # order, off; the READ response flows the records were reassigned by) and the flow
-        # rows of the records that came into or left the window since (_piece_fstat)
+        # the per-flow record statistics made last (flow_event_stats: st, order, off; the
+        # READ response flows the records were reassigned by), carried from read to read, and
+        # the flow rows whose records or row changed since (_piece_fstat)
         self._fst = None
         self._moved: list = []
         self.events = np.zeros(0, L.EVENT_DTYPE)
@@ -223,7 +233,6 @@ class WindowedTiming:
         """cum_rows: each delta row's row in cum_flows (-1: none) when the caller joined them
         already (the Accumulator does: a second join of the whole table is not needed)."""
         self._shared = None
-        self._fst, self._moved = None, []
         if events is None or not len(events):
             self.flush()
             return
@@ -248,6 +257,8 @@ class WindowedTiming:
         j[new] = len(self.flows) + np.arange(len(new))
         self._grow(len(new))
         put_rows(self.flows, j, cum_flows, jc, delta, ref)
+        if self._fst is not None:      # (none kept: the next ones are made whole)
+            self._moved.append(j)      # rows written: their statistics are made again
         self.keys = np.concatenate([self.keys, keys[new]])
         ev["flow"][ok] = j[f[ok]]
         # a read longer than a quarter window (or of many records) goes in pieces: the
@@ -269,8 +280,30 @@ class WindowedTiming:
             w["flow"][okw] = (np.cumsum(mark) - 1)[wf[okw]]
             self.flows = keep_rows(self.flows, used)
             self.keys = self.keys[used]
+            self._renumber(mark)
         self._shared = None
-        self._fst, self._moved = None, []
+
+    def _renumber(self, mark) -> None:
+        """The per-flow record statistics carried to the next read (and the rows whose
+        statistics are due) in the flow table's new numbering: the rows where mark."""
+        if self._fst is None:
+            self._moved = []
+            return
+        n = len(mark)
+        at = np.cumsum(mark) - 1
+        m = np.concatenate(self._moved).astype(np.int64) if self._moved else np.zeros(0, np.int64)
+        m = m[(m >= 0) & (m < n)]
+        self._moved = [at[m[mark[m]]]]
+        st, _, _, rf = self._fst
+        used = np.flatnonzero(mark)
+        # rows the statistics do not cover yet (appended by this read: all due) as zeros
+        st = _extend(st, n, 0)[used]
+        if rf is not None:
+            r = _extend(rf, n, -1)[used]
+            ok = r >= 0
+            r[ok] = np.where(mark[r[ok]], at[r[ok]], -2)   # -2: a dropped flow (never equal)
+            rf = r
+        self._fst = (st, None, None, rf)
 
     def _grow(self, k: int) -> None:
         """self.flows k rows longer (rows undefined), in the window's own buffer while it
@@ -294,7 +327,8 @@ class WindowedTiming:
         if self.max_records > 0:     # (allev[-0:]: all of it)
             lo = max(lo, len(allev) - self.max_records)
         # the flows whose records changed: the piece's and those of the records that leave
-        self._moved += [ev["flow"], allev["flow"][:lo]]
+        if self._fst is not None:
+            self._moved += [ev["flow"], allev["flow"][:lo]]
         allev = allev[lo:]
         end = int(allev["end_ts"].max())
         lag = (end - int(allev["start_ts"][0])) // 2 if capped else self.window_ns // 2
@@ -339,20 +373,21 @@ class WindowedTiming:
     def _piece_fstat(self, ctx):
         """Context._fstat of a piece (flow_event_stats over the whole window): a flow's
         statistics are a function of its own records (in window order) and its flow-table
-        row alone, so within one add (one flow table) only the flows whose records came or
-        went since the previous piece's statistics are computed again, from their records;
-        the rest are kept. The first piece of a read, or READ response flows that changed
-        (records reassigned otherwise), compute them all."""
+        row alone, so only the flows whose records came or went, or whose row a read wrote,
+        since the statistics last made are computed again, from their records; the rest are
+        kept. The first statistics, or READ response flows that changed (records reassigned
+        otherwise), compute them all. Carried from read to read too
+        (WindowedTiming._renumber): the rows a read writes are among the moved ones."""
         f, op = ctx._records
         nf = len(ctx.flows)
         rf = ctx.__dict__.get("read_flow")
         prev, moved = self._fst, self._moved
         self._moved = []
-        if prev is None or len(prev[0]) != nf or not _same_flows(prev[3], rf):
+        if prev is None or len(prev[0]) > nf or not _same_flows(prev[3], rf):
             got = FL.flow_event_stats(ctx.snap, ctx.cols, f, op)
             self._fst = got + (rf,)
             return got
-        st = prev[0]
+        st = _extend(prev[0], nf, 0)      # rows appended since: among the moved ones
         raw = np.concatenate(moved).astype(np.int64) if moved else np.zeros(0, np.int64)
         raw = raw[(raw >= 0) & (raw < nf)]
         mark = np.zeros(nf + 1, dtype=bool)
