@@ -43,6 +43,9 @@ Rows (CPU time of this process, median of --rounds; the first round untimed):
   exporter             outputs.exporter.Accumulator.add + state + one /metrics scrape (the server's registry);
                        the read's delta rows in the cumulative table given as live/export.py gives them
                        (Interval.delta_rows)
+  exporter, known node the same with --node-ip NODE_IP (a node of the first group): its per-node
+                       timing over the window of the last 100,000 records, each read in four
+                       pieces (printed as the export interval "with a known node")
   numpy baseline       the same interval in plain numpy: delta by a lexsort key join, rates,
                        sorted rows, node index, node matrix, per-pair counters, per-flow CE/CNP
   map read (root)      BPF_MAP_LOOKUP_BATCH of a BPF_MAP_TYPE_LRU_HASH (the flows map's key and
@@ -69,6 +72,7 @@ from skewscope.core import layout as L  # noqa: E402
 from skewscope.core.snapshot import Snapshot, _key_order, flow_key_matrix  # noqa: E402
 
 NS = 1_000_000_000
+NODE_IP = "10.0.0.5"      # the exporter's --node-ip in the "known node" row (_ips: node 5)
 
 
 # ---- the flow tables ------------------------------------------------------------------------
@@ -397,6 +401,21 @@ def run(n_flows, a, rows):
         cur_state[0] = acc.state("bench", cum.globals, dict(cum.meta), 20, read_ts=1.0)
         return registry.exposition()          # one /metrics scrape of the server's registry
 
+    # the same with the node known (--node-ip: its per-node timing over the window every read)
+    acc_n = Accumulator(timing_nodes=0, node_ip=NODE_IP)
+    shift_n = [0]
+    state_n = [None]
+    registry_n = X.make_registry(X.SkewscopeCollector(lambda: state_n[0]), process_metrics=False)
+
+    def f_export_node():
+        ev = delta.events.copy()
+        ev["start_ts"] += np.uint64(shift_n[0] * NS)
+        ev["end_ts"] += np.uint64(shift_n[0] * NS)
+        shift_n[0] += 1
+        acc_n.add(delta.flows, ev, cum_flows=cum.flows, cum_rows=rows0)
+        state_n[0] = acc_n.state("bench", cum.globals, dict(cum.meta), 20, read_ts=1.0)
+        return registry_n.exposition()
+
     r = a.rounds
     comp = [
         ("delta", cpu(lambda: interval_delta(prev, cur, 20 * NS, prev_words, pool=dpool, word_pool=kpool,
@@ -410,6 +429,7 @@ def run(n_flows, a, rows):
         ("top matrix", cpu(lambda: matrix_view(fresh(), 1.0), r), "O(flows) + O(nodes^2)"),
         ("live detectors", cpu(lambda: live_metrics(fresh()), r), "O(flows) + O(pairs) + O(nodes^2)"),
         ("exporter", cpu(f_export, r), "O(flows + records)"),
+        ("exporter, known node", cpu(f_export_node, r), "O(flows + records) + O(window)  (not in the intervals)"),
     ]
     t_np = cpu(lambda: numpy_interval(prev, cur, recs), r)
     top_total = sum(c for name, c, _ in comp if name in ("delta", "records -> events", "window",
@@ -424,6 +444,10 @@ def run(n_flows, a, rows):
     older = older["window, older anchor"] - older["window"]
     print(f"{'  with an older anchor':22s} {(top_total + older) * 1e3:7.1f} ms  top interval; export interval "
           f"{(exp_total + older) * 1e3:.1f} ms (the window's own delta against its anchor)")
+    known = dict((name, c) for name, c, _ in comp)
+    known = known["exporter, known node"] - known["exporter"]
+    print(f"{'  with a known node':22s} {(exp_total + known) * 1e3:7.1f} ms  export interval (its per-node timing "
+          f"window); {(exp_total + known + older) * 1e3:.1f} ms with an older anchor")
     print(f"{'numpy baseline':22s} {t_np * 1e3:7.1f} ms  ({t_np / top_total:.1f}x the top interval's CPU)")
     line = {"flows": n_flows, "top": top_total, "export": exp_total, "numpy": t_np, "older": older}
     if a.map:
