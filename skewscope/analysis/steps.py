@@ -290,7 +290,8 @@ def _ring_records(ev_data, ev_flow, fm, ev_mask, masked, ev_start, ev_end, nsrc,
     en = np.empty(m, dtype=np.float64)
     ks = np.empty(m, dtype=np.int64)
     kr = np.empty(m, dtype=np.int64)
-    nk = its.shape[0] * nm
+    ni = its.shape[0]
+    nk = ni * nm
     j = 0
     for i in range(n):
         if ev_data[i] and fm[ev_flow[i]] and (not masked or ev_mask[i]):
@@ -298,7 +299,15 @@ def _ring_records(ev_data, ev_flow, fm, ev_mask, masked, ev_start, ev_end, nsrc,
             s = ev_start[i]
             st[j] = s
             en[j] = ev_end[i]
-            it = np.searchsorted(its, s, side="right") - 1
+            lo = 0                                  # np.searchsorted(its, s, "right")
+            hi = ni
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if its[mid] <= s:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            it = lo - 1
             a = pos[nsrc[f]]
             b = pos[ndst[f]]
             ks[j] = it * nm + a if it >= 0 and a >= 0 else nk

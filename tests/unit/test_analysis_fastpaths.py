@@ -95,3 +95,46 @@ def test_median_axis1_is_numpys(seed):
     else:
         x = rng.choice([np.nan, np.inf, -np.inf, 0.0, 3.0], shape, p=[0.05, 0.1, 0.1, 0.35, 0.4])
     assert _same(median_axis1(x), np.median(x, axis=1))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_one_pass_record_kernels_are_the_numpy_steps(seed):
+    """timing._first_starts and steps._ring_records against the numpy steps they replace
+    (mask, gathers, searchsorted side right - 1, where, first_start_per_key / csr_by_key)."""
+    from skewscope.analysis.flows import csr_by_key
+    from skewscope.analysis.steps import _ring_records
+    from skewscope.analysis.timing import _first_starts, first_start_per_key
+    rng = np.random.default_rng(seed)
+    n, nf, nn = int(rng.integers(0, 3000)), int(rng.integers(1, 30)), int(rng.integers(2, 12))
+    ev_flow = rng.integers(-1, nf, n).astype(np.int64)
+    ev_data = (rng.random(n) < 0.8) & (ev_flow >= 0)
+    start = np.sort(rng.integers(0, 10 ** 6, n)).astype(np.float64)
+    if seed % 3 == 0:
+        rng.shuffle(start)                       # not in start order
+    end = start + rng.integers(0, 1000, n)
+    nsrc = rng.integers(0, nn, nf).astype(np.int32)
+    ndst = rng.integers(0, nn, nf).astype(np.int32)
+    members = rng.choice(nn, int(rng.integers(1, nn + 1)), replace=False)
+    pos = np.full(nn, -1, dtype=np.int64)
+    pos[members] = np.arange(len(members))
+    nm = len(members)
+    bs = np.sort(rng.choice(np.arange(0, 10 ** 6, 997), int(rng.integers(1, 20)), replace=False)).astype(np.float64)
+    fm = rng.random(nf) < 0.7
+    ev_mask = rng.random(n) < 0.9
+    for masked in (False, True):
+        ok = ev_data & fm[np.maximum(ev_flow, 0)]
+        if masked:
+            ok &= ev_mask
+        ff, st = ev_flow[ok], start[ok]
+        b = np.searchsorted(bs, st, side="right") - 1
+        mk = ev_mask if masked else np.ones(1, np.bool_)
+        got = _first_starts(ev_data, ev_flow, fm, mk, masked, start, nsrc, ndst, pos, bs, nm)
+        nk = len(bs) * nm
+        rr = _ring_records(ev_data, ev_flow, fm, mk, masked, start, end, nsrc, ndst, pos, bs, nm)
+        assert np.array_equal(rr[0], st) and np.array_equal(rr[1], end[ok])
+        for side, g, (o_got, off_got) in zip((nsrc, ndst), got, ((rr[2], rr[3]), (rr[4], rr[5]))):
+            mi = pos[side[ff]]
+            key = np.where((mi >= 0) & (b >= 0), b * nm + mi, -1)
+            assert np.array_equal(g, first_start_per_key(key, st, nk))
+            o, off = csr_by_key(np.where(key >= 0, key, nk), nk + 1)
+            assert np.array_equal(o_got, o) and np.array_equal(off_got, off)
