@@ -209,6 +209,24 @@ def incast_degree(snap, flow_mask=None):
     t = np.concatenate([ivs, ive])
     dl = np.concatenate([np.ones(m, np.int64), -np.ones(m, np.int64)])
     s = np.concatenate([src, src])
-    o = np.lexsort((dl, t, k))
+    o = sweep_order(k, t, dl)
     mx, mean, multi, active, at_max = concurrency_sweep(k[o], t[o], dl[o], s[o], n, n)
     return {"max_senders": mx, "mean_senders": mean, "multi_ns": multi, "active_ns": active, "at_max_ns": at_max}
+
+
+def sweep_order(k, t, dl) -> np.ndarray:
+    """np.lexsort((dl, t, k)) (by node, then time, then -1 before +1; ties in input order):
+    one stable argsort of an int64 key (node, time offset, dl bit) when the times are
+    whole numbers whose span fits (ns timestamps: timsort runs over the pairs' sorted
+    intervals, ~5x faster than lexsort's three passes), else lexsort."""
+    if len(t) == 0:
+        return np.zeros(0, np.int64)
+    t0, t1 = float(t.min()), float(t.max())
+    span = t1 - t0
+    top = int(k.max()) if len(k) else 0
+    if (np.isfinite(span) and span < 2.0 ** 52 and int(k.min()) >= 0 and (top + 1) * (int(span) + 1) < 2 ** 61
+            and bool(np.all(t == np.floor(t)))):
+        # t - t0: exact (whole numbers within 2^52 of each other)
+        key = (k.astype(np.int64) * (int(span) + 1) + (t - t0).astype(np.int64)) * 2 + (dl > 0)
+        return np.argsort(key, kind="stable")
+    return np.lexsort((dl, t, k))

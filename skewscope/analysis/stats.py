@@ -174,8 +174,12 @@ def counted_median(values, counts) -> float:
 def median(a, axis=None):
     """np.median(a, axis) (axis None or one int) to the bit: numpy's own steps (partition,
     np.mean of the middle one or two, NaN where a slice holds one) without its NaN check's
-    np.ma lookup, which imports numpy.ma (~12 ms) on the first median of floats."""
+    np.ma lookup, which imports numpy.ma (~12 ms) on the first median of floats. A short
+    1-D vector of float64 or integers takes _small_median (1 instead of ~15 us a call)."""
     a = np.asanyarray(a)
+    if (type(a) is np.ndarray and a.ndim == 1 and 0 < a.shape[0] <= SMALL_MEDIAN and (axis is None or axis in (0, -1))
+            and (a.dtype == np.float64 or a.dtype.kind in "iu")):
+        return _small_median(a)
     if axis is not None:
         axis = axis % a.ndim
     sz = a.size if axis is None else a.shape[axis]
@@ -203,6 +207,78 @@ def median(a, axis=None):
     return rout
 
 
+#: median's sorting fast path up to this many elements (numpy's partition, mean and NaN
+#: check cost ~15 us a call whatever the size; a sort of 256 costs ~3)
+SMALL_MEDIAN = 256
+
+
+def _small_median(a):
+    """np.median of a non-empty 1-D float64 or integer array, from its sorted copy: the middle
+    element, or the two middle ones' sum / 2 (np.mean's float64 sum and division); a NaN
+    when the vector holds one (sorted last: numpy's answer too). A numpy float64 scalar,
+    as np.median's."""
+    s = np.sort(a)
+    n = s.shape[0]
+    h = n >> 1
+    if s.dtype.kind != "f":
+        lo, hi = np.float64(s[h - 1]), np.float64(s[h])
+    else:
+        if s[n - 1] != s[n - 1]:
+            return s[n - 1]
+        lo, hi = s[h - 1], s[h]
+    return hi / 1 if n & 1 else (lo + hi) / 2
+
+
+def _nanmedian_rows(flat):
+    """nanmedian of every row of a 2-D float64 array (one sort, NaNs last): per row the
+    middle non-NaN value or the two middle ones' sum / 2; NaN (and numpy's warning, once a
+    row) where a row has none."""
+    s = np.sort(flat, axis=1)
+    c = s.shape[1] - np.isnan(s).sum(axis=1)
+    h = c >> 1
+    rows = np.arange(s.shape[0])
+    hi = s[rows, np.minimum(h, s.shape[1] - 1)]
+    lo = s[rows, np.maximum(h - 1, 0)]
+    out = np.where((c & 1) == 1, hi / 1, (lo + hi) / 2)
+    empty = c == 0
+    if empty.any():
+        for _ in range(int(empty.sum())):
+            warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=3)
+        out[empty] = np.nan
+    return out
+
+
+@njit(cache=True, nogil=True)
+def median_axis1(x):
+    """np.median(x, axis=1) of a 3-D float64 array (e.g. (iterations, members, steps)):
+    per (i, k) the middle of the sorted x[i, :, k] or the two middle ones' sum / 2 (np.mean's
+    arithmetic), NaN when the slice holds one; an insertion sort per slice instead of
+    numpy's partition along a strided axis (~5x faster for a few dozen members)."""
+    a, m, k = x.shape
+    out = np.empty((a, k))
+    buf = np.empty(m)
+    h = m // 2
+    for i in range(a):
+        for j in range(k):
+            nan = False
+            for q in range(m):
+                v = x[i, q, j]
+                if v != v:
+                    nan = True
+                p = q
+                while p > 0 and buf[p - 1] > v:
+                    buf[p] = buf[p - 1]
+                    p -= 1
+                buf[p] = v
+            if nan:
+                out[i, j] = np.nan
+            elif m & 1:
+                out[i, j] = buf[h]
+            else:
+                out[i, j] = (buf[h - 1] + buf[h]) / 2
+    return out
+
+
 def nanmedian(a, axis=None):
     """np.nanmedian(a, axis) (axis None or one int): the median of each slice's non-NaN
     values, NaN (with numpy's warning) where none is; numpy's takes them through numpy.ma."""
@@ -218,6 +294,8 @@ def nanmedian(a, axis=None):
         return median(v)
     a = np.moveaxis(a, axis, -1)
     flat = a.reshape(-1, a.shape[-1])
+    if type(a) is np.ndarray and a.dtype == np.float64 and 0 < flat.shape[1] <= SMALL_MEDIAN and flat.shape[0]:
+        return _nanmedian_rows(flat).reshape(a.shape[:-1])
     out = np.empty(flat.shape[0], dtype=median(np.zeros(1, dtype=a.dtype)).dtype)
     for i, row in enumerate(flat):
         v = row[~np.isnan(row)]

@@ -48,7 +48,7 @@ import numpy as np
 from skewscope.analysis.context import context
 from skewscope.analysis.flows import csr_by_key
 from skewscope.analysis.intervals import natural_break
-from skewscope.analysis.stats import median, unique
+from skewscope.analysis.stats import median, median_axis1, unique
 from skewscope.core.jit import njit
 
 #: a step lag below 1 us is the capture's timestamp resolution / one packet time, not a delay
@@ -82,28 +82,20 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
     nm = len(members)
     if nm < 2 or iter_starts is None or len(iter_starts) == 0:
         return None
-    ok = ctx.data_events(flows)
-    if ev_mask is not None:
-        ok &= ev_mask
-    idx = np.nonzero(ok)[0]
-    if len(idx) < 2 * nm:
-        return None
-    st = ctx.ev_start[idx].astype(np.float64, copy=False)        # a gather: already a copy
-    en = ctx.ev_end[idx].astype(np.float64, copy=False)
+    fm = np.zeros(len(ctx.flows), dtype=np.bool_)
+    fm[np.asarray(flows, dtype=np.int64)] = True
     pos = np.full(max(1, ctx.nodes.n), -1, dtype=np.int64)
     pos[np.asarray(members, dtype=np.int64)] = np.arange(nm)
-    src_m = pos[ctx.nodes.src[ctx.ev_flow[idx]]]
-    dst_m = pos[ctx.nodes.dst[ctx.ev_flow[idx]]]
     its = np.asarray(iter_starts, dtype=np.float64)
-    it_all = np.searchsorted(its, st, side="right") - 1
-    # one sort per side: messages grouped by (iteration, member), start order kept
     nk = len(its) * nm
-    groups = []
-    for side in (src_m, dst_m):
-        key = np.where((it_all >= 0) & (side >= 0), it_all * nm + side, nk)
-        o, off = csr_by_key(key, nk + 1)                           # a stable sort by key, O(n)
-        groups.append((o, off[:nk + 1]))
-    (so, sb), (ro, rb) = groups
+    # the group's data records (start, end), grouped by (iteration, member) as a sender and
+    # as a receiver, start order kept (one pass: _ring_records)
+    st, en, so, sb, ro, rb = _ring_records(
+        ctx.ev_data, ctx.ev_flow, fm, np.ones(1, np.bool_) if ev_mask is None else np.ascontiguousarray(ev_mask),
+        ev_mask is not None, ctx.ev_start, ctx.ev_end, ctx.nodes.src, ctx.nodes.dst, pos, its, nm)
+    if len(st) < 2 * nm:
+        return None
+    sb, rb = sb[:nk + 1], rb[:nk + 1]
     lag_cols, start_cols, it_of_col, bound_cols, wait_cols, step_cols, cost_cols = [], [], [], [], [], [], []
     span = [np.inf, -np.inf]
     # an iteration is aligned when every member sent and received the same number k > 0 of
@@ -280,6 +272,52 @@ def ring_steps(snap, flows, members, iter_starts, ev_mask=None, _merge=True) -> 
             "bursts_are_steps": False}
 
 
+@njit(cache=True, nogil=True)
+def _ring_records(ev_data, ev_flow, fm, ev_mask, masked, ev_start, ev_end, nsrc, ndst, pos, its, nm):
+    """ring_steps' records in one pass: those of data (ev_data) on the group's flows (fm,
+    a bool per flow row) and in ev_mask when masked: (start, end, so, sb, ro, rb), so/sb the
+    records by (iteration, sending member) and ro/rb by (iteration, receiving member) as
+    csr_by_key orders them (key iteration x nm + member: the last burst start at or before
+    the record's start, np.searchsorted side right - 1; records before the first burst or
+    of a non-member: key nk, after every group). The same values as the numpy steps
+    (mask, nonzero, gathers, searchsorted, where, csr_by_key) without their temporaries."""
+    n = ev_data.shape[0]
+    m = 0
+    for i in range(n):
+        if ev_data[i] and fm[ev_flow[i]] and (not masked or ev_mask[i]):
+            m += 1
+    st = np.empty(m, dtype=np.float64)
+    en = np.empty(m, dtype=np.float64)
+    ks = np.empty(m, dtype=np.int64)
+    kr = np.empty(m, dtype=np.int64)
+    ni = its.shape[0]
+    nk = ni * nm
+    j = 0
+    for i in range(n):
+        if ev_data[i] and fm[ev_flow[i]] and (not masked or ev_mask[i]):
+            f = ev_flow[i]
+            s = ev_start[i]
+            st[j] = s
+            en[j] = ev_end[i]
+            lo = 0                                  # np.searchsorted(its, s, "right")
+            hi = ni
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if its[mid] <= s:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            it = lo - 1
+            a = pos[nsrc[f]]
+            b = pos[ndst[f]]
+            ks[j] = it * nm + a if it >= 0 and a >= 0 else nk
+            kr[j] = it * nm + b if it >= 0 and b >= 0 else nk
+            j += 1
+    so, sb = csr_by_key(ks, nk + 1)
+    ro, rb = csr_by_key(kr, nk + 1)
+    return st, en, so, sb, ro, rb
+
+
 def _at_min(raw):
     """Per (iteration, column): how many members' waits are within MODEL_TOL_NS of the
     smallest (axis 1 = members), keepdims."""
@@ -426,7 +464,11 @@ def _merge_bursts(cs, cr) -> np.ndarray:
 def _center(raw):
     """A step's reference wait over the members (axis 1): their median; with two members the
     earlier one (a median of two is their midpoint: the late member would show half its lag)."""
-    return raw.min(axis=1) if raw.shape[1] == 2 else median(raw, axis=1)
+    if raw.shape[1] == 2:
+        return raw.min(axis=1)
+    if raw.ndim == 3 and raw.dtype == np.float64 and raw.shape[1] > 0 and raw.size:
+        return median_axis1(raw)                 # np.median(raw, axis=1), the same values
+    return median(raw, axis=1)
 
 
 def _spread(x) -> float:

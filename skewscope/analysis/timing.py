@@ -243,6 +243,41 @@ def first_start_per_key(key, start, nkeys):
     return out
 
 
+@njit(cache=True, nogil=True)
+def _first_starts(ev_data, ev_flow, fm, ev_mask, masked, start, nsrc, ndst, pos, bs, nm):
+    """group_timing's first data-message start per (burst, member) as a sender and as a
+    receiver, in one pass over the records: those of data (ev_data) on the flows where fm
+    holds (and ev_mask when masked), the burst the last one starting at or before the
+    record (np.searchsorted side right - 1; none before the first), the member pos[node]
+    (-1: not one); inf where none. first_start_per_key's minimum over the same records."""
+    nb = bs.shape[0]
+    out_s = np.full(nb * nm, np.inf)
+    out_r = np.full(nb * nm, np.inf)
+    for i in range(ev_data.shape[0]):
+        if not (ev_data[i] and fm[ev_flow[i]] and (not masked or ev_mask[i])):
+            continue
+        s = start[i]
+        lo = 0                                      # np.searchsorted(bs, s, "right")
+        hi = nb
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if bs[mid] <= s:
+                lo = mid + 1
+            else:
+                hi = mid
+        b = lo - 1
+        if b < 0:
+            continue
+        f = ev_flow[i]
+        a = pos[nsrc[f]]
+        if a >= 0 and s < out_s[b * nm + a]:
+            out_s[b * nm + a] = s
+        a = pos[ndst[f]]
+        if a >= 0 and s < out_r[b * nm + a]:
+            out_r[b * nm + a] = s
+    return out_s, out_r
+
+
 def bursts_and_period(s, e, c, level="iteration", counts=True):
     """Bursts of activity intervals (s, e sorted by start, c messages each) and their period:
     (starts, ends, threshold, period ns or None, jitter ns or None, cv, period_source).
@@ -303,21 +338,18 @@ def group_timing(snap, flow_mask=None, members=None, ev_mask=None, level="iterat
     # phase offsets per member, as a sender and as a receiver
     lags = rlags = None
     if members is not None and len(bs) >= 1:
-        ok = ctx.data_mask(flow_mask)
-        f = ctx.ev_flow
-        if ev_mask is not None:
-            ok &= ev_mask
-        ff = f[ok]
-        st = ctx.ev_start[ok]
         pos = np.full(max(1, ctx.nodes.n), -1, dtype=np.int64)
         pos[np.asarray(members, dtype=np.int64)] = np.arange(len(members))
-        b = np.searchsorted(bs, st, side="right") - 1
         nm = len(members)
+        fm = (np.ones(max(1, len(ctx.flows)), dtype=np.bool_) if flow_mask is None
+              else np.ascontiguousarray(flow_mask, dtype=np.bool_))
+        firsts = _first_starts(ctx.ev_data, ctx.ev_flow, fm,
+                               np.ones(1, np.bool_) if ev_mask is None else np.ascontiguousarray(ev_mask),
+                               ev_mask is not None, ctx.ev_start, ctx.nodes.src, ctx.nodes.dst, pos,
+                               np.ascontiguousarray(bs, dtype=np.float64), nm)
         res = []
-        for nodes_of in (ctx.nodes.src, ctx.nodes.dst):
-            mi = pos[nodes_of[ff]] if len(ff) else np.zeros(0, np.int64)
-            key = np.where((mi >= 0) & (b >= 0), b * nm + mi, -1)
-            fs = first_start_per_key(key, st, len(bs) * nm).reshape(len(bs), nm)
+        for fs in firsts:
+            fs = fs.reshape(len(bs), nm)
             rel = fs - bs[:, None]
             rel[~np.isfinite(rel)] = np.nan
             with warnings.catch_warnings():
