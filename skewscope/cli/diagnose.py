@@ -29,7 +29,6 @@ since/until and capture first_s/last_s: seconds on the capture's clock (pcap: un
 """
 from __future__ import annotations
 
-import json
 import re
 import sys
 
@@ -209,7 +208,8 @@ def diagnose(file, iface, duration, use_tc, xdp_mode, direction, sample_n, max_f
         fail("out of memory while analysing (capture a shorter window)", EXIT_NOT_RUN)
     if as_json:
         try:
-            click.echo(json.dumps(doc, indent=2))
+            from skewscope.outputs import jsonfmt   # json.dumps(doc, indent=2), the same string, faster
+            click.echo(jsonfmt.dumps(doc, 2))
         except BrokenPipeError:
             pass
     else:
