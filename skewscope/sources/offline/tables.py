@@ -44,7 +44,7 @@ class _Tables:
         self.hidx = np.zeros(hsize, np.int32)
         self.fhash = np.zeros(cap, np.int64)
         self.keys = np.zeros((cap, 5), np.int64)
-        self.S = np.zeros((cap, K.NCOL), np.int64)
+        self.S = _aligned_zeros(cap, K.NCOL)
         self.lprev = np.full(cap, -1, np.int32)
         self.lnext = np.full(cap, -1, np.int32)
         self.finst = np.zeros(cap, np.int64)
@@ -78,6 +78,14 @@ class _Tables:
     def args(self):
         return (self.g, self.st, self.hidx, self.fhash, self.keys, self.S, self.lprev, self.lnext,
                 self.finst, self.ikeys, self.ev, self.pk, _OPTAB)
+
+
+def _aligned_zeros(rows: int, cols: int) -> np.ndarray:
+    """int64[rows, cols] of zeros starting on a 64-byte boundary (with rows of a multiple of 8
+    columns, every row starts a cache line: a packet's first fields are one line, not two)."""
+    buf = np.zeros(rows * cols + 8, np.int64)
+    off = (-buf.ctypes.data % 64) // 8
+    return buf[off:off + rows * cols].reshape(rows, cols)
 
 
 class _Old:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from skewscope.core.jit import be16, njit, rd16, rd32
+from skewscope.core.jit import be16, njit, prefetch, rd16, rd32
 from skewscope.sources.offline.kernel.accounting import account, has_room, key_hash, needs_grow, probe
 from skewscope.sources.offline.kernel.base import (
     G_ACCOUNTED,
@@ -498,7 +498,13 @@ def account_rows(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, ro
             r = rows[i + k]
             h = key_hash(r[R_W0], r[R_W1], r[R_W2], r[R_W3], r[R_W4])
             hs[k] = h
-            cs[k] = probe(hidx, fhash, h, mask)
+            c = probe(hidx, fhash, h, mask)
+            cs[k] = c
+            if c >= 0:      # the row's three hot cache lines (accounting.py's layout)
+                f = S[c]
+                prefetch(f, 0)
+                prefetch(f, 8)
+                prefetch(f, 16)
         check = not has_room(st, m)
         for k in range(m):
             if check and needs_grow(st):
