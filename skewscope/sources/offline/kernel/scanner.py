@@ -352,8 +352,8 @@ def scan_frames(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, 
 # one row per accounted frame (int64[cap, R_N]): the flow key words, time, wire length, and the
 # small fields packed (opinfo < 2^32, psn < 2^24, reth_len < 2^32, payload < 2^16, the
 # 8/16-bit header fields)
-R_W0, R_W1, R_W2, R_W3, R_W4, R_TS, R_WIRE, R_OP_PSN, R_RETH_PAY, R_SMALL = range(10)
-R_N = 10
+R_W0, R_W1, R_W2, R_W3, R_W4, R_TS, R_WIRE, R_OP_PSN, R_RETH_PAY, R_SMALL, R_HASH = range(11)
+R_N = 11
 
 
 @njit(cache=True, inline="always")
@@ -386,6 +386,7 @@ def record_row(g, st, rows, n, optab, b, off, incl, orig, kind, ts):
     rows[n, R_OP_PSN] = opinfo | (psn << 32)
     rows[n, R_RETH_PAY] = reth_len | (payload << 32)
     rows[n, R_SMALL] = opcode | (tclass << 8) | (fb << 16) | (syndrome << 24) | (ecn_valid << 32) | (sport << 40)
+    rows[n, R_HASH] = key_hash(w0, w1, w2, w3, w4)
     return n + 1
 
 
@@ -495,8 +496,7 @@ def account_rows(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, ro
     while i < n:
         m = min(CHUNK, n - i)
         for k in range(m):
-            r = rows[i + k]
-            h = key_hash(r[R_W0], r[R_W1], r[R_W2], r[R_W3], r[R_W4])
+            h = rows[i + k, R_HASH]
             hs[k] = h
             c = probe(hidx, fhash, h, mask)
             cs[k] = c
