@@ -31,7 +31,9 @@ class _Tables:
         st[K.ST_HEAD] = st[K.ST_TAIL] = -1
         st[K.ST_FIRST_TS] = -1
         self._alloc_flows(min(max_flows, 4096))
-        self.ev = np.zeros((max(1, min(1 << 16, max_events)), 5), np.int64)
+        # room for 2^20 message records from the start: zeros from calloc take memory only where
+        # written, and each doubling copies the records on the pipeline's serial thread
+        self.ev = np.zeros((max(1, min(1 << 20, max_events)), 5), np.int64)
         st[K.ST_EVCAP] = len(self.ev)
         self.ikeys = np.zeros((4096, 5), np.int64)
         st[K.ST_INSTCAP] = len(self.ikeys)
