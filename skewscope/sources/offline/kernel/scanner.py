@@ -349,9 +349,10 @@ def scan_frames(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, 
 
 
 # ---- the pipelined parser's halves: rows of parsed fields, then their accounting -----------
-# one row per accounted frame (int64[cap, R_N]): the flow key words, time, wire length, and the
+# one row per accounted frame (int64[cap, R_N]): the flow key words, time, wire length, the
 # small fields packed (opinfo < 2^32, psn < 2^24, reth_len < 2^32, payload < 2^16, the
-# 8/16-bit header fields)
+# 8/16-bit header fields), and the key's hash (key_hash: computed here, on the parsing threads,
+# instead of in account_rows, the pipeline's serial step)
 R_W0, R_W1, R_W2, R_W3, R_W4, R_TS, R_WIRE, R_OP_PSN, R_RETH_PAY, R_SMALL, R_HASH = range(11)
 R_N = 11
 
@@ -464,9 +465,9 @@ def guess_record(b, pos, at, end, big, chain):
     return -1
 
 
-#: account_rows finds the key hash and candidate slot (probe) of this many rows in a pass of
-#: their own before it accounts them: the lookups' chains of dependent loads (row, hash, index,
-#: slot) then overlap one another instead of stalling the accounting's
+#: account_rows finds the candidate slot (probe) of this many rows in a pass of their own
+#: before it accounts them (and prefetches their flow rows' hot lines): the lookups' chains of
+#: dependent loads (row, index, slot) then overlap one another instead of stalling the accounting's
 CHUNK = 32
 #: ... and prefetches the rows this many ahead (both ends of each: 88-byte rows): the rows come
 #: from the parsing threads' caches or memory, and the hardware prefetcher stops at each 4 KiB
@@ -478,9 +479,10 @@ AHEAD = 128
 def account_rows(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, rows, i, n):
     """scan's second half: account rows[i:n] (scan_rows') in order. Returns the first row not
     accounted: n, or earlier when a table must grow first (needs_grow: asked per row only in a
-    chunk without room for all its rows, has_room). Each CHUNK of rows gets its key hashes and
-    candidate slots (probe) first (hs, cs); the lookup checks the candidate's key, so a table
-    changed meanwhile (an insert, an eviction) costs a probe, never a wrong slot."""
+    chunk without room for all its rows, has_room). Each CHUNK of rows gets its candidate
+    slots (probe) first (hs, cs); the lookup checks the candidate's key, so a table
+    changed meanwhile (an insert, an eviction) costs a probe, never a wrong slot. The key
+    hashes come with the rows (R_HASH)."""
     g = borrow(g)
     st = borrow(st)
     hidx = borrow(hidx)
