@@ -119,3 +119,71 @@ def test_message_records_bounded(tmp_path):
     assert len(offline.parse_file(p, max_events=0).events) == 0
     with pytest.raises(ValueError):
         offline.parse_file(p, max_events=-1)
+
+
+def _accounted(path, max_flows: int, list_from_start: bool, rows: bool):
+    """The tables after accounting the pcap at `path` (ns timestamps): through the one-core
+    scan, or (rows) through scan_rows + the pipeline's account_block. list_from_start: keep the
+    LRU list from the first packet (ST_LRU set up front), as before the list was deferred."""
+    from skewscope.sources.offline import kernel as K
+    from skewscope.sources.offline import pipeline
+    from skewscope.sources.offline.tables import _NO_IF, _OPTAB, _Tables
+    b = np.fromfile(path, np.uint8)
+    t = _Tables(max_flows)
+    if list_from_start:
+        t.st[K.ST_LRU] = 1
+    walk = (K.FMT_PCAP, False, 1, K.K_ETHERNET, _NO_IF, _NO_IF, _NO_IF, 0)
+    if rows:
+        g, st = np.zeros(L.G_N, np.int64), np.zeros(K.ST_N, np.int64)
+        block = np.empty((len(b) // 60, K.R_N), np.int64)
+        pos, status, n = K.scan_rows(b, 24, len(b), *walk, g, st, block, 0, _OPTAB)
+        assert int(pos) == len(b)
+        pipeline.account_block(t, block, int(n))
+    else:
+        pos = 24
+        while True:
+            pos, status = K.scan(b, pos, len(b), *walk, *t.args())
+            if status != K.S_GROW:
+                break
+            t.grow()
+        assert int(pos) == len(b)
+    return t
+
+
+@pytest.mark.parametrize("rows", [False, True])
+@pytest.mark.parametrize("n_flows,max_flows", [(3000, 100), (600, 599), (5, 1), (300, 1 << 16)])
+def test_deferred_lru_list_is_the_kept_one(tmp_path, n_flows, max_flows, rows):
+    """The LRU list is kept only from the first eviction on, built then from each slot's last
+    use (accounting.lru_build): every table -- flows, counters, last uses, instances, message
+    records, and the list itself with its ends once there were evictions -- is the one of the
+    list kept from the first packet, in both accountings."""
+    from skewscope.sources.offline import kernel as K
+    rng = np.random.default_rng(n_flows + max_flows)
+    seq = [int(x) for x in rng.integers(0, n_flows, 6 * n_flows)] + list(range(n_flows))
+    seq += [int(x) for x in rng.integers(0, min(n_flows, 2 * max_flows), 2 * n_flows)]
+    recs = [(i, frame(fl, op=(0x06, 0x08, 0x0A)[i % 3], psn=i & 0xFFFFFF), 1200) for i, fl in enumerate(seq)]
+    p = write(tmp_path / "lru.pcap", pcap_bytes(recs))
+    a = _accounted(p, max_flows, False, rows)
+    b = _accounted(p, max_flows, True, rows)
+    evicted = int(a.g[L.G_FLOWS_CREATED]) > int(a.st[K.ST_NUSED])
+    assert evicted == (len(set(seq)) > max_flows)
+    assert int(a.st[K.ST_LRU]) == int(evicted) and int(b.st[K.ST_LRU]) == 1
+    n = int(a.st[K.ST_NUSED])
+    assert np.array_equal(a.g, b.g)
+    for name in ("S", "keys", "fhash", "finst"):
+        assert np.array_equal(getattr(a, name)[:n], getattr(b, name)[:n]), name
+    assert np.array_equal(a.ikeys[:int(a.st[K.ST_INSTN])], b.ikeys[:int(b.st[K.ST_INSTN])])
+    assert np.array_equal(a.ev[:int(a.st[K.ST_EVN])], b.ev[:int(b.st[K.ST_EVN])])
+    same = [i for i in range(K.ST_N) if i not in (K.ST_HEAD, K.ST_TAIL, K.ST_LRU)]
+    assert np.array_equal(a.st[same], b.st[same])
+    if evicted:
+        assert a.st[K.ST_HEAD] == b.st[K.ST_HEAD] and a.st[K.ST_TAIL] == b.st[K.ST_TAIL]
+        assert np.array_equal(a.lprev[:n], b.lprev[:n]) and np.array_equal(a.lnext[:n], b.lnext[:n])
+    else:   # nothing kept the list: it is still empty
+        assert a.st[K.ST_HEAD] == -1 and a.st[K.ST_TAIL] == -1 and (a.lprev[:n] == -1).all()
+    # the most recently used flow is the head, the least recently used the tail
+    last = {fl: i for i, fl in enumerate(seq)}
+    qp = a.keys[:n, 4] & 0xFFFFFF
+    assert int(a.S[:n, K.C_LRU].argmax()) == int(np.flatnonzero(qp == seq[-1] + 1)[0])
+    if evicted:
+        assert int(qp[a.st[K.ST_TAIL]]) - 1 == min((fl for fl in set(seq) if (qp == fl + 1).any()), key=last.get)

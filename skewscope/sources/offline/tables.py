@@ -31,7 +31,9 @@ class _Tables:
         st[K.ST_HEAD] = st[K.ST_TAIL] = -1
         st[K.ST_FIRST_TS] = -1
         self._alloc_flows(min(max_flows, 4096))
-        self.ev = np.zeros((max(1, min(1 << 16, max_events)), 5), np.int64)
+        # room for 2^20 message records from the start: zeros from calloc take memory only where
+        # written, and each doubling copies the records on the pipeline's serial thread
+        self.ev = np.zeros((max(1, min(1 << 20, max_events)), 5), np.int64)
         st[K.ST_EVCAP] = len(self.ev)
         self.ikeys = np.zeros((4096, 5), np.int64)
         st[K.ST_INSTCAP] = len(self.ikeys)
@@ -44,7 +46,7 @@ class _Tables:
         self.hidx = np.zeros(hsize, np.int32)
         self.fhash = np.zeros(cap, np.int64)
         self.keys = np.zeros((cap, 5), np.int64)
-        self.S = np.zeros((cap, K.NCOL), np.int64)
+        self.S = _aligned_zeros(cap, K.NCOL)
         self.lprev = np.full(cap, -1, np.int32)
         self.lnext = np.full(cap, -1, np.int32)
         self.finst = np.zeros(cap, np.int64)
@@ -78,6 +80,14 @@ class _Tables:
     def args(self):
         return (self.g, self.st, self.hidx, self.fhash, self.keys, self.S, self.lprev, self.lnext,
                 self.finst, self.ikeys, self.ev, self.pk, _OPTAB)
+
+
+def _aligned_zeros(rows: int, cols: int) -> np.ndarray:
+    """int64[rows, cols] of zeros starting on a 64-byte boundary (with rows of a multiple of 8
+    columns, every row starts a cache line: a packet's first fields are one line, not two)."""
+    buf = np.zeros(rows * cols + 8, np.int64)
+    off = (-buf.ctypes.data % 64) // 8
+    return buf[off:off + rows * cols].reshape(rows, cols)
 
 
 class _Old:

@@ -28,7 +28,10 @@ State lives in numpy arrays owned by skewscope/sources/offline/tables.py and pas
   fhash  int64[cap]              hash of each slot's key
   keys   int64[cap, 5]           flow key as 5 little-endian words = struct ss_flow_key bytes
   S      int64[cap, NCOL]        struct ss_flow_stats fields, one column per scalar/array elem
-  lprev, lnext int32[cap]        LRU doubly-linked list (head = most recently used)
+                                 (STAT_COLS: the per-packet ones first, 64-byte rows on a 64-byte
+                                 aligned base), and C_LRU: the packet number of the slot's last use
+  lprev, lnext int32[cap]        LRU doubly-linked list (head = most recently used), kept once
+                                 st[ST_LRU] is set: from the first eviction (lru_build)
   finst  int64[cap]              flow instance id of the slot (G_FLOWS_CREATED at insert - 1)
   ev     int64[ev_cap, 5]        message records: instance, opclass, start, end, bytes (at most
                                  max_events are kept; the others are counted as lost)

@@ -41,6 +41,7 @@ from skewscope.sources.offline.kernel.base import (
     ST_HMASK,
     ST_INSTCAP,
     ST_INSTN,
+    ST_LRU,
     ST_MAXF,
     ST_NUSED,
     ST_PKCAP,
@@ -50,19 +51,35 @@ from skewscope.sources.offline.kernel.base import (
 
 
 # ---- the columns of struct ss_flow_stats -------------------------------------------------
+#: S's columns, hot first: a packet touches the first three cache lines of its flow's row (the
+#: rows are 64-byte multiples on a 64-byte aligned base: tables.py), a message boundary the
+#: fourth, and only rare events (NAKs, PSN gaps, retransmissions) and the histograms the
+#: rest. Fields not named here follow in struct order. "_lru" is no struct field: the slot's
+#: last use (flow_lookup_or_insert).
+_HOT = (
+    "packets", "bytes", "payload_bytes", "last_ts", "flags", "sport", "tclass", "last_opcode",
+    "op",
+    "next_psn", "ecn_capable", "ce", "fecn", "becn", "cnp", "acks", "_lru",
+    "messages", "msg_bytes", "msg_start_ts", "msg_cur_bytes", "msg_class", "last_msg_ts", "first_ts", "nak_seq",
+)
+
+
 def _stat_columns():
-    """struct ss_flow_stats field -> (first column, width), in header order, pads skipped."""
+    """struct ss_flow_stats field -> (first column, width) in S (pads skipped), the _HOT ones
+    first; the number of columns, rounded up to 8 (64-byte rows); the _lru column."""
+    width = {f[0]: (f[2][0] if len(f) == 3 else 1) for f in L.FLOW_STATS_FIELDS if f[0] != "_pad"}
+    width["_lru"] = 1
+    order = list(_HOT) + [name for name in width if name not in _HOT]
     cols, c = {}, 0
-    for f in L.FLOW_STATS_FIELDS:
-        if f[0] == "_pad":
-            continue
-        w = f[2][0] if len(f) == 3 else 1
-        cols[f[0]] = (c, w)
-        c += w
-    return cols, c
+    for name in order:
+        cols[name] = (c, width[name])
+        c += width[name]
+    lru = cols.pop("_lru")[0]
+    return cols, (c + 7) & ~7, lru
 
 
-STAT_COLS, NCOL = _stat_columns()
+STAT_COLS, NCOL, C_LRU = _stat_columns()
+assert STAT_COLS["op"][0] % 8 == 0 and STAT_COLS["messages"][0] % 8 == 0   # op: one cache line
 C_PACKETS = STAT_COLS["packets"][0]
 C_BYTES = STAT_COLS["bytes"][0]
 C_PAYLOAD = STAT_COLS["payload_bytes"][0]
@@ -161,17 +178,36 @@ def hidx_delete(hidx, fhash, i, mask):
     hidx[i] = 0
 
 
+@njit(cache=True)
+def lru_build(st, S, lprev, lnext):
+    """The exact LRU list (lprev/lnext, ST_HEAD/ST_TAIL) of the ST_NUSED live slots from their
+    last use (S[:, C_LRU]: distinct, later = more recent), from now on kept (ST_LRU)."""
+    n = st[ST_NUSED]
+    order = np.argsort(S[:n, C_LRU])      # least recently used first
+    for i in range(n):
+        s = order[i]
+        lnext[s] = order[i - 1] if i > 0 else -1
+        lprev[s] = order[i + 1] if i + 1 < n else -1
+    st[ST_TAIL] = order[0] if n > 0 else -1
+    st[ST_HEAD] = order[n - 1] if n > 0 else -1
+    st[ST_LRU] = 1
+
+
 @njit(cache=True, inline="always")
 def flow_lookup_or_insert(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys,
                           w0, w1, w2, w3, w4, h, cand):
     """The slot of the flow with this key (h: its key_hash); inserts (evicting the LRU flow
-    when the table holds max_flows) when absent. Marks the flow most recently used. The caller
-    guarantees a free slot or max_flows reached, and room in ikeys (see needs_grow). cand: a
-    slot that may hold the key (found ahead of time: probe), or -1; used when it does (every
-    slot below ST_NUSED is a live flow, and a key is in one slot at most)."""
+    when the table holds max_flows) when absent. Marks the flow most recently used: its
+    S[s, C_LRU] = g[G_ACCOUNTED] (this packet's number), and, once evictions began (ST_LRU),
+    its place at the head of the LRU list -- until then nothing reads the list, which
+    lru_build makes from the C_LRU column at the first eviction. The caller guarantees a free
+    slot or max_flows reached, and room in ikeys (see needs_grow). cand: a slot that may hold
+    the key (found ahead of time: probe), or -1; used when it does (every slot below ST_NUSED
+    is a live flow, and a key is in one slot at most)."""
     if cand >= 0 and cand < st[ST_NUSED] and keys[cand, 0] == w0 and keys[cand, 1] == w1 \
             and keys[cand, 2] == w2 and keys[cand, 3] == w3 and keys[cand, 4] == w4:
-        if st[ST_HEAD] != cand:
+        S[cand, C_LRU] = g[G_ACCOUNTED]
+        if st[ST_LRU] and st[ST_HEAD] != cand:
             lru_unlink(st, lprev, lnext, cand)
             lru_push_head(st, lprev, lnext, cand)
         return cand
@@ -184,13 +220,16 @@ def flow_lookup_or_insert(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikey
         s = e - 1
         if fhash[s] == h and keys[s, 0] == w0 and keys[s, 1] == w1 and keys[s, 2] == w2 \
                 and keys[s, 3] == w3 and keys[s, 4] == w4:
-            if st[ST_HEAD] != s:
+            S[s, C_LRU] = g[G_ACCOUNTED]
+            if st[ST_LRU] and st[ST_HEAD] != s:
                 lru_unlink(st, lprev, lnext, s)
                 lru_push_head(st, lprev, lnext, s)
             return s
         i = (i + 1) & mask
     # insert
     if st[ST_NUSED] >= st[ST_MAXF]:
+        if not st[ST_LRU]:
+            lru_build(st, S, lprev, lnext)
         s = st[ST_TAIL]
         lru_unlink(st, lprev, lnext, s)
         # find and delete the victim's index entry
@@ -204,9 +243,13 @@ def flow_lookup_or_insert(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikey
         i = h & mask
         while hidx[i] != 0:
             i = (i + 1) & mask
+        lru_push_head(st, lprev, lnext, s)
     else:
         s = st[ST_NUSED]
         st[ST_NUSED] = s + 1
+        if st[ST_LRU]:
+            lru_push_head(st, lprev, lnext, s)
+    S[s, C_LRU] = g[G_ACCOUNTED]
     hidx[i] = s + 1
     fhash[s] = h
     keys[s, 0] = w0
@@ -214,7 +257,6 @@ def flow_lookup_or_insert(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikey
     keys[s, 2] = w2
     keys[s, 3] = w3
     keys[s, 4] = w4
-    lru_push_head(st, lprev, lnext, s)
     inst = g[G_FLOWS_CREATED]
     g[G_FLOWS_CREATED] = inst + 1
     finst[s] = inst

@@ -114,6 +114,7 @@ ST_UNKNOWN_BLOCKS = 18  # pcapng blocks of a type the spec does not define (skip
 ST_UNKNOWN_TYPE = 19    # the last such block type
 ST_EVMAX = 20      # max_events: message records kept at most
 ST_EVLOST = 21     # message records not kept (beyond max_events)
+ST_LRU = 22        # 1 once the LRU list (lprev/lnext, ST_HEAD/ST_TAIL) is kept: from the first eviction
 ST_N = 24
 
 # per-packet dissection columns

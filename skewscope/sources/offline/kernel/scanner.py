@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from skewscope.core.jit import be16, njit, rd16, rd32
+from skewscope.core.jit import be16, njit, prefetch, rd16, rd32
 from skewscope.sources.offline.kernel.accounting import account, has_room, key_hash, needs_grow, probe
 from skewscope.sources.offline.kernel.base import (
     G_ACCOUNTED,
@@ -349,11 +349,12 @@ def scan_frames(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, 
 
 
 # ---- the pipelined parser's halves: rows of parsed fields, then their accounting -----------
-# one row per accounted frame (int64[cap, R_N]): the flow key words, time, wire length, and the
+# one row per accounted frame (int64[cap, R_N]): the flow key words, time, wire length, the
 # small fields packed (opinfo < 2^32, psn < 2^24, reth_len < 2^32, payload < 2^16, the
-# 8/16-bit header fields)
-R_W0, R_W1, R_W2, R_W3, R_W4, R_TS, R_WIRE, R_OP_PSN, R_RETH_PAY, R_SMALL = range(10)
-R_N = 10
+# 8/16-bit header fields), and the key's hash (key_hash: computed here, on the parsing threads,
+# instead of in account_rows, the pipeline's serial step)
+R_W0, R_W1, R_W2, R_W3, R_W4, R_TS, R_WIRE, R_OP_PSN, R_RETH_PAY, R_SMALL, R_HASH = range(11)
+R_N = 11
 
 
 @njit(cache=True, inline="always")
@@ -386,6 +387,7 @@ def record_row(g, st, rows, n, optab, b, off, incl, orig, kind, ts):
     rows[n, R_OP_PSN] = opinfo | (psn << 32)
     rows[n, R_RETH_PAY] = reth_len | (payload << 32)
     rows[n, R_SMALL] = opcode | (tclass << 8) | (fb << 16) | (syndrome << 24) | (ecn_valid << 32) | (sport << 40)
+    rows[n, R_HASH] = key_hash(w0, w1, w2, w3, w4)
     return n + 1
 
 
@@ -463,19 +465,24 @@ def guess_record(b, pos, at, end, big, chain):
     return -1
 
 
-#: account_rows finds the key hash and candidate slot (probe) of this many rows in a pass of
-#: their own before it accounts them: the lookups' chains of dependent loads (row, hash, index,
-#: slot) then overlap one another instead of stalling the accounting's
+#: account_rows finds the candidate slot (probe) of this many rows in a pass of their own
+#: before it accounts them (and prefetches their flow rows' hot lines): the lookups' chains of
+#: dependent loads (row, index, slot) then overlap one another instead of stalling the accounting's
 CHUNK = 32
+#: ... and prefetches the rows this many ahead (both ends of each: 88-byte rows): the rows come
+#: from the parsing threads' caches or memory, and the hardware prefetcher stops at each 4 KiB
+#: page (measured on all rows of the 2.1 M-frame capture, accounted in one pass: 20.6 -> 17 ns/row)
+AHEAD = 128
 
 
 @njit(cache=True, nogil=True)
 def account_rows(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, rows, i, n):
     """scan's second half: account rows[i:n] (scan_rows') in order. Returns the first row not
     accounted: n, or earlier when a table must grow first (needs_grow: asked per row only in a
-    chunk without room for all its rows, has_room). Each CHUNK of rows gets its key hashes and
-    candidate slots (probe) first (hs, cs); the lookup checks the candidate's key, so a table
-    changed meanwhile (an insert, an eviction) costs a probe, never a wrong slot."""
+    chunk without room for all its rows, has_room). Each CHUNK of rows gets its candidate
+    slots (probe) first (hs, cs); the lookup checks the candidate's key, so a table
+    changed meanwhile (an insert, an eviction) costs a probe, never a wrong slot. The key
+    hashes come with the rows (R_HASH)."""
     g = borrow(g)
     st = borrow(st)
     hidx = borrow(hidx)
@@ -495,10 +502,19 @@ def account_rows(g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, ro
     while i < n:
         m = min(CHUNK, n - i)
         for k in range(m):
-            r = rows[i + k]
-            h = key_hash(r[R_W0], r[R_W1], r[R_W2], r[R_W3], r[R_W4])
+            if i + k + AHEAD < n:
+                ra = rows[i + k + AHEAD]
+                prefetch(ra, 0)
+                prefetch(ra, R_N - 1)
+            h = rows[i + k, R_HASH]
             hs[k] = h
-            cs[k] = probe(hidx, fhash, h, mask)
+            c = probe(hidx, fhash, h, mask)
+            cs[k] = c
+            if c >= 0:      # the row's three hot cache lines (accounting.py's layout)
+                f = S[c]
+                prefetch(f, 0)
+                prefetch(f, 8)
+                prefetch(f, 16)
         check = not has_room(st, m)
         for k in range(m):
             if check and needs_grow(st):
