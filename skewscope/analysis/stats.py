@@ -137,6 +137,21 @@ def skew_rows(m, mask=None) -> list[dict]:
     return [_to_dict(r) for r in skew_rows_kernel(m, np.ascontiguousarray(mask, dtype=np.bool_))]
 
 
+@njit(cache=True, nogil=True, inline="always")
+def bisect_right(a, x):
+    """np.searchsorted(a, x, "right") for a sorted 1-D a, in a kernel's per-element loop
+    (numba's searchsorted there is slower than this plain bisection)."""
+    lo = 0
+    hi = a.shape[0]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] <= x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 @njit(cache=True, nogil=True)
 def weighted_median(v, w):
     """Median of v weighted by w (w >= 0); NaN when the total weight is 0."""

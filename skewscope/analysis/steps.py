@@ -48,7 +48,7 @@ import numpy as np
 from skewscope.analysis.context import context
 from skewscope.analysis.flows import csr_by_key
 from skewscope.analysis.intervals import natural_break
-from skewscope.analysis.stats import median, median_axis1, unique
+from skewscope.analysis.stats import bisect_right, median, median_axis1, unique
 from skewscope.core.jit import njit
 
 #: a step lag below 1 us is the capture's timestamp resolution / one packet time, not a delay
@@ -299,15 +299,7 @@ def _ring_records(ev_data, ev_flow, fm, ev_mask, masked, ev_start, ev_end, nsrc,
             s = ev_start[i]
             st[j] = s
             en[j] = ev_end[i]
-            lo = 0                                  # np.searchsorted(its, s, "right")
-            hi = ni
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if its[mid] <= s:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            it = lo - 1
+            it = bisect_right(its, s) - 1
             a = pos[nsrc[f]]
             b = pos[ndst[f]]
             ks[j] = it * nm + a if it >= 0 and a >= 0 else nk

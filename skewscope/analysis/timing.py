@@ -29,7 +29,7 @@ import numpy as np
 
 from skewscope.analysis.context import context
 from skewscope.analysis.intervals import break_candidates, merge_sorted
-from skewscope.analysis.stats import median, nanmedian, percentile
+from skewscope.analysis.stats import bisect_right, median, nanmedian, percentile
 from skewscope.core.jit import njit
 
 MIN_GAP_NS = 1000.0       # gaps below 1 us never separate bursts
@@ -257,15 +257,7 @@ def _first_starts(ev_data, ev_flow, fm, ev_mask, masked, start, nsrc, ndst, pos,
         if not (ev_data[i] and fm[ev_flow[i]] and (not masked or ev_mask[i])):
             continue
         s = start[i]
-        lo = 0                                      # np.searchsorted(bs, s, "right")
-        hi = nb
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if bs[mid] <= s:
-                lo = mid + 1
-            else:
-                hi = mid
-        b = lo - 1
+        b = bisect_right(bs, s) - 1
         if b < 0:
             continue
         f = ev_flow[i]

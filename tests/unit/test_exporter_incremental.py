@@ -308,16 +308,10 @@ def test_window_flow_table_equals_a_plain_model(seed):
     assert 0 < len(w.events) < total            # the window slid: records and their flows dropped
 
 
-def test_window_pieces_share_the_flows_context_without_changing_the_timing(tmp_path, monkeypatch):
-    """The pieces of one read reuse its flow table's columns, nodes and sport partners:
-    the node's exported timing series are those made with a fresh context per piece, for
-    reads in many pieces (a window a few iterations long)."""
-    from skewscope import gen as skewgen
-    from skewscope.outputs import exptiming
+def _node_view_in_thirds(cap, ip, p):
+    """The capture as node ip sees it, parsed from p: (snapshot, its records, their start
+    times, their span, the times cutting them into three reads)."""
     from skewscope.sources.offline import parse_file
-    cap = skewgen.generate("tp-decode-slow-shard", seed=0)
-    ip = cap.truth["pathologies"][0]["entities"]["ips"][0]
-    p = tmp_path / "v.pcap"
     cap.view(ip).write_pcap(str(p), snaplen=128)
     snap = parse_file(str(p))
     ev = snap.events
@@ -325,6 +319,19 @@ def test_window_pieces_share_the_flows_context_without_changing_the_timing(tmp_p
     span = int(t.max() - t.min())
     cuts = [int(t.min()) + span * k // 3 for k in range(4)]
     cuts[-1] += 1
+    return snap, ev, t, span, cuts
+
+
+def test_window_pieces_share_the_flows_context_without_changing_the_timing(tmp_path, monkeypatch):
+    """The pieces of one read reuse its flow table's columns, nodes and sport partners:
+    the node's exported timing series are those made with a fresh context per piece, for
+    reads in many pieces (a window a few iterations long)."""
+    from skewscope import gen as skewgen
+    from skewscope.outputs import exptiming
+    cap = skewgen.generate("tp-decode-slow-shard", seed=0)
+    ip = cap.truth["pathologies"][0]["entities"]["ips"][0]
+    p = tmp_path / "v.pcap"
+    snap, ev, t, span, cuts = _node_view_in_thirds(cap, ip, p)
 
     def run():
         calls = []
@@ -447,13 +454,7 @@ def test_window_piece_stats_equal_a_full_recompute(tmp_path, monkeypatch, preset
         from skewscope.analysis.context import context
         cap.write_pcap(str(p), snaplen=128)
         ip = context(parse_file(str(p))).nodes.ips[0]
-    cap.view(ip).write_pcap(str(p), snaplen=128)
-    snap = parse_file(str(p))
-    ev = snap.events
-    t = ev["start_ts"].astype(np.int64)
-    span = int(t.max() - t.min())
-    cuts = [int(t.min()) + span * k // 3 for k in range(4)]
-    cuts[-1] += 1
+    snap, ev, t, span, cuts = _node_view_in_thirds(cap, ip, p)
     real = exptiming.WindowedTiming._piece_fstat
     seen = {"kept": 0, "pieces": 0, "read": 0}
 

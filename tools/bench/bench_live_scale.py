@@ -385,36 +385,27 @@ def run(n_flows, a, rows):
         m = build_model(delta, 1.0, state, iface="bench", cum=cum, limit=20)
         return plain_lines(m)
 
-    # the exporter's steady state: one Accumulator fed read after read (peers known), each
-    # read's records one second later than the previous read's
-    acc = Accumulator(timing_nodes=0)
-    shift = [0]
-    cur_state = [None]
-    registry = X.make_registry(X.SkewscopeCollector(lambda: cur_state[0]), process_metrics=False)
+    def exporter(node_ip=None):
+        """The exporter's steady state: one Accumulator fed read after read (peers known), each
+        read's records one second later than the previous read's; with node_ip (--node-ip) its
+        per-node timing over the window every read."""
+        acc = Accumulator(timing_nodes=0, node_ip=node_ip)
+        shift = [0]
+        cur_state = [None]
+        registry = X.make_registry(X.SkewscopeCollector(lambda: cur_state[0]), process_metrics=False)
 
-    def f_export():
-        ev = delta.events.copy()
-        ev["start_ts"] += np.uint64(shift[0] * NS)
-        ev["end_ts"] += np.uint64(shift[0] * NS)
-        shift[0] += 1
-        acc.add(delta.flows, ev, cum_flows=cum.flows, cum_rows=rows0)   # as live/export.py passes a read
-        cur_state[0] = acc.state("bench", cum.globals, dict(cum.meta), 20, read_ts=1.0)
-        return registry.exposition()          # one /metrics scrape of the server's registry
+        def f():
+            ev = delta.events.copy()
+            ev["start_ts"] += np.uint64(shift[0] * NS)
+            ev["end_ts"] += np.uint64(shift[0] * NS)
+            shift[0] += 1
+            acc.add(delta.flows, ev, cum_flows=cum.flows, cum_rows=rows0)   # as live/export.py passes a read
+            cur_state[0] = acc.state("bench", cum.globals, dict(cum.meta), 20, read_ts=1.0)
+            return registry.exposition()          # one /metrics scrape of the server's registry
+        return f
 
-    # the same with the node known (--node-ip: its per-node timing over the window every read)
-    acc_n = Accumulator(timing_nodes=0, node_ip=NODE_IP)
-    shift_n = [0]
-    state_n = [None]
-    registry_n = X.make_registry(X.SkewscopeCollector(lambda: state_n[0]), process_metrics=False)
-
-    def f_export_node():
-        ev = delta.events.copy()
-        ev["start_ts"] += np.uint64(shift_n[0] * NS)
-        ev["end_ts"] += np.uint64(shift_n[0] * NS)
-        shift_n[0] += 1
-        acc_n.add(delta.flows, ev, cum_flows=cum.flows, cum_rows=rows0)
-        state_n[0] = acc_n.state("bench", cum.globals, dict(cum.meta), 20, read_ts=1.0)
-        return registry_n.exposition()
+    f_export = exporter()
+    f_export_node = exporter(NODE_IP)
 
     r = a.rounds
     comp = [
