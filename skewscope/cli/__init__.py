@@ -22,7 +22,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import click
 
 from skewscope import __version__
-from skewscope.cli.common import exit_now, pause_gc, startup_done
+from skewscope.cli.common import exit_now, pause_gc, reuse_freed_memory, startup_done
 from skewscope.core.errors import EXIT_INTERRUPTED, EXIT_NOT_RUN, EXIT_USAGE
 
 EPILOG = """\b
@@ -43,6 +43,7 @@ class _Group(click.Group):
     from COMMANDS, each imported on first use."""
 
     _ran = None     # the command this group resolved (resolve_command): FAST_EXIT's test
+    _own = False    # main() runs the process's own command line
 
     def list_commands(self, ctx):
         return sorted(set(COMMANDS) | set(self.commands))
@@ -50,6 +51,8 @@ class _Group(click.Group):
     def get_command(self, ctx, name):
         if name not in OWN_STARTUP:
             startup_done()
+        if self._own and name in FAST_EXIT:
+            reuse_freed_memory()     # before the command's imports allocate (numpy, the reader)
         if name not in self.commands and name in COMMANDS:
             mod, attr = COMMANDS[name]
             self.add_command(getattr(importlib.import_module(f"skewscope.cli.{mod}"), attr), name)
@@ -65,6 +68,7 @@ class _Group(click.Group):
         if own:
             pause_gc()
         self._ran = None
+        self._own = own
         try:
             return self._main(args, prog_name, complete_var, standalone_mode, **extra)
         except SystemExit as e:
@@ -72,6 +76,7 @@ class _Group(click.Group):
                 exit_now(e.code)    # returns when the interpreter's own exit is needed
             raise
         finally:
+            self._own = False
             startup_done()
 
     def _main(self, args, prog_name, complete_var, standalone_mode, **extra):
@@ -122,7 +127,8 @@ def main():
 OWN_STARTUP = frozenset({"report", "diagnose"})
 #: the commands whose process ends without the interpreter's teardown (cli.common.exit_now): they
 #: write their outputs whole before they return, start no thread that outlives them, and the
-#: little they leave (an attachment's detach, bcc's cleanup) is an atexit callback
+#: little they leave (an attachment's detach, bcc's cleanup) is an atexit callback; short-lived,
+#: they also keep the memory they free for their own later allocations (cli.common.reuse_freed_memory)
 FAST_EXIT = frozenset({"report", "diagnose"})
 
 #: the one list of commands: name -> (module of this package, its click command)

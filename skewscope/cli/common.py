@@ -42,6 +42,40 @@ def startup_done() -> None:
         gc.enable()
 
 
+#: glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: allocations up to this size come from the heap (glibc's default: 128 KiB, raised to the
+#: largest block freed so far, up to 32 MiB); larger ones (a flow table of millions of flows)
+#: are mapped and unmapped on their own, as before
+REUSE_BELOW = 64 << 20
+
+
+def reuse_freed_memory() -> None:
+    """Keep the memory a command frees for its later allocations (glibc's malloc; elsewhere
+    nothing changes). A page the process touches for the first time costs a page fault
+    (~1.6 us here, the 4 KiB zeroed included: 38 MB of fresh arrays filled in 15 ms, the same
+    arrays filled again in 1.7 ms): the analysis of a 10.6 M-frame `report --json` touched
+    ~9,000 fresh pages although the reader had freed more than that just before -- glibc gave
+    it back to the kernel (blocks above its mmap threshold are unmapped when freed; the
+    heap's free top is trimmed). With the threshold at REUSE_BELOW and no trimming, the
+    analysis and the JSON take the reader's freed, already mapped pages: 9,000 -> ~1,200 page
+    faults, analyze() 55.6 -> 38.4 ms, to_json 8.1 -> 6.4 ms (medians of 9, in process); the
+    reader's own ~22,000 unchanged. Results are the same: only where the bytes live changes. cli.main
+    calls it for report and diagnose as the process's own command line (short-lived: what
+    they keep is freed at exit); a long-running command keeps glibc's trimming. A user's own
+    malloc settings (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, GLIBC_TUNABLES) win."""
+    env = os.environ
+    if "MALLOC_MMAP_THRESHOLD_" in env or "MALLOC_TRIM_THRESHOLD_" in env or "malloc" in env.get("GLIBC_TUNABLES", ""):
+        return
+    try:
+        import ctypes  # numpy imports it anyway (numpy._core._internal): no extra cost
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):   # no C library symbol of that name (not glibc/musl)
+        return
+    mallopt(_M_MMAP_THRESHOLD, REUSE_BELOW)
+    mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+
+
 def exit_now(code) -> None:
     """End the process with `code` (sys.exit's argument) without the interpreter's teardown:
     freeing every module, class and array one by one is ~5 ms of a small `report --json`'s

@@ -132,3 +132,67 @@ def test_the_interpreter_exits_as_usual_otherwise(tmp_path):
     assert rc == 3 and lines == ["atexit"]
     rc, out, lines = exit_child("own", "report", "--no-such-option")
     assert rc == 2 and lines == ["atexit"]
+
+
+#: the child for the allocator: the real entry point, with mallopt recorded (reuse_freed_memory)
+MALLOPT_CHILD = """
+import ctypes, json, sys
+calls = []
+class Libc:
+    def __init__(self, real):
+        self.real = real
+    def __getattr__(self, name):
+        if name != "mallopt":
+            return getattr(self.real, name)
+        def mallopt(param, value):
+            calls.append([param, value])
+            return self.real.mallopt(param, value)
+        return mallopt
+real_cdll = ctypes.CDLL
+ctypes.CDLL = lambda name, *a, **kw: Libc(real_cdll(name, *a, **kw)) if name is None else real_cdll(name, *a, **kw)
+import atexit
+atexit.register(lambda: print(json.dumps(calls), file=sys.stderr, flush=True))
+import skewscope.cli as cli
+cli.main(prog_name="skewscope")
+"""
+
+
+def mallopt_child(*args, env=None):
+    import os
+    e = dict(os.environ)
+    for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"):
+        e.pop(k, None)
+    e.update(env or {})
+    p = subprocess.run([sys.executable, "-c", MALLOPT_CHILD, *args], capture_output=True, text=True, timeout=120,
+                       env=e)
+    return p.returncode, p.stdout, json.loads(p.stderr.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@pytest.mark.skipif(not CAPTURE.exists(), reason="../shared/data/real not present")
+def test_report_and_diagnose_keep_the_memory_they_free():
+    """The process's own report/diagnose set glibc's mmap threshold and trimming once, before
+    their imports (cli.common.reuse_freed_memory), and write the document an in-process run
+    writes; other commands, and a user's own malloc settings, are left alone."""
+    from skewscope.cli.common import REUSE_BELOW
+    want = [[-3, REUSE_BELOW], [-1, 1 << 30]]
+    for cmd in ("report", "diagnose"):
+        rc, out, calls = mallopt_child(cmd, "--json", str(CAPTURE))
+        assert calls == want, (cmd, calls)
+        r = CliRunner().invoke(main, [cmd, "--json", str(CAPTURE)])
+        assert (rc, _timeless(out)) == (r.exit_code, _timeless(r.stdout))
+    rc, out, calls = mallopt_child("gen", "--list-presets")
+    assert rc == 0 and calls == []
+    for env in ({"MALLOC_TRIM_THRESHOLD_": "131072"}, {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}):
+        rc, out, calls = mallopt_child("report", "--json", str(CAPTURE), env=env)
+        assert rc == 0 and calls == [], env
+
+
+def test_in_process_callers_keep_their_allocator(monkeypatch):
+    from skewscope.cli import common
+    called = []
+    monkeypatch.setattr(common, "reuse_freed_memory", lambda: called.append(1))
+    import skewscope.cli as cli
+    monkeypatch.setattr(cli, "reuse_freed_memory", common.reuse_freed_memory)
+    CliRunner().invoke(main, ["report", "--json", "/nonexistent.pcap"])
+    assert called == []
