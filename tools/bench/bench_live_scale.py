@@ -338,6 +338,7 @@ def run(n_flows, a, rows):
     prev_words = order_words(prev)         # the session kept them from the previous interval
     cols = np.empty((len(cur), 2), np.uint64)     # cur's packets/first_ts, filled by the delta's pass
     d0, j0, words, rows0 = interval_delta(prev, cur, 20 * NS, prev_words, cols=cols, with_rows=True)
+    assert j0 is not None and np.array_equal(j0, np.arange(len(cur)))   # the same keys in both reads
     ev0 = events_from_records(d0, recs)
     delta = snapshot(d0, ev0, 20 * NS, t1, n_flows)
     cum = snapshot(cur, np.zeros(0, L.EVENT_DTYPE), 0, t1, n_flows)
@@ -399,7 +400,9 @@ def run(n_flows, a, rows):
             ev["start_ts"] += np.uint64(shift[0] * NS)
             ev["end_ts"] += np.uint64(shift[0] * NS)
             shift[0] += 1
-            acc.add(delta.flows, ev, cum_flows=cum.flows, cum_rows=rows0)   # as live/export.py passes a read
+            # as live/export.py passes a read (j0: the read's join to the previous one, as here
+            # to the same table: no flow came or went between the bench's two reads)
+            acc.add(delta.flows, ev, cum_flows=cum.flows, cum_rows=rows0, cum_join=j0)
             cur_state[0] = acc.state("bench", cum.globals, dict(cum.meta), 20, read_ts=1.0)
             return registry.exposition()          # one /metrics scrape of the server's registry
         return f
