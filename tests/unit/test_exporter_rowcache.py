@@ -143,3 +143,46 @@ def test_row_cache_carry_refuses_what_it_cannot_carry():
     assert rc.carry(join, np.full(len(d), -1), cls, t1, keys, z3, z3) is None
     assert rc.carry(join, rows, cls, t1, np.zeros((1, 5), np.uint64), z3, z3) is None
     assert RowCache.fill(keys, t0[::2]) is None and CLASSES
+
+
+@pytest.mark.parametrize("preset", ["ring-straggler", "moe-hot-expert", "tp-decode-slow-shard", "pd-imbalanced",
+                                    "mpi-ring-healthy", "demo-mix"])
+def test_known_node_view_equals_the_whole_window(tmp_path, monkeypatch, preset):
+    """With --node-ip and a capture of the whole fabric (a mirror's reads), the window's
+    per-node timing reads the node's view (exptiming.WindowedTiming._node_view: the flows
+    the node is an end of, their records), made once per read: the exported series are
+    those of the analysis of the whole window (VIEW_SHARE < 0: never the view), read by
+    read, for rings, all-to-all, decode, KV transfers and RDMA READs."""
+    from skewscope import gen as skewgen
+    from skewscope.analysis.context import context
+    from skewscope.outputs import exptiming
+    from skewscope.sources.offline import parse_file
+    cap = skewgen.generate(preset, seed=0)
+    p = tmp_path / "w.pcap"
+    cap.write_pcap(str(p), snaplen=128)
+    snap = parse_file(str(p))
+    ips = (cap.truth.get("pathologies") or [{}])[0].get("entities", {}).get("ips") or context(snap).nodes.ips[:1]
+    ev = snap.events
+    t = ev["start_ts"].astype(np.int64)
+    span = int(t.max() - t.min())
+    cuts = [int(t.min()) + span * k // 5 for k in range(6)]
+    cuts[-1] += 1
+    real = exptiming.WindowedTiming._node_view
+    for ip in list(ips)[:2]:
+        def run(share):
+            monkeypatch.setattr(exptiming, "VIEW_SHARE", share)
+            views = []
+            monkeypatch.setattr(exptiming.WindowedTiming, "_node_view",
+                                lambda self: (lambda v: views.append(v is not None) or v)(real(self)))
+            acc = E.Accumulator(node_ip=ip, window_s=span / 6 / 1e9)
+            out = []
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                acc.add(snap.flows, ev[(t >= a) & (t < b)], cum_flows=snap.flows)
+                out.append([(s.name, k, repr(v)) for s, k, v in acc.timing.rows()])
+            acc.add(snap.flows, ev[:0], cum_flows=snap.flows)
+            out.append([(s.name, k, repr(v)) for s, k, v in acc.timing.rows()])
+            return out, views
+        view, used = run(0.5)
+        whole, unused = run(-1.0)
+        assert any(used) and not any(unused)
+        assert view == whole and any(view[-1])
