@@ -372,20 +372,19 @@ def _carry_rows(join, pcls, ppr, pdr, psr, rows, dcls, src, dst, ipv, msgs, msg_
         i = rows[k]
         if i < 0:
             return False
-        if k + 8 < rows.shape[0]:
-            prefetch(ipv, rows[k + 8])
+        # (the row itself is read only where something is looked up: a class that stayed
+        # and rows known are the previous read's, from the compact arrays)
         c = dcls[k]
-        v = np.uint64(ipv[i])
         if c != ncls[i] or npr[i] == UNKNOWN_ROW:
             ncls[i] = c
             wp[0], wp[1], wp[2], wp[3] = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1]
-            wp[4] = v | (np.uint64(c) << np.uint64(8))
+            wp[4] = np.uint64(ipv[i]) | (np.uint64(c) << np.uint64(8))
             npr[i] = _find(sp, tp, wp)
         if ndr[i] == UNKNOWN_ROW:
-            w3[0], w3[1], w3[2] = dst[i, 0], dst[i, 1], v
+            w3[0], w3[1], w3[2] = dst[i, 0], dst[i, 1], np.uint64(ipv[i])
             ndr[i] = _find(sd, td, w3)
         if nsr[i] == UNKNOWN_ROW:
-            w3[0], w3[1], w3[2] = src[i, 0], src[i, 1], v
+            w3[0], w3[1], w3[2] = src[i, 0], src[i, 1], np.uint64(ipv[i])
             nsr[i] = _find(ss, ts, w3)
     for i in range(n):
         if ncls[i] == UNKNOWN_CLS:

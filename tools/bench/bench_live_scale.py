@@ -41,8 +41,8 @@ Rows (CPU time of this process, median of --rounds; the first round untimed):
   live detectors       analysis.live_metrics(delta): roles, partners, node matrix, link
                        counters, congestion table, the live=True detectors
   exporter             outputs.exporter.Accumulator.add + state + one /metrics scrape (the server's registry);
-                       the read's delta rows in the cumulative table given as live/export.py gives them
-                       (Interval.delta_rows)
+                       the read's delta rows in the cumulative table and its join to the previous read given
+                       as live/export.py gives them (Interval.delta_rows, Interval.join: exptables.RowCache)
   exporter, known node the same with --node-ip NODE_IP (a node of the first group): its per-node
                        timing over the window of the last 100,000 records, each read in four
                        pieces (printed as the export interval "with a known node")
@@ -422,8 +422,9 @@ def run(n_flows, a, rows):
         ("top rows", cpu(f_top, r), "O(flows)"),
         ("top matrix", cpu(lambda: matrix_view(fresh(), 1.0), r), "O(flows) + O(nodes^2)"),
         ("live detectors", cpu(lambda: live_metrics(fresh()), r), "O(flows) + O(pairs) + O(nodes^2)"),
-        ("exporter", cpu(f_export, r), "O(flows + records)"),
-        ("exporter, known node", cpu(f_export_node, r), "O(flows + records) + O(window)  (not in the intervals)"),
+        ("exporter", cpu(f_export, r), "O(delta + records) + O(flows) compact"),
+        ("exporter, known node", cpu(f_export_node, r),
+         "O(delta + records) + O(the node's view)  (not in the intervals)"),
     ]
     t_np = cpu(lambda: numpy_interval(prev, cur, recs), r)
     top_total = sum(c for name, c, _ in comp if name in ("delta", "records -> events", "window",
