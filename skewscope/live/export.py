@@ -50,7 +50,8 @@ class LiveSource:
 
     def _absorb(self, iv) -> None:
         t0 = time.monotonic()
-        self.acc.add(iv.delta.flows, iv.delta.events, cum_flows=iv.cum.flows, cum_rows=iv.delta_rows)
+        self.acc.add(iv.delta.flows, iv.delta.events, cum_flows=iv.cum.flows, cum_rows=iv.delta_rows,
+                     cum_join=iv.join)
         meta = dict(iv.cum.meta)
         meta["events_lost"] = int(meta.get("events_lost", 0)) + int(meta.get("events_dropped", 0))
         st = self.acc.state(self.node, iv.cum.globals, meta, self.top_k, read_ts=iv.wall,

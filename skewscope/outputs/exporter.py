@@ -51,6 +51,7 @@ from skewscope.outputs.exptables import (
     MSG0,
     NCOLS,
     OVERFLOW_LABEL,
+    RowCache,
     add_flow_counters,
     busy_ns_per_peer,
     dst_ids,
@@ -139,6 +140,10 @@ class Accumulator:
         self.src_carry = np.zeros(0, dtype=np.int64)
         self.events_without_flow = 0
         self.cum_flows = np.zeros(0, L.FLOW_DTYPE)
+        # per row of cum_flows: class, pair/destination/source rows, flows per pair
+        # (exptables.RowCache), carried read to read through the reads' joins; None: made
+        # again by the next state() (one pass over the table)
+        self._rc: RowCache | None = None
         self.reads = 0
 
     def _peer_index(self, flows: np.ndarray, cls: np.ndarray, idx: np.ndarray | None = None) -> np.ndarray:
@@ -190,13 +195,18 @@ class Accumulator:
         return idx
 
     def add(self, delta: np.ndarray, events: np.ndarray | None = None,
-            cum_flows: np.ndarray | None = None, cum_rows: np.ndarray | None = None) -> None:
+            cum_flows: np.ndarray | None = None, cum_rows: np.ndarray | None = None,
+            cum_join: np.ndarray | None = None) -> None:
         """delta: FLOW_DTYPE counters accumulated since the previous add; events: the
         message records of the same interval (`flow` indexes `delta`); cum_flows: the
         cumulative flow table now (for the top-K flows and per-pair QP counts); cum_rows:
         each delta row's row in cum_flows when the caller has it (the live session's
-        Interval.delta_rows: join_flows(cum_flows, delta) without the join)."""
+        Interval.delta_rows: join_flows(cum_flows, delta) without the join); cum_join: each
+        row of cum_flows' row in the cum_flows of the previous add or -1 (Interval.join),
+        when the caller has it: the rows the delta does not hold keep what the previous
+        read found for them (exptables.RowCache), only the delta's rows are read."""
         self.reads += 1
+        rc, self._rc = self._rc, None
         if cum_flows is not None:
             self.cum_flows = cum_flows
         # class from the cumulative table (stable), not from the interval's few messages
@@ -210,10 +220,21 @@ class Accumulator:
         else:
             cls = flow_class(delta)
         has_ev = events is not None and len(events)
-        # the rows of the flows' pair, destination and source series: one pass over the rows
-        pr, dr, sr = (peer_dst_src_rows(self.peer_keys, self.dst_keys, self.src_keys, delta, cls) if has_ev
-                      else (None, None, None))
+        # the rows of the flows' pair, destination and source series: from the previous
+        # read's for the rows this one did not change, else one pass over the delta's rows
+        rc = (rc.carry(cum_join, j, cls, cum_flows, self.peer_keys, self.dst_keys, self.src_keys)
+              if rc is not None and cum_join is not None and cum_flows is not None and j is not None and len(delta)
+              else None)
+        if rc is not None:
+            pr, dr, sr = (rc.pr.take(j).astype(np.int64), rc.dr.take(j).astype(np.int64),
+                          rc.sr.take(j).astype(np.int64))
+        else:
+            pr, dr, sr = (peer_dst_src_rows(self.peer_keys, self.dst_keys, self.src_keys, delta, cls) if has_ev
+                          else (None, None, None))
+        kp, kd, ks = len(self.peer_keys), len(self.dst_keys), len(self.src_keys)
         peer = self._peer_index(delta, cls, pr)
+        if len(self.peer_keys) != kp:
+            rc = None             # its -1 peer rows and counts are stale: made again by state()
         if add_flow_counters(delta, peer, self.peer_counts, self.overflow_counts, self.totals):
             self.overflow_used = True
         if has_ev:
@@ -253,16 +274,28 @@ class Accumulator:
                 ev = ev[keep[ev["flow"]]]
                 busy_s, self.src_carry = busy_ns_per_peer(ev, si, len(self.src_keys), self.src_carry, pkt_ns=pkt)
                 self.src_busy += busy_s
+            if rc is not None:
+                if len(self.dst_keys) != kd:
+                    rc.forget_misses("dr")
+                if len(self.src_keys) != ks:
+                    rc.forget_misses("sr")
             if self.window is not None:
                 self.window.add(delta, events, cum_flows, cum_rows=j if cum_flows is not None else None)
             else:
                 self.timing.add(Snapshot(delta, events, np.zeros(L.G_N, np.uint64), {}), self.node_ip)
         elif self.window is not None:
             self.window.flush()   # a read without records: the node is quiet, close the tail
+        if cum_flows is not None:
+            self._rc = rc
 
     def qps_per_peer(self) -> np.ndarray:
         """Flows per exported pair in the cumulative table (last entry: overflow)."""
-        return peer_counts(self.peer_keys, self.cum_flows)
+        rc = self._rc
+        if rc is None or rc.q is None or rc.kp != len(self.peer_keys) or len(rc) != len(self.cum_flows):
+            rc = self._rc = RowCache.fill(self.peer_keys, self.cum_flows)
+            if rc is None:
+                return peer_counts(self.peer_keys, self.cum_flows)
+        return rc.q.copy()
 
     def state(self, node: str, globals_: np.ndarray, meta: dict, top_k: int, read_ts: float = 0.0,
               read_seconds: float = 0.0, info: dict | None = None) -> ExportState:

@@ -337,6 +337,154 @@ def peer_counts(keys: np.ndarray, flows: np.ndarray) -> np.ndarray:
     return q
 
 
+#: RowCache marks: a row whose class (cls) or series row (pr, dr, sr) is not known yet
+UNKNOWN_CLS = 255
+UNKNOWN_ROW = -2
+
+
+@njit(cache=True, nogil=True)
+def _carry_rows(join, pcls, ppr, pdr, psr, rows, dcls, src, dst, ipv, msgs, msg_bytes, cts_max, bulk_min,
+                tp, td, ts, ncls, npr, ndr, nsr, q):
+    """The RowCache of the next read (see RowCache.carry): each row's entries from its row in
+    the previous read (join), the read's rows (rows, their class dcls) with the class they
+    have now and, where it changed or the row is new, their series rows looked up again;
+    rows new to the table and not in the read (no packets: not expected) computed whole;
+    dr/sr of the read's rows looked up where unknown. q: flows per peer row (the last: none).
+    False when rows has a -1 (a delta row without a cumulative row: not carried)."""
+    sp, sd, ss = _slots(tp), _slots(td), _slots(ts)
+    wp = np.zeros(5, dtype=np.uint64)
+    w3 = np.zeros(3, dtype=np.uint64)
+    n = join.shape[0]
+    m = tp.shape[0]
+    for i in range(n):
+        p = join[i]
+        if p >= 0:
+            ncls[i] = pcls[p]
+            npr[i] = ppr[p]
+            ndr[i] = pdr[p]
+            nsr[i] = psr[p]
+        else:
+            ncls[i] = UNKNOWN_CLS
+            npr[i] = UNKNOWN_ROW
+            ndr[i] = UNKNOWN_ROW
+            nsr[i] = UNKNOWN_ROW
+    for k in range(rows.shape[0]):
+        i = rows[k]
+        if i < 0:
+            return False
+        # (the row itself is read only where something is looked up: a class that stayed
+        # and rows known are the previous read's, from the compact arrays)
+        c = dcls[k]
+        if c != ncls[i] or npr[i] == UNKNOWN_ROW:
+            ncls[i] = c
+            wp[0], wp[1], wp[2], wp[3] = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1]
+            wp[4] = np.uint64(ipv[i]) | (np.uint64(c) << np.uint64(8))
+            npr[i] = _find(sp, tp, wp)
+        if ndr[i] == UNKNOWN_ROW:
+            w3[0], w3[1], w3[2] = dst[i, 0], dst[i, 1], np.uint64(ipv[i])
+            ndr[i] = _find(sd, td, w3)
+        if nsr[i] == UNKNOWN_ROW:
+            w3[0], w3[1], w3[2] = src[i, 0], src[i, 1], np.uint64(ipv[i])
+            nsr[i] = _find(ss, ts, w3)
+    for i in range(n):
+        if ncls[i] == UNKNOWN_CLS:
+            c = _cls(msgs[i], msg_bytes[i], cts_max, bulk_min)
+            ncls[i] = c
+            wp[0], wp[1], wp[2], wp[3] = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1]
+            wp[4] = np.uint64(ipv[i]) | (np.uint64(c) << np.uint64(8))
+            npr[i] = _find(sp, tp, wp)
+        r = npr[i]
+        q[r if r >= 0 else m] += 1
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _row_peers(src, dst, ipv, msgs, msg_bytes, cts_max, bulk_min, table, q, cls, pr):
+    """_peer_counts that also keeps each row's class and peer row (RowCache.fill)."""
+    slots = _slots(table)
+    m = table.shape[0]
+    w = np.zeros(5, dtype=np.uint64)
+    n = src.shape[0]
+    for i in range(n):
+        if i + 16 < n:
+            prefetch(ipv, i + 16)
+            prefetch(msg_bytes, i + 16)
+        c = _cls(msgs[i], msg_bytes[i], cts_max, bulk_min)
+        w[0], w[1], w[2], w[3] = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1]
+        w[4] = np.uint64(ipv[i]) | (np.uint64(c) << np.uint64(8))
+        r = _find(slots, table, w)
+        cls[i] = c
+        pr[i] = r
+        q[r if r >= 0 else m] += 1
+
+
+def _keys(k: np.ndarray, w: int) -> np.ndarray:
+    return np.ascontiguousarray(k, dtype=np.uint64) if len(k) else np.zeros((0, w), np.uint64)
+
+
+class RowCache:
+    """Per row of one read's cumulative flow table: its flow_class, and its rows among the
+    peer, destination and source keys (peer_rows / dst_rows; -1 none, UNKNOWN_ROW not looked
+    up yet), and the flows per peer row (peer_counts). The next read's cache comes from
+    this one through the read's join (each row's row in the previous read's table): a row
+    the read did not change (not in its delta: no packets since, so the same counters and
+    class) keeps its entries; only the read's rows (and rows new to the table) are looked
+    at, so a read costs O(its delta) of row reads, not three passes over every row of the
+    table. The keys only grow (sticky series): an entry found stays; an entry -1 is stale
+    once its keys grew (forget_misses)."""
+
+    def __init__(self, cls, pr, dr, sr, q, kp):
+        self.cls, self.pr, self.dr, self.sr = cls, pr, dr, sr
+        self.q = q          # flows per peer row with the peer keys of kp rows; None: stale
+        self.kp = kp
+
+    def __len__(self):
+        return len(self.cls)
+
+    @classmethod
+    def fill(cls_, pkeys: np.ndarray, flows: np.ndarray) -> "RowCache | None":
+        """The cache of a table from scratch (one pass over its rows: peer_counts's), dr/sr
+        unknown; None when the table is not a C-contiguous FLOW_DTYPE one."""
+        if not (len(flows) and _whole(flows)):
+            return None
+        n = len(flows)
+        q = np.zeros(len(pkeys) + 1, dtype=np.int64)
+        c = np.empty(n, np.uint8)
+        pr = np.empty(n, np.int32)
+        _row_peers(_col(flows, "src", 2), _col(flows, "dst", 2), _col(flows, "ipver", 1, "u1")[:, 0],
+                   _col(flows, "messages", 1)[:, 0], _col(flows, "msg_bytes", 1)[:, 0], float(CTS_MAX_BYTES),
+                   float(BULK_MIN_MESSAGE), _keys(pkeys, 5), q, c, pr)
+        return cls_(c, pr, np.full(n, UNKNOWN_ROW, np.int32), np.full(n, UNKNOWN_ROW, np.int32), q, len(pkeys))
+
+    def carry(self, join: np.ndarray, rows: np.ndarray, dcls: np.ndarray, flows: np.ndarray, pkeys: np.ndarray,
+              dkeys: np.ndarray, skeys: np.ndarray) -> "RowCache | None":
+        """The cache of the next read's table `flows` (join: each of its rows' row in this
+        cache's table or -1; rows: the read's delta rows' rows in it, dcls their class);
+        None when it cannot be carried (the caller fills a new one)."""
+        n = len(flows)
+        if not (n and _whole(flows) and len(join) == n and len(rows) == len(dcls) and len(pkeys) == self.kp):
+            return None
+        join = np.ascontiguousarray(join, dtype=np.int64)
+        if len(self) == 0 or int(join.max()) >= len(self):
+            return None
+        out = RowCache(np.empty(n, np.uint8), np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int32),
+                       np.zeros(len(pkeys) + 1, dtype=np.int64), len(pkeys))
+        ok = _carry_rows(join, self.cls, self.pr, self.dr, self.sr, np.ascontiguousarray(rows, dtype=np.int64),
+                         np.ascontiguousarray(dcls, dtype=np.uint8), _col(flows, "src", 2), _col(flows, "dst", 2),
+                         _col(flows, "ipver", 1, "u1")[:, 0], _col(flows, "messages", 1)[:, 0],
+                         _col(flows, "msg_bytes", 1)[:, 0], float(CTS_MAX_BYTES), float(BULK_MIN_MESSAGE),
+                         _keys(pkeys, 5), _keys(dkeys, 3), _keys(skeys, 3), out.cls, out.pr, out.dr, out.sr, out.q)
+        return out if ok else None
+
+    def forget_misses(self, which: str) -> None:
+        """Keys of `which` ("pr", "dr", "sr") grew: its -1 entries are to be looked up again
+        (for the peer rows also the counts: stale)."""
+        a = getattr(self, which)
+        a[a == -1] = UNKNOWN_ROW
+        if which == "pr":
+            self.q = None
+
+
 def peer_dst_src_rows(pkeys: np.ndarray, dkeys: np.ndarray, skeys: np.ndarray, flows: np.ndarray,
                       cls: np.ndarray) -> tuple:
     """(peer_rows(pkeys, flows, cls), dst_rows(dkeys, flows), dst_rows(skeys, flows, "src"))

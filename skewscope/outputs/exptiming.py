@@ -14,7 +14,7 @@ from skewscope.analysis.context import Context
 from skewscope.analysis.nodeview import NodeViewError, per_node_timing
 from skewscope.core import layout as L
 from skewscope.core.rates import join_flows
-from skewscope.core.snapshot import _KEY_PREFIX, Snapshot, flow_key_words, match_rows, take_rows
+from skewscope.core.snapshot import _KEY_PREFIX, Snapshot, flow_key_words, ip_bytes, match_rows, take_rows
 from skewscope.outputs import metrics as M
 from skewscope.outputs.exptables import (DEFAULT_MAX_PEERS, OVERFLOW_LABEL, cumulative_buckets, fmt_le, keep_rows,
                                          put_rows, record_flows)
@@ -184,6 +184,24 @@ def _same_flows(a, b) -> bool:
     return a is b or (len(a) <= len(b) and np.array_equal(a, b[:len(a)]))
 
 
+def _node_words(ip: str | None) -> np.ndarray | None:
+    """The 16 address bytes of ip (as the flow table holds them) as two u64 words; None
+    without an ip (or one that is not an address: the whole window is analysed then)."""
+    if ip is None:
+        return None
+    try:
+        b, _ = ip_bytes(str(ip).strip())
+    except ValueError:
+        return None
+    return np.frombuffer(b, dtype="<u8").copy()
+
+
+#: a known node's view replaces the window in the analysis when it holds at most this
+#: share of the window's flows (else the whole window: its per-flow statistics are carried
+#: piece to piece, _piece_fstat; a DPU's own window is all its node's view)
+VIEW_SHARE = 0.5
+
+
 def _extend(a: np.ndarray, n: int, fill) -> np.ndarray:
     """a with rows up to n of `fill` (a itself when it has them)."""
     if len(a) >= n:
@@ -212,6 +230,10 @@ class WindowedTiming:
         self.window_ns, self.max_records = int(window_s * 1e9), int(max_records)
         self.min_iterations = int(min_iterations)
         self.flows = np.zeros(0, L.FLOW_DTYPE)      # the first rows of _buf
+        # a known node's view of the window (its flows, each window row's row in them or -1),
+        # made once per flow table (_node_view), None: not made; False: the whole window
+        self._node = _node_words(node_ip)
+        self._view = None
         self._buf = self.flows
         self.keys = np.zeros((0, L.FLOW_KEY_DTYPE.itemsize // 8), np.uint64)   # flow_key_words(self.flows)
         self._shared = None       # within one add: the flows-only context of its pieces
@@ -257,6 +279,7 @@ class WindowedTiming:
         j[new] = len(self.flows) + np.arange(len(new))
         self._grow(len(new))
         put_rows(self.flows, j, cum_flows, jc, delta, ref)
+        self._view = None
         if self._fst is not None:      # (none kept: the next ones are made whole)
             self._moved.append(j)      # rows written: their statistics are made again
         self.keys = np.concatenate([self.keys, keys[new]])
@@ -281,6 +304,7 @@ class WindowedTiming:
             self.flows = keep_rows(self.flows, used)
             self.keys = self.keys[used]
             self._renumber(mark)
+            self._view = None
         self._shared = None
 
     def _renumber(self, mark) -> None:
@@ -344,13 +368,53 @@ class WindowedTiming:
             self._export(final=True)
         self.pending = False
 
+    def _node_view(self):
+        """(the window's rows with the known node as an end, their flow table, each window
+        row's row in it or -1), made once per flow table; None: analyse the whole window (no
+        node known, or its view holds more than VIEW_SHARE of the flows)."""
+        if self._node is None:
+            return None
+        if self._view is None:
+            n = len(self.flows)
+            self._view = False
+            if n:
+                t = self.flows
+                w = lambda name: np.ndarray((n, 2), "<u8", buffer=t, offset=L.FLOW_DTYPE.fields[name][1],  # noqa: E731
+                                            strides=(t.dtype.itemsize, 8))
+                a, b = self._node
+                s, d = w("src"), w("dst")
+                rows = np.flatnonzero(((s[:, 0] == a) & (s[:, 1] == b)) | ((d[:, 0] == a) & (d[:, 1] == b)))
+                if len(rows) <= VIEW_SHARE * n:
+                    at = np.full(n, -1, dtype=np.int64)
+                    at[rows] = np.arange(len(rows))
+                    self._view = (rows, take_rows(t, rows), at)
+        return self._view or None
+
     def _export(self, final: bool) -> None:
-        snap = Snapshot(self.flows, self.events, np.zeros(L.G_N, np.uint64), {})
-        # the pieces of one read share its flow table: columns, nodes, pairs, sport partners
-        # (and roles, when they do not read the records: _flows_only) made once per read;
-        # the per-flow record statistics are made again only for the flows whose records
-        # changed (_piece_fstat)
-        ctx = _piece_context(snap, self)
+        view = self._node_view()
+        if view is not None:
+            # a known node: its timing is a function of the flows it is an end of and their
+            # records alone (analysis.nodeview: per flow, node pair and partner; a DPU's
+            # own view is that), so the analysis reads its view, not the whole window (the
+            # fabric's flows, with a mirror's or a switch's reads)
+            _, vflows, at = view
+            ev = self.events
+            f = ev["flow"].astype(np.int64)
+            sel = f >= 0
+            sel[sel] = at[f[sel]] >= 0
+            vev = ev[sel]
+            vev["flow"] = at[f[sel]]
+            snap = Snapshot(vflows, vev, np.zeros(L.G_N, np.uint64), {})
+            ctx = Context(snap)
+            snap._skewscope_ctx = ctx
+            self._fst, self._moved = None, []     # the whole window's statistics: made again
+        else:
+            snap = Snapshot(self.flows, self.events, np.zeros(L.G_N, np.uint64), {})
+            # the pieces of one read share its flow table: columns, nodes, pairs, sport partners
+            # (and roles, when they do not read the records: _flows_only) made once per read;
+            # the per-flow record statistics are made again only for the flows whose records
+            # changed (_piece_fstat)
+            ctx = _piece_context(snap, self)
         if self._shared is not None:
             ctx.__dict__.update(self._shared)
         try:

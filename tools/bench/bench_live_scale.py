@@ -41,8 +41,8 @@ Rows (CPU time of this process, median of --rounds; the first round untimed):
   live detectors       analysis.live_metrics(delta): roles, partners, node matrix, link
                        counters, congestion table, the live=True detectors
   exporter             outputs.exporter.Accumulator.add + state + one /metrics scrape (the server's registry);
-                       the read's delta rows in the cumulative table given as live/export.py gives them
-                       (Interval.delta_rows)
+                       the read's delta rows in the cumulative table and its join to the previous read given
+                       as live/export.py gives them (Interval.delta_rows, Interval.join: exptables.RowCache)
   exporter, known node the same with --node-ip NODE_IP (a node of the first group): its per-node
                        timing over the window of the last 100,000 records, each read in four
                        pieces (printed as the export interval "with a known node")
@@ -338,6 +338,7 @@ def run(n_flows, a, rows):
     prev_words = order_words(prev)         # the session kept them from the previous interval
     cols = np.empty((len(cur), 2), np.uint64)     # cur's packets/first_ts, filled by the delta's pass
     d0, j0, words, rows0 = interval_delta(prev, cur, 20 * NS, prev_words, cols=cols, with_rows=True)
+    assert j0 is not None and np.array_equal(j0, np.arange(len(cur)))   # the same keys in both reads
     ev0 = events_from_records(d0, recs)
     delta = snapshot(d0, ev0, 20 * NS, t1, n_flows)
     cum = snapshot(cur, np.zeros(0, L.EVENT_DTYPE), 0, t1, n_flows)
@@ -399,7 +400,9 @@ def run(n_flows, a, rows):
             ev["start_ts"] += np.uint64(shift[0] * NS)
             ev["end_ts"] += np.uint64(shift[0] * NS)
             shift[0] += 1
-            acc.add(delta.flows, ev, cum_flows=cum.flows, cum_rows=rows0)   # as live/export.py passes a read
+            # as live/export.py passes a read (j0: the read's join to the previous one, as here
+            # to the same table: no flow came or went between the bench's two reads)
+            acc.add(delta.flows, ev, cum_flows=cum.flows, cum_rows=rows0, cum_join=j0)
             cur_state[0] = acc.state("bench", cum.globals, dict(cum.meta), 20, read_ts=1.0)
             return registry.exposition()          # one /metrics scrape of the server's registry
         return f
@@ -419,8 +422,9 @@ def run(n_flows, a, rows):
         ("top rows", cpu(f_top, r), "O(flows)"),
         ("top matrix", cpu(lambda: matrix_view(fresh(), 1.0), r), "O(flows) + O(nodes^2)"),
         ("live detectors", cpu(lambda: live_metrics(fresh()), r), "O(flows) + O(pairs) + O(nodes^2)"),
-        ("exporter", cpu(f_export, r), "O(flows + records)"),
-        ("exporter, known node", cpu(f_export_node, r), "O(flows + records) + O(window)  (not in the intervals)"),
+        ("exporter", cpu(f_export, r), "O(delta + records) + O(flows) compact"),
+        ("exporter, known node", cpu(f_export_node, r),
+         "O(delta + records) + O(the node's view)  (not in the intervals)"),
     ]
     t_np = cpu(lambda: numpy_interval(prev, cur, recs), r)
     top_total = sum(c for name, c, _ in comp if name in ("delta", "records -> events", "window",
