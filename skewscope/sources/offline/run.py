@@ -1,6 +1,6 @@
 """One pass over one capture file (_Run): open it (gzip, mmap or copy buffer), read the
 format header, walk its records (pcap.py, pcapng.py) through the numba scanner -- into the
-tables (parse_file, dissect; opt-in: the accounting on a second thread, pipeline.py) or
+tables (parse_file, dissect; large files: parsed here, accounted on a second thread, pipeline.py) or
 out as frame batches (read_frames) --, then the damage and link-type warnings and the
 Snapshot with its meta; the progress bar of large files."""
 from __future__ import annotations
@@ -160,7 +160,7 @@ class _Run(_PcapWalk, _PcapngWalk):
         mode); grows the tables / hands over a full batch as needed. Returns the status."""
         b = self.b
         if self.acc is not None:
-            return self._scan_split((fmt, self.big, ts_mult, kind, if_kind, if_res, if_snap, n_if))
+            return self._scan_rows((fmt, self.big, ts_mult, kind, if_kind, if_res, if_snap, n_if))
         if self.frames:
             pos, status, n, o = K.scan_frames(b.buf, b.pos, b.fill, fmt, self.big, ts_mult, kind, if_kind, if_res,
                                               if_snap, n_if, self.st, self.rec, self.n, self.out, self.o)
@@ -185,7 +185,7 @@ class _Run(_PcapWalk, _PcapngWalk):
         self.rows = self.acc.block()
         self.nrows = 0
 
-    def _scan_split(self, walk_args: tuple) -> int:
+    def _scan_rows(self, walk_args: tuple) -> int:
         """One scanner call of the pipelined parse: the records from b.pos parsed into the
         current row block (scan_rows), which goes to the accounting thread when full (a new
         one taken: S_GROW, call again) or at the end (_end_pipeline). Returns the status."""
@@ -196,8 +196,7 @@ class _Run(_PcapWalk, _PcapngWalk):
         self.nrows = int(n)
         if status == K.S_FULL:
             self.acc.put(self.rows, self.nrows)
-            self.rows, self.nrows = None, 0
-            self.rows = self.acc.block()
+            self.rows, self.nrows = self.acc.block(), 0
             return K.S_GROW
         return int(status)
 
