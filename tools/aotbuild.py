@@ -167,7 +167,7 @@ def _workload(tmp: Path, quick: bool = False) -> None:
             with contextlib.redirect_stdout(io.StringIO()):
                 run("report", "--json", str(p) + ".gz")
             # the pipelined parser (large files: offline/pipeline.py) on a mapped and a read buffer,
-            # with cuts small enough that this capture needs several (the guessed ones too)
+            # with row blocks small enough that this capture needs several
             old = os.environ.get("SKEWSCOPE_OFFLINE_PIPELINE")
             os.environ["SKEWSCOPE_OFFLINE_PIPELINE"] = "1"
             rows, offline_pipeline.ROWS = offline_pipeline.ROWS, 64

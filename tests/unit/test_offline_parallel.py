@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -46,25 +47,26 @@ def tiny_blocks(monkeypatch):
 
 
 class Used:
-    """Counts the rows handed to the accounting thread (rows) and those of them the second
-    parsing thread parsed (back)."""
+    """Counts the rows handed to the accounting thread (rows), the blocks they came in
+    (blocks), and the threads that accounted them (threads)."""
 
     def __init__(self, monkeypatch):
         self.rows = 0
-        self.back = 0
+        self.blocks = 0
+        self.threads: set[str] = set()
         put = pipeline._Accountant.put
-        result = pipeline._Parser.result
+        account_block = pipeline.account_block
 
         def counting_put(acc, rows, n):
             self.rows += n
+            self.blocks += 1
             put(acc, rows, n)
 
-        def counting_result(par):
-            out = result(par)
-            self.back += out[2]
-            return out
+        def noting_account_block(t, rows, n):
+            self.threads.add(threading.current_thread().name)
+            account_block(t, rows, n)
         monkeypatch.setattr(pipeline._Accountant, "put", counting_put)
-        monkeypatch.setattr(pipeline._Parser, "result", counting_result)
+        monkeypatch.setattr(pipeline, "account_block", noting_account_block)
 
 
 def parse_both(monkeypatch, path, **kw):
@@ -86,11 +88,12 @@ def assert_same(one, two, used):
     m1.pop("parse_seconds")
     m2.pop("parse_seconds")
     assert m1 == m2
-    # the pipeline did the accounting: one row per accounted frame; both parsing threads
-    # parsed some (each cut: ROWS records in front, up to ROWS rows behind)
+    # the pipeline did the accounting, on its own thread: one row per accounted frame, in
+    # full blocks but for the last one
     accounted = int(two.globals[L.G_ACCOUNTED])
     assert used.rows == accounted
-    assert 0 < used.back < accounted or accounted <= 2 * pipeline.ROWS
+    assert used.blocks == -(-accounted // pipeline.ROWS)
+    assert used.threads <= {"skewscope-accounting"} and bool(used.threads) == (accounted > 0)
 
 
 def report_json(monkeypatch, path, force: str, *extra) -> tuple[int, str, str]:
@@ -125,7 +128,7 @@ def test_presets_report_json_identical(monkeypatch, tmp_path, preset):
     p = tmp_path / f"{preset}.pcap"
     generate(sc, seed=3).write_pcap(p, snaplen=128)
     used = assert_same_report(monkeypatch, p)
-    assert used.rows > 0 and used.back > 0
+    assert used.rows > 0 and used.blocks > 1
     assert_same(*parse_both(monkeypatch, p))
 
 
@@ -189,10 +192,10 @@ def test_damaged_and_pcapng_identical(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("rows", [3, 5, 7, 11])
-def test_skipped_blocks_and_packets_in_both_parts_identical(monkeypatch, tmp_path, rows):
-    """With cuts of several sizes, so that the file's last unknown block falls in a back part
-    in some: The counters the record walk keeps itself, met in the front and the back part of the
-    cuts alike: pcapng blocks of unknown types (count and the last type in the warning),
+def test_skipped_blocks_and_packets_identical(monkeypatch, tmp_path, rows):
+    """With row blocks of several sizes, so that skipped blocks and packets fall at every
+    place of a block: the counters the record walk keeps itself (not in the rows): pcapng
+    blocks of unknown types (count and the last type in the warning),
     packets on an interface of an unsupported link type (skipped_unsupported_linktype), and
     simple packet blocks; then a packet for an undeclared interface ends the file early."""
     monkeypatch.setattr(pipeline, "ROWS", rows)
@@ -255,34 +258,18 @@ def test_message_records_sorted_stably_in_or_out_of_order():
         assert list(out["start_ts"]) == sorted(int(x) for x in start)
 
 
-def test_wrong_cut_guesses_are_dropped(monkeypatch, tmp_path):
-    """A guessed cut (kernel guess_record) is used only where the front part's own walk ends:
-    with guesses that are mostly not record boundaries, the back parts parsed from them are
-    dropped and the result is still the one-core result."""
-    from skewscope.sources.offline import kernel as K
-    monkeypatch.setattr(pipeline, "ROWS", 61)
-    real = K.guess_record
-    calls = {"guess": 0, "fold": 0, "drop": 0}
-
-    def off_by_some(b, pos, at, end, big, chain):
-        calls["guess"] += 1
-        q = real(b, pos, at, end, big, chain)
-        return q if q < 0 or calls["guess"] % 3 == 0 else q + calls["guess"] % 7 + 1
-    fold, drop = pipeline._Parser.fold, pipeline._Parser.drop
-
-    def counting_fold(par, *a):
-        calls["fold"] += 1
-        fold(par, *a)
-
-    def counting_drop(par):
-        calls["drop"] += 1
-        drop(par)
-    monkeypatch.setattr(K, "guess_record", off_by_some)
-    monkeypatch.setattr(pipeline._Parser, "fold", counting_fold)
-    monkeypatch.setattr(pipeline._Parser, "drop", counting_drop)
-    sc = dict(PRESETS["ring-healthy"])
+def test_blocks_across_windows_identical(monkeypatch, tmp_path):
+    """Row blocks larger than the read window: a block is filled across many refills (mmap
+    windows of 64 KiB, the gzip copy's read buffer of the same size) and handed over
+    part-way through a window; the result is still the one-core result."""
+    monkeypatch.setattr(pipeline, "ROWS", 4099)
+    sc = dict(PRESETS["ring-straggler"])
     sc["iterations"] = 1
-    p = tmp_path / "wrong.pcap"
-    generate(sc, seed=4).write_pcap(p, snaplen=128)
-    assert_same(*parse_both(monkeypatch, p))
-    assert calls["guess"] > 10 and calls["drop"] - calls["fold"] > 3 and calls["fold"] > 3
+    p = tmp_path / "windows.pcap"
+    generate(sc, seed=5).write_pcap(p, snaplen=128)
+    gz = tmp_path / "windows.pcap.gz"
+    write(gz, p.read_bytes(), gz=True)
+    for path in (p, gz):
+        one, two, used = parse_both(monkeypatch, path, chunk_bytes=1 << 16)
+        assert_same(one, two, used)
+        assert one.meta["bytes_read"] > 20 * (1 << 16) and used.blocks > 5

@@ -24,8 +24,8 @@ skewscope's, so all three did the same job. Peak memory: ru_maxrss of each CLI p
 (under time(1)), of tshark, and of this process for the in-process parser rows.
 
 The rows not marked "one core" run with SKEWSCOPE_OFFLINE_PIPELINE=auto, the default: captures
-of 768 MiB or more are parsed on two cores (skewscope/sources/offline/pipeline.py: each cut of the
-read buffer parsed by two threads, the rows accounted in file order on a third);
+of 768 MiB or more are parsed on two cores (skewscope/sources/offline/pipeline.py: the records
+parsed into row blocks on the reading thread, the rows accounted in file order on a second);
 the "one core" rows run the same with SKEWSCOPE_OFFLINE_PIPELINE=0, for the comparison in the
 same run.
 

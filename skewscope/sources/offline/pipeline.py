@@ -1,28 +1,29 @@
 """The pipelined parser: one file parsed on two cores with the result of one core, exactly.
 
-The parse (kernel/scanner.py scan_rows: record framing, link-type conventions, headers,
-categories) runs on two threads and writes one compact row per accounted frame; a third,
-the accounting thread (_Accountant), feeds those rows, in file order, through the same
-`account` as the one-core scan (kernel/scanner.py account_rows). The read buffer is parsed
-in cuts (run._Run._scan_split): the reading thread parses the records up to the cut (the
-front part) while the parsing thread (_Parser) parses the records after it until its block
-holds ROWS rows (the back part); both blocks go to the accounting thread, front first. The
-cut is ~ROWS records on: guessed in classic pcap (guess_record) and kept only where the front
-part's own walk ends, else found by walking the record headers (split_rows). Everything stateful
-across packets -- the flow table and its LRU, PSN state, messages, flow instances, message
-records -- lives only in the accounting thread and sees the packets in file order, so the
-Snapshot is the one-core Snapshot; the parse's counters (frames, categories,
-decapsulation, PFC, snaplen cuts, first/last time, skipped blocks) are sums and ends, folded
-after every cut (_Parser.fold) and merged at the end (merge). All kernels run without the
-GIL (numba nogil; the precompiled module's wrappers release it too).
+Two threads. The reading thread walks the file and parses every record (kernel/scanner.py
+scan_rows: record framing, link-type conventions, headers, categories) into row blocks of
+ROWS rows, one compact row per accounted frame (run._Run._scan_rows; a block is filled across
+refills of the read buffer). Each full block goes to the accounting thread (_Accountant),
+which feeds the rows, in file order, through the same `account` as the one-core scan
+(kernel/scanner.py account_rows) and hands the block back for reuse; at most BLOCKS are in
+flight. Everything stateful across packets -- the flow table and its LRU, PSN state,
+messages, flow instances, message records -- lives only in the accounting thread and sees
+the packets in file order, so the Snapshot is the one-core Snapshot; the parse's counters
+(frames, categories, decapsulation, PFC, snaplen cuts, first/last time, skipped blocks) stay
+in the reading thread and are merged at the end (merge). The mmap window helper
+(streams._MapBuffer) is the third thread of the process: its page-table work (~11 ns per
+packet) is scheduled by the OS on whichever core has room. All kernels run without the GIL
+(numba nogil; the precompiled module's wrappers release it too).
+
+Why not more threads: a second parsing thread (each buffer cut in two, the back part parsed
+beside the front part; until 2026-12-05) used no less CPU and its per-cut waits left a core
+idle: on the 10.6 M-frame capture the parse takes ~0.2 CPU-s, the accounting ~0.2 and the
+page tables ~0.1, which the OS spreads over two cores as they come.
 
 On for large captures: SKEWSCOPE_OFFLINE_PIPELINE=auto (the default, also when unset) uses it
 for files of at least PIPELINE_MIN_BYTES when this process may run on two CPUs or more, =1 for
-any file (tests), =0 never. The threshold is measured (docs/offline.md "Speed", quiet 2-vCPU
-VM, 2026-12-05): on 1.5 GB it pays (report --json 0.93 -> 0.80 s), on 302 MB it does not
-(0.35 -> 0.41 s: the rows cost ~25 % more CPU than the one-core scan and the threads' start
-and hand-overs are not paid back). gzip input pipelines the same way (decompression stays in the reading thread,
-before each cut)."""
+any file (tests), =0 never. The threshold is measured (docs/offline.md "Two cores").
+gzip input pipelines the same way (decompression stays in the reading thread)."""
 from __future__ import annotations
 
 import os
@@ -36,8 +37,8 @@ from skewscope.sources.offline import kernel as K
 from skewscope.sources.offline.tables import _OPTAB, _Tables
 
 PIPELINE_MIN_BYTES = 768 << 20
-ROWS = 1 << 16      # rows per block handed over (5.2 MB); per cut: ROWS records in front, ROWS rows behind
-BLOCKS = 4          # blocks in flight at most (memory bound: ~21 MB): two cuts
+ROWS = 1 << 16      # rows per block handed over (5.8 MB)
+BLOCKS = 4          # blocks in flight at most (memory bound: ~23 MB)
 
 #: the parse half's scalar state, copied into the tables' at the end (the accounting half
 #: owns every other index: flow table, LRU, instances, message records)
@@ -107,72 +108,6 @@ class _Accountant:
         self.thread.join()
         if self.exc is not None:
             raise self.exc
-
-
-class _Parser:
-    """The second parsing thread: parses the back part of each cut (scan_rows into its own
-    counters, g/st, folded into the reading thread's after every cut by fold) while the
-    reading thread parses the front part."""
-
-    def __init__(self):
-        self.g = np.zeros(L.G_N, np.int64)
-        self.st = np.zeros(K.ST_N, np.int64)
-        self.st[K.ST_FIRST_TS] = -1
-        self.todo: queue.Queue = queue.Queue()
-        self.done: queue.Queue = queue.Queue()
-        self.thread = threading.Thread(target=self._work, name="skewscope-parse", daemon=True)
-        self.thread.start()
-
-    def submit(self, b, pos, end, walk_args, rows) -> None:
-        self.todo.put((b, pos, end, walk_args, rows))
-
-    def _work(self) -> None:
-        while True:
-            item = self.todo.get()
-            if item is None:
-                return
-            b, pos, end, walk_args, rows = item
-            try:
-                out = K.scan_rows(b, pos, end, *walk_args, self.g, self.st, rows, 0, _OPTAB)
-            except BaseException as e:  # re-raised in the reading thread by result()
-                out = e
-            self.done.put(out)
-
-    def result(self) -> tuple[int, int, int]:
-        out = self.done.get()
-        if isinstance(out, BaseException):
-            raise out
-        pos, status, n = out
-        return int(pos), int(status), int(n)
-
-    def fold(self, g: np.ndarray, st: np.ndarray, status: int) -> None:
-        """This thread's counters of the last cut into the reading thread's (the back part
-        comes after the front part in the file): sums add up, the first time stays the
-        front part's when it has one, the last time and the last unknown block type are
-        the back part's when it saw any; then start the next cut from zero."""
-        ps = self.st
-        g += self.g
-        if st[K.ST_FIRST_TS] < 0:
-            st[K.ST_FIRST_TS] = ps[K.ST_FIRST_TS]
-        if ps[K.ST_RECORDS]:
-            st[K.ST_LAST_TS] = ps[K.ST_LAST_TS]
-        for i in (K.ST_RECORDS, K.ST_CUT, K.ST_SKIP_LT, K.ST_UNKNOWN_BLOCKS):
-            st[i] += ps[i]
-        if ps[K.ST_UNKNOWN_BLOCKS]:
-            st[K.ST_UNKNOWN_TYPE] = ps[K.ST_UNKNOWN_TYPE]
-        if status == K.S_BAD_IFACE:
-            st[K.ST_STOP_IF] = ps[K.ST_STOP_IF]
-        self.drop()
-
-    def drop(self) -> None:
-        """Forget the last cut's counters (folded, or parsed from a wrong guess)."""
-        self.g[:] = 0
-        self.st[:] = 0
-        self.st[K.ST_FIRST_TS] = -1
-
-    def finish(self) -> None:
-        self.todo.put(None)
-        self.thread.join()
 
 
 def merge(t: _Tables, g_parse: np.ndarray, st_parse: np.ndarray) -> None:

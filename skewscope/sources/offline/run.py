@@ -1,6 +1,6 @@
 """One pass over one capture file (_Run): open it (gzip, mmap or copy buffer), read the
 format header, walk its records (pcap.py, pcapng.py) through the numba scanner -- into the
-tables (parse_file, dissect; opt-in: the accounting on a second thread, pipeline.py) or
+tables (parse_file, dissect; large files: parsed here, accounted on a second thread, pipeline.py) or
 out as frame batches (read_frames) --, then the damage and link-type warnings and the
 Snapshot with its meta; the progress bar of large files."""
 from __future__ import annotations
@@ -57,7 +57,6 @@ class _Run(_PcapWalk, _PcapngWalk):
         self.progress = progress
         self.packets_limit = packets
         self.acc: pipeline._Accountant | None = None   # the accounting thread (pipelined parse)
-        self.par: pipeline._Parser | None = None      # its second parsing thread
 
     # -- driver ------------------------------------------------------------------------
     def run(self) -> None:
@@ -111,9 +110,8 @@ class _Run(_PcapWalk, _PcapngWalk):
                 self._end_pipeline()
             self._finish()
         finally:
-            if self.acc is not None:   # left early (an error): stop the threads, drop their work
+            if self.acc is not None:   # left early (an error): stop the thread, drop its work
                 acc, self.acc = self.acc, None
-                self.par.finish()
                 try:
                     acc.finish()
                 except Exception:
@@ -162,7 +160,7 @@ class _Run(_PcapWalk, _PcapngWalk):
         mode); grows the tables / hands over a full batch as needed. Returns the status."""
         b = self.b
         if self.acc is not None:
-            return self._scan_split((fmt, self.big, ts_mult, kind, if_kind, if_res, if_snap, n_if))
+            return self._scan_rows((fmt, self.big, ts_mult, kind, if_kind, if_res, if_snap, n_if))
         if self.frames:
             pos, status, n, o = K.scan_frames(b.buf, b.pos, b.fill, fmt, self.big, ts_mult, kind, if_kind, if_res,
                                               if_snap, n_if, self.st, self.rec, self.n, self.out, self.o)
@@ -178,62 +176,35 @@ class _Run(_PcapWalk, _PcapngWalk):
         return int(status)
 
     def _start_pipeline(self) -> None:
-        """Parse on two threads, account on a third (pipeline.py): the parse counts into its
+        """Parse here, account on a second thread (pipeline.py): the parse counts into its
         own g/st (merged at the end), the accounting owns the tables."""
         self.g_parse = np.zeros(L.G_N, np.int64)
         self.st = np.zeros(K.ST_N, np.int64)
         self.st[K.ST_FIRST_TS] = -1
-        self.st_split = np.zeros(K.ST_N, np.int64)
-        self.cut_bytes = 0   # where to guess the next cut (0: walk to it)
         self.acc = pipeline._Accountant(self.t)
-        self.par = pipeline._Parser()
+        self.rows = self.acc.block()
+        self.nrows = 0
 
-    def _scan_split(self, walk_args: tuple) -> int:
-        """One cut of the pipelined parse: the records from b.pos to the cut parsed here (the
-        front part), the records after it by the parsing thread until its row block is full
-        or the buffer ends (the back part), both row blocks handed to the accounting thread
-        in file order. The cut: in classic pcap, a record boundary guessed ~ROWS records on
-        (guess_record, from the front parts' bytes per record) and used only when the front
-        part's own walk ends exactly there -- else the back part is dropped and the next cut
-        walks (split_rows: the first ROWS records' headers), as pcapng always does. Returns
-        the status where the parse stopped (S_GROW: call again)."""
+    def _scan_rows(self, walk_args: tuple) -> int:
+        """One scanner call of the pipelined parse: the records from b.pos parsed into the
+        current row block (scan_rows), which goes to the accounting thread when full (a new
+        one taken: S_GROW, call again) or at the end (_end_pipeline). Returns the status."""
         b = self.b
-        start = b.pos
-        rec0 = int(self.st[K.ST_RECORDS])
-        mid = -1
-        if walk_args[0] == K.FMT_PCAP and self.cut_bytes >= 16 and start + self.cut_bytes < b.fill:
-            mid = int(K.guess_record(b.buf, start, start + self.cut_bytes, b.fill, self.big, 4))
-        guessed = mid >= 0
-        if not guessed:
-            mid = int(K.split_rows(b.buf, start, b.fill, *walk_args, self.st_split, pipeline.ROWS))
-        back = self.acc.block()
-        self.par.submit(b.buf, mid, b.fill, walk_args, back)
-        front = self.acc.block()
-        try:
-            end, front_status, n = K.scan_rows(b.buf, start, mid, *walk_args, self.g_parse, self.st, front, 0, _OPTAB)
-            # accounted while the back part is still being parsed (its rows come first in any case)
-            self.acc.put(front, int(n))
-        finally:
-            pos, status, n_back = self.par.result()
-        recs = int(self.st[K.ST_RECORDS]) - rec0
-        if recs:
-            self.cut_bytes = int((end - start) / recs * pipeline.ROWS * 0.9)
-        if guessed and (end != mid or front_status != K.S_NEED_DATA):
-            # not a record boundary of the walk (or the front's block filled first): the
-            # one-core walk goes on from where the front part stopped
-            self.par.drop()
-            self.acc.put(back, 0)
-            self.cut_bytes = 0
-            b.pos = int(end)
-            return K.S_GROW if front_status in (K.S_NEED_DATA, K.S_FULL) else int(front_status)
-        self.acc.put(back, n_back)
-        self.par.fold(self.g_parse, self.st, status)
-        b.pos = pos
-        return K.S_GROW if status == K.S_FULL else status
+        pos, status, n = K.scan_rows(b.buf, b.pos, b.fill, *walk_args, self.g_parse, self.st, self.rows,
+                                     self.nrows, _OPTAB)
+        b.pos = int(pos)
+        self.nrows = int(n)
+        if status == K.S_FULL:
+            self.acc.put(self.rows, self.nrows)
+            self.rows, self.nrows = self.acc.block(), 0
+            return K.S_GROW
+        return int(status)
 
     def _end_pipeline(self) -> None:
         acc, self.acc = self.acc, None
-        self.par.finish()
+        if self.nrows:
+            acc.put(self.rows, self.nrows)
+        self.rows, self.nrows = None, 0
         acc.finish()
         pipeline.merge(self.t, self.g_parse, self.st)
         self.st = self.t.st

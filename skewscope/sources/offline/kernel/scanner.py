@@ -2,9 +2,8 @@
 link-type conventions (link_view), one record parsed and accounted (record), and the entry
 points Python calls: scan (parse and account a buffer of records), scan_frames (copy them
 out as Ethernet frames, for replay), and the two halves of scan for the pipelined parser
-(offline/pipeline.py): split_rows (where to cut a buffer for two parsing threads), scan_rows
-(parse records into compact rows) and account_rows (account those rows, in file order, on
-another thread)."""
+(offline/pipeline.py): scan_rows (parse records into compact rows, on the reading thread)
+and account_rows (account those rows, in file order, on another thread)."""
 from __future__ import annotations
 
 import numpy as np
@@ -260,7 +259,7 @@ def next_record(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, 
         return S_RECORD, pos, nxt, data, incl, orig, k, pcapng_ts(ticks, if_res[iid])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def scan(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, n_if,
          g, st, hidx, fhash, keys, S, lprev, lnext, finst, ikeys, ev, pk, optab):
     """Parse and account the records in b[pos:end] (the walk: next_record). Stops at the
@@ -299,7 +298,7 @@ def scan(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, n_if,
         pos = nxt
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def scan_frames(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, n_if, st, rec, n, out, o):
     """Copy the records in b[pos:end] out as Ethernet frames (the walk: next_record; the
     link-type conventions: link_view), for readers that need the frames themselves
@@ -351,8 +350,8 @@ def scan_frames(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, 
 # ---- the pipelined parser's halves: rows of parsed fields, then their accounting -----------
 # one row per accounted frame (int64[cap, R_N]): the flow key words, time, wire length, the
 # small fields packed (opinfo < 2^32, psn < 2^24, reth_len < 2^32, payload < 2^16, the
-# 8/16-bit header fields), and the key's hash (key_hash: computed here, on the parsing threads,
-# instead of in account_rows, the pipeline's serial step)
+# 8/16-bit header fields), and the key's hash (key_hash: computed here, on the reading thread,
+# instead of in account_rows, on the accounting thread)
 R_W0, R_W1, R_W2, R_W3, R_W4, R_TS, R_WIRE, R_OP_PSN, R_RETH_PAY, R_SMALL, R_HASH = range(11)
 R_N = 11
 
@@ -415,54 +414,6 @@ def scan_rows(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, n_
             return pos, S_FULL, n
         n = record_row(g, st, rows, n, optab, b, data, incl, orig, k, ts)
         pos = nxt
-
-
-@njit(cache=True, nogil=True)
-def split_rows(b, pos, end, fmt, big, ts_mult, kind, if_kind, if_res, if_snap, n_if, st, count):
-    """Where the pipelined parse cuts b[pos:end] in two: the position after at most `count`
-    complete records (the walk only, next_record, without the parse), or where the walk
-    stops before that (incomplete record, pcapng SHB/IDB, damage). st: scratch counters."""
-    b = borrow(b)
-    if_kind = borrow(if_kind)
-    if_res = borrow(if_res)
-    if_snap = borrow(if_snap)
-    st = borrow(st)
-    while count > 0:
-        status, pos, nxt, data, incl, orig, k, ts = next_record(b, pos, end, fmt, big, ts_mult, kind, if_kind,
-                                                                if_res, if_snap, n_if, st)
-        if status != S_RECORD:
-            return pos
-        pos = nxt
-        count -= 1
-    return pos
-
-
-@njit(cache=True, nogil=True)
-def guess_record(b, pos, at, end, big, chain):
-    """A likely classic-pcap record boundary at or after b[at], for a cut without walking
-    b[pos:at] (the caller checks it: only a position the walk itself reaches is used): the
-    first q from which `chain` record headers in a row look sane -- a time within a day of
-    the record at pos, a sub-second part below 10^9, a captured length of at most MAX_RECORD
-    and at most the original length -- and stay inside b[:end]. -1: none in the 64 KiB
-    from at."""
-    b = borrow(b)
-    sec0 = rd32(b, pos, big)
-    q = at
-    while q + 16 <= end and q < at + 65536:
-        r = q
-        k = 0
-        while k < chain and r + 16 <= end:
-            sec = rd32(b, r, big)
-            incl = rd32(b, r + 8, big)
-            if (sec < sec0 - 86400 or sec > sec0 + 86400 or rd32(b, r + 4, big) >= 1000000000
-                    or incl > MAX_RECORD or incl > rd32(b, r + 12, big)):
-                break
-            r += 16 + incl
-            k += 1
-        if k == chain and r <= end:
-            return q
-        q += 1
-    return -1
 
 
 #: account_rows finds the candidate slot (probe) of this many rows in a pass of their own
