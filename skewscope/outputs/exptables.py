@@ -303,23 +303,6 @@ def _key_rows3(src, dst, ipv, cls, tp, td, ts, pr, dr, sr):
         sr[i] = _find(ss, ts, w3)
 
 
-@njit(cache=True, nogil=True)
-def _peer_counts(src, dst, ipv, msgs, msg_bytes, cts_max, bulk_min, table, q):
-    slots = _slots(table)
-    m = table.shape[0]
-    w = np.zeros(5, dtype=np.uint64)
-    n = src.shape[0]
-    for i in range(n):
-        if i + 16 < n:
-            prefetch(ipv, i + 16)
-            prefetch(msg_bytes, i + 16)     # the row's second cache line where it starts late
-        c = _cls(msgs[i], msg_bytes[i], cts_max, bulk_min)
-        w[0], w[1], w[2], w[3] = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1]
-        w[4] = np.uint64(ipv[i]) | (np.uint64(c) << np.uint64(8))
-        r = _find(slots, table, w)
-        q[r if r >= 0 else m] += 1
-
-
 def peer_counts(keys: np.ndarray, flows: np.ndarray) -> np.ndarray:
     """Flows per row of keys (peer_ids with the flow's own flow_class), the last entry the
     flows of no row: flow_class, peer_rows and a count in one pass over the rows."""
@@ -330,10 +313,10 @@ def peer_counts(keys: np.ndarray, flows: np.ndarray) -> np.ndarray:
         p = peer_rows(keys, flows, flow_class(flows))
         p[p < 0] = len(keys)
         return q + np.bincount(p, minlength=len(q))
-    k = np.ascontiguousarray(keys, dtype=np.uint64) if len(keys) else np.zeros((0, 5), np.uint64)
-    _peer_counts(_col(flows, "src", 2), _col(flows, "dst", 2), _col(flows, "ipver", 1, "u1")[:, 0],
-                 _col(flows, "messages", 1)[:, 0], _col(flows, "msg_bytes", 1)[:, 0], float(CTS_MAX_BYTES),
-                 float(BULK_MIN_MESSAGE), k, q)
+    n = len(flows)
+    _row_peers(_col(flows, "src", 2), _col(flows, "dst", 2), _col(flows, "ipver", 1, "u1")[:, 0],
+               _col(flows, "messages", 1)[:, 0], _col(flows, "msg_bytes", 1)[:, 0], float(CTS_MAX_BYTES),
+               float(BULK_MIN_MESSAGE), _keys(keys, 5), q, np.empty(n, np.uint8), np.empty(n, np.int32))
     return q
 
 
@@ -400,7 +383,8 @@ def _carry_rows(join, pcls, ppr, pdr, psr, rows, dcls, src, dst, ipv, msgs, msg_
 
 @njit(cache=True, nogil=True)
 def _row_peers(src, dst, ipv, msgs, msg_bytes, cts_max, bulk_min, table, q, cls, pr):
-    """_peer_counts that also keeps each row's class and peer row (RowCache.fill)."""
+    """Flows per peer row (q; the last entry: no row), and each row's class (cls) and peer
+    row (pr): peer_counts and RowCache.fill."""
     slots = _slots(table)
     m = table.shape[0]
     w = np.zeros(5, dtype=np.uint64)
