@@ -618,6 +618,18 @@ def node_timing(snap, ip: str | None = None, samples: bool = False) -> dict | No
     return {"node": ctx.nodes.ips[node], "node_source": how, "groups": groups}
 
 
+def events_of(ev: np.ndarray, remap: np.ndarray) -> np.ndarray:
+    """The message records of the flows `remap` keeps (remap[flow]: the flow's row in the
+    sub-view, -1 not kept), their `flow` renumbered: a sub-view's records (view_of, and the
+    exporter's known-node view of its timing window)."""
+    f = ev["flow"].astype(np.int64)
+    ok = (f >= 0) & (f < len(remap))
+    ok[ok] &= remap[f[ok]] >= 0
+    sub = ev[ok]
+    sub["flow"] = remap[f[ok]]
+    return sub
+
+
 def view_of(snap, node: int) -> Snapshot:
     """The Snapshot one DPU on node `node` (an index of context(snap).nodes) would have
     taken: the flows with the node as an end and their message records (a flow-level
@@ -626,14 +638,8 @@ def view_of(snap, node: int) -> Snapshot:
     keep = np.nonzero((ctx.nodes.src == node) | (ctx.nodes.dst == node))[0]
     remap = np.full(len(ctx.flows) + 1, -1, dtype=np.int64)
     remap[keep] = np.arange(len(keep))
-    ev = snap.events
-    f = ev["flow"].astype(np.int64)
-    ok = (f >= 0) & (f < len(ctx.flows))
-    ok[ok] &= remap[f[ok]] >= 0
-    sub = ev[ok].copy()
-    sub["flow"] = remap[f[ok]]
     meta = dict(snap.meta, view=ctx.nodes.ips[node])
-    return Snapshot(snap.flows[keep], sub, snap.globals, meta)
+    return Snapshot(snap.flows[keep], events_of(snap.events, remap), snap.globals, meta)
 
 
 def per_node_timing(snap, ip: str | None = None, max_nodes: int = 64, samples: bool = False) -> list:

@@ -291,7 +291,7 @@ class Accumulator:
     def qps_per_peer(self) -> np.ndarray:
         """Flows per exported pair in the cumulative table (last entry: overflow)."""
         rc = self._rc
-        if rc is None or rc.q is None or rc.kp != len(self.peer_keys) or len(rc) != len(self.cum_flows):
+        if rc is None or rc.kp != len(self.peer_keys) or len(rc) != len(self.cum_flows):
             rc = self._rc = RowCache.fill(self.peer_keys, self.cum_flows)
             if rc is None:
                 return peer_counts(self.peer_keys, self.cum_flows)

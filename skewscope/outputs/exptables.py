@@ -419,7 +419,7 @@ class RowCache:
 
     def __init__(self, cls, pr, dr, sr, q, kp):
         self.cls, self.pr, self.dr, self.sr = cls, pr, dr, sr
-        self.q = q          # flows per peer row with the peer keys of kp rows; None: stale
+        self.q = q          # flows per peer row with the peer keys of kp rows
         self.kp = kp
 
     def __len__(self):
@@ -461,12 +461,10 @@ class RowCache:
         return out if ok else None
 
     def forget_misses(self, which: str) -> None:
-        """Keys of `which` ("pr", "dr", "sr") grew: its -1 entries are to be looked up again
-        (for the peer rows also the counts: stale)."""
+        """Keys of `which` ("dr", "sr") grew: its -1 entries are to be looked up again (peer
+        keys that grow drop the whole cache: Accumulator.add)."""
         a = getattr(self, which)
         a[a == -1] = UNKNOWN_ROW
-        if which == "pr":
-            self.q = None
 
 
 def peer_dst_src_rows(pkeys: np.ndarray, dkeys: np.ndarray, skeys: np.ndarray, flows: np.ndarray,
@@ -477,9 +475,8 @@ def peer_dst_src_rows(pkeys: np.ndarray, dkeys: np.ndarray, skeys: np.ndarray, f
     out = tuple(np.full(n, -1, np.int64) for _ in range(3))
     if n:
         f = np.ascontiguousarray(flows)
-        u = lambda k, w: np.ascontiguousarray(k, dtype=np.uint64) if len(k) else np.zeros((0, w), np.uint64)  # noqa: E731
         _key_rows3(_col(f, "src", 2), _col(f, "dst", 2), _col(f, "ipver", 1, "u1")[:, 0],
-                   np.ascontiguousarray(cls, dtype=np.int64), u(pkeys, 5), u(dkeys, 3), u(skeys, 3), *out)
+                   np.ascontiguousarray(cls, dtype=np.int64), _keys(pkeys, 5), _keys(dkeys, 3), _keys(skeys, 3), *out)
     return out
 
 

@@ -11,13 +11,13 @@ import numpy as np
 
 from skewscope.analysis import flows as FL
 from skewscope.analysis.context import Context
-from skewscope.analysis.nodeview import NodeViewError, per_node_timing
+from skewscope.analysis.nodeview import NodeViewError, events_of, per_node_timing
 from skewscope.core import layout as L
 from skewscope.core.rates import join_flows
 from skewscope.core.snapshot import _KEY_PREFIX, Snapshot, flow_key_words, ip_bytes, match_rows, take_rows
 from skewscope.outputs import metrics as M
-from skewscope.outputs.exptables import (DEFAULT_MAX_PEERS, OVERFLOW_LABEL, cumulative_buckets, fmt_le, keep_rows,
-                                         put_rows, record_flows)
+from skewscope.outputs.exptables import (DEFAULT_MAX_PEERS, OVERFLOW_LABEL, _col, cumulative_buckets, fmt_le,
+                                         keep_rows, put_rows, record_flows)
 
 # ---- per-node timing (analysis.nodeview) ---------------------------------------------------
 DUR_LE_STR = [fmt_le(v) for v in M.DURATION_BUCKETS] + ["+Inf"]
@@ -379,10 +379,8 @@ class WindowedTiming:
             self._view = False
             if n:
                 t = self.flows
-                w = lambda name: np.ndarray((n, 2), "<u8", buffer=t, offset=L.FLOW_DTYPE.fields[name][1],  # noqa: E731
-                                            strides=(t.dtype.itemsize, 8))
                 a, b = self._node
-                s, d = w("src"), w("dst")
+                s, d = _col(t, "src", 2), _col(t, "dst", 2)
                 rows = np.flatnonzero(((s[:, 0] == a) & (s[:, 1] == b)) | ((d[:, 0] == a) & (d[:, 1] == b)))
                 if len(rows) <= VIEW_SHARE * n:
                     at = np.full(n, -1, dtype=np.int64)
@@ -398,13 +396,7 @@ class WindowedTiming:
             # own view is that), so the analysis reads its view, not the whole window (the
             # fabric's flows, with a mirror's or a switch's reads)
             _, vflows, at = view
-            ev = self.events
-            f = ev["flow"].astype(np.int64)
-            sel = f >= 0
-            sel[sel] = at[f[sel]] >= 0
-            vev = ev[sel]
-            vev["flow"] = at[f[sel]]
-            snap = Snapshot(vflows, vev, np.zeros(L.G_N, np.uint64), {})
+            snap = Snapshot(vflows, events_of(self.events, at), np.zeros(L.G_N, np.uint64), {})
             ctx = Context(snap)
             snap._skewscope_ctx = ctx
             self._fst, self._moved = None, []     # the whole window's statistics: made again
