@@ -584,3 +584,52 @@ def test_prefetched_windows_give_the_same_snapshot(ref, tmp_path, monkeypatch):
         # in place: the first window, and the jumbo's when it does not fit the prefetched one
         assert maps["helper"] > 0 and maps["in place"] == (2 if win < len(jf) else 1), (win, maps)
     assert int(piped.globals[L.G_FRAMES]) == len(recs)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_prefetch_depth_keeps_windows_in_order(ref, tmp_path, monkeypatch, depth):
+    """The helper maps up to DEPTH windows ahead, in file order, each starting inside the one
+    before it; the scanner takes them in that order (a record longer than the overlap maps its
+    window in place and starts the chain again). Same snapshot at every depth and window size;
+    never more than DEPTH + 2 windows mapped at once (the scanned one, those ahead, the one the
+    helper is unmapping)."""
+    import threading
+    recs = [(x.ts, x.frame, len(x.frame)) for x in ref] * 300
+    jumbo = other(ref[-1].ts + 1)
+    jf = jumbo.frame + b"z" * 300_000
+    recs = recs[:len(recs) // 3] + [(jumbo.ts, jf, len(jf))] + recs[len(recs) // 3:]
+    p = write(tmp_path / "d.pcap", pcap_bytes(recs))
+    monkeypatch.setattr(streams._MapBuffer, "DEPTH", 1)
+    want = offline.parse_file(p, chunk_bytes=1 << 20)
+    monkeypatch.setattr(streams._MapBuffer, "DEPTH", depth)
+    live, peak, lock = [0], [0], threading.Lock()
+    served = []
+    real_map, real_close, real_work = streams._MapBuffer._map, streams._close_map, streams._MapBuffer._work
+
+    def counted_map(self, offset, length):
+        mm = real_map(self, offset, length)
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+        return mm
+
+    def counted_close(mm):
+        if not mm.closed:
+            with lock:
+                live[0] -= 1
+        real_close(mm)
+
+    def work(self, offset, length, old):
+        served.append(offset)
+        return real_work(self, offset, length, old)
+    monkeypatch.setattr(streams._MapBuffer, "_map", counted_map)
+    monkeypatch.setattr(streams, "_close_map", counted_close)
+    monkeypatch.setattr(streams._MapBuffer, "_work", work)
+    for win in (1 << 16, 1 << 18):
+        served.clear()
+        peak[0] = 0
+        same_snapshot(offline.parse_file(p, chunk_bytes=win), want)
+        assert served and peak[0] <= depth + 2, (win, peak[0])
+        assert live[0] == 0   # every window unmapped at the end
+        # the helper's windows go forward, except where a chain starts again after the jumbo
+        assert sum(b <= a for a, b in zip(served, served[1:])) <= 1, served

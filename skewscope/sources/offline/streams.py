@@ -228,16 +228,26 @@ class _MapBuffer:
     in one go) and scanned in place. Reads the file as long as it was when opened.
 
     While the scanner works on one window (numba, without the GIL) a helper thread maps the
-    next one and unmaps the previous one: wiring and unwiring the pages is kernel work,
-    0.13 s per 1.5 GB here, that then runs on another CPU instead of between two scans. The
+    next DEPTH ones and unmaps the previous one: wiring and unwiring the pages is kernel work,
+    0.13-0.18 s per 1.5 GB here, that then runs on another CPU instead of between two scans. The
     helper is one thread for the whole file, handed its work through a queue: starting a
     thread per window made each refill wait until the new thread ran, ~1 ms when the parse
-    threads hold both CPUs. The next window starts PREFETCH_BACK bytes (at most a quarter
-    window) before the current one ends, where the scanner stops at the first record it
-    cannot see whole; a refill that it does not cover (a record longer than that) maps its
-    window in place, as without the helper."""
+    threads hold both CPUs. Each window starts PREFETCH_BACK bytes (at most a quarter
+    window) before the one before it ends, where the scanner stops at the first record it
+    cannot see whole; a refill that the next prefetched window does not cover (a record longer
+    than that) maps its window in place, as without the helper, and the windows ahead are
+    dropped and prefetched again from there.
+
+    DEPTH 2 (two windows ahead, at most 4 x 16 MiB mapped: the scanned one, two ahead, the one
+    being unmapped) rather than 1: with three busy threads on two CPUs the helper is not always
+    on a CPU when the scanner hands it a window; one window ahead left the scanner waiting for
+    it (`report --json` on the 10.6 M-frame capture alternated with the code that mapped one window
+    ahead, 2026-12-06, medians of paired runs: -11, -26, -21 ms in three rounds of 40, 16 and 16
+    pairs; docs/offline.md "Memory").
+    For the same reason the helper hands a window over before it unmaps the one the scanner left."""
 
     PREFETCH_BACK = 1 << 20
+    DEPTH = 2
 
     def __init__(self, src: _Source, size: int):
         self.src = src
@@ -252,15 +262,14 @@ class _MapBuffer:
         self._helper: threading.Thread | None = None   # started by the first prefetch
         self._todo: queue.SimpleQueue = queue.SimpleQueue()   # (offset, length, old map) or None: stop
         self._done: queue.SimpleQueue = queue.SimpleQueue()   # (offset, length, map) or None: map in place
-        self._pending = False   # a prefetch handed to the helper and not yet taken
+        self._pending = 0       # prefetches handed to the helper and not yet taken (their results in order)
+        self._next: tuple[int, int] | None = None   # the window to prefetch after the last one handed over
 
     def _map(self, offset: int, length: int) -> mmap.mmap:
         return mmap.mmap(self.fd, length, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
                          prot=mmap.PROT_READ, offset=offset)
 
     def _work(self, offset: int, length: int, old: mmap.mmap | None) -> tuple[int, int, mmap.mmap] | None:
-        if old is not None:
-            _close_map(old)
         try:
             return offset, length, self._map(offset, length)
         except (OSError, ValueError, OverflowError):
@@ -276,19 +285,39 @@ class _MapBuffer:
             except Exception:   # never leave the refill waiting: it maps in place (and raises there)
                 out = None
             self._done.put(out)
+            if item[2] is not None:   # the window the scanner left: unmapped after the next is handed over
+                _close_map(item[2])
 
     def _prefetch(self, offset: int, length: int, old: mmap.mmap | None) -> None:
         if self._helper is None:
             self._helper = threading.Thread(target=self._serve, name="skewscope-map", daemon=True)
             self._helper.start()
         self._todo.put((offset, length, old))
-        self._pending = True
+        self._pending += 1
 
     def _join(self) -> tuple[int, int, mmap.mmap | None] | None:
         if not self._pending:
             return None
-        self._pending = False
+        self._pending -= 1
         return self._done.get()
+
+    def _drop_pending(self) -> None:
+        while self._pending:
+            nxt = self._join()
+            if nxt is not None:
+                _close_map(nxt[2])
+        self._next = None
+
+    def _following(self, offset: int, length: int) -> tuple[int, int] | None:
+        """The window after [offset, offset + length): it starts PREFETCH_BACK (at most a quarter
+        window) before that one ends, where the scanner stops at the first record it cannot see whole."""
+        if offset + length >= self.size:
+            return None
+        off = offset + max(length - min(self.PREFETCH_BACK, self.win // 4), 0)
+        off -= off % mmap.PAGESIZE
+        if off <= offset:
+            return None
+        return off, min(self.win, self.size - off)
 
     def _unmap(self) -> None:
         self.buf = np.zeros(0, np.uint8)
@@ -308,6 +337,7 @@ class _MapBuffer:
         else:
             if nxt is not None:
                 _close_map(nxt[2])
+            self._drop_pending()   # the chain of windows ahead assumed this one: start it again
             if old is not None:
                 _close_map(old)
                 old = None
@@ -318,14 +348,14 @@ class _MapBuffer:
         self.base, self.pos, self.fill = aligned, start - aligned, max(length, 0)
         self.eof = aligned + length >= self.size
         self.src.total_out = aligned + self.fill
-        # the next window, mapped meanwhile (and the previous one unmapped)
-        if not self.eof:
-            off = aligned + max(self.fill - min(self.PREFETCH_BACK, self.win // 4), 0)
-            off -= off % mmap.PAGESIZE
-            if off > aligned:
-                n = min(self.win, self.size - off)
-                self._prefetch(off, n, old)
-                old = None
+        # the next windows, mapped meanwhile (and the previous one unmapped)
+        if self._next is None and not self._pending:
+            self._next = self._following(aligned, max(length, 0))
+        while self._pending < self.DEPTH and self._next is not None:
+            off, n = self._next
+            self._prefetch(off, n, old)
+            old = None
+            self._next = self._following(off, n)
         if old is not None:
             _close_map(old)
 
@@ -341,9 +371,7 @@ class _MapBuffer:
         return self.base + self.pos
 
     def close(self) -> None:
-        nxt = self._join()
-        if nxt is not None:
-            _close_map(nxt[2])
+        self._drop_pending()
         if self._helper is not None:
             self._todo.put(None)
             self._helper.join()
