@@ -242,8 +242,8 @@ class _MapBuffer:
     being unmapped) rather than 1: with three busy threads on two CPUs the helper is not always
     on a CPU when the scanner hands it a window; one window ahead left the scanner waiting for
     it (`report --json` on the 10.6 M-frame capture alternated with the code that mapped one window
-    ahead, 2026-12-06, medians of paired runs: -11, -26, -21 ms in three rounds of 40, 16 and 16
-    pairs; docs/offline.md "Memory").
+    ahead, 2026-12-06, median of 102 paired runs -20.5 ms; docs/offline.md "The mapped capture in a
+    fresh process").
     For the same reason the helper hands a window over before it unmaps the one the scanner left."""
 
     PREFETCH_BACK = 1 << 20
