@@ -53,7 +53,8 @@ from skewscope.outputs.exptables import (
     OVERFLOW_LABEL,
     RowCache,
     add_flow_counters,
-    busy_ns_per_peer,
+    busy_of,
+    busy_ns_per_peer,  # noqa: F401  (the exporter's API: tests, tools)
     dst_ids,
     dst_rows,
     flow_class,
@@ -64,6 +65,7 @@ from skewscope.outputs.exptables import (
     peer_dst_src_rows,
     peer_rows,
     record_flows,
+    record_times,
 )
 from skewscope.outputs.exptiming import WINDOW_S, TimingAccumulator, WindowedTiming
 
@@ -252,10 +254,14 @@ class Accumulator:
             np.add.at(timed[:, 1], fp[ref], fst["wire_ns"])
             self.peer_timed += timed[:-1]
             self.overflow_timed += timed[-1]
-            pkt = np.zeros(len(delta), dtype=np.float64)
-            pkt[ref] = fst["pkt_ns"]
+            # each record's on-wire interval (its flow's packet time added), once for the
+            # pairs, destinations and sources
+            pkt = np.zeros(len(events), dtype=np.float64)
+            okr = at >= 0
+            pkt[okr] = fst["pkt_ns"][at[okr]]
+            times = record_times(events, pkt)
             carry = np.concatenate([self.peer_carry, np.array([self.overflow_carry], np.int64)])
-            busy, carry = busy_ns_per_peer(events, fp, npeers, carry, pkt_ns=pkt)
+            busy, carry = busy_of(times, fp, npeers, carry)
             self.peer_busy += busy[:-1]
             self.peer_carry = carry[:-1]
             self.overflow_busy += int(busy[-1])
@@ -263,16 +269,14 @@ class Accumulator:
             di = self._dst_index(delta, idx=dr)
             keep = di >= 0
             if keep.any():
-                ev = events[events["flow"] >= 0]
-                ev = ev[keep[ev["flow"]]]
-                busy_d, self.dst_carry = busy_ns_per_peer(ev, di, len(self.dst_keys), self.dst_carry, pkt_ns=pkt)
+                # (the records of the flows without a row: di -1, skipped)
+                busy_d, self.dst_carry = busy_of(times, di, len(self.dst_keys), self.dst_carry)
                 self.dst_busy += busy_d
             si = self._dst_index(delta, "src", use=cls != CLS_CONTROL, idx=sr)
             keep = si >= 0
             if keep.any():
-                ev = events[events["flow"] >= 0]
-                ev = ev[keep[ev["flow"]]]
-                busy_s, self.src_carry = busy_ns_per_peer(ev, si, len(self.src_keys), self.src_carry, pkt_ns=pkt)
+                # (the records of the flows without a row: si -1, skipped)
+                busy_s, self.src_carry = busy_of(times, si, len(self.src_keys), self.src_carry)
                 self.src_busy += busy_s
             if rc is not None:
                 if len(self.dst_keys) != kd:

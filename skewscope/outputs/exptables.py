@@ -13,8 +13,8 @@ from skewscope.analysis.fleet import BULK_MIN_MESSAGE, CTS_MAX_BYTES
 from skewscope.analysis.flows import flow_event_stats
 from skewscope.analysis.intervals import union_kernel
 from skewscope.core import layout as L
-from skewscope.core.jit import njit, prefetch
-from skewscope.core.snapshot import Snapshot
+from skewscope.core.jit import njit, prefetch, prefetch_span
+from skewscope.core.snapshot import _KEY_PREFIX, Snapshot
 from skewscope.outputs import metrics as M
 
 DEFAULT_TOP_K = 10
@@ -301,6 +301,46 @@ def _key_rows3(src, dst, ipv, cls, tp, td, ts, pr, dr, sr):
         dr[i] = _find(sd, td, w3)
         w3[0], w3[1] = src[i, 0], src[i, 1]
         sr[i] = _find(ss, ts, w3)
+
+
+#: the flow key's u64 words at the start of a FLOW_DTYPE row (flow_key_words' layout), and
+#: per word the bits that are key bytes (those past _KEY_PREFIX: the key's padding, 0)
+_KEY_NW = L.FLOW_KEY_DTYPE.itemsize // 8
+_KEY_FIRST = min(L.FLOW_DTYPE.names, key=lambda n: L.FLOW_DTYPE.fields[n][1])   # (at offset 0)
+_KEY_MASK = np.array([sum(0xFF << (8 * b) for b in range(8) if 8 * c + b < _KEY_PREFIX) for c in range(_KEY_NW)],
+                     dtype=np.uint64)
+
+
+@njit(cache=True, nogil=True)
+def _match_key_rows(kw, raw, rs, rows, mask, table, keys, j):
+    """keys[k] = the key words of row rows[k] (kw[r] & mask); j[k] = the row of table
+    ((m, nw) uint64, distinct rows) equal to them, or -1: a hash index of table, one
+    look-up per row (no sort)."""
+    slots = _slots(table)
+    nw = mask.shape[0]
+    n = rows.shape[0]
+    for k in range(n):
+        if k + 16 < n:
+            prefetch_span(raw, rows[k + 16] * rs, nw * 8)
+        r = rows[k]
+        for c in range(nw):
+            keys[k, c] = kw[r, c] & mask[c]
+        j[k] = _find(slots, table, keys[k])
+
+
+def match_key_rows(t: np.ndarray, rows: np.ndarray, table: np.ndarray) -> tuple | None:
+    """(flow_key_words(t[rows]), match_rows(table, those)) in one pass over the rows' key
+    bytes, by a hash index of table's rows (distinct); None when t is not a C-contiguous
+    FLOW_DTYPE table whose rows start with the key's bytes (the caller matches them)."""
+    if not (_whole(t) and _KEY_PREFIX and len(t)):
+        return None
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    keys = np.empty((len(rows), _KEY_NW), np.uint64)
+    j = np.empty(len(rows), np.int64)
+    if len(rows):
+        _match_key_rows(_col(t, _KEY_FIRST, _KEY_NW), t.view(np.uint8).reshape(-1), t.dtype.itemsize, rows,
+                        _KEY_MASK, _keys(table, _KEY_NW), keys, j)
+    return keys, j
 
 
 def peer_counts(keys: np.ndarray, flows: np.ndarray) -> np.ndarray:
@@ -604,33 +644,57 @@ def message_timing(flows: np.ndarray, events: np.ndarray, rows: np.ndarray | Non
 _Rows = namedtuple("_Rows", "flows events")
 
 
+def record_times(events: np.ndarray, pkt_ns: np.ndarray | None = None) -> tuple:
+    """(flow, start, end, order) of message records as busy_of reads them: each record's
+    flow (int64, -1 none), start_ts and on-wire end (end_ts, at least start_ts, + pkt_ns:
+    the record's packet time, NaN as 0; None: 0), and the order to read them in (None:
+    as they are, already in start order; else a stable sort by start)."""
+    f = events["flow"].astype(np.int64)
+    s = events["start_ts"].astype(np.int64)
+    e = np.maximum(events["end_ts"].astype(np.int64), s)
+    if pkt_ns is not None and len(f):
+        e += np.nan_to_num(np.asarray(pkt_ns, dtype=np.float64), nan=0.0).astype(np.int64)
+    order = None if bool(np.all(s[1:] >= s[:-1])) else np.argsort(s, kind="stable")
+    return f, s, e, order
+
+
+def busy_of(times: tuple, flow_key: np.ndarray, nkeys: int,
+            carry_end: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Busy time (ns) per key (flow_key: each flow's key, -1 none) of records as
+    record_times gives them: the measure of the union of their on-wire intervals per key,
+    clipped to no earlier than carry_end (the previous batch's end per key). Records of no
+    flow (-1) or of a flow of no key are skipped. Returns (busy_ns, carry_end)."""
+    busy = np.zeros(nkeys, dtype=np.int64)
+    carry = np.zeros(nkeys, dtype=np.int64) if carry_end is None else carry_end.astype(np.int64).copy()
+    if carry.shape[0] < nkeys:
+        carry = np.concatenate([carry, np.zeros(nkeys - carry.shape[0], dtype=np.int64)])
+    f, s, e, order = times
+    if len(f) == 0 or len(flow_key) == 0:
+        return busy, carry
+    ok = f >= 0
+    p = np.where(ok, np.asarray(flow_key, dtype=np.int64)[np.where(ok, f, 0)], -1)
+    # union_kernel reads each key's records in start order, every key on its own: records
+    # in start order (a read's are) go in as they are -- no sort by key (a stable sort by
+    # key kept that order within each key: the same sequence per key); others by a stable
+    # sort by start (per key: by start, then record order, lexsort((start, key))'s)
+    if order is not None:
+        p, s, e = p[order], s[order], e[order]
+    scratch = np.zeros(nkeys, dtype=np.int64)  # first/last of union_kernel (not needed here)
+    union_kernel(p, s, e, carry, busy, scratch, scratch.copy())
+    return busy, carry
+
+
 def busy_ns_per_peer(events: np.ndarray, flow_peer: np.ndarray, npeers: int,
                      carry_end: np.ndarray | None = None,
                      pkt_ns: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Busy time (ns) per peer pair from message records: the measure of the union of the
     on-wire intervals [start_ts, end_ts + pkt_ns(flow)] of the pair's messages (pkt_ns:
     the flow's packet time, analysis.flows; 0 if not given). Records of flows no longer in
-    the table (flow = -1) are skipped. Returns (busy_ns, carry_end)."""
-    busy = np.zeros(npeers, dtype=np.int64)
-    carry = np.zeros(npeers, dtype=np.int64) if carry_end is None else carry_end.astype(np.int64).copy()
-    if carry.shape[0] < npeers:
-        carry = np.concatenate([carry, np.zeros(npeers - carry.shape[0], dtype=np.int64)])
-    ev = events[events["flow"] >= 0]
-    if len(ev) == 0:
-        return busy, carry
-    p = flow_peer[ev["flow"]].astype(np.int64)
-    s = ev["start_ts"].astype(np.int64)
-    e = np.maximum(ev["end_ts"].astype(np.int64), s)
-    if pkt_ns is not None:
-        e = e + np.nan_to_num(pkt_ns[ev["flow"]], nan=0.0).astype(np.int64)
-    if npeers < 1 << 15 and bool(np.all(s[1:] >= s[:-1])):
-        # records in start order (a read's are): a stable sort by pair keeps it within each
-        # pair -- lexsort's order -- and sorts 16-bit keys by radix
-        order = np.argsort(p.astype(np.int16), kind="stable")
-    else:
-        order = np.lexsort((s, p))
-    scratch = np.zeros(npeers, dtype=np.int64)  # first/last of union_kernel (not needed here)
-    union_kernel(p[order], s[order], e[order], carry, busy, scratch, scratch.copy())
-    return busy, carry
-
-
+    the table (flow = -1), or of a flow whose flow_peer is -1, are skipped. Returns
+    (busy_ns, carry_end)."""
+    pk = None
+    if pkt_ns is not None and len(events):
+        f = events["flow"].astype(np.int64)
+        pk = np.asarray(pkt_ns, dtype=np.float64)[np.where(f >= 0, f, 0)]
+        pk[f < 0] = 0.0
+    return busy_of(record_times(events, pk), flow_peer, npeers, carry_end)

@@ -17,7 +17,7 @@ from skewscope.core.rates import join_flows
 from skewscope.core.snapshot import _KEY_PREFIX, Snapshot, flow_key_words, ip_bytes, match_rows, take_rows
 from skewscope.outputs import metrics as M
 from skewscope.outputs.exptables import (DEFAULT_MAX_PEERS, OVERFLOW_LABEL, _col, cumulative_buckets, fmt_le,
-                                         keep_rows, put_rows, record_flows)
+                                         keep_rows, match_key_rows, put_rows, record_flows)
 
 # ---- per-node timing (analysis.nodeview) ---------------------------------------------------
 DUR_LE_STR = [fmt_le(v) for v in M.DURATION_BUCKETS] + ["+Inf"]
@@ -269,11 +269,15 @@ class WindowedTiming:
             jc = join_flows(cum_flows, take_rows(delta, ref)) if cum_rows is None else np.asarray(cum_rows)[ref]
         else:
             cum_flows, jc = delta, np.full(len(ref), -1, np.int64)
-        keys = _key_words(delta, ref)
-        if len(self.flows) and len(ref):
-            j = match_rows(self.keys, keys).astype(np.int64)
+        got = match_key_rows(delta, ref, self.keys)     # the rows' keys and window rows, one pass
+        if got is not None:
+            keys, j = got
         else:
-            j = np.full(len(ref), -1, np.int64)
+            keys = _key_words(delta, ref)
+            if len(self.flows) and len(ref):
+                j = match_rows(self.keys, keys).astype(np.int64)
+            else:
+                j = np.full(len(ref), -1, np.int64)
         # the rows the read brings again are written over in place, the new ones appended
         new = np.nonzero(j < 0)[0]
         j[new] = len(self.flows) + np.arange(len(new))
