@@ -343,6 +343,57 @@ def match_key_rows(t: np.ndarray, rows: np.ndarray, table: np.ndarray) -> tuple 
     return keys, j
 
 
+@njit(cache=True, nogil=True)
+def _no_common_end(op, msgs, msg_bytes, dest_qp, src, dst, raw, rs, cts_max):
+    """no_common_end's pass: the candidates (the first such flow's two addresses) kept while
+    every later such flow has them as an end; True once none is left."""
+    ch = np.zeros(2, dtype=np.uint64)
+    cl = np.zeros(2, dtype=np.uint64)
+    ok = np.zeros(2, dtype=np.bool_)
+    seen = False
+    n = msgs.shape[0]
+    for i in range(n):
+        if i + _PREFETCH_ROWS < n:
+            prefetch_span(raw, (i + _PREFETCH_ROWS) * rs, 128)
+        m = msgs[i]
+        if m == 0 or op[i, L.OPC_READ_REQ] != 0 or dest_qp[i] == 1:
+            continue
+        if op[i, L.OPC_WRITE] == 0 and op[i, L.OPC_SEND] == 0:
+            continue
+        if not float(msg_bytes[i]) / float(m) > cts_max:
+            continue
+        if not seen:
+            seen = True
+            ch[0], cl[0], ch[1], cl[1] = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1]
+            ok[0] = ok[1] = True
+            continue
+        left = False
+        for c in range(2):
+            if ok[c]:
+                ok[c] = (ch[c] == src[i, 0] and cl[c] == src[i, 1]) or (ch[c] == dst[i, 0] and cl[c] == dst[i, 1])
+                left = left or ok[c]
+        if not left:
+            return True
+    return False
+
+
+def no_common_end(flows: np.ndarray) -> bool:
+    """True when no address is an end of every flow that is certainly a data flow: SEND or
+    WRITE messages whose mean is above a CTS's (analysis.flows.CTS_MAX_BYTES: never a control
+    candidate), no READ request (whose SENDs/WRITEs flow_roles judges by the records), not on
+    the management QP (1). Those are data flows whatever the other flows and the records are
+    (analysis.flows.flow_roles), so analysis.nodeview.infer_node finds no node then (the node
+    must be an end of every data flow). One pass over the rows, stopping at the first flow
+    that shows it (a mirror's table: within a few rows); False: not shown (the analysis
+    decides), also for a table that is not a C-contiguous FLOW_DTYPE one."""
+    if not (len(flows) and _whole(flows)):
+        return False
+    return bool(_no_common_end(_col(flows, "op", L.N_OPCLASS), _col(flows, "messages", 1)[:, 0],
+                               _col(flows, "msg_bytes", 1)[:, 0], _col(flows, "dest_qp", 1, "<u4")[:, 0],
+                               _col(flows, "src", 2), _col(flows, "dst", 2), flows.view(np.uint8).reshape(-1),
+                               flows.dtype.itemsize, float(CTS_MAX_BYTES)))
+
+
 def peer_counts(keys: np.ndarray, flows: np.ndarray) -> np.ndarray:
     """Flows per row of keys (peer_ids with the flow's own flow_class), the last entry the
     flows of no row: flow_class, peer_rows and a count in one pass over the rows."""

@@ -17,7 +17,8 @@ from skewscope.core.rates import join_flows
 from skewscope.core.snapshot import _KEY_PREFIX, Snapshot, flow_key_words, ip_bytes, match_rows, take_rows
 from skewscope.outputs import metrics as M
 from skewscope.outputs.exptables import (DEFAULT_MAX_PEERS, OVERFLOW_LABEL, _col, cumulative_buckets, fmt_le,
-                                         keep_rows, match_key_rows, put_rows, record_flows)
+                                         keep_rows, match_key_rows, no_common_end, put_rows,
+                                         record_flows)
 
 # ---- per-node timing (analysis.nodeview) ---------------------------------------------------
 DUR_LE_STR = [fmt_le(v) for v in M.DURATION_BUCKETS] + ["+Inf"]
@@ -234,6 +235,9 @@ class WindowedTiming:
         # made once per flow table (_node_view), None: not made; False: the whole window
         self._node = _node_words(node_ip)
         self._view = None
+        # no node known nor to go through (max_nodes 0): whether the window's flows show
+        # that none can be inferred (exptables.no_common_end), made once per flow table
+        self._apart = None
         self._buf = self.flows
         self.keys = np.zeros((0, L.FLOW_KEY_DTYPE.itemsize // 8), np.uint64)   # flow_key_words(self.flows)
         self._shared = None       # within one add: the flows-only context of its pieces
@@ -283,7 +287,7 @@ class WindowedTiming:
         j[new] = len(self.flows) + np.arange(len(new))
         self._grow(len(new))
         put_rows(self.flows, j, cum_flows, jc, delta, ref)
-        self._view = None
+        self._view = self._apart = None
         if self._fst is not None:      # (none kept: the next ones are made whole)
             self._moved.append(j)      # rows written: their statistics are made again
         self.keys = np.concatenate([self.keys, keys[new]])
@@ -308,7 +312,7 @@ class WindowedTiming:
             self.flows = keep_rows(self.flows, used)
             self.keys = self.keys[used]
             self._renumber(mark)
-            self._view = None
+            self._view = self._apart = None
         self._shared = None
 
     def _renumber(self, mark) -> None:
@@ -393,6 +397,13 @@ class WindowedTiming:
         return self._view or None
 
     def _export(self, final: bool) -> None:
+        if self.node_ip is None and self.timing.max_nodes <= 0:
+            # no node given and none to go through one by one: per_node_timing has a node
+            # only when it infers one; where the window's flows show it cannot, it is []
+            if self._apart is None:
+                self._apart = no_common_end(self.flows)
+            if self._apart:
+                return
         view = self._node_view()
         if view is not None:
             # a known node: its timing is a function of the flows it is an end of and their
