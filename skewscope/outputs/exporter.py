@@ -60,6 +60,7 @@ from skewscope.outputs.exptables import (
     flow_class,
     joined_class,
     message_timing,
+    neg_bytes,
     peer_ids,
     peer_counts,
     peer_dst_src_rows,
@@ -330,12 +331,12 @@ class Accumulator:
 def top_flows(flows: np.ndarray, k: int) -> np.ndarray:
     if k <= 0 or len(flows) == 0:
         return np.zeros(0, L.FLOW_DTYPE)
-    b = flows["bytes"].astype(np.int64)
+    nb = neg_bytes(flows)                   # -bytes as int64
     if len(flows) > k:
-        idx = np.argpartition(-b, k - 1)[:k]
+        idx = np.argpartition(nb, k - 1)[:k]
     else:
         idx = np.arange(len(flows))
-    idx = idx[np.lexsort((idx, -b[idx]))]   # by bytes desc, then table order (stable)
+    idx = idx[np.lexsort((idx, nb[idx]))]   # by bytes desc, then table order (stable)
     return flows[idx].copy()
 
 
