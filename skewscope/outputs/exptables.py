@@ -76,7 +76,8 @@ if (any((L.FLOW_DTYPE.fields[n][1] - _SCAL0) % 8 for n in SCALARS)
 @njit(cache=True, nogil=True)
 def _add_rows(sw, sidx, hw, peer, counts, overflow, totals, raw, rs):
     """Each row's columns (sw[i, sidx[c]], then hw[i, :]) into totals and into its peer's
-    row of counts (or overflow): straight loops over u64 words, no per-column dispatch."""
+    row of counts (or overflow): straight loops over u64 words, no per-column dispatch; a
+    word that is 0 (most histogram slots of a flow) is read and skipped, not added twice."""
     over = False
     ns, nh = sidx.shape[0], hw.shape[1]
     n = peer.shape[0]
@@ -89,22 +90,26 @@ def _add_rows(sw, sidx, hw, peer, counts, overflow, totals, raw, rs):
         if p >= 0:
             for c in range(ns):
                 v = sw[i, sidx[c]]
-                totals[c] += v
-                counts[p, c] += v
+                if v != 0:
+                    totals[c] += v
+                    counts[p, c] += v
             for c in range(nh):
                 v = hw[i, c]
-                totals[ns + c] += v
-                counts[p, ns + c] += v
+                if v != 0:
+                    totals[ns + c] += v
+                    counts[p, ns + c] += v
         else:
             over = True
             for c in range(ns):
                 v = sw[i, sidx[c]]
-                totals[c] += v
-                overflow[c] += v
+                if v != 0:
+                    totals[c] += v
+                    overflow[c] += v
             for c in range(nh):
                 v = hw[i, c]
-                totals[ns + c] += v
-                overflow[ns + c] += v
+                if v != 0:
+                    totals[ns + c] += v
+                    overflow[ns + c] += v
     return over
 
 
@@ -414,6 +419,31 @@ def neg_bytes(flows: np.ndarray) -> np.ndarray:
     return out
 
 
+@njit(cache=True, nogil=True)
+def _take_words(col, raw, rs, off, rows, out):
+    n = rows.shape[0]
+    nw = col.shape[1]
+    for k in range(n):
+        if k + 16 < n:
+            prefetch_span(raw, rows[k + 16] * rs + off, nw * 8)
+        r = rows[k]
+        for c in range(nw):
+            out[k, c] = col[r, c]
+
+
+def take_col(t: np.ndarray, name: str, rows: np.ndarray) -> np.ndarray:
+    """t[name][rows] for a u64 (array) field of a C-contiguous FLOW_DTYPE table, each row's
+    cache lines fetched ahead (numpy's gather of a strided field: 2-3x the time)."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    dt, off = L.FLOW_DTYPE.fields[name][:2]
+    if not (len(t) and len(rows) and _whole(t) and dt.base == np.dtype("<u8")):
+        return t[name][rows]
+    nw = max(1, int(np.prod(dt.shape)))
+    out = np.empty((len(rows), nw), np.uint64)
+    _take_words(_col(t, name, nw), t.view(np.uint8).reshape(-1), t.dtype.itemsize, off, rows, out)
+    return out.reshape((len(rows),) + dt.shape)
+
+
 def peer_counts(keys: np.ndarray, flows: np.ndarray) -> np.ndarray:
     """Flows per row of keys (peer_ids with the flow's own flow_class), the last entry the
     flows of no row: flow_class, peer_rows and a count in one pass over the rows."""
@@ -706,7 +736,7 @@ def message_timing(flows: np.ndarray, events: np.ndarray, rows: np.ndarray | Non
         st, _, _ = flow_event_stats(Snapshot(flows, events, np.zeros(L.G_N, np.uint64), {}))
         return st
     rows = np.asarray(rows, dtype=np.int64)
-    st, _, _ = flow_event_stats(_Rows(rows, events), {"op": flows["op"][rows]})
+    st, _, _ = flow_event_stats(_Rows(rows, events), {"op": take_col(flows, "op", rows)})
     return st
 
 
