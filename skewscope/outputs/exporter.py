@@ -247,9 +247,7 @@ class Accumulator:
             # message timing of the flows the records refer to only (a flow's statistics are
             # its own records'; the others add 0): O(records), not O(delta)
             ref, at = record_flows(events["flow"], len(delta))
-            ev_ref = events.copy()
-            ev_ref["flow"] = at
-            fst = message_timing(delta, ev_ref, ref)
+            fst = message_timing(delta, events, ref, rec_flow=at)
             timed = np.zeros((npeers, 2), dtype=np.float64)
             np.add.at(timed[:, 0], fp[ref], fst["multi_bytes"])
             np.add.at(timed[:, 1], fp[ref], fst["wire_ns"])

@@ -18,7 +18,7 @@ from skewscope.core.snapshot import _KEY_PREFIX, Snapshot, flow_key_words, ip_by
 from skewscope.outputs import metrics as M
 from skewscope.outputs.exptables import (DEFAULT_MAX_PEERS, OVERFLOW_LABEL, _col, cumulative_buckets, fmt_le,
                                          keep_rows, match_key_rows, no_common_end, put_rows,
-                                         record_flows)
+                                         rec_concat, rec_copy, rec_take, record_flows)
 
 # ---- per-node timing (analysis.nodeview) ---------------------------------------------------
 DUR_LE_STR = [fmt_le(v) for v in M.DURATION_BUCKETS] + ["+Inf"]
@@ -143,14 +143,15 @@ def _merge_by_start(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Records a then b, stably sorted by start_ts, when a and b are each sorted (the window
     and a piece of a read): one merge, not a sort of the whole window per piece."""
     if not len(a) or not len(b) or a["start_ts"][-1] <= b["start_ts"][0]:
-        return np.concatenate([a, b])
+        return rec_concat(a, b)
     pos = np.searchsorted(a["start_ts"], b["start_ts"], side="right") + np.arange(len(b))
-    out = np.empty(len(a) + len(b), dtype=a.dtype)
-    rest = np.ones(len(out), dtype=bool)
+    rest = np.ones(len(a) + len(b), dtype=bool)
     rest[pos] = False
-    out[pos] = b
-    out[rest] = a
-    return out
+    # the merged order as indices into a then b (one gather of the records' bytes)
+    at = np.empty(len(rest), dtype=np.int64)
+    at[pos] = len(a) + np.arange(len(b))
+    at[rest] = np.arange(len(a))
+    return rec_take(rec_concat(a, b), at)
 
 
 #: what analysis.flows.flow_event_stats reads of a Snapshot (flows: its length only, when
@@ -262,7 +263,7 @@ class WindowedTiming:
         if events is None or not len(events):
             self.flush()
             return
-        ev = events.copy()
+        ev = rec_copy(events)
         # only the flows the records refer to stay in the window: carry just those (the
         # rest of the table would be copied and matched only to be dropped below; at
         # 1,048,576 flows that was most of the exporter's per-read time)
@@ -294,8 +295,10 @@ class WindowedTiming:
         ev["flow"][ok] = j[f[ok]]
         # a read longer than a quarter window (or of many records) goes in pieces: the
         # window never drops records it has not exported from
-        ev = ev[np.argsort(ev["start_ts"], kind="stable")]
         t = ev["start_ts"].astype(np.int64)
+        if not bool(np.all(t[1:] >= t[:-1])):     # (a read's records are in start order)
+            o = np.argsort(ev["start_ts"], kind="stable")
+            ev, t = rec_take(ev, o), t[o]
         piece = np.maximum((t - t[0]) // max(1, self.window_ns // 4), np.arange(len(t)) // max(1, self.max_records // 4))
         cut = np.r_[0, np.flatnonzero(piece[1:] != piece[:-1]) + 1, len(piece)]   # piece: non-decreasing
         for a, b in zip(cut[:-1].tolist(), cut[1:].tolist()):
