@@ -283,7 +283,8 @@ class Accumulator:
                 if len(self.src_keys) != ks:
                     rc.forget_misses("sr")
             if self.window is not None:
-                self.window.add(delta, events, cum_flows, cum_rows=j if cum_flows is not None else None)
+                self.window.add(delta, events, cum_flows, cum_rows=j if cum_flows is not None else None,
+                                refs=(ref, at))
             else:
                 self.timing.add(Snapshot(delta, events, np.zeros(L.G_N, np.uint64), {}), self.node_ip)
         elif self.window is not None:

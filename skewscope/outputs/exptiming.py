@@ -256,9 +256,10 @@ class WindowedTiming:
         self.full = False         # the window has spanned WINDOW_S (or held max_records)
 
     def add(self, delta: np.ndarray, events: np.ndarray | None, cum_flows: np.ndarray | None = None,
-            cum_rows: np.ndarray | None = None) -> None:
+            cum_rows: np.ndarray | None = None, refs: tuple | None = None) -> None:
         """cum_rows: each delta row's row in cum_flows (-1: none) when the caller joined them
-        already (the Accumulator does: a second join of the whole table is not needed)."""
+        already (the Accumulator does: a second join of the whole table is not needed);
+        refs: exptables.record_flows(events["flow"], len(delta)) when the caller has it."""
         self._shared = None
         if events is None or not len(events):
             self.flush()
@@ -267,7 +268,7 @@ class WindowedTiming:
         # only the flows the records refer to stay in the window: carry just those (the
         # rest of the table would be copied and matched only to be dropped below; at
         # 1,048,576 flows that was most of the exporter's per-read time)
-        ref, f = record_flows(ev["flow"], len(delta))
+        ref, f = record_flows(ev["flow"], len(delta)) if refs is None else refs
         ok = f >= 0
         # the cumulative row (stable counters: roles, mean message size) where there is one
         if cum_flows is not None and len(cum_flows) and len(ref):
