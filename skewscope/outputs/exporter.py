@@ -53,17 +53,20 @@ from skewscope.outputs.exptables import (
     OVERFLOW_LABEL,
     RowCache,
     add_flow_counters,
-    busy_ns_per_peer,
+    busy_of,
+    busy_ns_per_peer,  # noqa: F401  (the exporter's API: tests, tools)
     dst_ids,
     dst_rows,
     flow_class,
     joined_class,
     message_timing,
+    neg_bytes,
     peer_ids,
     peer_counts,
     peer_dst_src_rows,
     peer_rows,
     record_flows,
+    record_times,
 )
 from skewscope.outputs.exptiming import WINDOW_S, TimingAccumulator, WindowedTiming
 
@@ -244,18 +247,20 @@ class Accumulator:
             # message timing of the flows the records refer to only (a flow's statistics are
             # its own records'; the others add 0): O(records), not O(delta)
             ref, at = record_flows(events["flow"], len(delta))
-            ev_ref = events.copy()
-            ev_ref["flow"] = at
-            fst = message_timing(delta, ev_ref, ref)
+            fst = message_timing(delta, events, ref, rec_flow=at)
             timed = np.zeros((npeers, 2), dtype=np.float64)
             np.add.at(timed[:, 0], fp[ref], fst["multi_bytes"])
             np.add.at(timed[:, 1], fp[ref], fst["wire_ns"])
             self.peer_timed += timed[:-1]
             self.overflow_timed += timed[-1]
-            pkt = np.zeros(len(delta), dtype=np.float64)
-            pkt[ref] = fst["pkt_ns"]
+            # each record's on-wire interval (its flow's packet time added), once for the
+            # pairs, destinations and sources
+            pkt = np.zeros(len(events), dtype=np.float64)
+            okr = at >= 0
+            pkt[okr] = fst["pkt_ns"][at[okr]]
+            times = record_times(events, pkt)
             carry = np.concatenate([self.peer_carry, np.array([self.overflow_carry], np.int64)])
-            busy, carry = busy_ns_per_peer(events, fp, npeers, carry, pkt_ns=pkt)
+            busy, carry = busy_of(times, fp, npeers, carry)
             self.peer_busy += busy[:-1]
             self.peer_carry = carry[:-1]
             self.overflow_busy += int(busy[-1])
@@ -263,16 +268,14 @@ class Accumulator:
             di = self._dst_index(delta, idx=dr)
             keep = di >= 0
             if keep.any():
-                ev = events[events["flow"] >= 0]
-                ev = ev[keep[ev["flow"]]]
-                busy_d, self.dst_carry = busy_ns_per_peer(ev, di, len(self.dst_keys), self.dst_carry, pkt_ns=pkt)
+                # (the records of the flows without a row: di -1, skipped)
+                busy_d, self.dst_carry = busy_of(times, di, len(self.dst_keys), self.dst_carry)
                 self.dst_busy += busy_d
             si = self._dst_index(delta, "src", use=cls != CLS_CONTROL, idx=sr)
             keep = si >= 0
             if keep.any():
-                ev = events[events["flow"] >= 0]
-                ev = ev[keep[ev["flow"]]]
-                busy_s, self.src_carry = busy_ns_per_peer(ev, si, len(self.src_keys), self.src_carry, pkt_ns=pkt)
+                # (the records of the flows without a row: si -1, skipped)
+                busy_s, self.src_carry = busy_of(times, si, len(self.src_keys), self.src_carry)
                 self.src_busy += busy_s
             if rc is not None:
                 if len(self.dst_keys) != kd:
@@ -280,7 +283,8 @@ class Accumulator:
                 if len(self.src_keys) != ks:
                     rc.forget_misses("sr")
             if self.window is not None:
-                self.window.add(delta, events, cum_flows, cum_rows=j if cum_flows is not None else None)
+                self.window.add(delta, events, cum_flows, cum_rows=j if cum_flows is not None else None,
+                                refs=(ref, at))
             else:
                 self.timing.add(Snapshot(delta, events, np.zeros(L.G_N, np.uint64), {}), self.node_ip)
         elif self.window is not None:
@@ -326,12 +330,12 @@ class Accumulator:
 def top_flows(flows: np.ndarray, k: int) -> np.ndarray:
     if k <= 0 or len(flows) == 0:
         return np.zeros(0, L.FLOW_DTYPE)
-    b = flows["bytes"].astype(np.int64)
+    nb = neg_bytes(flows)                   # -bytes as int64
     if len(flows) > k:
-        idx = np.argpartition(-b, k - 1)[:k]
+        idx = np.argpartition(nb, k - 1)[:k]
     else:
         idx = np.arange(len(flows))
-    idx = idx[np.lexsort((idx, -b[idx]))]   # by bytes desc, then table order (stable)
+    idx = idx[np.lexsort((idx, nb[idx]))]   # by bytes desc, then table order (stable)
     return flows[idx].copy()
 
 

@@ -276,6 +276,7 @@ class _TextCache:
         self._series: dict = {}
         self._parts: dict = {}      # (family name, part) -> (label rows, their texts)
         self._fresh: dict = {}      # (sample name, row) -> text: learned, not yet in a part
+        self._vals: dict = {}       # (family name, part) -> (label rows, values, the part's text)
         self._lock = threading.Lock()
 
     def render(self, registry) -> bytes:
@@ -307,8 +308,8 @@ class _TextCache:
     def _render(self, fams):
         """(the text, []) when every family and series is known, else (None, the families
         with something new)."""
-        heads, series = self._heads, self._series
-        out, keep, parts, todo = [], {}, {}, []
+        heads, series, old_vals = self._heads, self._series, self._vals
+        out, keep, parts, todo, vals_text = [], {}, {}, [], {}
         add = operator.add
         for m in fams:
             hk = (m.name, m.type, m.documentation)
@@ -325,7 +326,17 @@ class _TextCache:
                 for i, (g, (_, vals)) in enumerate(zip(got, m.parts)):
                     parts[(m.name, i)] = g
                     if g[1]:
-                        out.append("\n".join(map(add, g[1], value_texts(vals))))
+                        # a part whose rows and values are the last scrape's (counters that did
+                        # not move: NAKs, CNPs, idle pairs) is the last scrape's text
+                        v = np.asarray(vals)
+                        c = old_vals.get((m.name, i))
+                        if (c is not None and c[0] is g[0] and c[1].dtype == v.dtype and c[1].shape == v.shape
+                                and np.array_equal(c[1], v)):
+                            text = c[2]
+                        else:
+                            text = "\n".join(map(add, g[1], value_texts(v)))
+                        vals_text[(m.name, i)] = (g[0], v.copy(), text)
+                        out.append(text)
                         out.append("\n")
                 continue
             out.append(head)
@@ -342,6 +353,7 @@ class _TextCache:
             return None, todo
         self._series = keep           # series gone from this scrape are forgotten
         self._parts = parts
+        self._vals = vals_text
         return "".join(out).encode("utf-8"), []
 
     def _learn(self, fams) -> bool:

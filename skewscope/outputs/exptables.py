@@ -13,8 +13,8 @@ from skewscope.analysis.fleet import BULK_MIN_MESSAGE, CTS_MAX_BYTES
 from skewscope.analysis.flows import flow_event_stats
 from skewscope.analysis.intervals import union_kernel
 from skewscope.core import layout as L
-from skewscope.core.jit import njit, prefetch
-from skewscope.core.snapshot import Snapshot
+from skewscope.core.jit import njit, prefetch, prefetch_span
+from skewscope.core.snapshot import _KEY_PREFIX, Snapshot
 from skewscope.outputs import metrics as M
 
 DEFAULT_TOP_K = 10
@@ -76,7 +76,8 @@ if (any((L.FLOW_DTYPE.fields[n][1] - _SCAL0) % 8 for n in SCALARS)
 @njit(cache=True, nogil=True)
 def _add_rows(sw, sidx, hw, peer, counts, overflow, totals, raw, rs):
     """Each row's columns (sw[i, sidx[c]], then hw[i, :]) into totals and into its peer's
-    row of counts (or overflow): straight loops over u64 words, no per-column dispatch."""
+    row of counts (or overflow): straight loops over u64 words, no per-column dispatch; a
+    word that is 0 (most histogram slots of a flow) is read and skipped, not added twice."""
     over = False
     ns, nh = sidx.shape[0], hw.shape[1]
     n = peer.shape[0]
@@ -89,22 +90,26 @@ def _add_rows(sw, sidx, hw, peer, counts, overflow, totals, raw, rs):
         if p >= 0:
             for c in range(ns):
                 v = sw[i, sidx[c]]
-                totals[c] += v
-                counts[p, c] += v
+                if v != 0:
+                    totals[c] += v
+                    counts[p, c] += v
             for c in range(nh):
                 v = hw[i, c]
-                totals[ns + c] += v
-                counts[p, ns + c] += v
+                if v != 0:
+                    totals[ns + c] += v
+                    counts[p, ns + c] += v
         else:
             over = True
             for c in range(ns):
                 v = sw[i, sidx[c]]
-                totals[c] += v
-                overflow[c] += v
+                if v != 0:
+                    totals[c] += v
+                    overflow[c] += v
             for c in range(nh):
                 v = hw[i, c]
-                totals[ns + c] += v
-                overflow[ns + c] += v
+                if v != 0:
+                    totals[ns + c] += v
+                    overflow[ns + c] += v
     return over
 
 
@@ -301,6 +306,142 @@ def _key_rows3(src, dst, ipv, cls, tp, td, ts, pr, dr, sr):
         dr[i] = _find(sd, td, w3)
         w3[0], w3[1] = src[i, 0], src[i, 1]
         sr[i] = _find(ss, ts, w3)
+
+
+#: the flow key's u64 words at the start of a FLOW_DTYPE row (flow_key_words' layout), and
+#: per word the bits that are key bytes (those past _KEY_PREFIX: the key's padding, 0)
+_KEY_NW = L.FLOW_KEY_DTYPE.itemsize // 8
+_KEY_FIRST = min(L.FLOW_DTYPE.names, key=lambda n: L.FLOW_DTYPE.fields[n][1])   # (at offset 0)
+_KEY_MASK = np.array([sum(0xFF << (8 * b) for b in range(8) if 8 * c + b < _KEY_PREFIX) for c in range(_KEY_NW)],
+                     dtype=np.uint64)
+
+
+@njit(cache=True, nogil=True)
+def _match_key_rows(kw, raw, rs, rows, mask, table, keys, j):
+    """keys[k] = the key words of row rows[k] (kw[r] & mask); j[k] = the row of table
+    ((m, nw) uint64, distinct rows) equal to them, or -1: a hash index of table, one
+    look-up per row (no sort)."""
+    slots = _slots(table)
+    nw = mask.shape[0]
+    n = rows.shape[0]
+    for k in range(n):
+        if k + 16 < n:
+            prefetch_span(raw, rows[k + 16] * rs, nw * 8)
+        r = rows[k]
+        for c in range(nw):
+            keys[k, c] = kw[r, c] & mask[c]
+        j[k] = _find(slots, table, keys[k])
+
+
+def match_key_rows(t: np.ndarray, rows: np.ndarray, table: np.ndarray) -> tuple | None:
+    """(flow_key_words(t[rows]), match_rows(table, those)) in one pass over the rows' key
+    bytes, by a hash index of table's rows (distinct); None when t is not a C-contiguous
+    FLOW_DTYPE table whose rows start with the key's bytes (the caller matches them)."""
+    if not (_whole(t) and _KEY_PREFIX and len(t)):
+        return None
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    keys = np.empty((len(rows), _KEY_NW), np.uint64)
+    j = np.empty(len(rows), np.int64)
+    if len(rows):
+        _match_key_rows(_col(t, _KEY_FIRST, _KEY_NW), t.view(np.uint8).reshape(-1), t.dtype.itemsize, rows,
+                        _KEY_MASK, _keys(table, _KEY_NW), keys, j)
+    return keys, j
+
+
+@njit(cache=True, nogil=True)
+def _no_common_end(op, msgs, msg_bytes, dest_qp, src, dst, raw, rs, cts_max):
+    """no_common_end's pass: the candidates (the first such flow's two addresses) kept while
+    every later such flow has them as an end; True once none is left."""
+    ch = np.zeros(2, dtype=np.uint64)
+    cl = np.zeros(2, dtype=np.uint64)
+    ok = np.zeros(2, dtype=np.bool_)
+    seen = False
+    n = msgs.shape[0]
+    for i in range(n):
+        if i + _PREFETCH_ROWS < n:
+            prefetch_span(raw, (i + _PREFETCH_ROWS) * rs, 128)
+        m = msgs[i]
+        if m == 0 or op[i, L.OPC_READ_REQ] != 0 or dest_qp[i] == 1:
+            continue
+        if op[i, L.OPC_WRITE] == 0 and op[i, L.OPC_SEND] == 0:
+            continue
+        if not float(msg_bytes[i]) / float(m) > cts_max:
+            continue
+        if not seen:
+            seen = True
+            ch[0], cl[0], ch[1], cl[1] = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1]
+            ok[0] = ok[1] = True
+            continue
+        left = False
+        for c in range(2):
+            if ok[c]:
+                ok[c] = (ch[c] == src[i, 0] and cl[c] == src[i, 1]) or (ch[c] == dst[i, 0] and cl[c] == dst[i, 1])
+                left = left or ok[c]
+        if not left:
+            return True
+    return False
+
+
+def no_common_end(flows: np.ndarray) -> bool:
+    """True when no address is an end of every flow that is certainly a data flow: SEND or
+    WRITE messages whose mean is above a CTS's (analysis.flows.CTS_MAX_BYTES: never a control
+    candidate), no READ request (whose SENDs/WRITEs flow_roles judges by the records), not on
+    the management QP (1). Those are data flows whatever the other flows and the records are
+    (analysis.flows.flow_roles), so analysis.nodeview.infer_node finds no node then (the node
+    must be an end of every data flow). One pass over the rows, stopping at the first flow
+    that shows it (a mirror's table: within a few rows); False: not shown (the analysis
+    decides), also for a table that is not a C-contiguous FLOW_DTYPE one."""
+    if not (len(flows) and _whole(flows)):
+        return False
+    return bool(_no_common_end(_col(flows, "op", L.N_OPCLASS), _col(flows, "messages", 1)[:, 0],
+                               _col(flows, "msg_bytes", 1)[:, 0], _col(flows, "dest_qp", 1, "<u4")[:, 0],
+                               _col(flows, "src", 2), _col(flows, "dst", 2), flows.view(np.uint8).reshape(-1),
+                               flows.dtype.itemsize, float(CTS_MAX_BYTES)))
+
+
+@njit(cache=True, nogil=True)
+def _neg_i64(col, out):
+    n = col.shape[0]
+    for i in range(n):
+        if i + 16 < n:
+            prefetch(col, i + 16)   # 850-byte rows: the hardware prefetcher stops at each page
+        out[i] = -np.int64(col[i])
+
+
+def neg_bytes(flows: np.ndarray) -> np.ndarray:
+    """-flows["bytes"].astype(np.int64) (the top-K flows' sort key), in one pass over the
+    rows with each row's cache line fetched ahead (numpy's strided cast: 2x the time at
+    1,048,576 flows)."""
+    if not (len(flows) and _whole(flows)):
+        return -flows["bytes"].astype(np.int64)
+    out = np.empty(len(flows), np.int64)
+    _neg_i64(_col(flows, "bytes", 1)[:, 0], out)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _take_words(col, raw, rs, off, rows, out):
+    n = rows.shape[0]
+    nw = col.shape[1]
+    for k in range(n):
+        if k + 16 < n:
+            prefetch_span(raw, rows[k + 16] * rs + off, nw * 8)
+        r = rows[k]
+        for c in range(nw):
+            out[k, c] = col[r, c]
+
+
+def take_col(t: np.ndarray, name: str, rows: np.ndarray) -> np.ndarray:
+    """t[name][rows] for a u64 (array) field of a C-contiguous FLOW_DTYPE table, each row's
+    cache lines fetched ahead (numpy's gather of a strided field: 2-3x the time)."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    dt, off = L.FLOW_DTYPE.fields[name][:2]
+    if not (len(t) and len(rows) and _whole(t) and dt.base == np.dtype("<u8")):
+        return t[name][rows]
+    nw = max(1, int(np.prod(dt.shape)))
+    out = np.empty((len(rows), nw), np.uint64)
+    _take_words(_col(t, name, nw), t.view(np.uint8).reshape(-1), t.dtype.itemsize, off, rows, out)
+    return out.reshape((len(rows),) + dt.shape)
 
 
 def peer_counts(keys: np.ndarray, flows: np.ndarray) -> np.ndarray:
@@ -560,6 +701,40 @@ def keep_rows(t: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return t[:len(rows)]
 
 
+def _packed(*arrays) -> bool:
+    """Each a C-contiguous structured array of one dtype without gaps between its fields
+    (EVENT_DTYPE): its rows are its bytes."""
+    dt = arrays[0].dtype
+    return (dt.names is not None and all(a.dtype == dt and a.flags.c_contiguous for a in arrays)
+            and sum(dt.fields[n][0].itemsize for n in dt.names) == dt.itemsize)
+
+
+def _rows_u8(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint8).reshape(len(a), a.dtype.itemsize)
+
+
+def rec_copy(a: np.ndarray) -> np.ndarray:
+    """a.copy() of message records (numpy copies a packed structured array field by field:
+    15x a copy of its bytes at 100,000 records)."""
+    if not (len(a) and _packed(a)):
+        return a.copy()
+    return _rows_u8(a).copy().view(a.dtype).reshape(len(a))
+
+
+def rec_concat(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """np.concatenate([a, b]) of message records, as their bytes (see rec_copy)."""
+    if not (len(a) and len(b) and _packed(a, b)):
+        return np.concatenate([a, b])
+    return np.concatenate([_rows_u8(a), _rows_u8(b)]).view(a.dtype).reshape(len(a) + len(b))
+
+
+def rec_take(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """a[idx] (an index array) of message records, as their bytes (see rec_copy)."""
+    if not (len(a) and len(idx) and _packed(a)):
+        return a[idx]
+    return _rows_u8(a)[idx].view(a.dtype).reshape(len(idx))
+
+
 def record_flows(flow: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """(the distinct rows 0..n-1 that records' `flow` refers to, in increasing order; each
     record's index into them, -1 where flow is -1): np.unique and a binary search per record,
@@ -584,18 +759,21 @@ def dst_ids(flows: np.ndarray, end: str = "dst") -> np.ndarray:
     return _rows_u64(k)
 
 
-def message_timing(flows: np.ndarray, events: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+def message_timing(flows: np.ndarray, events: np.ndarray, rows: np.ndarray | None = None,
+                   rec_flow: np.ndarray | None = None) -> np.ndarray:
     """Per-flow message timing of one interval, by the analysis package's definitions
     (analysis.flows.flow_event_stats: multi-packet message bytes, their on-wire time,
     packet time), so that the fleet's rate over active time is the single-node one.
     rows: the flows' rows the records' `flow` indexes (record flow k: flows[rows[k]]; the
     result one row per entry of rows): of those rows only the opclass counters are read
-    (the stats' one flow column), not gathered whole."""
+    (the stats' one flow column), not gathered whole. rec_flow: each record's index into
+    rows (-1 none) in place of its `flow` (the records as they are, not a copy renumbered)."""
     if rows is None:
         st, _, _ = flow_event_stats(Snapshot(flows, events, np.zeros(L.G_N, np.uint64), {}))
         return st
     rows = np.asarray(rows, dtype=np.int64)
-    st, _, _ = flow_event_stats(_Rows(rows, events), {"op": flows["op"][rows]})
+    f = None if rec_flow is None else np.asarray(rec_flow).astype(events.dtype["flow"])   # (the field's type)
+    st, _, _ = flow_event_stats(_Rows(rows, events), {"op": take_col(flows, "op", rows)}, f)
     return st
 
 
@@ -604,33 +782,57 @@ def message_timing(flows: np.ndarray, events: np.ndarray, rows: np.ndarray | Non
 _Rows = namedtuple("_Rows", "flows events")
 
 
+def record_times(events: np.ndarray, pkt_ns: np.ndarray | None = None) -> tuple:
+    """(flow, start, end, order) of message records as busy_of reads them: each record's
+    flow (int64, -1 none), start_ts and on-wire end (end_ts, at least start_ts, + pkt_ns:
+    the record's packet time, NaN as 0; None: 0), and the order to read them in (None:
+    as they are, already in start order; else a stable sort by start)."""
+    f = events["flow"].astype(np.int64)
+    s = events["start_ts"].astype(np.int64)
+    e = np.maximum(events["end_ts"].astype(np.int64), s)
+    if pkt_ns is not None and len(f):
+        e += np.nan_to_num(np.asarray(pkt_ns, dtype=np.float64), nan=0.0).astype(np.int64)
+    order = None if bool(np.all(s[1:] >= s[:-1])) else np.argsort(s, kind="stable")
+    return f, s, e, order
+
+
+def busy_of(times: tuple, flow_key: np.ndarray, nkeys: int,
+            carry_end: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Busy time (ns) per key (flow_key: each flow's key, -1 none) of records as
+    record_times gives them: the measure of the union of their on-wire intervals per key,
+    clipped to no earlier than carry_end (the previous batch's end per key). Records of no
+    flow (-1) or of a flow of no key are skipped. Returns (busy_ns, carry_end)."""
+    busy = np.zeros(nkeys, dtype=np.int64)
+    carry = np.zeros(nkeys, dtype=np.int64) if carry_end is None else carry_end.astype(np.int64).copy()
+    if carry.shape[0] < nkeys:
+        carry = np.concatenate([carry, np.zeros(nkeys - carry.shape[0], dtype=np.int64)])
+    f, s, e, order = times
+    if len(f) == 0 or len(flow_key) == 0:
+        return busy, carry
+    ok = f >= 0
+    p = np.where(ok, np.asarray(flow_key, dtype=np.int64)[np.where(ok, f, 0)], -1)
+    # union_kernel reads each key's records in start order, every key on its own: records
+    # in start order (a read's are) go in as they are -- no sort by key (a stable sort by
+    # key kept that order within each key: the same sequence per key); others by a stable
+    # sort by start (per key: by start, then record order, lexsort((start, key))'s)
+    if order is not None:
+        p, s, e = p[order], s[order], e[order]
+    scratch = np.zeros(nkeys, dtype=np.int64)  # first/last of union_kernel (not needed here)
+    union_kernel(p, s, e, carry, busy, scratch, scratch.copy())
+    return busy, carry
+
+
 def busy_ns_per_peer(events: np.ndarray, flow_peer: np.ndarray, npeers: int,
                      carry_end: np.ndarray | None = None,
                      pkt_ns: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Busy time (ns) per peer pair from message records: the measure of the union of the
     on-wire intervals [start_ts, end_ts + pkt_ns(flow)] of the pair's messages (pkt_ns:
     the flow's packet time, analysis.flows; 0 if not given). Records of flows no longer in
-    the table (flow = -1) are skipped. Returns (busy_ns, carry_end)."""
-    busy = np.zeros(npeers, dtype=np.int64)
-    carry = np.zeros(npeers, dtype=np.int64) if carry_end is None else carry_end.astype(np.int64).copy()
-    if carry.shape[0] < npeers:
-        carry = np.concatenate([carry, np.zeros(npeers - carry.shape[0], dtype=np.int64)])
-    ev = events[events["flow"] >= 0]
-    if len(ev) == 0:
-        return busy, carry
-    p = flow_peer[ev["flow"]].astype(np.int64)
-    s = ev["start_ts"].astype(np.int64)
-    e = np.maximum(ev["end_ts"].astype(np.int64), s)
-    if pkt_ns is not None:
-        e = e + np.nan_to_num(pkt_ns[ev["flow"]], nan=0.0).astype(np.int64)
-    if npeers < 1 << 15 and bool(np.all(s[1:] >= s[:-1])):
-        # records in start order (a read's are): a stable sort by pair keeps it within each
-        # pair -- lexsort's order -- and sorts 16-bit keys by radix
-        order = np.argsort(p.astype(np.int16), kind="stable")
-    else:
-        order = np.lexsort((s, p))
-    scratch = np.zeros(npeers, dtype=np.int64)  # first/last of union_kernel (not needed here)
-    union_kernel(p[order], s[order], e[order], carry, busy, scratch, scratch.copy())
-    return busy, carry
-
-
+    the table (flow = -1), or of a flow whose flow_peer is -1, are skipped. Returns
+    (busy_ns, carry_end)."""
+    pk = None
+    if pkt_ns is not None and len(events):
+        f = events["flow"].astype(np.int64)
+        pk = np.asarray(pkt_ns, dtype=np.float64)[np.where(f >= 0, f, 0)]
+        pk[f < 0] = 0.0
+    return busy_of(record_times(events, pk), flow_peer, npeers, carry_end)

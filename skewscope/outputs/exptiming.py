@@ -17,7 +17,8 @@ from skewscope.core.rates import join_flows
 from skewscope.core.snapshot import _KEY_PREFIX, Snapshot, flow_key_words, ip_bytes, match_rows, take_rows
 from skewscope.outputs import metrics as M
 from skewscope.outputs.exptables import (DEFAULT_MAX_PEERS, OVERFLOW_LABEL, _col, cumulative_buckets, fmt_le,
-                                         keep_rows, put_rows, record_flows)
+                                         keep_rows, match_key_rows, no_common_end, put_rows,
+                                         rec_concat, rec_copy, rec_take, record_flows)
 
 # ---- per-node timing (analysis.nodeview) ---------------------------------------------------
 DUR_LE_STR = [fmt_le(v) for v in M.DURATION_BUCKETS] + ["+Inf"]
@@ -142,14 +143,15 @@ def _merge_by_start(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Records a then b, stably sorted by start_ts, when a and b are each sorted (the window
     and a piece of a read): one merge, not a sort of the whole window per piece."""
     if not len(a) or not len(b) or a["start_ts"][-1] <= b["start_ts"][0]:
-        return np.concatenate([a, b])
+        return rec_concat(a, b)
     pos = np.searchsorted(a["start_ts"], b["start_ts"], side="right") + np.arange(len(b))
-    out = np.empty(len(a) + len(b), dtype=a.dtype)
-    rest = np.ones(len(out), dtype=bool)
+    rest = np.ones(len(a) + len(b), dtype=bool)
     rest[pos] = False
-    out[pos] = b
-    out[rest] = a
-    return out
+    # the merged order as indices into a then b (one gather of the records' bytes)
+    at = np.empty(len(rest), dtype=np.int64)
+    at[pos] = len(a) + np.arange(len(b))
+    at[rest] = np.arange(len(a))
+    return rec_take(rec_concat(a, b), at)
 
 
 #: what analysis.flows.flow_event_stats reads of a Snapshot (flows: its length only, when
@@ -234,6 +236,9 @@ class WindowedTiming:
         # made once per flow table (_node_view), None: not made; False: the whole window
         self._node = _node_words(node_ip)
         self._view = None
+        # no node known nor to go through (max_nodes 0): whether the window's flows show
+        # that none can be inferred (exptables.no_common_end), made once per flow table
+        self._apart = None
         self._buf = self.flows
         self.keys = np.zeros((0, L.FLOW_KEY_DTYPE.itemsize // 8), np.uint64)   # flow_key_words(self.flows)
         self._shared = None       # within one add: the flows-only context of its pieces
@@ -251,43 +256,50 @@ class WindowedTiming:
         self.full = False         # the window has spanned WINDOW_S (or held max_records)
 
     def add(self, delta: np.ndarray, events: np.ndarray | None, cum_flows: np.ndarray | None = None,
-            cum_rows: np.ndarray | None = None) -> None:
+            cum_rows: np.ndarray | None = None, refs: tuple | None = None) -> None:
         """cum_rows: each delta row's row in cum_flows (-1: none) when the caller joined them
-        already (the Accumulator does: a second join of the whole table is not needed)."""
+        already (the Accumulator does: a second join of the whole table is not needed);
+        refs: exptables.record_flows(events["flow"], len(delta)) when the caller has it."""
         self._shared = None
         if events is None or not len(events):
             self.flush()
             return
-        ev = events.copy()
+        ev = rec_copy(events)
         # only the flows the records refer to stay in the window: carry just those (the
         # rest of the table would be copied and matched only to be dropped below; at
         # 1,048,576 flows that was most of the exporter's per-read time)
-        ref, f = record_flows(ev["flow"], len(delta))
+        ref, f = record_flows(ev["flow"], len(delta)) if refs is None else refs
         ok = f >= 0
         # the cumulative row (stable counters: roles, mean message size) where there is one
         if cum_flows is not None and len(cum_flows) and len(ref):
             jc = join_flows(cum_flows, take_rows(delta, ref)) if cum_rows is None else np.asarray(cum_rows)[ref]
         else:
             cum_flows, jc = delta, np.full(len(ref), -1, np.int64)
-        keys = _key_words(delta, ref)
-        if len(self.flows) and len(ref):
-            j = match_rows(self.keys, keys).astype(np.int64)
+        got = match_key_rows(delta, ref, self.keys)     # the rows' keys and window rows, one pass
+        if got is not None:
+            keys, j = got
         else:
-            j = np.full(len(ref), -1, np.int64)
+            keys = _key_words(delta, ref)
+            if len(self.flows) and len(ref):
+                j = match_rows(self.keys, keys).astype(np.int64)
+            else:
+                j = np.full(len(ref), -1, np.int64)
         # the rows the read brings again are written over in place, the new ones appended
         new = np.nonzero(j < 0)[0]
         j[new] = len(self.flows) + np.arange(len(new))
         self._grow(len(new))
         put_rows(self.flows, j, cum_flows, jc, delta, ref)
-        self._view = None
+        self._view = self._apart = None
         if self._fst is not None:      # (none kept: the next ones are made whole)
             self._moved.append(j)      # rows written: their statistics are made again
         self.keys = np.concatenate([self.keys, keys[new]])
         ev["flow"][ok] = j[f[ok]]
         # a read longer than a quarter window (or of many records) goes in pieces: the
         # window never drops records it has not exported from
-        ev = ev[np.argsort(ev["start_ts"], kind="stable")]
         t = ev["start_ts"].astype(np.int64)
+        if not bool(np.all(t[1:] >= t[:-1])):     # (a read's records are in start order)
+            o = np.argsort(ev["start_ts"], kind="stable")
+            ev, t = rec_take(ev, o), t[o]
         piece = np.maximum((t - t[0]) // max(1, self.window_ns // 4), np.arange(len(t)) // max(1, self.max_records // 4))
         cut = np.r_[0, np.flatnonzero(piece[1:] != piece[:-1]) + 1, len(piece)]   # piece: non-decreasing
         for a, b in zip(cut[:-1].tolist(), cut[1:].tolist()):
@@ -304,7 +316,7 @@ class WindowedTiming:
             self.flows = keep_rows(self.flows, used)
             self.keys = self.keys[used]
             self._renumber(mark)
-            self._view = None
+            self._view = self._apart = None
         self._shared = None
 
     def _renumber(self, mark) -> None:
@@ -389,6 +401,13 @@ class WindowedTiming:
         return self._view or None
 
     def _export(self, final: bool) -> None:
+        if self.node_ip is None and self.timing.max_nodes <= 0:
+            # no node given and none to go through one by one: per_node_timing has a node
+            # only when it infers one; where the window's flows show it cannot, it is []
+            if self._apart is None:
+                self._apart = no_common_end(self.flows)
+            if self._apart:
+                return
         view = self._node_view()
         if view is not None:
             # a known node: its timing is a function of the flows it is an end of and their
