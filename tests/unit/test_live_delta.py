@@ -417,6 +417,40 @@ def test_interval_delta_one_pass_join_is_the_separate_passes(seed, cols):
     assert (j == join_flows(shuf, cur)).all()
 
 
+@pytest.mark.parametrize("seed", [24, 25])
+def test_read_events_from_the_reads_key_words_are_the_records_matched_to_the_delta(seed):
+    """read_interval's events (sources.live.read_events: the records matched on the read's
+    key words at the delta's rows) are each record's row of the delta by its 40 key bytes (a
+    dict), -1 for flows without packets in the interval, unknown flows and records with a pad
+    byte set, sorted by start_ts stably -- events_from_records(delta, recs) byte for byte;
+    and without the rows (a read joined by hash) the same."""
+    rng = np.random.default_rng(seed)
+    prev = _table(rng, 600)
+    prev = prev[S._key_order(S.flow_key_matrix(prev))]
+    cur, _ = _next(rng, prev, prev[:0], 3_000_000_000)
+    d, j, words, rows = live.interval_delta(prev, cur, 2_000_000_000, order_words(prev), with_rows=True)
+    assert rows is not None and len(d) < len(cur)
+    r = np.zeros(3000, L.MSG_REC_DTYPE)
+    pick = rng.integers(0, len(cur), 3000)
+    for name in ("src", "dst", "dest_qp", "ipver", "roce"):
+        r["key"][name] = cur[name][pick]
+    r["key"]["dest_qp"][::7] += 50_000                         # unknown flows
+    r["key"]["_pad"][3::11, 1] = 1                             # not the C key of any flow
+    r["start_ts"] = rng.integers(0, 1000, 3000)                # not in order: sorted stably
+    r["bytes"] = np.arange(3000)
+    ref = {k: i for i, k in enumerate(_key_bytes(d))}
+    rk = np.ascontiguousarray(r["key"]).view(np.uint8).reshape(3000, -1)[:, :40]
+    want = np.array([ref.get(bytes(k), -1) for k in rk], np.int64)
+    order = np.argsort(r["start_ts"], kind="stable")
+    got = live.read_events(d, r, words, rows)
+    assert (got["flow"] == want[order]).all() and (got["bytes"] == r["bytes"][order]).all()
+    assert got.tobytes() == S.events_from_records(d, r).tobytes()
+    assert live.read_events(d, r, None, None).tobytes() == got.tobytes()
+    assert live.read_events(d, r[:0], words, rows).shape == (0,)
+    inactive = ~np.isin(np.arange(len(cur)), rows)
+    assert (want >= 0).sum() > 1000 and inactive[pick[(want < 0)]].any()
+
+
 def test_window_events_are_the_records_read_since_its_anchor(monkeypatch):
     """The window's events: the record batches read since its older anchor, the records that
     started at or after it, in start order, each on the window's row with its key (a dict of
