@@ -42,7 +42,7 @@ import numpy as np
 
 from skewscope.analysis.hashing import _mix
 from skewscope.core import layout as L
-from skewscope.core.jit import njit, prefetch_span
+from skewscope.core.jit import njit, prefetch_span_l2
 from skewscope.core.pool import ArrayPool
 from skewscope.core.snapshot import ip_str
 
@@ -107,9 +107,10 @@ def _columns_kernel(fl, raw, u, ts, op, small, addr):
     n = fl.shape[0]
     rs = raw.shape[0] // max(n, 1)
     for i in range(n):
-        # the row PREFETCH_ROWS ahead fetched ourselves (2.4x on 65,536 flows)
+        # the row PREFETCH_ROWS ahead fetched ourselves (2.4x on 65,536 flows), into L2 (not L1:
+        # 1.08x at 1,048,576 flows)
         if i + PREFETCH_ROWS < n:
-            prefetch_span(raw, (i + PREFETCH_ROWS) * rs, PREFETCH_BYTES)
+            prefetch_span_l2(raw, (i + PREFETCH_ROWS) * rs, PREFETCH_BYTES)
         r = fl[i]
         # addresses as big-endian 64-bit halves (src hi, src lo, dst hi, dst lo)
         a0 = np.uint64(0)

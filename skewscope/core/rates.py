@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from skewscope.core import layout as L
-from skewscope.core.jit import intrinsic, load_u64, njit, prefetch, prefetch_span, store_u64
+from skewscope.core.jit import (intrinsic, load_u64, njit, prefetch, prefetch_span, prefetch_span_l2, store_u64,
+                                 stream_fence, stream_lines)
 from skewscope.core.snapshot import (_KEY_PREFIX, _copy_bytes, _key_order, bswap64, flow_key_matrix, key_word,
                                      match_rows)
 
@@ -150,32 +151,55 @@ def _sub_words(typingctx, dst, di, a, ai, b, bi, n):
     return types.void(dst, di, a, ai, b, bi, n), codegen
 
 
+#: bytes of rows _delta_rows makes in its staging area before it streams them out (L1-sized)
+_STAGE_BYTES = 8192
+
+
 @njit(cache=True, nogil=True)
-def _delta_rows(craw, praw, rs, keep, rows, use, runs, gaps, ts_off, since, oraw):
+def _delta_rows(craw, praw, rs, keep, rows, use, runs, gaps, ts_off, since, oraw, head):
     """Row k of out (oraw: rows of rs bytes) = cur's row keep[k] (craw), with the counter
     words of runs ((byte offset, words) rows) minus prev's row rows[k] (praw) where use[k],
     and the u64 at ts_off raised to since (ts_off < 0: none): one pass, each output byte
     written once -- a row that subtracts is its gaps' bytes ((byte offset, bytes) rows: the
     rest of the row) copied and its runs' differences written, a row that does not one
-    memcpy (a copy then the counters again in place re-read each word just stored)."""
+    memcpy (a copy then the counters again in place re-read each word just stored).
+    The rows are made in a small staging area (it stays in L1) and go out a 64-byte line at
+    a time by non-temporal stores (stream_lines: the output is written once, not read: no
+    read of each line before its write), oraw's first `head` bytes (before its first 64-byte
+    boundary) and its last partial line by ordinary ones. The rows ahead are prefetched into
+    L2, not L1 (prefetch_span_l2: 1.6x as fast; and the staging 1.1x again, 1,048,576 flows)."""
     n = keep.shape[0]
+    stage = np.empty(_STAGE_BYTES + rs, dtype=np.uint8)
+    done = 0      # oraw[:done] written
+    fill = 0      # stage[:fill] = oraw[done:done + fill]
     for k in range(n):
         if k + _PREFETCH_ROWS < n:
-            prefetch_span(craw, keep[k + _PREFETCH_ROWS] * rs, rs)
+            prefetch_span_l2(craw, keep[k + _PREFETCH_ROWS] * rs, rs)
             if use[k + _PREFETCH_ROWS]:
-                prefetch_span(praw, rows[k + _PREFETCH_ROWS] * rs, rs)
-        ob, cb = k * rs, keep[k] * rs
+                prefetch_span_l2(praw, rows[k + _PREFETCH_ROWS] * rs, rs)
+        cb = keep[k] * rs
         if use[k]:
             pb = rows[k] * rs
             for g in range(gaps.shape[0]):
-                _copy_bytes(oraw, ob + gaps[g, 0], craw, cb + gaps[g, 0], gaps[g, 1])
+                _copy_bytes(stage, fill + gaps[g, 0], craw, cb + gaps[g, 0], gaps[g, 1])
             for r in range(runs.shape[0]):
                 o = runs[r, 0]
-                _sub_words(oraw, ob + o, craw, cb + o, praw, pb + o, runs[r, 1])
+                _sub_words(stage, fill + o, craw, cb + o, praw, pb + o, runs[r, 1])
         else:
-            _copy_bytes(oraw, ob, craw, cb, rs)
-        if ts_off >= 0 and load_u64(oraw, ob + ts_off) < since:
-            store_u64(oraw, ob + ts_off, since)
+            _copy_bytes(stage, fill, craw, cb, rs)
+        if ts_off >= 0 and load_u64(stage, fill + ts_off) < since:
+            store_u64(stage, fill + ts_off, since)
+        fill += rs
+        if fill >= _STAGE_BYTES:
+            a = head if done == 0 else 0        # then oraw + done is on a 64-byte boundary
+            _copy_bytes(oraw, done, stage, 0, a)
+            m = (fill - a) // 64 * 64
+            stream_lines(oraw, done + a, stage, a, m // 64)
+            _copy_bytes(stage, 0, stage, a + m, fill - a - m)
+            done += a + m
+            fill -= a + m
+    _copy_bytes(oraw, done, stage, 0, fill)
+    stream_fence()
 
 
 def _gaps(blocks: tuple, size: int) -> np.ndarray:
@@ -200,7 +224,8 @@ def delta_rows(cur: np.ndarray, prev: np.ndarray, rows: np.ndarray, keep: np.nda
     at 1,048,576 flows). C-contiguous FLOW_DTYPE tables; rows[k] is the row of prev matched to
     cur[keep[k]]. `pool` (core.pool.ArrayPool of FLOW_DTYPE): the result is written into a
     buffer no earlier result refers to any more, not into fresh pages (a live loop: page
-    zeroing was a third of the work)."""
+    zeroing was a third of the work). The rows go out by non-temporal stores (_delta_rows):
+    the result is complete and visible to other threads when this returns."""
     keep = np.ascontiguousarray(keep, dtype=np.int64)
     out = np.empty(len(keep), dtype=cur.dtype) if pool is None else pool.take(len(keep))
     if not len(keep):
@@ -210,10 +235,11 @@ def delta_rows(cur: np.ndarray, prev: np.ndarray, rows: np.ndarray, keep: np.nda
             raise ValueError(f"delta_rows: counter run ({off}, {nw}) outside the row")
     since = int(since_ns)
     ts_off = cur.dtype.fields["first_ts"][1] if since > 0 else -1
+    raw = out.view(np.uint8).reshape(-1)
     _delta_rows(cur.view(np.uint8).reshape(-1), prev.view(np.uint8).reshape(-1) if len(prev) else np.zeros(8, np.uint8),
                 cur.dtype.itemsize, keep, np.ascontiguousarray(rows, dtype=np.int64),
                 np.ascontiguousarray(use, dtype=np.bool_), np.array(blocks, dtype=np.int64).reshape(-1, 2),
-                _gaps(blocks, cur.dtype.itemsize), ts_off, np.uint64(since), out.view(np.uint8).reshape(-1))
+                _gaps(blocks, cur.dtype.itemsize), ts_off, np.uint64(since), raw, -raw.ctypes.data % 64)
     return out
 
 
@@ -233,7 +259,8 @@ def _rates_kernel(fl, raw, dt, k, gbps, pps, cnp_ps, ce_pct, retx, naks, mode, s
     rs = raw.shape[0] // max(n, 1)
     for i in range(n):
         if i + _PREFETCH_ROWS < n:
-            prefetch_span(raw, (i + _PREFETCH_ROWS) * rs, _ROW_BYTES_READ)
+            # into L2, not L1 (1.25x at 1,048,576 flows: L1's miss buffers free for the row's loads)
+            prefetch_span_l2(raw, (i + _PREFETCH_ROWS) * rs, _ROW_BYTES_READ)
         r = fl[i]
         gbps[i] = float(r.bytes) * 8.0 / dt / 1e9 * k
         pps[i] = float(r.packets) / dt * k

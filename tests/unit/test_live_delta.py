@@ -142,6 +142,49 @@ def test_delta_rows_clamps_first_ts_and_writes_into_unused_pool_buffers():
     assert (want["first_ts"] == 50).any() and (want["first_ts"] > 50).any()
 
 
+class _AtOffset:
+    """A pool whose take(n) hands out n FLOW_DTYPE rows starting `off` bytes past a 64-byte
+    boundary of a larger buffer, guard bytes on both sides."""
+
+    def __init__(self, off):
+        self.off = off
+        self.buf = None
+
+    def take(self, n):
+        self.buf = np.full(n * 850 + 256, 0xA5, np.uint8)
+        start = (-self.buf.ctypes.data) % 64 + 64 + self.off
+        self.start = start
+        return self.buf[start:start + n * 850].view(L.FLOW_DTYPE)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 9, 10, 11, 19, 97, 1001])
+def test_delta_rows_streamed_out_at_any_alignment_is_the_bytewise_result(n):
+    """delta_rows makes its rows in a staging area and streams them out a 64-byte line at a
+    time (non-temporal stores, aligned), the output's bytes before its first line boundary
+    and after its last full line by ordinary stores: every row count (below, at and past the
+    staging area's ~9.6 rows, many times it) at every output alignment gives numpy's bytes,
+    and not a byte outside the output is written."""
+    rng = np.random.default_rng(n)
+    blocks = counter_blocks(COUNTER_FIELDS)
+    m = n + 7
+    p, c = (rng.integers(0, 256, (m, 850), dtype=np.uint8).view(L.FLOW_DTYPE).reshape(m) for _ in range(2))
+    keep = np.sort(rng.choice(m, n, replace=False))
+    rows = rng.integers(0, m, n)
+    use = rng.random(n) < 0.7
+    want = c[keep].copy()
+    for name in COUNTER_FIELDS:
+        want[name][use] -= p[name][rows[use]]
+    want["first_ts"] = np.maximum(want["first_ts"], np.uint64(1 << 63))
+    for off in range(64):
+        pool = _AtOffset(off)
+        got = delta_rows(c, p, rows, keep, use, blocks, since_ns=1 << 63, pool=pool)
+        assert got.tobytes() == want.tobytes(), off
+        b = pool.buf
+        assert (b[:pool.start] == 0xA5).all() and (b[pool.start + n * 850:] == 0xA5).all(), off
+    if n > 8:
+        assert (want["first_ts"] == 1 << 63).any() and (want["first_ts"] > 1 << 63).any()
+
+
 def _key_bytes(t):
     return [bytes(r) for r in S.flow_key_matrix(t)]
 
@@ -372,6 +415,40 @@ def test_interval_delta_one_pass_join_is_the_separate_passes(seed, cols):
     d, j, _ = live.interval_delta(shuf, cur, 5, order_words(shuf), pool=pool, word_pool=wpool)
     assert d.tobytes() == _reference_delta(shuf, cur, 5).tobytes()
     assert (j == join_flows(shuf, cur)).all()
+
+
+@pytest.mark.parametrize("seed", [24, 25])
+def test_read_events_from_the_reads_key_words_are_the_records_matched_to_the_delta(seed):
+    """read_interval's events (sources.live.read_events: the records matched on the read's
+    key words at the delta's rows) are each record's row of the delta by its 40 key bytes (a
+    dict), -1 for flows without packets in the interval, unknown flows and records with a pad
+    byte set, sorted by start_ts stably -- events_from_records(delta, recs) byte for byte;
+    and without the rows (a read joined by hash) the same."""
+    rng = np.random.default_rng(seed)
+    prev = _table(rng, 600)
+    prev = prev[S._key_order(S.flow_key_matrix(prev))]
+    cur, _ = _next(rng, prev, prev[:0], 3_000_000_000)
+    d, j, words, rows = live.interval_delta(prev, cur, 2_000_000_000, order_words(prev), with_rows=True)
+    assert rows is not None and len(d) < len(cur)
+    r = np.zeros(3000, L.MSG_REC_DTYPE)
+    pick = rng.integers(0, len(cur), 3000)
+    for name in ("src", "dst", "dest_qp", "ipver", "roce"):
+        r["key"][name] = cur[name][pick]
+    r["key"]["dest_qp"][::7] += 50_000                         # unknown flows
+    r["key"]["_pad"][3::11, 1] = 1                             # not the C key of any flow
+    r["start_ts"] = rng.integers(0, 1000, 3000)                # not in order: sorted stably
+    r["bytes"] = np.arange(3000)
+    ref = {k: i for i, k in enumerate(_key_bytes(d))}
+    rk = np.ascontiguousarray(r["key"]).view(np.uint8).reshape(3000, -1)[:, :40]
+    want = np.array([ref.get(bytes(k), -1) for k in rk], np.int64)
+    order = np.argsort(r["start_ts"], kind="stable")
+    got = live.read_events(d, r, words, rows)
+    assert (got["flow"] == want[order]).all() and (got["bytes"] == r["bytes"][order]).all()
+    assert got.tobytes() == S.events_from_records(d, r).tobytes()
+    assert live.read_events(d, r, None, None).tobytes() == got.tobytes()
+    assert live.read_events(d, r[:0], words, rows).shape == (0,)
+    inactive = ~np.isin(np.arange(len(cur)), rows)
+    assert (want >= 0).sum() > 1000 and inactive[pick[(want < 0)]].any()
 
 
 def test_window_events_are_the_records_read_since_its_anchor(monkeypatch):

@@ -22,7 +22,9 @@ Rows (CPU time of this process, median of --rounds; the first round untimed):
                        packets/first_ts columns kept from its own interval: only the new read's
                        are computed; the table written into the session's pool, whose earlier
                        results are let go)
-  records -> events    core.snapshot.events_from_records(delta flows, records)
+  records -> events    sources.live.read_events(delta flows, records, the read's key words, the
+                       delta's rows in the read): read_interval's events, the records matched on
+                       the read's key words
   window               sources.live.Window.add + Window.snapshot (the analysis window's delta
                        against its anchor, offered to the runner each read; the reads carry their
                        joins and key words as read_interval's Intervals do; the snapshots' tables
@@ -326,7 +328,7 @@ def run(n_flows, a, rows):
     from skewscope.core.rates import COLS_DTYPE, WORDS_DTYPE, flow_rates, row_columns
     from skewscope.core.snapshot import events_from_records
     from skewscope.core.rates import order_words
-    from skewscope.sources.live import Interval, Window, interval_delta
+    from skewscope.sources.live import Interval, Window, interval_delta, read_events
 
     t_build = time.perf_counter()
     prev, kind = table(n_flows, a.nodes, a.group)
@@ -339,7 +341,8 @@ def run(n_flows, a, rows):
     cols = np.empty((len(cur), 2), np.uint64)     # cur's packets/first_ts, filled by the delta's pass
     d0, j0, words, rows0 = interval_delta(prev, cur, 20 * NS, prev_words, cols=cols, with_rows=True)
     assert j0 is not None and np.array_equal(j0, np.arange(len(cur)))   # the same keys in both reads
-    ev0 = events_from_records(d0, recs)
+    ev0 = read_events(d0, recs, words, rows0)
+    assert ev0.tobytes() == events_from_records(d0, recs).tobytes()
     delta = snapshot(d0, ev0, 20 * NS, t1, n_flows)
     cum = snapshot(cur, np.zeros(0, L.EVENT_DTYPE), 0, t1, n_flows)
     cum0 = snapshot(prev, np.zeros(0, L.EVENT_DTYPE), 0, 20 * NS, n_flows)
@@ -415,7 +418,7 @@ def run(n_flows, a, rows):
         ("delta", cpu(lambda: interval_delta(prev, cur, 20 * NS, prev_words, pool=dpool, word_pool=kpool,
                                              cols=cpool.take(len(cur)), prev_cols=iv0.cols), r),
          "O(flows)"),
-        ("records -> events", cpu(lambda: events_from_records(d0, recs), r), "O(flows + records)"),
+        ("records -> events", cpu(lambda: read_events(d0, recs, words, rows0), r), "O(flows + records)"),
         ("window", cpu(f_window, r), "O(flows + records)"),
         ("window, older anchor", cpu(f_window_older, r), "O(flows + records)  (not in the intervals)"),
         ("rates", cpu(lambda: flow_rates(d0, 1.0), r), "O(flows)  (in top rows)"),
