@@ -55,8 +55,8 @@ from pathlib import Path
 from skewscope.core import aot as _aotmod
 from skewscope.core.jitcache import _fresh_cache
 
-__all__ = ["njit", "intrinsic", "prefetch", "prefetch_l2", "prefetch_span", "prefetch_span_l2", "stream_lines",
-           "stream_fence", "unaligned", "load_u64", "store_u64", "ld8", "be16",
+__all__ = ["njit", "intrinsic", "item_pointers", "prefetch", "prefetch_l2", "prefetch_span", "prefetch_span_l2",
+           "stream_lines", "stream_fence", "unaligned", "load_u64", "store_u64", "ld8", "be16",
            "be32", "le32", "le64", "rd16", "rd32", "Kernel", "arg_key", "numba_loaded"]
 
 #: every Kernel, in definition order (the AOT build compiles from this registry)
@@ -241,6 +241,20 @@ def intrinsic(defn):
     return Intrinsic(defn)
 
 
+def item_pointers(context, builder, signature, args, at=(0, 2)):
+    """In an intrinsic's codegen: the pointers to the elements named by its (1-D array, index)
+    argument pairs that start at the positions `at` (default: a destination pair then a
+    source pair, as stream_lines's and core.snapshot._copy_bytes's); no bounds check."""
+    from numba.core import cgutils  # heavy: codegen runs only under numba
+
+    out = []
+    for p in at:
+        ty = signature.args[p]
+        ary = context.make_array(ty)(context, builder, args[p])
+        out.append(cgutils.get_item_pointer(context, builder, ty, ary, [args[p + 1]], wraparound=False))
+    return out
+
+
 def _prefetcher(locality: int, name: str) -> "Intrinsic":
     """prefetch(a, i) with LLVM's `locality` (3: all levels, x86 prefetcht0; 2: L2 and out,
     prefetcht1)."""
@@ -310,11 +324,7 @@ def stream_lines(typingctx, dst, di, src, si, lines):
     from numba.core import cgutils, types  # heavy: as above
 
     def codegen(context, builder, signature, args):
-        dty, _, sty = signature.args[:3]
-        d = cgutils.get_item_pointer(context, builder, dty, context.make_array(dty)(context, builder, args[0]),
-                                     [args[1]], wraparound=False)
-        s = cgutils.get_item_pointer(context, builder, sty, context.make_array(sty)(context, builder, args[2]),
-                                     [args[3]], wraparound=False)
+        d, s = item_pointers(context, builder, signature, args)
         i64 = ir.IntType(64)
         vec = ir.VectorType(i64, 4)
         nt = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])

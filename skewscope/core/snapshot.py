@@ -27,7 +27,7 @@ import numpy as np
 from skewscope.core import layout as L
 from skewscope.core.errors import SkewscopeError
 from skewscope.core.files import atomic_write
-from skewscope.core.jit import intrinsic, load_u64, njit, prefetch_span, prefetch_span_l2
+from skewscope.core.jit import intrinsic, item_pointers, load_u64, njit, prefetch_span, prefetch_span_l2
 
 FORMAT_VERSION = 1
 MAGIC = "skewscope-snapshot"
@@ -254,11 +254,7 @@ def _copy_bytes(typingctx, dst, di, src, si, nbytes):
     from numba.core import cgutils, types  # heavy: typing runs only under numba
 
     def codegen(context, builder, signature, args):
-        dty, _, sty = signature.args[:3]
-        d = cgutils.get_item_pointer(context, builder, dty, context.make_array(dty)(context, builder, args[0]),
-                                     [args[1]], wraparound=False)
-        s = cgutils.get_item_pointer(context, builder, sty, context.make_array(sty)(context, builder, args[2]),
-                                     [args[3]], wraparound=False)
+        d, s = item_pointers(context, builder, signature, args)
         cgutils.raw_memcpy(builder, d, s, args[4], 1)
         return context.get_dummy_value()
 
