@@ -327,11 +327,12 @@ class _TextCache:
                     parts[(m.name, i)] = g
                     if g[1]:
                         # a part whose rows and values are the last scrape's (counters that did
-                        # not move: NAKs, CNPs, idle pairs) is the last scrape's text
+                        # not move: NAKs, CNPs, idle pairs) is the last scrape's text; the values
+                        # compared as bytes (-0.0 and 0.0 are written differently)
                         v = np.asarray(vals)
                         c = old_vals.get((m.name, i))
                         if (c is not None and c[0] is g[0] and c[1].dtype == v.dtype and c[1].shape == v.shape
-                                and np.array_equal(c[1], v)):
+                                and c[1].tobytes() == v.tobytes()):
                             text = c[2]
                         else:
                             text = "\n".join(map(add, g[1], value_texts(v)))

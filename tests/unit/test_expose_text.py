@@ -175,3 +175,34 @@ def test_exporter_reads_scraped_as_they_come_equal_generate_latest():
         got = reg.exposition()
         assert got == generate_latest(reg), k
     assert acc.overflow_used and b'src="_overflow"' in got
+
+
+class _Flip:
+    """One ArrayFamily (the exporter's kind: label rows + a value array, the same rows object
+    scrape after scrape) whose values go 0.0 -> -0.0 -> 0.0: equal as numbers, written
+    differently."""
+
+    def __init__(self):
+        self.n = 0
+        self.rows = [("n", "a"), ("n", "b")]
+
+    def collect(self):
+        from skewscope.outputs import metrics as M
+        fam = X.ArrayFamily(M.DESTINATION_BUSY_SECONDS)
+        fam.add_array(self.rows, np.full(2, -0.0 if self.n % 2 else 0.0))
+        self.n += 1
+        yield fam
+
+
+def test_unchanged_part_reuse_tells_minus_zero_from_zero():
+    """A part whose label rows and values are the last scrape's reuses its text: values equal as
+    numbers but written differently (-0.0, 0.0) are not the same values."""
+    src = _Flip()
+    reg = _registry(src)
+    texts = set()
+    for _ in range(4):
+        got = reg.exposition()
+        src.n -= 1                              # the same scrape again, for the reference
+        assert got == generate_latest(reg)
+        texts.add(got)
+    assert src.n == 4 and len(texts) == 2
