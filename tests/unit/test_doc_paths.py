@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SKIP_DIRS = {".git", ".venv", "__pycache__", "build", ".pytest_cache"}
 #: paths that exist in the installed wheel, not in a checkout (pyproject.toml maps them)
 PACKAGED = {"skewscope/ebpf": "ebpf", "skewscope.ebpf": "ebpf"}
+#: files `make setup` builds (tools/aotbuild.py), absent from a checkout until then
+BUILT = {"skewscope/_aot.pkl"}
 
 SLASH = re.compile(r"(?<![\w./@~-])((?:\.\./)?(?:[\w.-]+/)+[\w.-]*)")
 DOTTED = re.compile(r"(?<![\w./-])(skewscope(?:\.[A-Za-z_]\w*)+)")
@@ -62,6 +64,8 @@ def _path_ok(s: str, where: Path) -> bool:
     s = s.rstrip("/")
     if s in PACKAGED:
         return (ROOT / PACKAGED[s]).is_dir()
+    if s in BUILT:
+        return True
     if s.startswith("../"):                  # ../shared/...: outside the repository, not ours
         return True
     for base in (ROOT, ROOT / "skewscope", where.parent):
